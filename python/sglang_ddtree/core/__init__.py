@@ -1,0 +1,52 @@
+"""DDTree core: pure, batched, sync-free tensor functions (no SGLang imports).
+
+One decode step, in order:
+
+    tree    = build_tree_from_candidates(*select_candidates(draft_logits, K, normalize=True),
+                                         root_tokens, budget)
+    layout  = tree_to_retrieve_arrays(tree, prefix_lens)
+    # ... target verify forward over the N = budget + 1 nodes with layout.tree_mask ...
+    result  = accept_greedy(...)   or   accept_sampled(...)
+    plan    = commit_accepted(result, prefix_lens, N)
+"""
+
+from sglang_ddtree.core.accept import (
+    AcceptResult,
+    accept_greedy,
+    accept_sampled,
+    accept_sampled_reference,
+)
+from sglang_ddtree.core.commit import CommitPlan, commit_accepted
+from sglang_ddtree.core.layout import (
+    TreeLayout,
+    ancestor_mask,
+    flatten_verify_mask,
+    tree_to_retrieve_arrays,
+)
+from sglang_ddtree.core.sampling import draw_coins, target_probs, top_k_top_p_renorm
+from sglang_ddtree.core.tree import (
+    DraftTree,
+    build_tree,
+    build_tree_from_candidates,
+    select_candidates,
+)
+
+__all__ = [
+    "AcceptResult",
+    "CommitPlan",
+    "DraftTree",
+    "TreeLayout",
+    "accept_greedy",
+    "accept_sampled",
+    "accept_sampled_reference",
+    "ancestor_mask",
+    "build_tree",
+    "build_tree_from_candidates",
+    "commit_accepted",
+    "draw_coins",
+    "flatten_verify_mask",
+    "select_candidates",
+    "target_probs",
+    "top_k_top_p_renorm",
+    "tree_to_retrieve_arrays",
+]

@@ -1,0 +1,128 @@
+"""Lay a draft tree out for the target's tree verify and for SGLang's accept kernels.
+
+From parent pointers (see `sglang_ddtree.core.tree` for the terms) we derive, per request:
+
+- ``retrieve_index[b, i] = b * N + i``: the global node id. It indexes the flattened verify
+  rows (logits, hidden states, ``out_cache_loc``) and ``AcceptResult.predict``.
+- ``retrieve_next_token[b, i]``: the first child of node ``i`` (the child with the smallest
+  slot, i.e. the highest draft log-prob), or -1.
+- ``retrieve_next_sibling[b, i]``: the next child of ``i``'s parent after ``i`` in slot order,
+  or -1.
+
+These are exactly the first-child / next-sibling arrays that ``sgl_kernel.verify_tree_greedy``
+and ``sgl_kernel.tree_speculative_sampling_target_only`` walk. Padded slots are inert: nothing
+links to them, so no walk reaches them and they are never committed.
+
+For the verify forward: ``positions = prefix_len + depth`` (siblings share a position) and an
+ancestor-or-self mask: node ``i`` attends to the whole committed prefix, the root, its ancestors
+and itself; never to siblings or cousins.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from sglang_ddtree.core.tree import DraftTree
+
+
+class TreeLayout(NamedTuple):
+    """Verify-ready arrays for a batch of trees with N slots each.
+
+    retrieve_index:        [bs, N] int64. b * N + i.
+    retrieve_next_token:   [bs, N] int64. First child slot, -1 if none.
+    retrieve_next_sibling: [bs, N] int64. Next sibling slot, -1 if none.
+    positions:             [bs, N] int64. prefix_len + depth.
+    tree_mask:             [bs, N, N] bool. tree_mask[b, i, j]: node i may attend to node j.
+    """
+
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    positions: torch.Tensor
+    tree_mask: torch.Tensor
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Ancestor-or-self mask [bs, N, N] bool from parents [bs, N] int64 (-1 = none).
+
+    Pointer jumping: after step s every row holds its ancestors up to distance 2**s, so
+    ceil(log2(max_depth + 1)) fixed steps cover every tree of that depth.
+    """
+    bs, n = parents.shape
+    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(bs, n, n)
+    has_parent = parents >= 0
+    jump = torch.where(has_parent, parents, torch.arange(n, device=parents.device))
+    mask = eye | (torch.nn.functional.one_hot(jump, n).bool() & has_parent[..., None])
+    steps = max(1, int(max_depth).bit_length())
+    for _ in range(steps):
+        mask = mask | torch.gather(mask, 1, jump[..., None].expand(bs, n, n))
+        jump = torch.gather(jump, 1, jump)
+    return mask
+
+
+def tree_to_retrieve_arrays(
+    tree: DraftTree,
+    prefix_lens: torch.Tensor,  # [bs] int64, tokens already in the target KV cache
+    max_depth: int | None = None,
+) -> TreeLayout:
+    """Parent pointers -> first-child / next-sibling arrays, positions and the tree mask.
+
+    ``max_depth`` bounds the tree depth (default: N - 1); pass the drafter's ``D`` to save
+    pointer-jumping steps. No host synchronization.
+    """
+    parents, valid = tree.parents, tree.valid
+    bs, n = parents.shape
+    assert prefix_lens.shape == (bs,)
+    device = parents.device
+    slots = torch.arange(n, device=device, dtype=torch.int64)
+    is_child = valid & (parents >= 0)
+
+    # First child: smallest child slot per parent. Non-children scatter into a spare column n.
+    target = torch.where(is_child, parents, n)
+    first = torch.full((bs, n + 1), n, device=device, dtype=torch.int64)
+    first.scatter_reduce_(1, target, slots.expand(bs, n), reduce="amin", include_self=True)
+    next_token = first[:, :n]
+    next_token = torch.where(next_token == n, -1, next_token)
+
+    # Next sibling: smallest later slot with the same parent.
+    same_parent = (parents[:, None, :] == parents[:, :, None]) & is_child[:, None, :]
+    later = slots[None, :] > slots[:, None]  # [N, N]: j > i
+    cand = torch.where(same_parent & later & is_child[:, :, None], slots, n)
+    next_sibling = cand.min(dim=2).values
+    next_sibling = torch.where(next_sibling == n, -1, next_sibling)
+
+    retrieve_index = torch.arange(bs, device=device, dtype=torch.int64)[:, None] * n + slots
+    positions = prefix_lens.to(torch.int64)[:, None] + tree.depths
+    depth_bound = n - 1 if max_depth is None else max_depth
+    mask = ancestor_mask(parents, depth_bound)
+    return TreeLayout(retrieve_index, next_token, next_sibling, positions, mask)
+
+
+def flatten_verify_mask(
+    tree_mask: torch.Tensor,  # [bs, N, N] bool
+    prefix_lens: torch.Tensor,  # [bs] int64
+    total: int,
+) -> torch.Tensor:
+    """SGLang's FULL_MASK layout for TARGET_VERIFY: [total] bool.
+
+    Per request b, a row-major block of N rows x (prefix_len_b + N) columns: the prefix columns
+    are True, the tree columns are ``tree_mask[b]``; blocks are concatenated in request order.
+    ``total = sum_b N * (prefix_len_b + N)`` is passed in by the caller, who knows the prefix
+    lengths on the host, so no device-to-host copy is needed here.
+    """
+    bs, n, _ = tree_mask.shape
+    device = tree_mask.device
+    widths = prefix_lens.to(torch.int64) + n  # [bs]
+    ends = torch.cumsum(widths * n, 0)  # inclusive block ends
+    t = torch.arange(total, device=device, dtype=torch.int64)
+    b = torch.searchsorted(ends, t, right=True).clamp(max=bs - 1)
+    local = t - (ends[b] - widths[b] * n)
+    row = local // widths[b]
+    col = local % widths[b]
+    tree_col = col - prefix_lens.to(torch.int64)[b]
+    in_tree = tree_col >= 0
+    flat_tree = tree_mask.reshape(-1)
+    tree_val = flat_tree[(b * n + row) * n + tree_col.clamp(min=0)]
+    return torch.where(in_tree, tree_val, torch.ones_like(in_tree))
