@@ -127,7 +127,8 @@ def accept_greedy(
             found = torch.where(hit, child, found)
             child = torch.where(ok, layout.retrieve_next_sibling[rows, child.clamp(min=0)], -1)
         take = active & (found >= 0)
-        res.predict[(rows * n + cur)[take]] = want[take].to(torch.int32)
+        at = rows * n + cur  # index tensors, not boolean masks: no host sync
+        res.predict[at] = torch.where(take, want.to(torch.int32), res.predict[at])
         res.accept_index[:, step] = torch.where(take, rows * n + found, -1).to(torch.int32)
         res.accept_length.add_(take.to(torch.int32))
         cur = torch.where(take, found, cur)
@@ -220,14 +221,14 @@ def accept_sampled_reference(
             hit = ok & ((coin <= mass) | (p >= 1.0))
             found = torch.where(hit, child, found)
             miss = ok & ~hit
-            tried[rows[miss], tok[miss]] = True
+            tried[rows, tok] = tried[rows, tok] | miss
             child = torch.where(miss, layout.retrieve_next_sibling[rows, child.clamp(min=0)], -1)
         take = active & (found >= 0)
         stop = active & ~take
-        rejected[stop] = tried[stop]
-        res.predict[(rows * n + cur)[take]] = tokens[rows, found.clamp(min=0)][take].to(
-            torch.int32
-        )
+        rejected = torch.where(stop[:, None], tried, rejected)
+        at = rows * n + cur
+        accepted_tok = tokens[rows, found.clamp(min=0)].to(torch.int32)
+        res.predict[at] = torch.where(take, accepted_tok, res.predict[at])
         res.accept_index[:, step] = torch.where(take, rows * n + found, -1).to(torch.int32)
         res.accept_length.add_(take.to(torch.int32))
         cur = torch.where(take, found, cur)

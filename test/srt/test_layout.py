@@ -1,0 +1,86 @@
+"""tree_to_retrieve_arrays: first-child/next-sibling arrays, positions, masks."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_ddtree.core import build_tree, flatten_verify_mask, tree_to_retrieve_arrays
+
+
+def random_tree(seed: int, bs: int = 3, depth: int = 5, vocab: int = 6, budget: int = 12):
+    gen = torch.Generator().manual_seed(seed)
+    lp = torch.log_softmax(torch.randn(bs, depth, vocab, generator=gen) * 2, dim=-1)
+    roots = torch.randint(0, vocab, (bs,), generator=gen)
+    return build_tree(lp, budget, roots, topk=min(budget, vocab))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 10**6),
+    st.integers(1, 4),
+    st.integers(1, 6),
+    st.integers(1, 5),
+    st.integers(1, 20),
+)
+def test_retrieve_arrays_map_back_to_parents(seed, bs, depth, vocab, budget):
+    tree = random_tree(seed, bs, depth, vocab, budget)
+    prefix = torch.randint(0, 100, (bs,))
+    lay = tree_to_retrieve_arrays(tree, prefix, max_depth=depth)
+    n = budget + 1
+    for b in range(bs):
+        seen_parent = {}
+        stack = [0]
+        while stack:  # walk the first-child / next-sibling tree from the root
+            u = stack.pop()
+            c = int(lay.retrieve_next_token[b, u])
+            prev = -1
+            while c != -1:
+                assert c > prev, "siblings in increasing slot order"
+                assert c not in seen_parent, "each node reached once"
+                seen_parent[c] = u
+                stack.append(c)
+                prev, c = c, int(lay.retrieve_next_sibling[b, c])
+        valid = tree.valid[b].tolist()
+        real = {i for i in range(1, n) if valid[i]}
+        assert set(seen_parent) == real, "every real node reached, no padded slot"
+        for i, p in seen_parent.items():
+            assert p == int(tree.parents[b, i])
+        for i in range(n):
+            assert int(lay.retrieve_index[b, i]) == b * n + i
+            assert int(lay.positions[b, i]) == int(prefix[b]) + int(tree.depths[b, i])
+            if not valid[i]:
+                assert int(lay.retrieve_next_token[b, i]) == -1
+                assert int(lay.retrieve_next_sibling[b, i]) == -1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 15))
+def test_tree_mask_is_ancestor_or_self(seed, depth):
+    tree = random_tree(seed, bs=2, depth=depth, vocab=3, budget=24)
+    lay = tree_to_retrieve_arrays(tree, torch.zeros(2, dtype=torch.int64), max_depth=depth)
+    n = tree.num_nodes
+    for b in range(2):
+        par = tree.parents[b].tolist()
+        for i in range(n):
+            anc = {i}
+            j = par[i]
+            while j >= 0:
+                anc.add(j)
+                j = par[j]
+            row = {j for j in range(n) if lay.tree_mask[b, i, j]}
+            assert row == anc
+
+
+def test_flatten_verify_mask_layout():
+    tree = random_tree(7, bs=3, depth=4, vocab=4, budget=9)
+    prefix = torch.tensor([5, 0, 2])
+    lay = tree_to_retrieve_arrays(tree, prefix, max_depth=4)
+    n = tree.num_nodes
+    total = int(sum(n * (int(p) + n) for p in prefix))
+    flat = flatten_verify_mask(lay.tree_mask, prefix, total)
+    want = []
+    for b in range(3):
+        for i in range(n):
+            want += [True] * int(prefix[b])
+            want += lay.tree_mask[b, i].tolist()
+    assert flat.tolist() == want
