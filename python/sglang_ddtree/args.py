@@ -1,0 +1,170 @@
+"""DDTREE options and startup checks, in plain Python (no SGLang import; unit-testable on CPU).
+
+How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
+
+- ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``.
+- ``--speculative-num-draft-tokens W``: tree nodes verified per request, root included
+  (tree budget = W - 1). Default ``2 * block_size + 1``. Must be >= the drafter block size.
+- ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
+- ``SGLANG_DDTREE_TOPK`` (env): candidates per depth K (default 8); the worker uses
+  ``min(K, W - 1, vocab)``.
+- ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ALGORITHM_NAME = "DDTREE"
+TOPK_ENV = "SGLANG_DDTREE_TOPK"
+DEFAULT_TOPK = 8
+# Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
+TREE_MASK_BACKENDS = ("triton", "flashinfer")
+
+
+@dataclass(frozen=True)
+class DDTreeShape:
+    """Per-request sizes of one DDTREE step.
+
+    num_nodes (W): verified nodes per request, root included (budget + 1).
+    block_size (B): drafter block (root + B - 1 masked slots), so depth <= B - 1.
+    topk (K): requested candidates per depth (before capping by budget and vocab).
+    """
+
+    num_nodes: int
+    block_size: int
+    topk: int
+
+    @property
+    def budget(self) -> int:
+        return self.num_nodes - 1
+
+    @property
+    def max_depth(self) -> int:
+        return min(self.block_size - 1, self.budget)
+
+    @property
+    def accept_width(self) -> int:
+        """S: width of accept_index / out_tokens rows (root + deepest path)."""
+        return self.max_depth + 1
+
+    def candidates_per_depth(self, vocab_size: int) -> int:
+        return max(1, min(self.topk, self.budget, vocab_size))
+
+
+def default_num_nodes(block_size: int) -> int:
+    return 2 * int(block_size) + 1
+
+
+def read_topk(environ: Mapping[str, str] | None = None) -> int:
+    """Parse ``SGLANG_DDTREE_TOPK``; raise ValueError with the fix on a bad value."""
+    env = os.environ if environ is None else environ
+    raw = env.get(TOPK_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TOPK
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ValueError(f"{TOPK_ENV}={raw!r} is not an integer; set it to e.g. 8.") from None
+    if k < 1:
+        raise ValueError(f"{TOPK_ENV}={k} must be >= 1; set it to e.g. 8.")
+    return k
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    return getattr(cfg, name, default)
+
+
+def target_verify_backend(cfg: Any) -> str | None:
+    """The attention backend SGLang uses for TARGET_VERIFY (prefill side unless
+    ``--speculative-attention-mode decode``), from a resolved config view."""
+    base = _get(cfg, "attention_backend")
+    if _get(cfg, "speculative_attention_mode", "prefill") == "decode":
+        return _get(cfg, "decode_attention_backend") or base
+    return _get(cfg, "prefill_attention_backend") or base
+
+
+def check_server_args(cfg: Any) -> list[str]:
+    """Refusals that do not need the drafter block size; each message says what to pass.
+
+    ``cfg`` is any object with ServerArgs field names (a ServerArgs, SGLang's resolved view,
+    or a SimpleNamespace in tests). Returns the list of problems (empty when fine).
+    """
+    errors = []
+    device = _get(cfg, "device")
+    if device is not None and not str(device).startswith("cuda"):
+        errors.append(f"DDTREE runs on CUDA only (device={device!r}); pass --device cuda.")
+    backend = target_verify_backend(cfg)
+    if backend not in TREE_MASK_BACKENDS:
+        errors.append(
+            f"DDTREE needs a target-verify attention backend that applies the tree mask; "
+            f"got {backend!r} (fa3 is the Hopper default and ignores it). "
+            "Pass --attention-backend triton (or flashinfer)."
+        )
+    page_size = _get(cfg, "page_size")
+    if page_size not in (None, 1):
+        errors.append(f"DDTREE supports page_size 1 only (got {page_size}); pass --page-size 1.")
+    if int(_get(cfg, "pp_size", 1) or 1) != 1:
+        errors.append("DDTREE does not support pipeline parallelism; pass --pp-size 1.")
+    if _get(cfg, "enable_dp_attention", False):
+        errors.append("DDTREE does not support DP attention; drop --enable-dp-attention.")
+    if int(_get(cfg, "tokenizer_worker_num", 1) or 1) > 1:
+        errors.append(
+            "DDTREE does not support multiple tokenizer workers (they do not load plugins); "
+            "pass --tokenizer-worker-num 1."
+        )
+    single = float(_get(cfg, "speculative_accept_threshold_single", 1.0))
+    acc = float(_get(cfg, "speculative_accept_threshold_acc", 1.0))
+    if single != 1.0 or acc != 1.0:
+        errors.append(
+            "DDTREE is exact only with acceptance thresholds 1.0 "
+            f"(got single={single}, acc={acc}); pass --speculative-accept-threshold-single 1.0 "
+            "--speculative-accept-threshold-acc 1.0 (or omit them)."
+        )
+    if _get(cfg, "speculative_use_rejection_sampling", False):
+        errors.append(
+            "DDTREE verifies with exact target-only tree sampling; "
+            "drop --speculative-use-rejection-sampling."
+        )
+    if _get(cfg, "enable_two_batch_overlap", False):
+        errors.append("DDTREE does not support two-batch overlap; drop --enable-two-batch-overlap.")
+    if _get(cfg, "disaggregation_mode", "null") not in (None, "null"):
+        errors.append("DDTREE does not support PD disaggregation; drop --disaggregation-mode.")
+    if _get(cfg, "speculative_draft_window_size") is not None:
+        errors.append(
+            "DDTREE does not support a draft window; drop --speculative-draft-window-size."
+        )
+    if _get(cfg, "speculative_adaptive", False):
+        errors.append("DDTREE does not support adaptive speculation; drop --speculative-adaptive.")
+    topk = _get(cfg, "speculative_eagle_topk")
+    if topk not in (None, 1):
+        errors.append(
+            f"--speculative-eagle-topk {topk} has no meaning for DDTREE; omit it and set "
+            f"{TOPK_ENV} for candidates per depth."
+        )
+    try:
+        read_topk()
+    except ValueError as e:
+        errors.append(str(e))
+    return errors
+
+
+def check_shape(shape: DDTreeShape) -> list[str]:
+    """Refusals that need the resolved block size."""
+    errors = []
+    if shape.block_size < 2:
+        errors.append(f"DDTREE needs a drafter block size >= 2 (got {shape.block_size}).")
+    if shape.num_nodes < shape.block_size:
+        errors.append(
+            f"DDTREE needs --speculative-num-draft-tokens (tree nodes incl. root) >= the drafter "
+            f"block size {shape.block_size} (got {shape.num_nodes}); pass "
+            f"--speculative-num-draft-tokens {default_num_nodes(shape.block_size)}."
+        )
+    return errors
+
+
+def format_errors(errors: list[str]) -> str:
+    return "Invalid DDTREE configuration:\n  - " + "\n  - ".join(errors)

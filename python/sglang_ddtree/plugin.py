@@ -1,0 +1,115 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``ddtree``).
+
+SGLang calls ``register()`` in the launcher / Engine process and in every scheduler process.
+It swallows plugin exceptions into a log line, after which ``--speculative-algorithm DDTREE``
+would only fail later as "Unknown speculative algorithm name". So when the real registration
+fails, ``register()`` logs loudly, registers a placeholder ``DDTREE`` whose argument validation
+raises the original error, and re-raises.
+
+Only the standard library is imported at module level: an import error here would be logged
+by SGLang and lost the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_registered = False
+_register_error: BaseException | None = None
+
+
+def _worker_factory(server_args):
+    from sglang_ddtree.worker import DDTreeWorkerV2
+
+    return DDTreeWorkerV2
+
+
+def _register_real() -> None:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ddtree.args import ALGORITHM_NAME
+    from sglang_ddtree.spec_algo import DDTreeSpecAlgo, validate_server_args
+
+    SpeculativeAlgorithm.register(
+        ALGORITHM_NAME,
+        supports_overlap=True,
+        validate_server_args=validate_server_args,
+        spec_class=DDTreeSpecAlgo,
+    )(_worker_factory)
+    _register_request_checks()
+
+
+def _register_request_checks() -> None:
+    """Wrap SGLang's per-request DFlash-family validation with DDTREE's refusals (HTTP 400)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.speculative.dflash_utils.validate_dflash_request",
+        _validate_request_hook,
+        HookType.AROUND,
+    )
+
+
+def _validate_request_hook(original_fn, req, *args, **kwargs):
+    msg = original_fn(req, *args, **kwargs)
+    if msg is not None:
+        return msg
+    from sglang_ddtree import requests
+
+    if not requests.ddtree_active():
+        return None
+    return requests.refuse_request(req)
+
+
+def _register_placeholder(error: BaseException) -> None:
+    """Register DDTREE so that using it raises ``error`` instead of 'unknown algorithm'."""
+    try:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang.srt.speculative.spec_registry import get_spec
+    except Exception:  # SGLang itself is unusable; nothing more to do.
+        return
+    if get_spec("DDTREE") is not None:
+        return
+
+    def _raise(_server_args):
+        raise RuntimeError(
+            f"The DDTREE plugin failed to load: {type(error).__name__}: {error}"
+        ) from error
+
+    SpeculativeAlgorithm.register("DDTREE", supports_overlap=True, validate_server_args=_raise)(
+        _worker_factory
+    )
+
+
+def register() -> None:
+    """Entry point: register ``DDTREE`` with SGLang (idempotent within a process)."""
+    global _registered, _register_error
+    if _registered:
+        return
+    try:
+        _register_real()
+    except ValueError as e:
+        if "already registered" in str(e):
+            _registered = True
+            return
+        _fail(e)
+        raise
+    except Exception as e:
+        _fail(e)
+        raise
+    _registered = True
+    logger.info("sglang-ddtree: registered speculative algorithm DDTREE")
+
+
+def _fail(error: BaseException) -> None:
+    global _register_error
+    _register_error = error
+    logger.error(
+        "sglang-ddtree: FAILED to register speculative algorithm DDTREE: %s: %s",
+        type(error).__name__,
+        error,
+        exc_info=error,
+    )
+    _register_placeholder(error)

@@ -1,0 +1,47 @@
+"""Per-request refusals for DDTREE (reported to the client as HTTP 400; the server keeps serving).
+
+DDTREE verifies every tree node against the target distribution after temperature, top-k,
+top-p and ``logit_bias``. Options whose exact law over a tree it does not implement are refused
+instead of being silently approximated.
+"""
+
+from __future__ import annotations
+
+_active = False
+
+
+def set_active(active: bool = True) -> None:
+    """Mark this process as running a DDTREE worker (set by the worker's constructor)."""
+    global _active
+    _active = active
+
+
+def ddtree_active() -> bool:
+    return _active
+
+
+def refuse_sampling_params(sp) -> str | None:
+    """Return an error message for sampling params DDTREE cannot honour exactly, else None."""
+    if float(getattr(sp, "min_p", 0.0) or 0.0) > 0.0:
+        return "DDTREE speculative decoding does not support min_p; omit it or set min_p=0."
+    penalties = {
+        "frequency_penalty": (getattr(sp, "frequency_penalty", 0.0), 0.0),
+        "presence_penalty": (getattr(sp, "presence_penalty", 0.0), 0.0),
+        "repetition_penalty": (getattr(sp, "repetition_penalty", 1.0), 1.0),
+    }
+    for name, (value, neutral) in penalties.items():
+        if value is not None and float(value) != neutral:
+            return (
+                f"DDTREE speculative decoding does not support {name}; "
+                f"omit it or set {name}={neutral}."
+            )
+    for name in ("json_schema", "regex", "ebnf", "structural_tag"):
+        if getattr(sp, name, None):
+            return f"DDTREE speculative decoding does not support constrained decoding ({name})."
+    return None
+
+
+def refuse_request(req) -> str | None:
+    if getattr(req, "custom_logit_processor", None):
+        return "DDTREE speculative decoding does not support custom logit processors."
+    return refuse_sampling_params(req.sampling_params)

@@ -1,0 +1,129 @@
+"""``DDTreeSpecAlgo``: what the SGLang 0.5.17 scheduler, model runners and graph runners ask of
+a speculative algorithm, answered for DDTREE.
+
+DDTREE is a member of the DFlash family (same drafter, same aux-hidden capture, same draft KV
+pool), so ``is_dflash_family()`` is True. It adds the three methods the runtime calls but
+``CustomSpecAlgo`` lacks (``carries_draft_hidden_states``, ``create_future_map``,
+``need_topk``), resolves DFLASH's server-arg defaults by calling SGLang's ``_handle_dflash``,
+and gives the target verify W tokens per request and the drafter B.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+from sglang_ddtree import args as dargs
+
+logger = logging.getLogger(__name__)
+
+
+def validate_server_args(server_args) -> None:
+    """Early refusals (called by SGLang before ``handle_server_args``)."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    errors = dargs.check_server_args(resolved_view(server_args))
+    if errors:
+        raise ValueError(dargs.format_errors(errors))
+
+
+class DDTreeSpecAlgo(CustomSpecAlgo):
+    """Spec class registered for ``DDTREE`` (see ``sglang_ddtree.plugin``)."""
+
+    # --- predicates -------------------------------------------------------------------------
+    def is_dflash(self) -> bool:
+        return True
+
+    def is_dflash_family(self) -> bool:
+        # Aux hidden capture, draft KV sizing, draft input_embeds in graphs, DFLASH dummy
+        # verify inputs and request validation all key on this.
+        return True
+
+    def supports_target_verify_for_draft(self) -> bool:
+        # The drafter runs (and is graph-captured) in TARGET_VERIFY mode, as in DFLASH.
+        return True
+
+    def supports_grammar_overlap(self) -> bool:
+        return False
+
+    def supports_ragged_verify(self) -> bool:
+        return False
+
+    def has_draft_kv(self) -> bool:
+        return True
+
+    # --- methods the runtime calls that CustomSpecAlgo lacks ---------------------------------
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def create_future_map(
+        self,
+        device,
+        req_to_token_pool,
+        needs_cpu_seq_lens: bool = True,
+        needs_confidence_relay: bool = False,
+    ):
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(
+            device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay
+        )
+
+    # --- widths -----------------------------------------------------------------------------
+    def get_num_tokens_per_req_for_target_verify(
+        self, num_draft_tokens: int, is_draft_worker: bool
+    ) -> int:
+        """W for the target verify graphs, B for the drafter's block graphs.
+
+        Both runners are handed W (the scheduler's ``speculative_num_draft_tokens``), so B is
+        read from the published spec bag.
+        """
+        if not is_draft_worker:
+            return int(num_draft_tokens)
+        from sglang.srt.runtime_context import get_spec
+
+        block = get_spec().speculative_dflash_block_size
+        if block is None:
+            raise RuntimeError(
+                "DDTREE: speculative_dflash_block_size is not resolved in this process; "
+                "was DDTreeSpecAlgo.handle_server_args skipped?"
+            )
+        return int(block)
+
+    # --- server args ------------------------------------------------------------------------
+    def handle_server_args(self, server_args) -> None:
+        """Resolve DFLASH defaults for the drafter, then set W and B (see module docstring).
+
+        ``_handle_dflash`` sets the block size into ``speculative_num_draft_tokens``; DDTREE
+        keeps W there (the verify width every generic sizing path reads) and B in
+        ``speculative_dflash_block_size``.
+        """
+        from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+        user_nodes = server_args.speculative_num_draft_tokens
+        server_args.speculative_num_draft_tokens = None
+        try:
+            _handle_dflash(server_args)
+        except Exception:
+            server_args.speculative_num_draft_tokens = user_nodes
+            raise
+        block = int(server_args.speculative_num_draft_tokens)
+        nodes = int(user_nodes) if user_nodes is not None else dargs.default_num_nodes(block)
+        server_args.speculative_dflash_block_size = block
+        server_args.speculative_num_draft_tokens = nodes
+        shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=dargs.read_topk())
+        errors = dargs.check_shape(shape)
+        if errors:
+            raise ValueError(dargs.format_errors(errors))
+        logger.info(
+            "DDTREE: %d nodes per request (budget %d), drafter block %d, top-K %d, S=%d",
+            shape.num_nodes,
+            shape.budget,
+            shape.block_size,
+            shape.topk,
+            shape.accept_width,
+        )

@@ -1,0 +1,1 @@
+"""Test helpers: tiny random-weight target/drafter pairs made from configs (no downloads)."""

@@ -1,0 +1,237 @@
+"""Tiny random-weight model pair for end-to-end tests: a Qwen3 target and a DFlash drafter.
+
+``make_tiny_pair(out_dir)`` writes two HF-style folders (``config.json``, ``model.safetensors``,
+a locally built character-level tokenizer) that SGLang loads like any checkpoint:
+
+- ``out_dir/target``: ``Qwen3ForCausalLM``, vocabulary ``V`` (default 128), 4 layers.
+- ``out_dir/draft``: ``DFlashDraftModel`` (no embedding / LM head: it borrows the target's),
+  with ``dflash_config = {block_size, target_layer_ids, mask_token, mask_token_id}``.
+
+Why acceptance is deep with random weights: both models see a shared "bias channel" ``c`` (a
+constant added to every token embedding), and the target LM head gives a small set of
+``num_preferred`` tokens a large weight on that channel. Both the target and the drafter (which
+uses the target LM head) therefore put most of their mass on the same few tokens, while the
+random part of the weights still makes the target's choice among them depend on the context
+(so a wrong tree mask, position or KV commit changes the output). A draft top-K with
+``K >= num_preferred`` then covers the target's next token at most depths.
+
+float32 by default: with random weights near-ties between logits are common, and bf16 rounding
+differences between the verify kernels and plain decode would flip greedy argmaxes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+MASK_TOKEN = "<|MASK|>"
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", MASK_TOKEN, "<unk>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyPairConfig:
+    """Sizes of the tiny pair. ``vocab_size`` includes the special tokens."""
+
+    vocab_size: int = 128
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    target_layers: int = 4
+    draft_layers: int = 2
+    target_layer_ids: tuple[int, ...] = (1, 2)
+    block_size: int = 8
+    max_position_embeddings: int = 4096
+    num_preferred: int = 4
+    bias_channel_value: float = 3.0
+    preferred_weight: float = 2.0
+    head_std: float = 0.15
+    seed: int = 0
+    dtype: str = "float32"
+
+
+def _vocab(cfg: TinyPairConfig) -> list[str]:
+    chars = [chr(c) for c in range(32, 127)]
+    vocab = SPECIALS + chars
+    if cfg.vocab_size < len(vocab):
+        vocab = vocab[: cfg.vocab_size]
+    vocab += [f"<x{i}>" for i in range(cfg.vocab_size - len(vocab))]
+    return vocab
+
+
+def build_tokenizer(out_dir: str, cfg: TinyPairConfig) -> dict:
+    """Write a character-level fast tokenizer (tokenizer.json + configs); returns its vocab."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(_vocab(cfg))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": "<unk>",
+        "bos_token": None,
+        "model_max_length": cfg.max_position_embeddings,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+    }
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(tok_cfg, f, indent=2)
+    with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
+        json.dump({"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}, f)
+    return vocab
+
+
+def _common_config(cfg: TinyPairConfig, num_layers: int) -> dict:
+    return {
+        "model_type": "qwen3",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": cfg.dtype,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "initializer_range": 0.02,
+    }
+
+
+def _layer_weights(prefix: str, cfg: TinyPairConfig, g: torch.Generator) -> dict:
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q, kv, inter = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
+
+    def rnd(*shape, std):
+        return torch.randn(*shape, generator=g) * std
+
+    return {
+        f"{prefix}.input_layernorm.weight": torch.ones(h),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
+        f"{prefix}.self_attn.q_proj.weight": rnd(q, h, std=h**-0.5),
+        f"{prefix}.self_attn.k_proj.weight": rnd(kv, h, std=h**-0.5),
+        f"{prefix}.self_attn.v_proj.weight": rnd(kv, h, std=h**-0.5),
+        f"{prefix}.self_attn.o_proj.weight": rnd(h, q, std=0.5 * q**-0.5),
+        f"{prefix}.self_attn.q_norm.weight": torch.ones(hd),
+        f"{prefix}.self_attn.k_norm.weight": torch.ones(hd),
+        f"{prefix}.mlp.gate_proj.weight": rnd(inter, h, std=h**-0.5),
+        f"{prefix}.mlp.up_proj.weight": rnd(inter, h, std=h**-0.5),
+        f"{prefix}.mlp.down_proj.weight": rnd(h, inter, std=0.5 * inter**-0.5),
+    }
+
+
+def _save(out_dir: str, config: dict, weights: dict, dtype: str) -> None:
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    tdtype = getattr(torch, dtype)
+    save_file(
+        {k: v.to(tdtype).contiguous() for k, v in weights.items()},
+        os.path.join(out_dir, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 0, "eos_token_id": 0}, f)
+
+
+def preferred_token_ids(cfg: TinyPairConfig) -> list[int]:
+    """Ids the LM head favours (letters 'a', 'b', ...: printable, never special)."""
+    first = len(SPECIALS) + (ord("a") - 32)
+    return list(range(first, first + cfg.num_preferred))
+
+
+def make_tiny_pair(out_dir: str, cfg: TinyPairConfig | None = None) -> tuple[str, str]:
+    """Write the target and draft folders under ``out_dir``; return ``(target, draft)`` paths.
+
+    Deterministic for a given ``cfg`` (seeded CPU generator). Takes well under a second.
+    """
+    cfg = cfg or TinyPairConfig()
+    if max(cfg.target_layer_ids) >= cfg.target_layers:
+        raise ValueError("target_layer_ids must index target layers")
+    g = torch.Generator().manual_seed(cfg.seed)
+    target_dir, draft_dir = os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
+    vocab = build_tokenizer(target_dir, cfg)
+    build_tokenizer(draft_dir, cfg)
+    h, bias_ch = cfg.hidden_size, 0
+
+    # Target: embeddings carry a constant on the bias channel; the LM head rewards it for a few
+    # preferred tokens (see the module docstring).
+    embed = torch.randn(cfg.vocab_size, h, generator=g)
+    embed[:, bias_ch] = cfg.bias_channel_value
+    lm_head = torch.randn(cfg.vocab_size, h, generator=g) * cfg.head_std
+    lm_head[:, bias_ch] = 0.0
+    lm_head[preferred_token_ids(cfg), bias_ch] = cfg.preferred_weight
+    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(h)}
+    weights["lm_head.weight"] = lm_head
+    for i in range(cfg.target_layers):
+        weights.update(_layer_weights(f"model.layers.{i}", cfg, g))
+    target_cfg = {"architectures": ["Qwen3ForCausalLM"], **_common_config(cfg, cfg.target_layers)}
+    _save(target_dir, target_cfg, weights, cfg.dtype)
+
+    # Drafter: DFlash layers + context projection; its final norm keeps the bias channel.
+    n_ctx = len(cfg.target_layer_ids)
+    dweights = {
+        "fc.weight": torch.randn(h, n_ctx * h, generator=g) * (n_ctx * h) ** -0.5,
+        "hidden_norm.weight": torch.ones(h),
+        "norm.weight": torch.ones(h),
+    }
+    for i in range(cfg.draft_layers):
+        dweights.update(_layer_weights(f"layers.{i}", cfg, g))
+    mask_id = vocab[MASK_TOKEN]
+    draft_cfg = {
+        "architectures": ["DFlashDraftModel"],
+        **_common_config(cfg, cfg.draft_layers),
+        "block_size": cfg.block_size,
+        "num_target_layers": cfg.target_layers,
+        "dflash_config": {
+            "block_size": cfg.block_size,
+            "target_layer_ids": list(cfg.target_layer_ids),
+            "mask_token": MASK_TOKEN,
+            "mask_token_id": mask_id,
+        },
+    }
+    _save(draft_dir, draft_cfg, dweights, cfg.dtype)
+    return target_dir, draft_dir
+
+
+def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir")
+    p.add_argument("--vocab-size", type=int, default=TinyPairConfig.vocab_size)
+    p.add_argument("--block-size", type=int, default=TinyPairConfig.block_size)
+    p.add_argument("--dtype", default=TinyPairConfig.dtype)
+    a = p.parse_args()
+    cfg = TinyPairConfig(vocab_size=a.vocab_size, block_size=a.block_size, dtype=a.dtype)
+    t, d = make_tiny_pair(a.out_dir, cfg)
+    print(f"target={t}\ndraft={d}")
+
+
+if __name__ == "__main__":
+    main()

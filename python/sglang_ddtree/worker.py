@@ -1,0 +1,328 @@
+"""``DDTreeWorkerV2``: the DDTREE speculative worker for SGLang 0.5.17 (spec v2, overlap-safe).
+
+One decode step, per batch (bs requests, W = budget + 1 tree nodes each, B = drafter block,
+S = max depth + 1), all on device with no host synchronization:
+
+1. Draft: DFLASH's block forward ``[root, MASK x (B-1)]`` (captured drafter graph), then the
+   target LM head over the B-1 masked slots and a per-depth top-K (log-probs).
+2. Tree: ``core.build_tree_from_candidates`` (the W-1 most probable draft prefixes) and
+   ``core.tree_to_retrieve_arrays`` (sibling arrays, positions = prefix + depth, ancestor mask).
+3. Verify: the W nodes of each request go through the target in TARGET_VERIFY mode with the
+   tree mask (FULL_MASK layout), KV written to ``req_to_token[prefix : prefix + W]``.
+4. Accept per request: greedy rows through ``core.accept_greedy``, sampled rows (temperature,
+   top-k, top-p per request) through ``core.accept_sampled``; one ``core.commit_accepted``.
+5. Commit: accepted target KV moved to contiguous slots ``prefix ..``; the drafter KV of the
+   accepted path rebuilt from the target hidden states; outputs and the next draft input.
+
+Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
+server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block
+buffers, draft spec info, KV helper bounds) sees the drafter block.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
+from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import (
+    apply_dflash_verify_logits_adjustments,
+    is_dflash_sampling_verify_available,
+)
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+
+from sglang_ddtree import requests
+from sglang_ddtree.args import DDTreeShape, read_topk
+from sglang_ddtree.core.accept import AcceptResult, accept_greedy, accept_sampled
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.layout import flatten_verify_mask, tree_to_retrieve_arrays
+from sglang_ddtree.core.sampling import draw_coins, target_probs
+from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
+from sglang_ddtree.cuda_graph import install_target_graph_runner
+
+logger = logging.getLogger(__name__)
+
+
+def merge_accept(
+    greedy: AcceptResult, sampled: AcceptResult, greedy_rows: torch.Tensor, num_nodes: int
+) -> AcceptResult:
+    """Per-request choice between two accept results (greedy_rows [bs] bool). No host sync."""
+    per_node = greedy_rows.repeat_interleave(num_nodes)
+    return AcceptResult(
+        predict=torch.where(per_node, greedy.predict, sampled.predict),
+        accept_index=torch.where(greedy_rows[:, None], greedy.accept_index, sampled.accept_index),
+        accept_length=torch.where(greedy_rows, greedy.accept_length, sampled.accept_length),
+    )
+
+
+class DDTreeWorkerV2(DFlashWorkerV2):
+    """DFLASH's worker with the decode step replaced by draft tree -> tree verify -> accept."""
+
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        block = server_args.speculative_dflash_block_size
+        if block is None:
+            raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
+        shape = DDTreeShape(
+            num_nodes=int(server_args.speculative_num_draft_tokens),
+            block_size=int(block),
+            topk=read_topk(),
+        )
+        # Before super(): the target's verify graphs are captured after this constructor.
+        install_target_graph_runner(target_worker.model_runner)
+        parent_args = copy.deepcopy(server_args)
+        parent_args.override("ddtree.drafter_block", speculative_num_draft_tokens=shape.block_size)
+        super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
+        self.ddtree_shape = shape
+        self._check_supported()
+        vocab = int(self.model_runner.model_config.vocab_size)
+        self._topk = shape.candidates_per_depth(vocab)
+        self._depth_offsets = torch.arange(shape.accept_width, device=self.device)
+        requests.set_active(True)
+        if self.ps.tp_rank == 0:
+            logger.info(
+                "DDTREE worker ready: W=%d nodes/request, B=%d, depth<=%d, K=%d, S=%d",
+                shape.num_nodes,
+                shape.block_size,
+                shape.max_depth,
+                self._topk,
+                shape.accept_width,
+            )
+
+    def _check_supported(self) -> None:
+        from sglang.srt.configs.hybrid_arch import mambaish_config
+        from sglang.srt.distributed import get_tp_group
+
+        if get_tp_group().world_size != 1:
+            raise ValueError("DDTREE supports --tp-size 1 for now; pass --tp-size 1.")
+        if mambaish_config(self.model_runner.model_config) is not None:
+            raise ValueError("DDTREE does not support hybrid (Mamba/linear-attention) targets.")
+        if getattr(self.model_runner.model_config, "attention_arch", None) is not None:
+            if "MLA" in str(self.model_runner.model_config.attention_arch):
+                raise ValueError("DDTREE does not support MLA targets.")
+        if not is_dflash_sampling_verify_available():
+            raise RuntimeError(
+                "DDTREE needs sgl_kernel.tree_speculative_sampling_target_only (CUDA build)."
+            )
+
+    # The drafter's greedy in-graph head is DFLASH's; DDTREE needs top-K log-probs instead.
+    def _maybe_build_draft_sampler(self):
+        return None
+
+    def _validate_phase1_sampling_support(self, batch) -> None:
+        return None  # availability is checked at startup; no silent greedy fallback
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if getattr(batch, "return_logprob", False):
+            raise ValueError("DDTREE speculative decoding does not support return_logprob.")
+        is_decode = not (
+            batch.forward_mode.is_extend()
+            or batch.is_extend_in_batch
+            or batch.forward_mode.is_idle()
+        )
+        if not is_decode or batch.spec_info is None:
+            result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
+            if batch.forward_mode.is_idle():
+                result.speculative_num_draft_tokens = self.ddtree_shape.accept_width
+            return result
+        if not isinstance(batch.spec_info, DFlashDraftInputV2):
+            raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
+        if batch.has_grammar:
+            raise RuntimeError("DDTREE does not support constrained decoding.")
+        return self._decode_step(batch, on_publish)
+
+    # ------------------------------------------------------------------------------------------
+    def _host_seq_lens(self, batch, draft_input, extra: int):
+        """Host upper bound of the KV length seen by a forward: committed + ``extra``.
+
+        Returns (seq_lens_cpu [bs] int32 CPU tensor, sum). Uses the host copies the scheduler
+        keeps; never reads the device.
+        """
+        if batch.seq_lens_cpu is not None:
+            lens = batch.seq_lens_cpu.to(torch.int32) + extra
+            return lens, int(lens.sum())
+        if draft_input.reserved_seq_lens_cpu is not None:
+            return draft_input.reserved_seq_lens_cpu, int(draft_input.reserved_seq_lens_sum)
+        raise RuntimeError("DDTREE needs host sequence lengths (seq_lens_cpu) for the verify.")
+
+    def _draft_candidates(self, batch, draft_input, bs: int):
+        """Drafter block forward + top-K per depth: ([bs, D, K] f32 log-probs, int64 tokens)."""
+        shape = self.ddtree_shape
+        block = shape.block_size
+        target_model = self.target_worker.model_runner.model
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        _prepare_dflash_draft_block_unchecked(
+            bonus_tokens=draft_input.bonus_tokens.view(-1),
+            prefix_lens=batch.seq_lens.view(-1),
+            req_pool_indices=batch.req_pool_indices.view(-1),
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            block_ids_out=block_ids,
+            positions_out=positions_2d,
+            cache_loc_out=cache_loc_2d,
+            mask_token_id=int(self._mask_token_id),
+        )
+        embeds = target_model.get_input_embeddings()(block_ids)
+        seq_lens_cpu, seq_lens_sum = self._host_seq_lens(batch, draft_input, block)
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=cache_loc_2d.reshape(-1),
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions_2d.reshape(-1),
+            input_embeds=embeds.view(-1, embeds.shape[-1]),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        with torch.inference_mode():
+            draft_out = self.draft_model_runner.forward(forward_batch)
+        hidden = draft_out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE: the drafter returned no hidden states.")
+        depth = shape.max_depth
+        hs = hidden.view(bs, block, -1)[:, 1 : 1 + depth, :]
+        weight = target_model.lm_head.weight
+        vocab = int(self.model_runner.model_config.vocab_size)
+        logits = torch.matmul(hs.to(weight.dtype), weight[:vocab].T).float()
+        return select_candidates(logits, self._topk, normalize=True)
+
+    def _verify_mask(self, tree_mask, prefix_lens, batch, bs: int):
+        """FULL_MASK bool [W * sum(prefix) + bs * W * W], sized from the host prefix lengths."""
+        w = self.ddtree_shape.num_nodes
+        if batch.seq_lens_cpu is not None:
+            total = w * int(batch.seq_lens_cpu.sum()) + bs * w * w
+        else:  # no host copy kept by this backend: one sync, only in this configuration
+            total = w * int(prefix_lens.sum()) + bs * w * w
+        return flatten_verify_mask(tree_mask, prefix_lens, total)
+
+    def _accept(self, layout, tokens, logits, sampling_info, bs: int) -> AcceptResult:
+        """Greedy rows via accept_greedy, sampled rows via accept_sampled, one result."""
+        shape = self.ddtree_shape
+        w, s = shape.num_nodes, shape.accept_width
+        target_predict = torch.argmax(logits, dim=-1).view(bs, w)
+        greedy = accept_greedy(layout, tokens, target_predict, s)
+        if sampling_info is None or sampling_info.is_all_greedy:
+            return greedy
+        top_ks = sampling_info.top_ks.view(-1)
+        probs = target_probs(
+            logits.view(bs, w, -1),
+            sampling_info.temperatures.view(-1).float(),
+            top_ks.to(torch.int64),
+            sampling_info.top_ps.view(-1).float(),
+        )
+        coins, final_coins = draw_coins(bs, w, logits.device)
+        sampled = accept_sampled(layout, tokens, probs, coins, final_coins, s)
+        # SGLang rewrites temperature 0 as (temperature 1, top_k 1): those rows are greedy.
+        return merge_accept(greedy, sampled, top_ks <= 1, w)
+
+    def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
+        shape = self.ddtree_shape
+        w, s = shape.num_nodes, shape.accept_width
+        draft_input = batch.spec_info
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        bs = len(batch.seq_lens)
+        prefix_lens = batch.seq_lens.to(torch.int64)
+
+        # 1-2) Draft tree.
+        cand_lp, cand_tok = self._draft_candidates(batch, draft_input, bs)
+        tree = build_tree_from_candidates(
+            cand_lp, cand_tok, draft_input.bonus_tokens.view(-1).to(torch.int64), shape.budget
+        )
+        layout = tree_to_retrieve_arrays(tree, prefix_lens, max_depth=shape.max_depth)
+
+        # 3) Tree verify on the target.
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        verify_loc = assign_extend_cache_locs_uniform_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=req_to_token,
+            start_offset=batch.seq_lens,
+            batch_size=bs,
+            draft_token_num=w,
+            device=self.device,
+        )
+        verify_input = DFlashVerifyInput(
+            draft_token=tree.tokens.reshape(-1),
+            positions=layout.positions.reshape(-1),
+            draft_token_num=w,
+            custom_mask=self._verify_mask(layout.tree_mask, prefix_lens, batch, bs),
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+        )
+        batch.out_cache_loc = verify_loc
+        sampling_info = batch.sampling_info
+        cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        batch.seq_lens_cpu, batch.seq_lens_sum = self._host_seq_lens(batch, draft_input, w)
+        try:
+            verify_fb, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        finally:
+            batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        logits = logits_output.next_token_logits  # [bs * W, V]
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
+            )
+
+        # 4) Accept and plan the commit.
+        result = self._accept(layout, tree.tokens, logits, sampling_info, bs)
+        plan = commit_accepted(result, prefix_lens, w)
+
+        # 5) Commit: accepted target KV to contiguous slots prefix .. prefix + k.
+        move_accept_tokens_to_target_kvcache(
+            batch,
+            plan.keep_index,
+            result.accept_length,
+            self.model_runner.token_to_kv_pool_allocator,
+        )
+        new_seq_lens = plan.new_seq_lens
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        commit_lens = plan.commit_lens.to(torch.int32)
+
+        # Drafter KV for the accepted path, from the target's aux hidden states.
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify requires target hidden states, got None.")
+        kept_hidden = hidden[plan.keep_index.clamp(min=0).reshape(-1)]
+        cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
+        positions = (prefix_lens[:, None] + self._depth_offsets[None, :]).reshape(-1)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=kept_hidden,
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=positions,
+            commit_lens=commit_lens,
+        )
+        logits_output.hidden_states = None
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=plan.out_tokens.clamp(min=0).reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=self._make_next_draft_input_decode(
+                bonus_tokens=plan.bonus, new_seq_lens=new_seq_lens
+            ),
+            speculative_num_draft_tokens=s,
+            new_seq_lens=new_seq_lens,
+        )
