@@ -33,8 +33,10 @@ from sglang_ddtree.core import (
 )
 from sglang_ddtree.core.sampling import clamp_coins
 
+STAGES = ("select", "build", "layout", "accept")
 
-def make_step(bs, budget, depth, vocab, mode, topk):
+
+def make_step(bs, budget, depth, vocab, mode, topk, upto="accept"):
     dev = "cuda"
     n = budget + 1
     draft_logits = torch.randn(bs, depth, vocab, device=dev, dtype=torch.bfloat16)
@@ -49,15 +51,26 @@ def make_step(bs, budget, depth, vocab, mode, topk):
 
     def step():
         lp, tok = select_candidates(draft_logits, topk, normalize=True)
+        if upto == "select":
+            return lp
         tree = build_tree_from_candidates(lp, tok, roots, budget)
+        if upto == "build":
+            return tree
         lay = tree_to_retrieve_arrays(tree, prefix, max_depth=depth)
+        if upto == "layout":
+            return lay
         if mode == "greedy":
             pred = target_logits.argmax(-1).view(bs, n)
             res = accept_greedy(lay, tree.tokens, pred, depth + 1, backend="kernel")
         else:
             probs = target_probs(target_logits.view(bs, n, vocab), temperature, top_k, top_p)
             res = accept_sampled(
-                lay, tree.tokens, probs, clamp_coins(coins), clamp_coins(final), depth + 1,
+                lay,
+                tree.tokens,
+                probs,
+                clamp_coins(coins),
+                clamp_coins(final),
+                depth + 1,
                 backend="kernel",
             )
         return commit_accepted(res, prefix, n)
@@ -99,16 +112,33 @@ def main():
     ap.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the cumulative stages (select, build, layout) of the greedy step",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(f"{'vocab':>7} {'bs':>3} {'budget':>6} {'K':>4} " + " ".join(f"{m:>11}" for m in args.modes))
+    print(
+        f"{'vocab':>7} {'bs':>3} {'budget':>6} {'K':>4} " + " ".join(f"{m:>11}" for m in args.modes)
+    )
     for vocab in args.vocab:
         for bs in args.bs:
             for budget in args.budget:
                 topk = min(budget, args.topk or budget)
-                row = {"vocab": vocab, "bs": bs, "budget": budget, "depth": args.depth, "topk": topk}
+                row = {
+                    "vocab": vocab,
+                    "bs": bs,
+                    "budget": budget,
+                    "depth": args.depth,
+                    "topk": topk,
+                }
+                if args.breakdown:
+                    for stage in STAGES[:-1]:
+                        step = make_step(bs, budget, args.depth, vocab, "greedy", topk, stage)
+                        row[f"upto_{stage}_us"] = round(time_graph(step, iters=args.iters), 1)
                 for mode in args.modes:
                     step = make_step(bs, budget, args.depth, vocab, mode, topk)
                     row[f"{mode}_us"] = round(time_graph(step, iters=args.iters), 1)
@@ -116,6 +146,12 @@ def main():
                     torch.cuda.empty_cache()
                 rows.append(row)
                 cells = " ".join(f"{row[f'{m}_us']:>9.1f}us" for m in args.modes)
+                if args.breakdown:
+                    cells += (
+                        "  (cumulative: "
+                        + ", ".join(f"{s} {row[f'upto_{s}_us']:.1f}" for s in STAGES[:-1])
+                        + " us)"
+                    )
                 print(f"{vocab:>7} {bs:>3} {budget:>6} {topk:>4} {cells}", flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -123,7 +123,9 @@ def law_setup(temperature, top_k, top_p):
     """One small branchy tree (V=6, budget 7, depth 3) and its target distributions."""
     vocab, depth, budget = 6, 3, 7
     lp = torch.log_softmax(
-        torch.tensor([[[2.0, 1.5, 0.0, -1, -1, -2], [1.0, 0.8, 0, -1, -2, -3], [2, 0, 0, -1, -1, -1]]]),
+        torch.tensor(
+            [[[2.0, 1.5, 0.0, -1, -1, -2], [1.0, 0.8, 0, -1, -2, -3], [2, 0, 0, -1, -1, -1]]]
+        ),
         dim=-1,
     )
     tree = build_tree(lp, budget, torch.tensor([5]))
@@ -141,7 +143,9 @@ def sample_outcomes(tree, lay, probs, max_accept, num, backend, device="cpu"):
     rep = lambda x: x.expand(num, *x.shape[1:]).contiguous().to(device)  # noqa: E731
     lay_b = type(lay)(*(rep(t) for t in lay[:-1]), rep(lay.tree_mask))
     lay_b = lay_b._replace(
-        retrieve_index=(torch.arange(num, device=device)[:, None] * n + torch.arange(n, device=device))
+        retrieve_index=(
+            torch.arange(num, device=device)[:, None] * n + torch.arange(n, device=device)
+        )
     )
     gen = torch.Generator(device=device).manual_seed(1234)
     coins, final = draw_coins(num, n, device, generator=gen)

@@ -1,6 +1,11 @@
 """build_tree: equal to the paper's heapq builder, tree invariants, CUDA-graph capture, GPU = CPU."""
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,9 +139,19 @@ def test_build_tree_gpu_equals_cpu():
         roots = torch.randint(0, vocab, (bs,))
         k = min(budget, vocab)
         cpu = build_tree(lp, budget, roots, topk=k)
-        gpu = build_tree(lp.cuda(), budget, roots.cuda(), topk=k)
-        for a, b in zip(cpu, gpu):
-            assert torch.equal(a, b.cpu())
+        for backend in ("torch", "triton"):
+            gpu = build_tree(lp.cuda(), budget, roots.cuda(), topk=k, backend=backend)
+            for a, b in zip(cpu, gpu):
+                assert torch.equal(a, b.cpu()), backend
+
+
+@pytest.mark.gpu
+@settings(max_examples=150, deadline=None)
+@given(candidate_sets())
+def test_triton_builder_equals_heapq_reference(case):
+    lp, tok, roots, budget = case
+    tree = build_tree_from_candidates(lp.cuda(), tok.cuda(), roots.cuda(), budget, "triton")
+    _check_against_heap(lp, tok, roots, budget, type(tree)(*(t.cpu() for t in tree)))
 
 
 @pytest.mark.gpu
@@ -146,23 +161,58 @@ def test_build_tree_cuda_graph_capture_and_replay():
     static_logits = torch.randn(bs, depth, vocab, device="cuda")
     static_roots = torch.randint(0, vocab, (bs,), device="cuda")
 
-    def step():
+    def step(backend):
         lp, tok = select_candidates(static_logits, budget, normalize=True)
-        return build_tree_from_candidates(lp, tok, static_roots, budget)
+        return build_tree_from_candidates(lp, tok, static_roots, budget, backend)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up outside the graph
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    for seed in range(3):
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        static_logits.copy_(torch.randn(bs, depth, vocab, device="cuda", generator=gen) * 2)
-        static_roots.copy_(torch.randint(0, vocab, (bs,), device="cuda", generator=gen))
-        graph.replay()
-        want = step()
-        for a, b in zip(out, want):
-            assert torch.equal(a, b)
+    for backend in ("torch", "triton"):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step(backend)  # warm-up (and Triton compile) outside the graph
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(backend)
+        for seed in range(3):
+            gen = torch.Generator(device="cuda").manual_seed(seed)
+            static_logits.copy_(torch.randn(bs, depth, vocab, device="cuda", generator=gen) * 2)
+            static_roots.copy_(torch.randint(0, vocab, (bs,), device="cuda", generator=gen))
+            graph.replay()
+            want = step("torch")
+            for a, b in zip(out, want):
+                assert torch.equal(a, b), backend
+
+
+_INTERPRETED_CHECK = """
+from hypothesis import given, settings
+from test_tree import _check_against_heap, candidate_sets
+from sglang_ddtree.core.tree_triton import build_tree_triton
+
+@settings(max_examples=int(sys.argv[1]), deadline=None)
+@given(candidate_sets())
+def check(case):
+    lp, tok, roots, budget = case
+    _check_against_heap(lp, tok, roots, budget, build_tree_triton(lp, tok, roots, budget))
+
+check()
+print("interpreted triton builder OK")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_builder_interpreted_equals_heapq_reference():
+    """The GPU kernel's logic, run by Triton's CPU interpreter, against the heapq oracle."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = Path(__file__).parent
+    code = "import sys\n" + _INTERPRETED_CHECK
+    out = subprocess.run(
+        [sys.executable, "-c", code, "60"],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "interpreted triton builder OK" in out.stdout

@@ -46,9 +46,7 @@ def commit_accepted(
     assert prefix_lens.shape == (bs,)
     keep_index = result.accept_index.to(torch.int64)
     present = keep_index >= 0
-    out_tokens = torch.where(
-        present, result.predict.to(torch.int64)[keep_index.clamp(min=0)], -1
-    )
+    out_tokens = torch.where(present, result.predict.to(torch.int64)[keep_index.clamp(min=0)], -1)
     rows = torch.arange(bs, device=keep_index.device)
     keep_nodes = torch.where(present, keep_index - rows[:, None] * num_nodes, -1)
     commit_lens = result.accept_length.to(torch.int64) + 1

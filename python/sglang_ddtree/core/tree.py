@@ -115,16 +115,30 @@ def build_tree_from_candidates(
     cand_tokens: torch.Tensor,  # [bs, D, K] int64
     root_tokens: torch.Tensor,  # [bs] int64
     budget: int,
+    backend: str = "auto",
 ) -> DraftTree:
     """The `budget` most probable prefixes of the factorized draft, as a padded tree.
 
     No host synchronization; every shape depends only on (bs, budget, D, K), so the function
-    can be captured in a CUDA graph.
+    can be captured in a CUDA graph. ``backend``: "torch" (depth beam, any device), "triton"
+    (one-kernel heap, CUDA), or "auto" (triton on CUDA when importable). Both give identical
+    trees.
     """
     assert cand_logprobs.dim() == 3 and cand_logprobs.shape == cand_tokens.shape
     bs, depth, k = cand_logprobs.shape
     assert root_tokens.shape == (bs,)
     assert budget >= 1
+    assert backend in ("auto", "torch", "triton"), backend
+    if backend != "torch" and cand_logprobs.is_cuda:
+        try:
+            from sglang_ddtree.core.tree_triton import build_tree_triton
+        except ImportError:
+            if backend == "triton":
+                raise
+        else:
+            return build_tree_triton(cand_logprobs, cand_tokens, root_tokens, budget)
+    elif backend == "triton":
+        raise RuntimeError("the triton tree builder needs CUDA tensors")
     device = cand_logprobs.device
     lp = cand_logprobs.float()
     neg_inf = float("-inf")
@@ -154,9 +168,7 @@ def build_tree_from_candidates(
         + [p + offsets[d - 1] for d, p in enumerate(beam_parents) if d > 0],
         dim=1,
     )
-    all_depth = torch.cat(
-        [torch.full_like(p, d + 1) for d, p in enumerate(beam_parents)], dim=1
-    )
+    all_depth = torch.cat([torch.full_like(p, d + 1) for d, p in enumerate(beam_parents)], dim=1)
     all_token = torch.cat(
         [torch.gather(cand_tokens[:, d], 1, r) for d, r in enumerate(beam_ranks)], dim=1
     )
@@ -199,6 +211,7 @@ def build_tree(
     budget: int,
     root_tokens: torch.Tensor | None = None,  # [bs] int64; zeros when None
     topk: int | None = None,
+    backend: str = "auto",
 ) -> DraftTree:
     """DDTree's best-first tree of `budget` nodes from per-depth draft log-probs.
 
@@ -213,4 +226,4 @@ def build_tree(
     if root_tokens is None:
         root_tokens = torch.zeros(bs, dtype=torch.int64, device=draft_logprobs.device)
     cand_lp, cand_tok = select_candidates(draft_logprobs, k)
-    return build_tree_from_candidates(cand_lp, cand_tok, root_tokens, budget)
+    return build_tree_from_candidates(cand_lp, cand_tok, root_tokens, budget, backend)

@@ -1,0 +1,180 @@
+"""The best-first DDTree heap as one Triton kernel: one program per request, no host sync.
+
+Same contract, order and tie-breaking as `tree.build_tree_from_candidates` (see its module
+docstring); this is the GPU fast path. The torch builder takes ``D`` rounds of sorts over
+``budget x K`` candidates (about 15 small kernels per round); this kernel keeps the frontier,
+the candidate log-probs and the output rows in registers and pops ``budget`` times, so a
+whole tree costs one launch.
+
+Per pop: the live frontier entry with the largest packed key (score desc, then depth, parent
+slot and rank asc) becomes the next slot; its entry is replaced by its next sibling and its
+first child takes a free entry. At most ``budget + 1`` entries are ever live.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_ddtree.core.tree import DraftTree
+
+_DEAD = -9223372036854775807  # key of an empty frontier entry (below every live key)
+
+
+@triton.jit
+def _pick(mask, values, empty):
+    """The value at the single True position of `mask` (reduction; `empty` if none)."""
+    return tl.max(tl.where(mask, values, empty), axis=0)
+
+
+@triton.jit
+def _and(mask, cond):
+    """``mask & cond`` for a scalar ``cond``, broadcast explicitly (also runs in the
+    interpreter, which cannot `&` a tensor with a scalar bool)."""
+    return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
+
+
+@triton.jit
+def _ddtree_heap_kernel(
+    lp_ptr,  # [bs, D, K] float32, sorted descending along K
+    tok_ptr,  # [bs, D, K] int64
+    root_ptr,  # [bs] int64
+    parents_ptr,  # [bs, N] int64 out
+    depths_ptr,  # [bs, N] int64 out
+    tokens_ptr,  # [bs, N] int64 out
+    logw_ptr,  # [bs, N] float32 out
+    valid_ptr,  # [bs, N] bool (int8) out
+    D: tl.constexpr,
+    K: tl.constexpr,
+    BUDGET: tl.constexpr,
+    DK_PAD: tl.constexpr,  # power of two >= D * K
+    FRONT: tl.constexpr,  # power of two >= BUDGET + 2
+    N_PAD: tl.constexpr,  # power of two >= BUDGET + 1
+):
+    b = tl.program_id(0)
+    N: tl.constexpr = BUDGET + 1
+    neg_inf = float("-inf")
+
+    # Candidate log-probs of this request, flattened (depth-1) * K + rank, in registers.
+    c = tl.arange(0, DK_PAD)
+    cand = tl.load(lp_ptr + b * D * K + c, mask=c < D * K, other=neg_inf)
+
+    f = tl.arange(0, FRONT)
+    f_score = tl.full([FRONT], neg_inf, tl.float32)
+    f_depth = tl.zeros([FRONT], tl.int32)
+    f_parent = tl.zeros([FRONT], tl.int32)
+    f_rank = tl.zeros([FRONT], tl.int32)
+    seed = _pick(c == 0, cand, neg_inf)  # depth 1, rank 0, parent = root
+    f_score = tl.where(f == 0, seed, f_score)
+    f_depth = tl.where(f == 0, 1, f_depth)
+    f_live = _and(f == 0, seed > neg_inf)
+
+    o = tl.arange(0, N_PAD)
+    o_parent = tl.full([N_PAD], -1, tl.int32)
+    o_depth = tl.zeros([N_PAD], tl.int32)
+    o_rank = tl.zeros([N_PAD], tl.int32)
+    o_logw = tl.where(o == 0, 0.0, tl.full([N_PAD], neg_inf, tl.float32))
+    o_valid = o == 0
+
+    for i in range(BUDGET):
+        # Pack (score desc, depth asc, parent asc, rank asc) into one int64; larger = better.
+        bits = (f_score + 0.0).to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        sec = (f_depth.to(tl.int64) << 26) | (f_parent.to(tl.int64) << 13) | f_rank.to(tl.int64)
+        key = (ordered << 32) | (0xFFFFFFFF - sec)
+        key = tl.where(f_live, key, _DEAD)
+        best = tl.argmax(key, axis=0)
+        live = tl.max(key, axis=0) > _DEAD
+        sel = f == best
+        score = _pick(sel, f_score, neg_inf)
+        depth = _pick(sel, f_depth, 0)
+        parent = _pick(sel, f_parent, 0)
+        rank = _pick(sel, f_rank, 0)
+
+        slot = i + 1
+        put = _and(o == slot, live)
+        o_parent = tl.where(put, parent, o_parent)
+        o_depth = tl.where(put, depth, o_depth)
+        o_rank = tl.where(put, rank, o_rank)
+        o_logw = tl.where(put, score, o_logw)
+        o_valid = o_valid | put
+
+        # Next sibling (same parent and depth, rank + 1) replaces the popped entry.
+        parent_score = _pick(o == parent, o_logw, neg_inf)
+        sib_lp = _pick(c == (depth - 1) * K + rank + 1, cand, neg_inf)
+        sib_score = parent_score + sib_lp
+        sib_ok = live & (rank + 1 < K) & (sib_score > neg_inf)
+        f_score = tl.where(sel, sib_score, f_score)
+        f_rank = tl.where(sel, rank + 1, f_rank)
+        f_live = tl.where(_and(sel, sib_ok), True, tl.where(sel, False, f_live))
+
+        # First child (depth + 1, rank 0) takes the first free entry.
+        child_lp = _pick(c == depth * K, cand, neg_inf)
+        child_score = score + child_lp
+        child_ok = live & (depth < D) & (child_score > neg_inf)
+        free = tl.min(tl.where(f_live, FRONT, f), axis=0)
+        put_c = _and(f == free, child_ok)
+        f_score = tl.where(put_c, child_score, f_score)
+        f_depth = tl.where(put_c, depth + 1, f_depth)
+        f_parent = tl.where(put_c, slot, f_parent)
+        f_rank = tl.where(put_c, 0, f_rank)
+        f_live = f_live | put_c
+
+    # Tokens: one gather for all slots once their (depth, rank) are known.
+    body = o_valid & (o > 0)
+    tok = tl.load(tok_ptr + b * D * K + (o_depth - 1) * K + o_rank, mask=body, other=0)
+    root = tl.load(root_ptr + b)
+    tok = tl.where(o == 0, root, tok)
+    out = b * N + o
+    m = o < N
+    tl.store(parents_ptr + out, o_parent.to(tl.int64), mask=m)
+    tl.store(depths_ptr + out, o_depth.to(tl.int64), mask=m)
+    tl.store(tokens_ptr + out, tok, mask=m)
+    tl.store(logw_ptr + out, o_logw, mask=m)
+    tl.store(valid_ptr + out, o_valid.to(tl.int8), mask=m)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def build_tree_triton(
+    cand_logprobs: torch.Tensor,  # [bs, D, K] float32, sorted descending along K
+    cand_tokens: torch.Tensor,  # [bs, D, K] int64
+    root_tokens: torch.Tensor,  # [bs] int64
+    budget: int,
+) -> DraftTree:
+    """`build_tree_from_candidates` on CUDA in one kernel launch (same output, bit for bit)."""
+    bs, depth, k = cand_logprobs.shape
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # CPU tests run the interpreter
+    assert cand_logprobs.is_cuda or interpreted, "the triton builder needs CUDA tensors"
+    assert cand_tokens.shape == (bs, depth, k)
+    assert budget < 8192 and depth < 32, "packed key holds budget < 8192, depth < 32"
+    n = budget + 1
+    dev = cand_logprobs.device
+    parents = torch.empty(bs, n, dtype=torch.int64, device=dev)
+    depths = torch.empty_like(parents)
+    tokens = torch.empty_like(parents)
+    logw = torch.empty(bs, n, dtype=torch.float32, device=dev)
+    valid = torch.empty(bs, n, dtype=torch.bool, device=dev)
+    _ddtree_heap_kernel[(bs,)](
+        cand_logprobs.float().contiguous(),
+        cand_tokens.to(torch.int64).contiguous(),
+        root_tokens.to(torch.int64).contiguous(),
+        parents,
+        depths,
+        tokens,
+        logw,
+        valid.view(torch.int8),
+        D=depth,
+        K=k,
+        BUDGET=budget,
+        DK_PAD=_pow2(depth * k),
+        FRONT=_pow2(budget + 2),
+        N_PAD=_pow2(n),
+        num_warps=1 if depth * k <= 1024 else 4,
+    )
+    return DraftTree(parents, depths, tokens, logw, valid)
