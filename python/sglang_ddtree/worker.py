@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
@@ -53,6 +54,8 @@ from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidate
 from sglang_ddtree.cuda_graph import install_target_graph_runner
 
 logger = logging.getLogger(__name__)
+
+TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
 
 
 def merge_accept(
@@ -89,6 +92,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         vocab = int(self.model_runner.model_config.vocab_size)
         self._topk = shape.candidates_per_depth(vocab)
         self._depth_offsets = torch.arange(shape.accept_width, device=self.device)
+        # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
+        self._test_coin_scale = float(os.environ.get(TEST_COIN_SCALE_ENV, "1") or 1)
+        if self._test_coin_scale != 1.0:
+            logger.warning(
+                "%s=%s: DDTREE runs a DELIBERATELY WRONG sampling law (tests only).",
+                TEST_COIN_SCALE_ENV,
+                self._test_coin_scale,
+            )
         requests.set_active(True)
         if self.ps.tp_rank == 0:
             logger.info(
@@ -229,6 +240,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             sampling_info.top_ps.view(-1).float(),
         )
         coins, final_coins = draw_coins(bs, w, logits.device)
+        if self._test_coin_scale != 1.0:
+            coins = coins * self._test_coin_scale
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, s)
         # SGLang rewrites temperature 0 as (temperature 1, top_k 1): those rows are greedy.
         return merge_accept(greedy, sampled, top_ks <= 1, w)

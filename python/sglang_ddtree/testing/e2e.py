@@ -1,0 +1,277 @@
+"""End-to-end checks of DDTREE inside SGLang on a CUDA machine, with the tiny random pair.
+
+Run as ``python -m sglang_ddtree.testing.e2e --out DIR [--checks greedy,sampling,...]``. Each
+check starts its own ``sgl.Engine``(s) (CUDA graphs on, triton attention) and records numbers in
+``DIR/e2e_summary.json``; ``test/srt/test_e2e_ddtree.py`` runs this once and asserts on it.
+
+Checks (issue 3, item 4):
+- ``greedy``: DDTREE greedy == no-speculation greedy, token for token, 32 prompts at batch 1, 4
+  and 16 (same engine settings, same batching).
+- ``sampling``: at T=1.0 and at T=0.7/top_p=0.9 the DDTREE output law equals no-speculation
+  sampling (per-position two-sample chi-squared tests, Bonferroni-combined, p > 0.001), and a
+  deliberately wrong DDTREE (verify coins scaled by 0.5 via ``SGLANG_DDTREE_TEST_COIN_SCALE``,
+  which biases acceptance toward the first children) is rejected (p < 0.001).
+- ``accept``: mean accept length of DDTREE >= DFLASH on the same models and prompts.
+- ``server``: see `sglang_ddtree.testing.server_check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import tempfile
+import time
+from contextlib import contextmanager
+
+NUM_PROMPTS = 32
+GREEDY_NEW_TOKENS = 48
+BATCH_SIZES = (1, 4, 16)
+SAMPLE_PROMPTS = 4
+SAMPLES_PER_PROMPT = 256
+SAMPLE_NEW_TOKENS = 24
+SAMPLING_CASES = (("T1.0", 1.0, 1.0), ("T0.7_p0.9", 0.7, 0.9))
+
+
+def make_prompts(vocab_lo: int, vocab_hi: int, count: int, seed: int) -> list[list[int]]:
+    """Random token-id prompts of 6..40 tokens over [vocab_lo, vocab_hi)."""
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(vocab_lo, vocab_hi) for _ in range(rng.randint(6, 40))] for _ in range(count)
+    ]
+
+
+def engine_kwargs(target: str, draft: str, algo: str | None, **extra) -> dict:
+    kw = dict(
+        model_path=target,
+        attention_backend="triton",
+        mem_fraction_static=0.25,
+        cuda_graph_max_bs_decode=16,
+        max_running_requests=16,
+        context_length=1024,
+        log_level="warning",
+        random_seed=0,
+    )
+    if algo is not None:
+        kw.update(speculative_algorithm=algo, speculative_draft_model_path=draft)
+    kw.update(extra)
+    return kw
+
+
+@contextmanager
+def engine(**kwargs):
+    import sglang as sgl
+
+    t0 = time.time()
+    eng = sgl.Engine(**kwargs)
+    print(f"[e2e] engine up in {time.time() - t0:.1f}s: {kwargs.get('speculative_algorithm')}")
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def _generate(eng, prompts, params) -> list[dict]:
+    out = eng.generate(input_ids=prompts, sampling_params=params)
+    return out if isinstance(out, list) else [out]
+
+
+def run_greedy_batches(eng, prompts) -> dict:
+    """{bs: [output_ids per prompt]} plus accept lengths, prompts submitted in groups of bs."""
+    params = {"temperature": 0.0, "max_new_tokens": GREEDY_NEW_TOKENS, "ignore_eos": True}
+    res, accept = {}, []
+    for bs in BATCH_SIZES:
+        outs = []
+        for i in range(0, len(prompts), bs):
+            outs += _generate(eng, prompts[i : i + bs], params)
+        res[bs] = [o["output_ids"] for o in outs]
+        accept += [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
+    return {"outputs": res, "accept_lengths": accept}
+
+
+def _sample(eng, prompts, temperature, top_p) -> list[list[list[int]]]:
+    params = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": SAMPLE_NEW_TOKENS,
+        "ignore_eos": True,
+    }
+    per_prompt = []
+    for p in prompts:
+        outs = _generate(eng, [p] * SAMPLES_PER_PROMPT, params)
+        per_prompt.append([o["output_ids"] for o in outs])
+    return per_prompt
+
+
+def chi2_two_sample(a: list[int], b: list[int], min_count: int = 10) -> tuple[float, int]:
+    """Two-sample chi-squared homogeneity test on token histograms. Returns (p, dof).
+
+    Tokens whose pooled count is below ``min_count`` are merged into one bin.
+    """
+    import torch
+
+    ca, cb = {}, {}
+    for t in a:
+        ca[t] = ca.get(t, 0) + 1
+    for t in b:
+        cb[t] = cb.get(t, 0) + 1
+    bins, rest = [], [0, 0]
+    for t in set(ca) | set(cb):
+        x, y = ca.get(t, 0), cb.get(t, 0)
+        if x + y >= min_count:
+            bins.append((x, y))
+        else:
+            rest[0] += x
+            rest[1] += y
+    if sum(rest) > 0:
+        bins.append(tuple(rest))
+    if len(bins) < 2:
+        return 1.0, 0
+    na, nb = len(a), len(b)
+    stat = 0.0
+    for x, y in bins:
+        tot = x + y
+        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
+        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
+    dof = len(bins) - 1
+    p = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+    return p, dof
+
+
+def law_test(ref, other) -> dict:
+    """Per (prompt, position) tests; Bonferroni-combined p-value and the token count."""
+    pvals = []
+    for ref_p, oth_p in zip(ref, other):
+        for pos in range(SAMPLE_NEW_TOKENS):
+            p, dof = chi2_two_sample([s[pos] for s in ref_p], [s[pos] for s in oth_p])
+            if dof > 0:
+                pvals.append(p)
+    m = max(len(pvals), 1)
+    tokens = sum(len(s) for prompt in other for s in prompt)
+    return {"p_combined": min(1.0, min(pvals) * m) if pvals else 1.0, "tests": m, "tokens": tokens}
+
+
+def check_greedy(target, draft, prompts, summary):
+    with engine(**engine_kwargs(target, draft, None)) as eng:
+        base = run_greedy_batches(eng, prompts)
+    with engine(**engine_kwargs(target, draft, "DDTREE")) as eng:
+        tree = run_greedy_batches(eng, prompts)
+    rows = {}
+    for bs in BATCH_SIZES:
+        b, t = base["outputs"][bs], tree["outputs"][bs]
+        mism = [i for i in range(len(b)) if b[i] != t[i]]
+        first = None
+        if mism:
+            i = mism[0]
+            j = next((k for k in range(min(len(b[i]), len(t[i]))) if b[i][k] != t[i][k]), None)
+            first = {"prompt": i, "pos": j, "base": b[i][:12], "ddtree": t[i][:12]}
+        rows[str(bs)] = {"prompts": len(b), "mismatches": len(mism), "first_mismatch": first}
+    acc = tree["accept_lengths"]
+    summary["greedy"] = {
+        "by_batch": rows,
+        "ddtree_mean_accept_length": sum(acc) / len(acc),
+        "passed": all(r["mismatches"] == 0 for r in rows.values()),
+    }
+    summary.setdefault("_cache", {})["ddtree_greedy_accept"] = acc
+
+
+def check_sampling(target, draft, prompts, summary, wrong_variant=True):
+    sp = prompts[:SAMPLE_PROMPTS]
+    res = {}
+    samples = {}
+    with engine(**engine_kwargs(target, draft, None)) as eng:
+        for name, t, p in SAMPLING_CASES:
+            samples[("base", name)] = _sample(eng, sp, t, p)
+    with engine(**engine_kwargs(target, draft, "DDTREE")) as eng:
+        for name, t, p in SAMPLING_CASES:
+            samples[("ddtree", name)] = _sample(eng, sp, t, p)
+    for name, _, _ in SAMPLING_CASES:
+        res[name] = law_test(samples[("base", name)], samples[("ddtree", name)])
+    if wrong_variant:
+        os.environ["SGLANG_DDTREE_TEST_COIN_SCALE"] = "0.5"
+        try:
+            with engine(**engine_kwargs(target, draft, "DDTREE")) as eng:
+                name, t, p = SAMPLING_CASES[0]
+                wrong = _sample(eng, sp, t, p)
+        finally:
+            os.environ.pop("SGLANG_DDTREE_TEST_COIN_SCALE", None)
+        res["wrong_variant_T1.0"] = law_test(samples[("base", name)], wrong)
+    passed = all(res[n]["p_combined"] > 1e-3 for n, _, _ in SAMPLING_CASES)
+    if wrong_variant:
+        passed = passed and res["wrong_variant_T1.0"]["p_combined"] < 1e-3
+    summary["sampling"] = {"tests": res, "passed": passed}
+
+
+def check_accept(target, draft, prompts, summary):
+    params = {"temperature": 0.0, "max_new_tokens": GREEDY_NEW_TOKENS, "ignore_eos": True}
+    acc = {}
+    for algo in ("DFLASH", "DDTREE"):
+        cached = summary.get("_cache", {}).get("ddtree_greedy_accept")
+        if algo == "DDTREE" and cached is not None:
+            acc[algo] = sum(cached) / len(cached)
+            continue
+        with engine(**engine_kwargs(target, draft, algo)) as eng:
+            outs = []
+            for bs in BATCH_SIZES:
+                for i in range(0, len(prompts), bs):
+                    outs += _generate(eng, prompts[i : i + bs], params)
+        vals = [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
+        acc[algo] = sum(vals) / len(vals)
+    summary["accept"] = {
+        "dflash_mean_accept_length": acc["DFLASH"],
+        "ddtree_mean_accept_length": acc["DDTREE"],
+        "passed": acc["DDTREE"] >= acc["DFLASH"],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--checks", default="greedy,sampling,accept,server")
+    ap.add_argument("--models", default=None, help="existing tiny pair dir (default: make one)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    from sglang_ddtree.testing.tiny_models import SPECIALS, TinyPairConfig, make_tiny_pair
+
+    models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
+    target, draft = make_tiny_pair(models)
+    cfg = TinyPairConfig()
+    prompts = make_prompts(len(SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
+    summary: dict = {"models": models}
+    checks = [c for c in args.checks.split(",") if c]
+    t0 = time.time()
+    for name in checks:
+        t1 = time.time()
+        try:
+            if name == "greedy":
+                check_greedy(target, draft, prompts, summary)
+            elif name == "sampling":
+                check_sampling(target, draft, prompts, summary)
+            elif name == "accept":
+                check_accept(target, draft, prompts, summary)
+            elif name == "server":
+                from sglang_ddtree.testing.server_check import check_server
+
+                check_server(target, draft, summary)
+            else:
+                raise ValueError(f"unknown check {name}")
+        except Exception as e:  # record and go on: one run should report every check
+            import traceback
+
+            traceback.print_exc()
+            summary[name] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
+        summary[name]["seconds"] = round(time.time() - t1, 1)
+        print(f"[e2e] {name}: {json.dumps(summary[name])[:2000]}", flush=True)
+    summary.pop("_cache", None)
+    summary["seconds"] = round(time.time() - t0, 1)
+    with open(os.path.join(args.out, "e2e_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    ok = all(summary[c].get("passed") for c in checks)
+    npass = sum(bool(summary[c].get("passed")) for c in checks)
+    print(f"[e2e] SUMMARY: {npass} passed, {len(checks) - npass} failed ({checks})", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

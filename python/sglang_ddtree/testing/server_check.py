@@ -1,0 +1,160 @@
+"""Issue 3 item 4c: ``python -m sglang.launch_server ... --speculative-algorithm DDTREE`` serves
+the OpenAI API with temperature, reports the accept length, answers HTTP 400 for invalid sampling
+parameters, and keeps serving afterwards. Only the standard library talks to the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            body = r.read().decode()
+            return r.status, (json.loads(body) if body.strip() else {})
+    except urllib.error.HTTPError as e:
+        body = e.read().decode()
+        try:
+            return e.code, json.loads(body)
+        except json.JSONDecodeError:
+            return e.code, {"raw": body}
+
+
+def launch_cmd(target: str, draft: str, port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        target,
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        draft,
+        "--attention-backend",
+        "triton",
+        "--mem-fraction-static",
+        "0.25",
+        "--cuda-graph-max-bs-decode",
+        "8",
+        "--max-running-requests",
+        "8",
+        "--context-length",
+        "1024",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--enable-metrics",
+    ]
+
+
+def check_server(target: str, draft: str, summary: dict, log_dir: str | None = None) -> None:
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = os.path.join(log_dir or os.environ.get("OUT", "."), "server.log")
+    res: dict = {"log": log_path}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            launch_cmd(target, draft, port), stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
+                try:
+                    if _request(base + "/health", timeout=5)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                time.sleep(2)
+            else:
+                raise RuntimeError("server did not become healthy in 300 s")
+            res.update(_exercise(base))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    res["passed"] = all(v is True for k, v in res.items() if k.startswith("ok_"))
+    summary["server"] = res
+
+
+def _exercise(base: str) -> dict:
+    out: dict = {}
+    code, body = _request(
+        base + "/v1/completions",
+        {"model": "default", "prompt": "hello world", "max_tokens": 32, "temperature": 0.8},
+    )
+    out["completions_status"] = code
+    text = body.get("choices", [{}])[0].get("text") if code == 200 else None
+    out["ok_completions"] = code == 200 and isinstance(text, str) and len(text) > 0
+    out["completions_sample"] = (text or str(body))[:80]
+
+    code, body = _request(
+        base + "/v1/chat/completions",
+        {
+            "model": "default",
+            "messages": [{"role": "user", "content": "hi there"}],
+            "max_tokens": 32,
+            "temperature": 0.7,
+            "top_p": 0.9,
+        },
+    )
+    out["chat_status"] = code
+    msg = body.get("choices", [{}])[0].get("message", {}).get("content") if code == 200 else None
+    out["ok_chat"] = code == 200 and isinstance(msg, str)
+    out["chat_sample"] = (msg or str(body))[:80]
+
+    # Accept length: per request from /generate meta_info, and the server-wide average.
+    code, body = _request(
+        base + "/generate",
+        {"text": "abc", "sampling_params": {"max_new_tokens": 48, "temperature": 0.0}},
+    )
+    acc = body.get("meta_info", {}).get("spec_accept_length") if code == 200 else None
+    out["generate_accept_length"] = acc
+    code, info = _request(base + "/get_server_info")
+    states = info.get("internal_states", [{}]) if code == 200 else [{}]
+    out["server_avg_spec_accept_length"] = (states or [{}])[0].get("avg_spec_accept_length")
+    out["ok_accept_length"] = isinstance(acc, (int, float)) and acc >= 1.0
+
+    bad = {
+        "negative_temperature": {"temperature": -1.0},
+        "top_p_zero": {"top_p": 0.0},
+        "min_p_unsupported": {"min_p": 0.5, "temperature": 1.0},
+        "penalty_unsupported": {"frequency_penalty": 0.5, "temperature": 1.0},
+    }
+    statuses = {}
+    for name, params in bad.items():
+        code, body = _request(
+            base + "/v1/completions",
+            {"model": "default", "prompt": "x", "max_tokens": 8, **params},
+        )
+        statuses[name] = {"status": code, "message": str(body.get("message", body))[:160]}
+    out["bad_requests"] = statuses
+    out["ok_bad_requests_400"] = all(v["status"] == 400 for v in statuses.values())
+
+    code, body = _request(
+        base + "/v1/completions",
+        {"model": "default", "prompt": "still alive?", "max_tokens": 16, "temperature": 1.0},
+    )
+    out["ok_still_serving"] = code == 200
+    return out

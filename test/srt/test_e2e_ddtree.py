@@ -1,0 +1,71 @@
+"""Issue 3 item 4 on a CUDA machine with sglang 0.5.17: ``pytest -m gpu test/srt``.
+
+Runs ``python -m sglang_ddtree.testing.e2e`` once (tiny random Qwen3 target + DFlash drafter,
+triton attention, CUDA graphs on) and checks each part of its summary:
+a. greedy DDTREE == greedy without speculation, 32 prompts at batch 1, 4, 16;
+b. sampled law at T=1.0 and T=0.7/top_p=0.9 equals no-speculation (p > 0.001), and a
+   deliberately wrong variant is rejected (p < 0.001);
+c. launch_server + OpenAI API with temperature, accept length, HTTP 400, keeps serving;
+d. mean accept length DDTREE >= DFLASH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_and_sglang() -> str | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA device"
+        import sglang  # noqa: F401
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    why = _cuda_and_sglang()
+    if why:
+        pytest.skip(why)
+    out = os.environ.get("DDTREE_E2E_OUT") or str(tmp_path_factory.mktemp("e2e"))
+    cmd = [sys.executable, "-m", "sglang_ddtree.testing.e2e", "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    with open(os.path.join(out, "e2e_stdout.log"), "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    path = os.path.join(out, "e2e_summary.json")
+    assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_a_greedy_equals_no_spec(summary):
+    g = summary["greedy"]
+    assert g["passed"], json.dumps(g, indent=1)
+
+
+def test_b_sampling_law(summary):
+    s = summary["sampling"]
+    assert s["passed"], json.dumps(s, indent=1)
+    for name in ("T1.0", "T0.7_p0.9"):
+        assert s["tests"][name]["tokens"] >= 20000
+
+
+def test_c_server(summary):
+    s = summary["server"]
+    assert s["passed"], json.dumps(s, indent=1)
+
+
+def test_d_accept_length_vs_dflash(summary):
+    a = summary["accept"]
+    assert a["passed"], json.dumps(a, indent=1)

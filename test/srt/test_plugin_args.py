@@ -1,0 +1,196 @@
+"""CPU tests of the DDTREE plugin glue: option parsing, startup refusals, request refusals, the
+tiny model factory, and (when SGLang imports) the spec class and ServerArgs resolution."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_ddtree import args as dargs
+from sglang_ddtree import requests as dreq
+
+
+def good_cfg(**kw):
+    base = dict(
+        device="cuda",
+        attention_backend="triton",
+        prefill_attention_backend=None,
+        decode_attention_backend=None,
+        speculative_attention_mode="prefill",
+        page_size=1,
+        pp_size=1,
+        enable_dp_attention=False,
+        tokenizer_worker_num=1,
+        speculative_accept_threshold_single=1.0,
+        speculative_accept_threshold_acc=1.0,
+        speculative_use_rejection_sampling=False,
+        enable_two_batch_overlap=False,
+        disaggregation_mode="null",
+        speculative_draft_window_size=None,
+        speculative_adaptive=False,
+        speculative_eagle_topk=1,
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_good_config_passes():
+    assert dargs.check_server_args(good_cfg()) == []
+    assert dargs.check_server_args(good_cfg(attention_backend="flashinfer")) == []
+
+
+@pytest.mark.parametrize(
+    "kw, hint",
+    [
+        (dict(attention_backend="fa3"), "--attention-backend triton"),
+        (dict(attention_backend=None), "--attention-backend triton"),
+        (dict(prefill_attention_backend="fa3"), "--attention-backend triton"),
+        (dict(page_size=16), "--page-size 1"),
+        (dict(pp_size=2), "--pp-size 1"),
+        (dict(enable_dp_attention=True), "--enable-dp-attention"),
+        (dict(tokenizer_worker_num=4), "--tokenizer-worker-num 1"),
+        (dict(speculative_accept_threshold_single=0.5), "threshold-single 1.0"),
+        (dict(speculative_accept_threshold_acc=0.9), "threshold-acc 1.0"),
+        (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
+        (dict(device="cpu"), "--device cuda"),
+        (dict(speculative_eagle_topk=4), "SGLANG_DDTREE_TOPK"),
+    ],
+)
+def test_refusals_name_the_fix(kw, hint):
+    errors = dargs.check_server_args(good_cfg(**kw))
+    assert len(errors) == 1 and hint in errors[0], errors
+
+
+def test_decode_mode_checks_decode_backend():
+    cfg = good_cfg(speculative_attention_mode="decode", decode_attention_backend="fa3")
+    assert dargs.check_server_args(cfg)
+    cfg = good_cfg(
+        attention_backend="fa3",
+        decode_attention_backend="triton",
+        speculative_attention_mode="decode",
+    )
+    assert dargs.check_server_args(cfg) == []
+
+
+def test_shape_and_topk(monkeypatch):
+    s = dargs.DDTreeShape(num_nodes=17, block_size=8, topk=8)
+    assert (s.budget, s.max_depth, s.accept_width) == (16, 7, 8)
+    assert s.candidates_per_depth(vocab_size=4) == 4
+    assert dargs.check_shape(s) == []
+    bad = dargs.check_shape(dargs.DDTreeShape(num_nodes=4, block_size=8, topk=8))
+    assert bad and "--speculative-num-draft-tokens 17" in bad[0]
+    assert dargs.default_num_nodes(16) == 33
+    assert dargs.read_topk({}) == dargs.DEFAULT_TOPK
+    assert dargs.read_topk({dargs.TOPK_ENV: "3"}) == 3
+    for bad_val in ("0", "x", "-2"):
+        with pytest.raises(ValueError, match=dargs.TOPK_ENV):
+            dargs.read_topk({dargs.TOPK_ENV: bad_val})
+    monkeypatch.setenv(dargs.TOPK_ENV, "zero")
+    assert any(dargs.TOPK_ENV in e for e in dargs.check_server_args(good_cfg()))
+
+
+def test_request_refusals():
+    def sp(**kw):
+        base = dict(
+            min_p=0.0,
+            frequency_penalty=0.0,
+            presence_penalty=0.0,
+            repetition_penalty=1.0,
+            json_schema=None,
+            regex=None,
+            ebnf=None,
+            structural_tag=None,
+        )
+        base.update(kw)
+        return SimpleNamespace(**base)
+
+    assert dreq.refuse_sampling_params(sp()) is None
+    assert "min_p" in dreq.refuse_sampling_params(sp(min_p=0.1))
+    assert "frequency_penalty" in dreq.refuse_sampling_params(sp(frequency_penalty=0.5))
+    assert "repetition_penalty" in dreq.refuse_sampling_params(sp(repetition_penalty=1.1))
+    assert "regex" in dreq.refuse_sampling_params(sp(regex="a+"))
+    req = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
+    assert "custom logit" in dreq.refuse_request(req)
+
+
+def test_tiny_pair_files(tmp_path):
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    from sglang_ddtree.testing.tiny_models import MASK_TOKEN, TinyPairConfig, make_tiny_pair
+
+    target, draft = make_tiny_pair(str(tmp_path))
+    cfg = TinyPairConfig()
+    tcfg = json.load(open(os.path.join(target, "config.json")))
+    dcfg = json.load(open(os.path.join(draft, "config.json")))
+    assert tcfg["architectures"] == ["Qwen3ForCausalLM"] and tcfg["vocab_size"] == cfg.vocab_size
+    assert dcfg["architectures"] == ["DFlashDraftModel"]
+    dfl = dcfg["dflash_config"]
+    assert dfl["block_size"] == cfg.block_size and dfl["mask_token"] == MASK_TOKEN
+    assert max(dfl["target_layer_ids"]) < tcfg["num_hidden_layers"]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
+    assert tok.token_to_id(MASK_TOKEN) == dfl["mask_token_id"]
+    ids = tok.encode("hello world").ids
+    assert len(ids) == len("hello world") and max(ids) < cfg.vocab_size
+    assert tok.decode(ids) == "hello world"
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(draft, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "fc.weight" in keys and "layers.0.self_attn.qkv_proj.weight" not in keys
+    assert f"layers.{cfg.draft_layers - 1}.mlp.down_proj.weight" in keys
+
+
+def _sglang_or_skip():
+    try:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: F401
+    except Exception as e:  # not installed (CPU CI), or not importable here
+        pytest.skip(f"sglang not importable: {type(e).__name__}")
+
+
+def test_spec_class_answers():
+    _sglang_or_skip()
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ddtree import plugin
+
+    plugin.register()
+    algo = SpeculativeAlgorithm.from_string("ddtree")
+    assert algo.is_dflash_family() and algo.supports_target_verify_for_draft()
+    assert algo.carries_draft_hidden_states() is False and algo.need_topk() is False
+    assert algo.supports_overlap is True
+    assert algo.get_num_tokens_per_req_for_target_verify(17, is_draft_worker=False) == 17
+    # Conformance with every is_*/supports_* of the builtin enum.
+    names = [n for n in vars(SpeculativeAlgorithm) if n.startswith(("is_", "supports_"))]
+    assert all(callable(getattr(algo, n)) for n in names)
+    plugin.register()  # idempotent
+
+
+def test_server_args_resolution(tmp_path):
+    _sglang_or_skip()
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_ddtree import plugin
+    from sglang_ddtree.testing.tiny_models import make_tiny_pair
+
+    plugin.register()
+    target, draft = make_tiny_pair(str(tmp_path))
+    kw = dict(
+        model_path=target,
+        speculative_algorithm="DDTREE",
+        speculative_draft_model_path=draft,
+        device="cuda",
+    )
+    try:
+        sa = ServerArgs(attention_backend="triton", **kw)
+    except RuntimeError as e:  # machines without an accelerator stop before our hook
+        pytest.skip(str(e))
+    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (17, 8)
+    with pytest.raises(ValueError, match="--attention-backend triton"):
+        ServerArgs(attention_backend="fa3", **kw)
+    with pytest.raises(ValueError, match="--speculative-num-draft-tokens 17"):
+        ServerArgs(attention_backend="triton", speculative_num_draft_tokens=4, **kw)
