@@ -21,7 +21,8 @@ import triton.language as tl
 
 from sglang_ddtree.core.tree import DraftTree
 
-_DEAD = -9223372036854775807  # key of an empty frontier entry (below every live key)
+# Key of an empty frontier entry: below every live key (live scores are finite).
+_DEAD = tl.constexpr(-9223372036854775807)
 
 
 @triton.jit
@@ -84,7 +85,7 @@ def _ddtree_heap_kernel(
         bits = (f_score + 0.0).to(tl.int32, bitcast=True)
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
         sec = (f_depth.to(tl.int64) << 26) | (f_parent.to(tl.int64) << 13) | f_rank.to(tl.int64)
-        key = (ordered << 32) | (0xFFFFFFFF - sec)
+        key = (ordered << 32) | (0x7FFFFFFF - sec)  # sec < 2**31: depth 5, parent 13, rank 13 bits
         key = tl.where(f_live, key, _DEAD)
         best = tl.argmax(key, axis=0)
         live = tl.max(key, axis=0) > _DEAD

@@ -1,0 +1,36 @@
+# sglang-ddtree developer commands. PYTHON may point at any interpreter (default python3).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+# The CPU machines this project tests on install torch from a local CPU wheel; a machine that
+# already has torch (a GPU host, the docker image) keeps its own.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install install-serve test test-gpu lint format bench demo train-pair serve
+
+install:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[test]"
+
+# GPU host with network: SGLang 0.5.17 and its CUDA stack.
+install-serve:
+	$(PIP) install -e ".[serve,test]"
+
+test:
+	$(PYTHON) -m pytest test/srt -q
+
+test-gpu:
+	$(PYTHON) -m pytest test/srt -m gpu -v
+
+lint:
+	$(PYTHON) -m ruff check python test benchmark
+	$(PYTHON) -m ruff format --check python/sglang_ddtree/core python/sglang_ddtree/demo.py benchmark test/srt
+
+format:
+	$(PYTHON) -m ruff format python test benchmark
+	$(PYTHON) -m ruff check --fix python test benchmark
+
+bench:
+	$(PYTHON) benchmark/ddtree/bench_core.py --out bench_core.json
+
+demo:
+	$(PYTHON) -m sglang_ddtree.demo
