@@ -152,11 +152,7 @@ def law_test(ref, other) -> dict:
     return {"p_combined": min(1.0, min(pvals) * m) if pvals else 1.0, "tests": m, "tokens": tokens}
 
 
-def check_greedy(target, draft, prompts, summary):
-    with engine(**engine_kwargs(target, draft, None)) as eng:
-        base = run_greedy_batches(eng, prompts)
-    with engine(**engine_kwargs(target, draft, "DDTREE")) as eng:
-        tree = run_greedy_batches(eng, prompts)
+def _greedy_summary(base: dict, tree: dict) -> dict:
     rows = {}
     for bs in BATCH_SIZES:
         b, t = base["outputs"][bs], tree["outputs"][bs]
@@ -168,61 +164,89 @@ def check_greedy(target, draft, prompts, summary):
             first = {"prompt": i, "pos": j, "base": b[i][:12], "ddtree": t[i][:12]}
         rows[str(bs)] = {"prompts": len(b), "mismatches": len(mism), "first_mismatch": first}
     acc = tree["accept_lengths"]
-    summary["greedy"] = {
+    return {
         "by_batch": rows,
         "ddtree_mean_accept_length": sum(acc) / len(acc),
         "passed": all(r["mismatches"] == 0 for r in rows.values()),
     }
-    summary.setdefault("_cache", {})["ddtree_greedy_accept"] = acc
 
 
-def check_sampling(target, draft, prompts, summary, wrong_variant=True):
+def run_checks(target, draft, prompts, checks, summary) -> None:
+    """One engine per configuration, shared by the checks that need it (engine starts dominate
+    the run time): no-spec, DDTREE, DFLASH, DDTREE with the wrong law, then the server."""
+    want_g, want_s, want_a = ("greedy" in checks), ("sampling" in checks), ("accept" in checks)
     sp = prompts[:SAMPLE_PROMPTS]
-    res = {}
-    samples = {}
-    with engine(**engine_kwargs(target, draft, None)) as eng:
-        for name, t, p in SAMPLING_CASES:
-            samples[("base", name)] = _sample(eng, sp, t, p)
-    with engine(**engine_kwargs(target, draft, "DDTREE")) as eng:
-        for name, t, p in SAMPLING_CASES:
-            samples[("ddtree", name)] = _sample(eng, sp, t, p)
-    for name, _, _ in SAMPLING_CASES:
-        res[name] = law_test(samples[("base", name)], samples[("ddtree", name)])
-    if wrong_variant:
-        os.environ["SGLANG_DDTREE_TEST_COIN_SCALE"] = "0.5"
+    got: dict = {}
+
+    def phase(key, algo, fn):
         try:
-            with engine(**engine_kwargs(target, draft, "DDTREE")) as eng:
-                name, t, p = SAMPLING_CASES[0]
-                wrong = _sample(eng, sp, t, p)
-        finally:
-            os.environ.pop("SGLANG_DDTREE_TEST_COIN_SCALE", None)
-        res["wrong_variant_T1.0"] = law_test(samples[("base", name)], wrong)
-    passed = all(res[n]["p_combined"] > 1e-3 for n, _, _ in SAMPLING_CASES)
-    if wrong_variant:
-        passed = passed and res["wrong_variant_T1.0"]["p_combined"] < 1e-3
-    summary["sampling"] = {"tests": res, "passed": passed}
+            with engine(**engine_kwargs(target, draft, algo)) as eng:
+                got[key] = fn(eng)
+        except Exception as e:
+            import traceback
 
+            traceback.print_exc()
+            got[key] = e
 
-def check_accept(target, draft, prompts, summary):
-    params = {"temperature": 0.0, "max_new_tokens": GREEDY_NEW_TOKENS, "ignore_eos": True}
-    acc = {}
-    for algo in ("DFLASH", "DDTREE"):
-        cached = summary.get("_cache", {}).get("ddtree_greedy_accept")
-        if algo == "DDTREE" and cached is not None:
-            acc[algo] = sum(cached) / len(cached)
-            continue
-        with engine(**engine_kwargs(target, draft, algo)) as eng:
-            outs = []
-            for bs in BATCH_SIZES:
-                for i in range(0, len(prompts), bs):
-                    outs += _generate(eng, prompts[i : i + bs], params)
-        vals = [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
-        acc[algo] = sum(vals) / len(vals)
-    summary["accept"] = {
-        "dflash_mean_accept_length": acc["DFLASH"],
-        "ddtree_mean_accept_length": acc["DDTREE"],
-        "passed": acc["DDTREE"] >= acc["DFLASH"],
-    }
+    def both(eng):
+        out = {}
+        if want_g or (want_a and algo_is_tree[0]):
+            out["greedy"] = run_greedy_batches(eng, prompts)
+        if want_s:
+            out["samples"] = {n: _sample(eng, sp, t, p) for n, t, p in SAMPLING_CASES}
+        return out
+
+    algo_is_tree = [False]
+    if want_g or want_s:
+        phase("base", None, both)
+    algo_is_tree[0] = True
+    if want_g or want_s or want_a:
+        phase("ddtree", "DDTREE", both)
+    if want_a:
+        phase("dflash", "DFLASH", lambda eng: run_greedy_batches(eng, prompts))
+    if want_s:
+        os.environ["SGLANG_DDTREE_TEST_COIN_SCALE"] = "0.5"
+        name, t, p = SAMPLING_CASES[0]
+        phase("wrong", "DDTREE", lambda eng: _sample(eng, sp, t, p))
+        os.environ.pop("SGLANG_DDTREE_TEST_COIN_SCALE", None)
+
+    def err(*keys):
+        bad = [
+            f"{k}: {type(got[k]).__name__}: {got[k]}"
+            for k in keys
+            if isinstance(got.get(k), Exception)
+        ]
+        return {"passed": False, "error": "; ".join(bad)} if bad else None
+
+    if want_g:
+        summary["greedy"] = err("base", "ddtree") or _greedy_summary(
+            got["base"]["greedy"], got["ddtree"]["greedy"]
+        )
+    if want_s:
+        e = err("base", "ddtree", "wrong")
+        if e:
+            summary["sampling"] = e
+        else:
+            res = {
+                n: law_test(got["base"]["samples"][n], got["ddtree"]["samples"][n])
+                for n, _, _ in SAMPLING_CASES
+            }
+            res["wrong_variant_T1.0"] = law_test(got["base"]["samples"]["T1.0"], got["wrong"])
+            passed = all(res[n]["p_combined"] > 1e-3 for n, _, _ in SAMPLING_CASES)
+            passed = passed and res["wrong_variant_T1.0"]["p_combined"] < 1e-3
+            summary["sampling"] = {"tests": res, "passed": passed}
+    if want_a:
+        e = err("ddtree", "dflash")
+        if e:
+            summary["accept"] = e
+        else:
+            tree = got["ddtree"]["greedy"]["accept_lengths"]
+            flash = got["dflash"]["accept_lengths"]
+            summary["accept"] = {
+                "dflash_mean_accept_length": sum(flash) / len(flash),
+                "ddtree_mean_accept_length": sum(tree) / len(tree),
+                "passed": sum(tree) / len(tree) >= sum(flash) / len(flash),
+            }
 
 
 def main() -> int:
@@ -240,30 +264,20 @@ def main() -> int:
     prompts = make_prompts(len(SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     summary: dict = {"models": models}
     checks = [c for c in args.checks.split(",") if c]
+    unknown = set(checks) - {"greedy", "sampling", "accept", "server"}
+    if unknown:
+        raise SystemExit(f"unknown checks: {sorted(unknown)}")
     t0 = time.time()
-    for name in checks:
-        t1 = time.time()
+    run_checks(target, draft, prompts, checks, summary)
+    if "server" in checks:
+        from sglang_ddtree.testing.server_check import check_server
+
         try:
-            if name == "greedy":
-                check_greedy(target, draft, prompts, summary)
-            elif name == "sampling":
-                check_sampling(target, draft, prompts, summary)
-            elif name == "accept":
-                check_accept(target, draft, prompts, summary)
-            elif name == "server":
-                from sglang_ddtree.testing.server_check import check_server
-
-                check_server(target, draft, summary)
-            else:
-                raise ValueError(f"unknown check {name}")
-        except Exception as e:  # record and go on: one run should report every check
-            import traceback
-
-            traceback.print_exc()
-            summary[name] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
-        summary[name]["seconds"] = round(time.time() - t1, 1)
+            check_server(target, draft, summary, log_dir=args.out)
+        except Exception as e:
+            summary["server"] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
+    for name in checks:
         print(f"[e2e] {name}: {json.dumps(summary[name])[:2000]}", flush=True)
-    summary.pop("_cache", None)
     summary["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(args.out, "e2e_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
