@@ -1,5 +1,12 @@
 """tree_to_retrieve_arrays: first-child/next-sibling arrays, positions, masks."""
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -84,3 +91,48 @@ def test_flatten_verify_mask_layout():
             want += [True] * int(prefix[b])
             want += lay.tree_mask[b, i].tolist()
     assert flat.tolist() == want
+
+
+LAYOUT_CASES = [(3, 5, 6, 12), (2, 15, 3, 70), (1, 1, 2, 1), (2, 15, 4, 130), (4, 7, 50, 64)]
+
+_INTERPRETED_CHECK = """
+import torch
+from test_layout import LAYOUT_CASES, random_tree
+from sglang_ddtree.core import tree_to_retrieve_arrays
+from sglang_ddtree.core.layout_triton import tree_layout_triton
+
+for seed, (bs, depth, vocab, budget) in enumerate(LAYOUT_CASES):
+    tree = random_tree(seed, bs, depth, vocab, budget)
+    prefix = torch.randint(0, 50, (bs,))
+    want = tree_to_retrieve_arrays(tree, prefix, backend="torch")
+    for a, b, name in zip(want, tree_layout_triton(tree, prefix), want._fields):
+        assert torch.equal(a, b), name
+print("interpreted triton layout OK")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_layout_interpreted_equals_torch():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED_CHECK],
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "interpreted triton layout OK" in out.stdout
+
+
+@pytest.mark.gpu
+def test_triton_layout_equals_torch_on_gpu():
+    for seed, (bs, depth, vocab, budget) in enumerate(LAYOUT_CASES):
+        tree = random_tree(seed, bs, depth, vocab, budget)
+        tree = type(tree)(*(t.cuda() for t in tree))
+        prefix = torch.randint(0, 50, (bs,), device="cuda")
+        want = tree_to_retrieve_arrays(tree, prefix, backend="torch")
+        got = tree_to_retrieve_arrays(tree, prefix, backend="triton")
+        for a, b, name in zip(want, got, want._fields):
+            assert torch.equal(a, b), name

@@ -66,15 +66,28 @@ def tree_to_retrieve_arrays(
     tree: DraftTree,
     prefix_lens: torch.Tensor,  # [bs] int64, tokens already in the target KV cache
     max_depth: int | None = None,
+    backend: str = "auto",
 ) -> TreeLayout:
     """Parent pointers -> first-child / next-sibling arrays, positions and the tree mask.
 
     ``max_depth`` bounds the tree depth (default: N - 1); pass the drafter's ``D`` to save
-    pointer-jumping steps. No host synchronization.
+    pointer-jumping steps. No host synchronization. ``backend``: "torch" (any device),
+    "triton" (one launch, CUDA) or "auto" (triton on CUDA when importable); same output.
     """
     parents, valid = tree.parents, tree.valid
     bs, n = parents.shape
     assert prefix_lens.shape == (bs,)
+    assert backend in ("auto", "torch", "triton"), backend
+    if backend != "torch" and parents.is_cuda:
+        try:
+            from sglang_ddtree.core.layout_triton import tree_layout_triton
+        except ImportError:
+            if backend == "triton":
+                raise
+        else:
+            return TreeLayout(*tree_layout_triton(tree, prefix_lens))
+    elif backend == "triton":
+        raise RuntimeError("the triton layout needs CUDA tensors")
     device = parents.device
     slots = torch.arange(n, device=device, dtype=torch.int64)
     is_child = valid & (parents >= 0)
