@@ -46,6 +46,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ddtree import requests
 from sglang_ddtree.args import DDTreeShape, read_topk
+from sglang_ddtree.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.core.accept import AcceptResult, accept_greedy, accept_sampled
 from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import flatten_verify_mask, tree_to_retrieve_arrays
@@ -56,18 +57,6 @@ from sglang_ddtree.cuda_graph import install_target_graph_runner
 logger = logging.getLogger(__name__)
 
 TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
-
-
-def merge_accept(
-    greedy: AcceptResult, sampled: AcceptResult, greedy_rows: torch.Tensor, num_nodes: int
-) -> AcceptResult:
-    """Per-request choice between two accept results (greedy_rows [bs] bool). No host sync."""
-    per_node = greedy_rows.repeat_interleave(num_nodes)
-    return AcceptResult(
-        predict=torch.where(per_node, greedy.predict, sampled.predict),
-        accept_index=torch.where(greedy_rows[:, None], greedy.accept_index, sampled.accept_index),
-        accept_length=torch.where(greedy_rows, greedy.accept_length, sampled.accept_length),
-    )
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
@@ -243,8 +232,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self._test_coin_scale != 1.0:
             coins = coins * self._test_coin_scale
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, s)
-        # SGLang rewrites temperature 0 as (temperature 1, top_k 1): those rows are greedy.
-        return merge_accept(greedy, sampled, top_ks <= 1, w)
+        return merge_accept(greedy, sampled, greedy_rows(top_ks), w)
 
     def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
         shape = self.ddtree_shape

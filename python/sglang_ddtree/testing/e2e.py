@@ -87,6 +87,13 @@ def run_greedy_batches(eng, prompts) -> dict:
             outs += _generate(eng, prompts[i : i + bs], params)
         res[bs] = [o["output_ids"] for o in outs]
         accept += [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
+    # One batch mixing greedy (even) and T=1.0 (odd) requests: the greedy rows must still be
+    # exact (accept_greedy and accept_sampled run side by side in one verify step).
+    sampled = dict(params, temperature=1.0)
+    mixed = prompts[: max(BATCH_SIZES)]
+    plist = [params if i % 2 == 0 else sampled for i in range(len(mixed))]
+    outs = eng.generate(input_ids=mixed, sampling_params=plist)
+    res["mixed_greedy_rows"] = [o["output_ids"] for o in outs[::2]]
     return {"outputs": res, "accept_lengths": accept}
 
 
@@ -163,6 +170,11 @@ def _greedy_summary(base: dict, tree: dict) -> dict:
             j = next((k for k in range(min(len(b[i]), len(t[i]))) if b[i][k] != t[i][k]), None)
             first = {"prompt": i, "pos": j, "base": b[i][:12], "ddtree": t[i][:12]}
         rows[str(bs)] = {"prompts": len(b), "mismatches": len(mism), "first_mismatch": first}
+    b, t = base["outputs"]["mixed_greedy_rows"], tree["outputs"]["mixed_greedy_rows"]
+    rows["mixed_greedy_in_sampled_batch"] = {
+        "prompts": len(b),
+        "mismatches": sum(x != y for x, y in zip(b, t)),
+    }
     acc = tree["accept_lengths"]
     return {
         "by_batch": rows,
