@@ -69,29 +69,6 @@ class DraftTree(NamedTuple):
         return self.parents.shape[1]
 
 
-_TOPK_CHUNK = 2048
-
-
-def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(x, k, dim=-1)`` for x [R, V], in two stages when V is large.
-
-    A single top-k over a 150k-token vocabulary is slow on the GPU (a multi-pass radix select
-    per row); the top-k of each 2048-token chunk followed by a top-k over the chunk winners
-    returns the same values and indices, sorted, and is several times faster.
-    """
-    rows, vocab = x.shape
-    if vocab <= 4 * _TOPK_CHUNK or k > _TOPK_CHUNK:
-        return torch.topk(x, k, dim=-1)
-    chunks = -(-vocab // _TOPK_CHUNK)
-    pad = chunks * _TOPK_CHUNK - vocab
-    if pad:
-        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
-    v1, i1 = torch.topk(x.view(rows, chunks, _TOPK_CHUNK), k, dim=-1)  # [R, chunks, k]
-    i1 = i1 + torch.arange(chunks, device=x.device)[:, None] * _TOPK_CHUNK
-    v2, j = torch.topk(v1.reshape(rows, chunks * k), k, dim=-1)
-    return v2, torch.gather(i1.reshape(rows, chunks * k), 1, j)
-
-
 def select_candidates(
     draft_logprobs: torch.Tensor,  # [bs, D, V] float, log-probs (or logits, see below)
     topk: int,
@@ -107,10 +84,11 @@ def select_candidates(
     """
     assert draft_logprobs.dim() == 3, "draft_logprobs must be [bs, depth, vocab]"
     assert topk >= 1
-    bs, depth, vocab = draft_logprobs.shape
-    k = min(topk, vocab)
-    values, tokens = topk_rows(draft_logprobs.reshape(bs * depth, vocab), k)
-    values, tokens = values.view(bs, depth, k).float(), tokens.view(bs, depth, k)
+    k = min(topk, draft_logprobs.shape[-1])
+    # A two-stage (per-chunk, then global) top-k measured slower on the H200 at bs 1-8
+    # (156 vs 110 us for [15, 151936], k 64), so this stays one torch.topk.
+    values, tokens = torch.topk(draft_logprobs, k, dim=-1)
+    values = values.float()
     if normalize:
         values = values - torch.logsumexp(draft_logprobs.float(), dim=-1, keepdim=True)
     # Rounding can leave a log-prob a hair above 0; scores must never grow with depth.
