@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-serve test test-gpu lint format bench demo train-pair serve
+.PHONY: install install-serve run test test-gpu lint format bench demo train-pair
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
@@ -14,6 +14,11 @@ install:
 # GPU host with network: SGLang 0.5.17 and its CUDA stack.
 install-serve:
 	$(PIP) install -e ".[serve,test]"
+
+# The main job: a DDTREE server (tiny models unless MODEL/DRAFT are given); the CPU demo where
+# no GPU or SGLang is available.
+run:
+	$(PYTHON) -m sglang_ddtree.serve $(if $(MODEL),--model-path $(MODEL) --draft-model-path $(DRAFT)) $(ARGS)
 
 test:
 	$(PYTHON) -m pytest test/srt -q
@@ -34,3 +39,10 @@ bench:
 
 demo:
 	$(PYTHON) -m sglang_ddtree.demo
+
+# Rebuild the shipped trained pair: data on the CPU, training on one GPU (~7 min on an H200),
+# then the CPU evaluation that fills metrics.json.
+train-pair:
+	$(PYTHON) -m sglang_ddtree.pair.corpus --out .pair-data
+	$(PYTHON) -m sglang_ddtree.pair.train --data .pair-data --out python/sglang_ddtree/pair/assets
+	$(PYTHON) -m sglang_ddtree.pair.evaluate

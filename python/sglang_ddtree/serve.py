@@ -1,0 +1,95 @@
+"""Launch an OpenAI-compatible SGLang server with DDTREE: ``python -m sglang_ddtree.serve``.
+
+Without ``--model-path`` it serves the tiny random-weight Qwen3 target + DFlash drafter pair
+from `sglang_ddtree.testing.tiny_models` (the pair the H200 end-to-end checks run on), so the
+whole path can be tried without any checkpoint. With ``--pair`` it serves the shipped trained
+pair instead. Every other argument goes to ``sglang.launch_server`` unchanged, e.g.::
+
+    python -m sglang_ddtree.serve --model-path /models/target \\
+        --draft-model-path /models/dflash-drafter --speculative-num-draft-tokens 33 --port 30000
+
+On a machine without CUDA or without SGLang there is nothing to serve: it says so, and runs the
+CPU demo (``python -m sglang_ddtree.demo``) instead, unless ``--no-demo`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PAIR_DIR = Path(__file__).parent / "pair" / "assets"
+
+
+def serving_unavailable() -> str | None:
+    """Why this machine cannot serve, or None."""
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not installed (pip install -e '.[serve]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    return None
+
+
+def launch_command(target: str, draft: str, num_nodes: int | None, extra: list[str]) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", target,
+        "--speculative-algorithm", "DDTREE",
+        "--speculative-draft-model-path", draft,
+    ]  # fmt: skip
+    if num_nodes is not None:
+        cmd += ["--speculative-num-draft-tokens", str(num_nodes)]
+    if "--attention-backend" not in extra:
+        cmd += ["--attention-backend", "triton"]  # fa3, the Hopper default, ignores tree masks
+    return cmd + extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-path", help="target model (default: tiny random-weight pair)")
+    ap.add_argument("--draft-model-path", help="DFlash drafter for --model-path")
+    ap.add_argument("--pair", action="store_true", help="serve the shipped trained pair")
+    ap.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=None,
+        help="tree nodes verified per request, root included (budget + 1)",
+    )
+    ap.add_argument("--no-demo", action="store_true", help="fail instead of running the demo")
+    args, extra = ap.parse_known_args(argv)
+
+    reason = serving_unavailable()
+    if reason is not None:
+        print(f"sglang_ddtree.serve: cannot launch a server here: {reason}.", file=sys.stderr)
+        if args.no_demo:
+            return 2
+        print("Running the CPU demo instead (python -m sglang_ddtree.demo).\n", file=sys.stderr)
+        from sglang_ddtree import demo
+
+        demo.main([])
+        return 0
+
+    if args.model_path:
+        if not args.draft_model_path:
+            ap.error("--model-path needs --draft-model-path (a DFlash drafter)")
+        target, draft = args.model_path, args.draft_model_path
+    elif args.pair:
+        target, draft = str(PAIR_DIR / "target"), str(PAIR_DIR / "drafter")
+    else:
+        from sglang_ddtree.testing.tiny_models import make_tiny_pair
+
+        target, draft = make_tiny_pair(tempfile.mkdtemp(prefix="ddtree-tiny-"))
+        print(f"serving the tiny random-weight pair: {target}, {draft}", file=sys.stderr)
+    cmd = launch_command(target, draft, args.speculative_num_draft_tokens, extra)
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.call(cmd, env=dict(os.environ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
