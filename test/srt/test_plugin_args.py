@@ -114,6 +114,10 @@ def test_request_refusals():
     assert "regex" in dreq.refuse_sampling_params(sp(regex="a+"))
     req = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
     assert "custom logit" in dreq.refuse_request(req)
+    req = SimpleNamespace(custom_logit_processor=None, return_logprob=True, sampling_params=sp())
+    assert "logprobs" in dreq.refuse_request(req)
+    req = SimpleNamespace(custom_logit_processor=None, return_logprob=False, sampling_params=sp())
+    assert dreq.refuse_request(req) is None
 
 
 def test_tiny_pair_files(tmp_path):
