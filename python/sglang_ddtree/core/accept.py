@@ -64,19 +64,6 @@ def _check(layout: TreeLayout, tokens: torch.Tensor, max_accept: int) -> tuple[i
     return bs, n
 
 
-def _kernel_tree_args(res: AcceptResult, layout: TreeLayout, tokens: torch.Tensor) -> dict:
-    """The output and tree arguments both sgl_kernel accept ops share (kernel spelling)."""
-    return dict(
-        predicts=res.predict,
-        accept_index=res.accept_index,
-        accept_token_num=res.accept_length,
-        candidates=tokens.to(torch.int64).contiguous(),
-        retrive_index=layout.retrieve_index.contiguous(),
-        retrive_next_token=layout.retrieve_next_token.contiguous(),
-        retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
-    )
-
-
 def _use_kernel(device: torch.device, backend: str) -> bool:
     assert backend in ("auto", "kernel", "torch"), backend
     if backend == "torch":
@@ -113,7 +100,13 @@ def accept_greedy(
         from sgl_kernel import verify_tree_greedy
 
         verify_tree_greedy(
-            **_kernel_tree_args(res, layout, tokens),
+            predicts=res.predict,
+            accept_index=res.accept_index,
+            accept_token_num=res.accept_length,
+            candidates=tokens.to(torch.int64).contiguous(),
+            retrive_index=layout.retrieve_index.contiguous(),
+            retrive_next_token=layout.retrieve_next_token.contiguous(),
+            retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
             target_predict=target_predict.to(torch.int64).contiguous(),
         )
         return res
@@ -172,7 +165,13 @@ def accept_sampled(
     # The kernel writes rejected children's mass into draft_probs; it must start at zero.
     draft_probs = torch.zeros_like(probs, dtype=torch.float32)
     tree_speculative_sampling_target_only(
-        **_kernel_tree_args(res, layout, tokens),
+        predicts=res.predict,
+        accept_index=res.accept_index,
+        accept_token_num=res.accept_length,
+        candidates=tokens.to(torch.int64).contiguous(),
+        retrive_index=layout.retrieve_index.contiguous(),
+        retrive_next_token=layout.retrieve_next_token.contiguous(),
+        retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
         uniform_samples=coins.contiguous(),
         uniform_samples_for_final_sampling=final_coins.contiguous(),
         target_probs=probs.float().contiguous(),

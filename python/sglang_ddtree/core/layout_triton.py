@@ -9,12 +9,19 @@ are then expanded into the bool mask.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from sglang_ddtree.core.tree import DraftTree
-from sglang_ddtree.core.triton_utils import _and, interpreted, pow2
+
+
+@triton.jit
+def _and(mask, cond):
+    """``mask & cond`` for a scalar ``cond`` (explicit broadcast; interpreter-safe)."""
+    return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
 
 
 @triton.jit
@@ -84,19 +91,24 @@ def _layout_kernel(
             tl.store(ptrs, bits.to(tl.int8), mask=(r[:, None] < N) & (col[None, :] < N))
 
 
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
 def tree_layout_triton(tree: DraftTree, prefix_lens: torch.Tensor):
     """(retrieve_index, next_token, next_sibling, positions, tree_mask) in one launch."""
     bs, n = tree.parents.shape
-    assert tree.parents.is_cuda or interpreted(), "the triton layout needs CUDA tensors"
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    assert tree.parents.is_cuda or interpreted, "the triton layout needs CUDA tensors"
     dev = tree.parents.device
-    w_pad = pow2(-(-n // 64))
+    w_pad = _pow2(-(-n // 64))
     next_token = torch.empty(bs, n, dtype=torch.int64, device=dev)
     next_sibling = torch.empty_like(next_token)
     positions = torch.empty_like(next_token)
     retrieve_index = torch.empty_like(next_token)
     words = torch.empty(bs, n, w_pad, dtype=torch.int64, device=dev)
     mask = torch.empty(bs, n, n, dtype=torch.bool, device=dev)
-    n_pad = pow2(n)
+    n_pad = _pow2(n)
     _layout_kernel[(bs,)](
         tree.parents.contiguous(),
         tree.valid.contiguous().view(torch.int8),

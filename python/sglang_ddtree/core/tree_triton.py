@@ -13,12 +13,13 @@ first child takes a free entry. At most ``budget + 1`` entries are ever live.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from sglang_ddtree.core.tree import DraftTree
-from sglang_ddtree.core.triton_utils import _and, interpreted, pow2
 
 # Key of an empty frontier entry: below every live key (live scores are finite).
 _DEAD = tl.constexpr(-9223372036854775807)
@@ -28,6 +29,13 @@ _DEAD = tl.constexpr(-9223372036854775807)
 def _pick(mask, values, empty):
     """The value at the single True position of `mask` (reduction; `empty` if none)."""
     return tl.max(tl.where(mask, values, empty), axis=0)
+
+
+@triton.jit
+def _and(mask, cond):
+    """``mask & cond`` for a scalar ``cond``, broadcast explicitly (also runs in the
+    interpreter, which cannot `&` a tensor with a scalar bool)."""
+    return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
 
 
 @triton.jit
@@ -130,6 +138,10 @@ def _ddtree_heap_kernel(
     tl.store(valid_ptr + out, o_valid.to(tl.int8), mask=m)
 
 
+def _pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
 def build_tree_triton(
     cand_logprobs: torch.Tensor,  # [bs, D, K] float32, sorted descending along K
     cand_tokens: torch.Tensor,  # [bs, D, K] int64
@@ -138,7 +150,8 @@ def build_tree_triton(
 ) -> DraftTree:
     """`build_tree_from_candidates` on CUDA in one kernel launch (same output, bit for bit)."""
     bs, depth, k = cand_logprobs.shape
-    assert cand_logprobs.is_cuda or interpreted(), "the triton builder needs CUDA tensors"
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # CPU tests run the interpreter
+    assert cand_logprobs.is_cuda or interpreted, "the triton builder needs CUDA tensors"
     assert cand_tokens.shape == (bs, depth, k)
     assert budget < 8192 and depth < 32, "packed key holds budget < 8192, depth < 32"
     n = budget + 1
@@ -160,9 +173,9 @@ def build_tree_triton(
         D=depth,
         K=k,
         BUDGET=budget,
-        DK_PAD=pow2(depth * k),
-        FRONT=pow2(budget + 2),
-        N_PAD=pow2(n),
+        DK_PAD=_pow2(depth * k),
+        FRONT=_pow2(budget + 2),
+        N_PAD=_pow2(n),
         num_warps=1 if depth * k <= 1024 else 4,
     )
     return DraftTree(parents, depths, tokens, logw, valid)
