@@ -78,9 +78,10 @@ def test_tree_mask_is_ancestor_or_self(seed, depth):
             assert row == anc
 
 
-def test_flatten_verify_mask_layout():
+@pytest.mark.parametrize("prefix", [[5, 0, 2], [0, 0, 0], [17, 1, 300]])
+def test_flatten_verify_mask_layout(prefix):
     tree = random_tree(7, bs=3, depth=4, vocab=4, budget=9)
-    prefix = torch.tensor([5, 0, 2])
+    prefix = torch.tensor(prefix)
     lay = tree_to_retrieve_arrays(tree, prefix, max_depth=4)
     n = tree.num_nodes
     total = int(sum(n * (int(p) + n) for p in prefix))

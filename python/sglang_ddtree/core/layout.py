@@ -127,15 +127,18 @@ def flatten_verify_mask(
     """
     bs, n, _ = tree_mask.shape
     device = tree_mask.device
-    widths = prefix_lens.to(torch.int64) + n  # [bs]
-    ends = torch.cumsum(widths * n, 0)  # inclusive block ends
-    t = torch.arange(total, device=device, dtype=torch.int64)
-    b = torch.searchsorted(ends, t, right=True).clamp(max=bs - 1)
-    local = t - (ends[b] - widths[b] * n)
-    row = local // widths[b]
-    col = local % widths[b]
-    tree_col = col - prefix_lens.to(torch.int64)[b]
-    in_tree = tree_col >= 0
-    flat_tree = tree_mask.reshape(-1)
-    tree_val = flat_tree[(b * n + row) * n + tree_col.clamp(min=0)]
-    return torch.where(in_tree, tree_val, torch.ones_like(in_tree))
+    prefix = prefix_lens.to(torch.int64)
+    widths = prefix + n  # [bs] columns per row
+    starts = torch.cumsum(widths * n, 0) - widths * n  # [bs] block offsets
+    # Everything is visible except the tree columns, so write True once and scatter only the
+    # bs * N * N tree cells (not O(total) index math: total grows with the context length).
+    rows = torch.arange(n, device=device, dtype=torch.int64)
+    cells = (
+        starts[:, None, None]
+        + rows[None, :, None] * widths[:, None, None]
+        + prefix[:, None, None]
+        + rows[None, None, :]
+    )  # [bs, N, N] flat index of tree cell (b, i, j)
+    out = torch.ones(total, dtype=torch.bool, device=device)
+    out[cells.reshape(-1)] = tree_mask.reshape(-1)
+    return out
