@@ -66,7 +66,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -76,6 +75,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sglang_ddtree.testing.http import free_port, http_json
 
 REPO = Path(__file__).resolve().parents[2]
 PAIR_DIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
@@ -165,27 +166,6 @@ def launch_command(
 
 
 # --------------------------------------------------------------------------- server lifecycle
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_json(url: str, payload: dict | None = None, timeout: float = 30.0) -> tuple[int, dict]:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read().decode()
-            return r.status, (json.loads(body) if body.strip() else {})
-    except urllib.error.HTTPError as e:
-        body = e.read().decode(errors="replace")
-        try:
-            return e.code, json.loads(body)
-        except json.JSONDecodeError:
-            return e.code, {"raw": body[:500]}
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

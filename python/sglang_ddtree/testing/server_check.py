@@ -5,35 +5,12 @@ parameters, and keeps serving afterwards. Only the standard library talks to the
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _request(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read().decode()
-            return r.status, (json.loads(body) if body.strip() else {})
-    except urllib.error.HTTPError as e:
-        body = e.read().decode()
-        try:
-            return e.code, json.loads(body)
-        except json.JSONDecodeError:
-            return e.code, {"raw": body}
+from sglang_ddtree.testing.http import free_port, http_json
 
 
 def launch_cmd(target: str, draft: str, port: int) -> list[str]:
@@ -66,7 +43,7 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
 
 
 def check_server(target: str, draft: str, summary: dict, log_dir: str | None = None) -> None:
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(log_dir or os.environ.get("OUT", "."), "server.log")
     res: dict = {"log": log_path}
@@ -80,7 +57,7 @@ def check_server(target: str, draft: str, summary: dict, log_dir: str | None = N
                 if proc.poll() is not None:
                     raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
                 try:
-                    if _request(base + "/health", timeout=5)[0] == 200:
+                    if http_json(base + "/health", timeout=5)[0] == 200:
                         break
                 except OSError:
                     pass
@@ -100,7 +77,7 @@ def check_server(target: str, draft: str, summary: dict, log_dir: str | None = N
 
 def _exercise(base: str) -> dict:
     out: dict = {}
-    code, body = _request(
+    code, body = http_json(
         base + "/v1/completions",
         {"model": "default", "prompt": "hello world", "max_tokens": 32, "temperature": 0.8},
     )
@@ -109,7 +86,7 @@ def _exercise(base: str) -> dict:
     out["ok_completions"] = code == 200 and isinstance(text, str) and len(text) > 0
     out["completions_sample"] = (text or str(body))[:80]
 
-    code, body = _request(
+    code, body = http_json(
         base + "/v1/chat/completions",
         {
             "model": "default",
@@ -125,13 +102,13 @@ def _exercise(base: str) -> dict:
     out["chat_sample"] = (msg or str(body))[:80]
 
     # Accept length: per request from /generate meta_info, and the server-wide average.
-    code, body = _request(
+    code, body = http_json(
         base + "/generate",
         {"text": "abc", "sampling_params": {"max_new_tokens": 48, "temperature": 0.0}},
     )
     acc = body.get("meta_info", {}).get("spec_accept_length") if code == 200 else None
     out["generate_accept_length"] = acc
-    code, info = _request(base + "/get_server_info")
+    code, info = http_json(base + "/get_server_info")
     states = info.get("internal_states", [{}]) if code == 200 else [{}]
     out["server_avg_spec_accept_length"] = (states or [{}])[0].get("avg_spec_accept_length")
     out["ok_accept_length"] = isinstance(acc, (int, float)) and acc >= 1.0
@@ -144,7 +121,7 @@ def _exercise(base: str) -> dict:
     }
     statuses = {}
     for name, params in bad.items():
-        code, body = _request(
+        code, body = http_json(
             base + "/v1/completions",
             {"model": "default", "prompt": "x", "max_tokens": 8, **params},
         )
@@ -152,7 +129,7 @@ def _exercise(base: str) -> dict:
     out["bad_requests"] = statuses
     out["ok_bad_requests_400"] = all(v["status"] == 400 for v in statuses.values())
 
-    code, body = _request(
+    code, body = http_json(
         base + "/v1/completions",
         {"model": "default", "prompt": "still alive?", "max_tokens": 16, "temperature": 1.0},
     )
