@@ -1,0 +1,197 @@
+"""Adaptive tree budget: the number of verified tree nodes per request as a function of the
+running batch size. Pure Python (no torch, no SGLang); unit-tested on CPU.
+
+Terms:
+
+- ``bs``: requests in one decode step (``len(batch.seq_lens)``, a host int).
+- ``W``: tree nodes verified per request, root included (tree budget = W - 1). A fixed W is what
+  ``--speculative-num-draft-tokens`` sets.
+- ``B``: drafter block size. Every W must be >= B (``args.check_shape``): SGLang's KV reservation
+  of ``2 * W`` slots per request must cover one drafter block plus one commit.
+- bucket: a maximal range of bs with one W. A schedule ``"1:65,8:33,32:17"`` has thresholds
+  ``1 < 8 < 32``: bs 1..7 verify W=65, bs 8..31 W=33, bs >= 32 W=17.
+- capture sizes: SGLang's list of batch sizes with a captured decode CUDA graph
+  (``get_batch_sizes_to_capture``); a step of ``bs`` requests replays the graph of the smallest
+  capture size >= bs (padding), or runs eagerly when bs exceeds the largest.
+
+``SGLANG_DDTREE_BUDGET_SCHEDULE`` sets a schedule. ``--speculative-num-draft-tokens W`` alone
+fixes W (a one-bucket schedule); both together are refused as ambiguous; neither gives
+``default_schedule(B)``. SGLang's ``speculative_num_draft_tokens`` is then set to the schedule's
+largest W, because the KV reservation, the verify buffers and ``out_cache_loc`` are sized from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+SCHEDULE_ENV = "SGLANG_DDTREE_BUDGET_SCHEDULE"
+EXAMPLE = "1:65,8:33,32:17"
+
+
+def default_schedule(block_size: int) -> BudgetSchedule:
+    """The schedule used when neither the env var nor ``--speculative-num-draft-tokens`` is given.
+
+    Placeholder numbers (to be replaced by measured ones): bs 1..7 -> 4B+1, bs 8..31 -> 2B+1,
+    bs >= 32 -> B+1. Every W is >= B, as required.
+    """
+    b = int(block_size)
+    return BudgetSchedule(thresholds=(1, 8, 32), num_nodes=(4 * b + 1, 2 * b + 1, b + 1))
+
+
+@dataclass(frozen=True)
+class BudgetSchedule:
+    """W per bucket of batch sizes: bucket i covers ``thresholds[i] <= bs < thresholds[i + 1]``
+    (the last bucket has no upper end) and verifies ``num_nodes[i]`` nodes per request."""
+
+    thresholds: tuple[int, ...]
+    num_nodes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        fix = f"e.g. {SCHEDULE_ENV}={EXAMPLE!r}"
+        if not self.thresholds or len(self.thresholds) != len(self.num_nodes):
+            raise ValueError(f"A budget schedule needs one W per threshold; {fix}.")
+        if self.thresholds[0] != 1:
+            raise ValueError(
+                f"The first budget-schedule threshold must be 1 (got {self.thresholds[0]}) so "
+                f"every batch size has a W; {fix}."
+            )
+        for lo, hi in zip(self.thresholds, self.thresholds[1:]):
+            if hi <= lo:
+                raise ValueError(
+                    f"Budget-schedule thresholds must increase (got {lo} then {hi}); {fix}."
+                )
+        for w in self.num_nodes:
+            if w < 1:
+                raise ValueError(f"Every W in a budget schedule must be >= 1 (got {w}); {fix}.")
+
+    # --- construction ------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> BudgetSchedule:
+        """Parse ``"T0:W0,T1:W1,..."`` (whitespace allowed); ValueError says what to pass."""
+        items = [p.strip() for p in str(text).split(",") if p.strip()]
+        if not items:
+            raise ValueError(f"{SCHEDULE_ENV} is empty; set it like {EXAMPLE!r} or unset it.")
+        pairs = []
+        for item in items:
+            parts = item.split(":")
+            try:
+                if len(parts) != 2:
+                    raise ValueError
+                pairs.append((int(parts[0]), int(parts[1])))
+            except ValueError:
+                raise ValueError(
+                    f"{SCHEDULE_ENV}: {item!r} is not 'min_batch_size:num_nodes' (two integers); "
+                    f"set it like {EXAMPLE!r}."
+                ) from None
+        return cls(thresholds=tuple(t for t, _ in pairs), num_nodes=tuple(w for _, w in pairs))
+
+    @classmethod
+    def fixed(cls, num_nodes: int) -> BudgetSchedule:
+        """One bucket: W for every batch size."""
+        return cls(thresholds=(1,), num_nodes=(int(num_nodes),))
+
+    def __str__(self) -> str:
+        return ",".join(f"{t}:{w}" for t, w in zip(self.thresholds, self.num_nodes))
+
+    # --- queries -----------------------------------------------------------------------------
+    @property
+    def is_fixed(self) -> bool:
+        return len(self.num_nodes) == 1
+
+    @property
+    def max_num_nodes(self) -> int:
+        return max(self.num_nodes)
+
+    def bucket_index(self, bs: int) -> int:
+        """Index of the bucket holding ``bs`` (>= 1)."""
+        if bs < 1:
+            raise ValueError(f"batch size must be >= 1 (got {bs})")
+        i = 0
+        while i + 1 < len(self.thresholds) and self.thresholds[i + 1] <= bs:
+            i += 1
+        return i
+
+    def num_nodes_for(self, bs: int) -> int:
+        """W for a decode step of ``bs`` requests."""
+        return self.num_nodes[self.bucket_index(bs)]
+
+    def bucket_range(self, i: int) -> tuple[int, int | None]:
+        """``(lo, hi)`` batch sizes of bucket i, inclusive; hi is None for the last bucket."""
+        hi = self.thresholds[i + 1] - 1 if i + 1 < len(self.thresholds) else None
+        return self.thresholds[i], hi
+
+    def buckets(self, capture_bs: Iterable[int]) -> list[tuple[int, list[int]]]:
+        """Per bucket, ``(W, batch sizes to capture at W)``, given SGLang's capture sizes.
+
+        A bucket captures SGLang's sizes inside it plus its top ``min(hi, max(capture_bs))``,
+        so padding a bs up to the next captured size never leaves its bucket: the graph replayed
+        for bs has bs's W. The size lists are disjoint and ascending; a bucket entirely above the
+        largest capture size gets an empty list (its steps run eagerly, as SGLang runs any
+        bs > max). Inserted tops are not filtered by SGLang's attention-TP alignment rule, which
+        is vacuous at TP 1 (the only TP DDTREE supports).
+        """
+        sizes = sorted({int(c) for c in capture_bs if int(c) >= 1})
+        if not sizes:
+            raise ValueError("SGLang gave no CUDA-graph batch sizes to capture.")
+        max_bs = sizes[-1]
+        out = []
+        for i, w in enumerate(self.num_nodes):
+            lo, hi = self.bucket_range(i)
+            top = max_bs if hi is None else min(hi, max_bs)
+            if lo > top:
+                out.append((w, []))
+                continue
+            inside = {c for c in sizes if lo <= c <= top}
+            out.append((w, sorted(inside | {top})))
+        return out
+
+    def check(self, block_size: int) -> list[str]:
+        """Problems with this schedule for drafter block ``block_size`` (empty when fine)."""
+        b = int(block_size)
+        errors = []
+        for i, w in enumerate(self.num_nodes):
+            if w < b:
+                lo, hi = self.bucket_range(i)
+                where = f"bs >= {lo}" if hi is None else f"bs {lo}..{hi}"
+                errors.append(
+                    f"{SCHEDULE_ENV}: W={w} for {where} is below the drafter block size {b}; "
+                    f"every W must be >= {b}, e.g. {SCHEDULE_ENV}={str(default_schedule(b))!r}."
+                )
+        return errors
+
+
+def read_schedule_env(environ: Mapping[str, str]) -> BudgetSchedule | None:
+    """The schedule set by ``SGLANG_DDTREE_BUDGET_SCHEDULE``, or None when unset / blank."""
+    raw = environ.get(SCHEDULE_ENV, "").strip()
+    return BudgetSchedule.parse(raw) if raw else None
+
+
+def resolve_schedule(
+    environ: Mapping[str, str], explicit_num_nodes: int | None, block_size: int
+) -> BudgetSchedule:
+    """The schedule from the env var, an explicit ``--speculative-num-draft-tokens``, or the
+    default; ValueError (saying what to pass) when both are given or W < B somewhere.
+
+    The W >= B check of a fixed W is ``args.check_shape``'s (the caller runs it); this function
+    checks env and default schedules.
+    """
+    env_schedule = read_schedule_env(environ)
+    if env_schedule is not None and explicit_num_nodes is not None:
+        raise ValueError(
+            f"DDTREE budget is ambiguous: --speculative-num-draft-tokens {explicit_num_nodes} "
+            f"fixes W, {SCHEDULE_ENV}={str(env_schedule)!r} makes it adaptive. Pass only one: "
+            f"drop --speculative-num-draft-tokens, or unset {SCHEDULE_ENV}."
+        )
+    if explicit_num_nodes is not None:
+        return BudgetSchedule.fixed(int(explicit_num_nodes))
+    schedule = env_schedule if env_schedule is not None else default_schedule(block_size)
+    errors = schedule.check(block_size)
+    if errors:
+        raise ValueError("Invalid DDTREE budget schedule:\n  - " + "\n  - ".join(errors))
+    return schedule
+
+
+def capture_union(plan: Sequence[tuple[int, list[int]]]) -> list[int]:
+    """All batch sizes of a ``buckets()`` plan, ascending (what the graph runner pads to)."""
+    return sorted({bs for _, sizes in plan for bs in sizes})

@@ -1,0 +1,151 @@
+"""CPU tests of the adaptive tree budget (`sglang_ddtree.budget`): parsing, refusals, bucket
+lookup, the capture plan handed to the graph runner, and resolution from flags / env."""
+
+from __future__ import annotations
+
+import bisect
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_ddtree import args as dargs
+from sglang_ddtree.budget import (
+    SCHEDULE_ENV,
+    BudgetSchedule,
+    capture_union,
+    default_schedule,
+    resolve_schedule,
+)
+
+# SGLang's default decode capture list, cut at a typical --cuda-graph-max-bs.
+SGLANG_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
+
+
+def test_parse_and_lookup():
+    s = BudgetSchedule.parse(" 1:65, 8:33 ,32:17 ")
+    assert (s.thresholds, s.num_nodes) == ((1, 8, 32), (65, 33, 17))
+    assert str(s) == "1:65,8:33,32:17"
+    assert [s.num_nodes_for(b) for b in (1, 7, 8, 31, 32, 1000)] == [65, 65, 33, 33, 17, 17]
+    assert s.max_num_nodes == 65 and not s.is_fixed
+    assert s.bucket_range(0) == (1, 7) and s.bucket_range(2) == (32, None)
+    assert BudgetSchedule.parse(str(s)) == s
+
+
+def test_fixed_is_one_bucket():
+    s = BudgetSchedule.fixed(17)
+    assert s.is_fixed and s.max_num_nodes == 17 and str(s) == "1:17"
+    assert s.num_nodes_for(1) == s.num_nodes_for(4096) == 17
+    assert s.buckets(SGLANG_BS) == [(17, SGLANG_BS)]
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("", "empty"),
+        ("1:65,8", "min_batch_size:num_nodes"),
+        ("1:65,x:33", "min_batch_size:num_nodes"),
+        ("1:65:3", "min_batch_size:num_nodes"),
+        ("2:65,8:33", "first budget-schedule threshold must be 1"),
+        ("1:65,8:33,8:17", "must increase"),
+        ("1:65,8:33,4:17", "must increase"),
+        ("1:0", ">= 1"),
+    ],
+)
+def test_parse_errors_say_what_to_pass(text, match):
+    with pytest.raises(ValueError, match=match) as e:
+        BudgetSchedule.parse(text)
+    assert SCHEDULE_ENV in str(e.value)
+
+
+def test_bs_below_one_is_refused():
+    with pytest.raises(ValueError):
+        BudgetSchedule.fixed(9).num_nodes_for(0)
+
+
+def test_check_names_the_bucket_and_the_fix():
+    s = BudgetSchedule.parse("1:33,8:17,32:5")
+    errors = s.check(block_size=8)
+    assert len(errors) == 1
+    assert "W=5 for bs >= 32" in errors[0] and "below the drafter block size 8" in errors[0]
+    assert "1:33,8:17,32:9" in errors[0]  # the default for B=8, valid
+    first = BudgetSchedule.parse("1:7,4:9").check(8)[0]
+    assert first.startswith(f"{SCHEDULE_ENV}: W=7 for bs 1..3")
+
+
+def test_default_schedule():
+    for b in (2, 8, 16):
+        s = default_schedule(b)
+        assert str(s) == f"1:{4 * b + 1},8:{2 * b + 1},32:{b + 1}"
+        assert s.check(b) == []
+        assert s.max_num_nodes == 4 * b + 1
+
+
+def test_buckets_example():
+    s = BudgetSchedule.parse("1:65,8:33,32:17")
+    plan = s.buckets(SGLANG_BS)
+    # bs 5..7 pad to 7 (inserted), not to 8 (W=33); bs 25..31 pad to 31, not to 32.
+    assert plan == [(65, [1, 2, 4, 7]), (33, [8, 12, 16, 24, 31]), (17, [32, 40, 48])]
+    assert capture_union(plan) == [1, 2, 4, 7, 8, 12, 16, 24, 31, 32, 40, 48]
+
+
+def test_bucket_above_max_captured_bs_is_empty():
+    s = BudgetSchedule.parse("1:33,4:17,64:9")
+    assert s.buckets([1, 2, 4, 8, 12, 16]) == [(33, [1, 2, 3]), (17, [4, 8, 12, 16]), (9, [])]
+
+
+def test_e2e_adaptive_schedule_plan():
+    # The e2e `adaptive` check: "1:33,4:17", block-8 drafter, --cuda-graph-max-bs 16.
+    s = BudgetSchedule.parse("1:33,4:17")
+    assert s.check(8) == []
+    assert s.buckets([1, 2, 4, 8, 12, 16]) == [(33, [1, 2, 3]), (17, [4, 8, 12, 16])]
+
+
+@st.composite
+def schedules(draw):
+    n = draw(st.integers(1, 5))
+    ts = sorted(draw(st.sets(st.integers(2, 80), min_size=n - 1, max_size=n - 1)))
+    ws = draw(st.lists(st.integers(1, 130), min_size=n, max_size=n))
+    return BudgetSchedule(thresholds=(1, *ts), num_nodes=tuple(ws))
+
+
+@given(schedules(), st.sets(st.integers(1, 96), min_size=1, max_size=12))
+def test_padding_never_leaves_the_bucket(s, capture):
+    """SGLang pads bs to the smallest captured size >= bs; that size must carry bs's W."""
+    plan = s.buckets(capture)
+    union = capture_union(plan)
+    width_of = {bs: w for w, sizes in plan for bs in sizes}
+    assert len(width_of) == sum(len(sizes) for _, sizes in plan)  # disjoint buckets
+    assert max(union) == max(capture)  # the runner's max_bs is unchanged
+    assert set(capture) <= set(union)  # every size SGLang asked for is still captured
+    for bs in range(1, max(capture) + 1):
+        padded = union[bisect.bisect_left(union, bs)]
+        assert width_of[padded] == s.num_nodes_for(bs)
+    for w, sizes in plan:
+        assert sizes == sorted(sizes)
+        assert all(s.num_nodes_for(bs) == w for bs in sizes)
+
+
+@given(schedules())
+def test_str_roundtrip(s):
+    assert BudgetSchedule.parse(str(s)) == s
+
+
+def test_resolve_sources():
+    env = {SCHEDULE_ENV: "1:33,4:17"}
+    assert str(resolve_schedule(env, None, 8)) == "1:33,4:17"
+    assert resolve_schedule({}, 17, 8) == BudgetSchedule.fixed(17)
+    assert resolve_schedule({SCHEDULE_ENV: "  "}, 17, 8) == BudgetSchedule.fixed(17)
+    assert resolve_schedule({}, None, 8) == default_schedule(8)
+    with pytest.raises(ValueError, match="ambiguous") as e:
+        resolve_schedule(env, 17, 8)
+    assert "drop --speculative-num-draft-tokens" in str(e.value) and SCHEDULE_ENV in str(e.value)
+    with pytest.raises(ValueError, match="below the drafter block size 20"):
+        resolve_schedule(env, None, 20)
+
+
+def test_fixed_w_below_block_keeps_the_flag_message():
+    # A fixed W is checked by args.check_shape (the existing rule and message).
+    s = resolve_schedule({}, 4, 8)
+    shape = dargs.DDTreeShape(num_nodes=s.max_num_nodes, block_size=8, topk=8)
+    assert "--speculative-num-draft-tokens 17" in dargs.check_shape(shape)[0]
