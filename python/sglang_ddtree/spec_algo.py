@@ -5,16 +5,19 @@ DDTREE is a member of the DFlash family (same drafter, same aux-hidden capture, 
 pool), so ``is_dflash_family()`` is True. It adds the three methods the runtime calls but
 ``CustomSpecAlgo`` lacks (``carries_draft_hidden_states``, ``create_future_map``,
 ``need_topk``), resolves DFLASH's server-arg defaults by calling SGLang's ``_handle_dflash``,
-and gives the target verify W tokens per request and the drafter B.
+resolves the tree budget schedule (``sglang_ddtree.budget``), and gives the target verify the
+schedule's largest W tokens per request and the drafter B.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_ddtree import args as dargs
+from sglang_ddtree import budget
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +99,17 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
 
     # --- server args ------------------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
-        """Resolve DFLASH defaults for the drafter, then set W and B (see module docstring).
+        """Resolve DFLASH defaults for the drafter, then the budget schedule, W and B.
 
         ``_handle_dflash`` sets the block size into ``speculative_num_draft_tokens``; DDTREE
-        keeps W there (the verify width every generic sizing path reads) and B in
-        ``speculative_dflash_block_size``.
+        keeps the schedule's largest W there (the verify width every generic sizing path reads:
+        KV reservation, verify buffers, ``out_cache_loc``) and B in
+        ``speculative_dflash_block_size``. The schedule itself travels to the scheduler
+        processes as the private attribute ``_ddtree_budget_schedule`` of the pickled args.
         """
         from sglang.srt.arg_groups.speculative_hook import _handle_dflash
 
-        user_nodes = server_args.speculative_num_draft_tokens
+        user_nodes = server_args.speculative_num_draft_tokens  # None unless passed explicitly
         server_args.speculative_num_draft_tokens = None
         try:
             _handle_dflash(server_args)
@@ -112,17 +117,20 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
             server_args.speculative_num_draft_tokens = user_nodes
             raise
         block = int(server_args.speculative_num_draft_tokens)
-        nodes = int(user_nodes) if user_nodes is not None else dargs.default_num_nodes(block)
+        schedule = budget.resolve_schedule(os.environ, user_nodes, block)
+        nodes = schedule.max_num_nodes
         server_args.speculative_dflash_block_size = block
         server_args.speculative_num_draft_tokens = nodes
+        server_args._ddtree_budget_schedule = str(schedule)
         shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=dargs.read_topk())
         errors = dargs.check_shape(shape)
         if errors:
             raise ValueError(dargs.format_errors(errors))
         logger.info(
-            "DDTREE: %d nodes per request (budget %d), drafter block %d, top-K %d, S=%d",
-            shape.num_nodes,
-            shape.budget,
+            "DDTREE: budget schedule %s (bs:W, W = nodes per request incl. root; %s), "
+            "drafter block %d, top-K %d, S=%d",
+            schedule,
+            "fixed" if schedule.is_fixed else "adaptive",
             shape.block_size,
             shape.topk,
             shape.accept_width,

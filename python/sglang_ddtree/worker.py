@@ -14,6 +14,11 @@ S = max depth + 1), all on device with no host synchronization:
 5. Commit: accepted target KV moved to contiguous slots ``prefix ..``; the drafter KV of the
    accepted path rebuilt from the target hidden states; outputs and the next draft input.
 
+W follows the running batch size: ``budget_schedule.num_nodes_for(bs)`` (a host int, from
+``len(batch.seq_lens)``) picks the step's `DDTreeShape` (``sglang_ddtree.budget``); the target
+verify replays that bucket's CUDA graphs (``cuda_graph.py``). Eager verify steps that had a graph
+are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS`` for tests).
+
 Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
 server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block
 buffers, draft spec info, KV helper bounds) sees the drafter block.
@@ -22,6 +27,7 @@ buffers, draft spec info, KV helper bounds) sees the drafter block.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 
@@ -47,6 +53,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 from sglang_ddtree import requests
 from sglang_ddtree.args import DDTreeShape, read_topk
 from sglang_ddtree.batch_accept import greedy_rows, merge_accept
+from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.core.accept import AcceptResult, accept_greedy, accept_sampled
 from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import flatten_verify_mask, tree_to_retrieve_arrays
@@ -57,6 +64,75 @@ from sglang_ddtree.cuda_graph import install_target_graph_runner
 logger = logging.getLogger(__name__)
 
 TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
+GRAPH_STATS_ENV = "SGLANG_DDTREE_GRAPH_STATS"
+
+
+def schedule_from_args(server_args) -> BudgetSchedule:
+    """The schedule resolved by ``DDTreeSpecAlgo.handle_server_args`` in the launcher process.
+
+    It travels as the private ``_ddtree_budget_schedule`` of the pickled args; if that was lost,
+    the env var (inherited by the scheduler process) or else the fixed W is used.
+    """
+    text = getattr(server_args, "_ddtree_budget_schedule", None)
+    nodes = int(server_args.speculative_num_draft_tokens)
+    if text:
+        schedule = BudgetSchedule.parse(text)
+    else:
+        schedule = read_schedule_env(os.environ) or BudgetSchedule.fixed(nodes)
+        logger.warning("DDTREE: no resolved budget schedule on the server args; using %s", schedule)
+    if schedule.max_num_nodes != nodes:
+        raise RuntimeError(
+            f"DDTREE: budget schedule {schedule} has largest W {schedule.max_num_nodes} but "
+            f"speculative_num_draft_tokens is {nodes}; they must agree."
+        )
+    return schedule
+
+
+class GraphStats:
+    """Per-W counts of target-verify steps replayed from a CUDA graph or run eagerly.
+
+    ``eager_with_graph`` counts eager steps whose bs had a captured graph: a silent loss of CUDA
+    graphs (each one is also logged once per (W, bs)). Host ints only. With a ``path`` (tests:
+    ``$SGLANG_DDTREE_GRAPH_STATS``) the counts are rewritten after every step.
+    """
+
+    def __init__(self, schedule: BudgetSchedule, path: str | None):
+        self.schedule = str(schedule)
+        self.path = path
+        self.by_width: dict[int, dict] = {}
+        self.runner_info: dict = {}
+        self._warned: set[tuple[int, int]] = set()
+
+    def record(self, width: int, bs: int, ran_graph: bool, had_graph: bool) -> None:
+        row = self.by_width.setdefault(
+            width, {"graph": 0, "eager": 0, "eager_with_graph": 0, "bs_seen": []}
+        )
+        row["graph" if ran_graph else "eager"] += 1
+        if bs not in row["bs_seen"]:
+            row["bs_seen"] = sorted(row["bs_seen"] + [bs])
+        if had_graph and not ran_graph:
+            row["eager_with_graph"] += 1
+            if (width, bs) not in self._warned:
+                self._warned.add((width, bs))
+                logger.warning(
+                    "DDTREE: target verify at bs=%d, W=%d ran EAGERLY although a CUDA graph was "
+                    "captured for it.",
+                    bs,
+                    width,
+                )
+        if self.path:
+            self.write()
+
+    def as_dict(self) -> dict:
+        by_width = {str(w): r for w, r in sorted(self.by_width.items())}
+        return {"schedule": self.schedule, "by_width": by_width, **self.runner_info}
+
+    def write(self) -> None:
+        """Atomically replace ``self.path`` with the counts (tests read it from another process)."""
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.as_dict(), f)
+        os.replace(tmp, self.path)
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
@@ -66,21 +142,29 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         block = server_args.speculative_dflash_block_size
         if block is None:
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
-        shape = DDTreeShape(
-            num_nodes=int(server_args.speculative_num_draft_tokens),
-            block_size=int(block),
-            topk=read_topk(),
-        )
+        schedule = schedule_from_args(server_args)
+        topk = read_topk()
+        shapes = {
+            w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
+            for w in sorted(set(schedule.num_nodes))
+        }
+        shape = shapes[schedule.max_num_nodes]
         # Before super(): the target's verify graphs are captured after this constructor.
-        install_target_graph_runner(target_worker.model_runner)
+        install_target_graph_runner(target_worker.model_runner, schedule)
         parent_args = copy.deepcopy(server_args)
         parent_args.override("ddtree.drafter_block", speculative_num_draft_tokens=shape.block_size)
         super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
-        self.ddtree_shape = shape
+        self.budget_schedule = schedule
+        self.ddtree_shapes = shapes
+        self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
         vocab = int(self.model_runner.model_config.vocab_size)
-        self._topk = shape.candidates_per_depth(vocab)
-        self._depth_offsets = torch.arange(shape.accept_width, device=self.device)
+        self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
+        self._depth_offsets = {
+            s.accept_width: torch.arange(s.accept_width, device=self.device)
+            for s in shapes.values()
+        }
+        self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)
         # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
         self._test_coin_scale = float(os.environ.get(TEST_COIN_SCALE_ENV, "1") or 1)
         if self._test_coin_scale != 1.0:
@@ -92,13 +176,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         requests.set_active(True)
         if self.ps.tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: W=%d nodes/request, B=%d, depth<=%d, K=%d, S=%d",
-                shape.num_nodes,
+                "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
+                "depth<=%d, K=%s, S=%d",
+                schedule,
                 shape.block_size,
                 shape.max_depth,
-                self._topk,
+                {w: k for w, k in self._topk.items()},
                 shape.accept_width,
             )
+
+    def shape_for(self, bs: int) -> DDTreeShape:
+        """The step shape for ``bs`` requests (host int; no device read)."""
+        return self.ddtree_shapes[self.budget_schedule.num_nodes_for(bs)]
 
     def _check_supported(self) -> None:
         from sglang.srt.configs.hybrid_arch import mambaish_config
@@ -156,9 +245,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             return draft_input.reserved_seq_lens_cpu, int(draft_input.reserved_seq_lens_sum)
         raise RuntimeError("DDTREE needs host sequence lengths (seq_lens_cpu) for the verify.")
 
-    def _draft_candidates(self, batch, draft_input, bs: int):
+    def _draft_candidates(self, batch, draft_input, bs: int, shape: DDTreeShape):
         """Drafter block forward + top-K per depth: ([bs, D, K] f32 log-probs, int64 tokens)."""
-        shape = self.ddtree_shape
         block = shape.block_size
         target_model = self.target_worker.model_runner.model
         self._ensure_draft_block_buffers(bs)
@@ -202,20 +290,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         weight = target_model.lm_head.weight
         vocab = int(self.model_runner.model_config.vocab_size)
         logits = torch.matmul(hs.to(weight.dtype), weight[:vocab].T).float()
-        return select_candidates(logits, self._topk, normalize=True)
+        return select_candidates(logits, self._topk[shape.num_nodes], normalize=True)
 
-    def _verify_mask(self, tree_mask, prefix_lens, batch, bs: int):
+    def _verify_mask(self, tree_mask, prefix_lens, batch, bs: int, w: int):
         """FULL_MASK bool [W * sum(prefix) + bs * W * W], sized from the host prefix lengths."""
-        w = self.ddtree_shape.num_nodes
         if batch.seq_lens_cpu is not None:
             total = w * int(batch.seq_lens_cpu.sum()) + bs * w * w
         else:  # no host copy kept by this backend: one sync, only in this configuration
             total = w * int(prefix_lens.sum()) + bs * w * w
         return flatten_verify_mask(tree_mask, prefix_lens, total)
 
-    def _accept(self, layout, tokens, logits, sampling_info, bs: int) -> AcceptResult:
+    def _accept(self, layout, tokens, logits, sampling_info, bs: int, shape) -> AcceptResult:
         """Greedy rows via accept_greedy, sampled rows via accept_sampled, one result."""
-        shape = self.ddtree_shape
         w, s = shape.num_nodes, shape.accept_width
         target_predict = torch.argmax(logits, dim=-1).view(bs, w)
         greedy = accept_greedy(layout, tokens, target_predict, s)
@@ -234,16 +320,28 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, s)
         return merge_accept(greedy, sampled, greedy_rows(top_ks), w)
 
+    def _record_verify(self, width: int, bs: int, ran_graph: bool) -> None:
+        """Count the verify step per W; an eager step that had a captured graph is logged."""
+        runner = self.model_runner.decode_cuda_graph_runner
+        has_graph = getattr(runner, "has_graph_for", None)
+        had_graph = bool(has_graph(bs)) if has_graph is not None else False
+        if has_graph is not None:
+            self.graph_stats.runner_info = {
+                "capture_plan": {str(w): sizes for w, sizes in runner.capture_plan},
+                "width_mismatches": runner.width_mismatches,
+            }
+        self.graph_stats.record(width, bs, ran_graph, had_graph)
+
     def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
-        shape = self.ddtree_shape
-        w, s = shape.num_nodes, shape.accept_width
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
-        bs = len(batch.seq_lens)
+        bs = len(batch.seq_lens)  # host int: tensor metadata, no device read
+        shape = self.shape_for(bs)
+        w, s = shape.num_nodes, shape.accept_width
         prefix_lens = batch.seq_lens.to(torch.int64)
 
         # 1-2) Draft tree.
-        cand_lp, cand_tok = self._draft_candidates(batch, draft_input, bs)
+        cand_lp, cand_tok = self._draft_candidates(batch, draft_input, bs, shape)
         tree = build_tree_from_candidates(
             cand_lp, cand_tok, draft_input.bonus_tokens.view(-1).to(torch.int64), shape.budget
         )
@@ -263,7 +361,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             draft_token=tree.tokens.reshape(-1),
             positions=layout.positions.reshape(-1),
             draft_token_num=w,
-            custom_mask=self._verify_mask(layout.tree_mask, prefix_lens, batch, bs),
+            custom_mask=self._verify_mask(layout.tree_mask, prefix_lens, batch, bs, w),
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         batch.out_cache_loc = verify_loc
@@ -277,6 +375,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
         )
+        self._record_verify(w, bs, bool(target_out.can_run_cuda_graph))
         logits_output = target_out.logits_output
         logits = logits_output.next_token_logits  # [bs * W, V]
         if sampling_info is not None:
@@ -285,7 +384,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
         # 4) Accept and plan the commit.
-        result = self._accept(layout, tree.tokens, logits, sampling_info, bs)
+        result = self._accept(layout, tree.tokens, logits, sampling_info, bs, shape)
         plan = commit_accepted(result, prefix_lens, w)
 
         # 5) Commit: accepted target KV to contiguous slots prefix .. prefix + k.
@@ -306,7 +405,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
         kept_hidden = hidden[plan.keep_index.clamp(min=0).reshape(-1)]
         cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
-        positions = (prefix_lens[:, None] + self._depth_offsets[None, :]).reshape(-1)
+        positions = (prefix_lens[:, None] + self._depth_offsets[s][None, :]).reshape(-1)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=kept_hidden,
             cache_loc=cache_loc_2d.reshape(-1),
