@@ -6,7 +6,9 @@ a. greedy DDTREE == greedy without speculation, 32 prompts at batch 1, 4, 16;
 b. sampled law at T=1.0 and T=0.7/top_p=0.9 equals no-speculation (p > 0.001), and a
    deliberately wrong variant is rejected (p < 0.001);
 c. launch_server + OpenAI API with temperature, accept length, HTTP 400, keeps serving;
-d. mean accept length DDTREE >= DFLASH.
+d. mean accept length DDTREE >= DFLASH;
+e. adaptive budget (schedule 1:33,4:17): greedy == no speculation across both buckets, and
+   every verify step of both widths replayed a CUDA graph.
 """
 
 from __future__ import annotations
@@ -68,4 +70,9 @@ def test_c_server(summary):
 
 def test_d_accept_length_vs_dflash(summary):
     a = summary["accept"]
+    assert a["passed"], json.dumps(a, indent=1)
+
+
+def test_e_adaptive_budget(summary):
+    a = summary["adaptive"]
     assert a["passed"], json.dumps(a, indent=1)

@@ -174,7 +174,7 @@ def test_spec_class_answers():
     plugin.register()  # idempotent
 
 
-def test_server_args_resolution(tmp_path):
+def test_server_args_resolution(tmp_path, monkeypatch):
     _sglang_or_skip()
     from sglang.srt.server_args import ServerArgs
 
@@ -193,7 +193,18 @@ def test_server_args_resolution(tmp_path):
         sa = ServerArgs(attention_backend="triton", **kw)
     except RuntimeError as e:  # machines without an accelerator stop before our hook
         pytest.skip(str(e))
-    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (17, 8)
+    # Neither flag nor env: the default adaptive schedule; SGLang sizes for its largest W.
+    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (33, 8)
+    assert sa._ddtree_budget_schedule == "1:33,8:17,32:9"
+    fixed = ServerArgs(attention_backend="triton", speculative_num_draft_tokens=17, **kw)
+    assert fixed.speculative_num_draft_tokens == 17 and fixed._ddtree_budget_schedule == "1:17"
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET_SCHEDULE", "1:33,4:17")
+    env = ServerArgs(attention_backend="triton", **kw)
+    assert env.speculative_num_draft_tokens == 33
+    assert env._ddtree_budget_schedule == "1:33,4:17"
+    with pytest.raises(ValueError, match="ambiguous"):
+        ServerArgs(attention_backend="triton", speculative_num_draft_tokens=17, **kw)
+    monkeypatch.delenv("SGLANG_DDTREE_BUDGET_SCHEDULE")
     with pytest.raises(ValueError, match="--attention-backend triton"):
         ServerArgs(attention_backend="fa3", **kw)
     with pytest.raises(ValueError, match="--speculative-num-draft-tokens 17"):

@@ -13,6 +13,12 @@ Checks (issue 3, item 4):
   which biases acceptance toward the first children) is rejected (p < 0.001).
 - ``accept``: mean accept length of DDTREE >= DFLASH on the same models and prompts.
 - ``server``: see `sglang_ddtree.testing.server_check`.
+- ``adaptive`` (issue 5, item 3): one DDTREE engine with the budget schedule
+  ``SGLANG_DDTREE_BUDGET_SCHEDULE=1:33,4:17`` (block-8 drafter: W=33 for bs 1..3, W=17 for
+  bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W switches
+  inside a run): greedy output == no speculation, and every verify step of both widths replayed
+  a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch).
+  Run only it with ``--checks adaptive``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ SAMPLE_PROMPTS = 4
 SAMPLES_PER_PROMPT = 256
 SAMPLE_NEW_TOKENS = 24
 SAMPLING_CASES = (("T1.0", 1.0, 1.0), ("T0.7_p0.9", 0.7, 0.9))
+ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W >= 8)
+ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
+ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
 
 
 def make_prompts(vocab_lo: int, vocab_hi: int, count: int, seed: int) -> list[list[int]]:
@@ -77,16 +86,25 @@ def _generate(eng, prompts, params) -> list[dict]:
     return out if isinstance(out, list) else [out]
 
 
-def run_greedy_batches(eng, prompts) -> dict:
-    """{bs: [output_ids per prompt]} plus accept lengths, prompts submitted in groups of bs."""
-    params = {"temperature": 0.0, "max_new_tokens": GREEDY_NEW_TOKENS, "ignore_eos": True}
+GREEDY = {"temperature": 0.0, "max_new_tokens": GREEDY_NEW_TOKENS, "ignore_eos": True}
+
+
+def run_greedy_groups(eng, prompts, batch_sizes) -> tuple[dict, list[float]]:
+    """({bs: [output_ids per prompt]}, accept lengths), prompts submitted in groups of bs."""
     res, accept = {}, []
-    for bs in BATCH_SIZES:
+    for bs in batch_sizes:
         outs = []
         for i in range(0, len(prompts), bs):
-            outs += _generate(eng, prompts[i : i + bs], params)
+            outs += _generate(eng, prompts[i : i + bs], GREEDY)
         res[bs] = [o["output_ids"] for o in outs]
         accept += [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
+    return res, accept
+
+
+def run_greedy_batches(eng, prompts) -> dict:
+    """{bs: [output_ids per prompt]} plus accept lengths, prompts submitted in groups of bs."""
+    params = GREEDY
+    res, accept = run_greedy_groups(eng, prompts, BATCH_SIZES)
     # One batch mixing greedy (even) and T=1.0 (odd) requests: the greedy rows must still be
     # exact (accept_greedy and accept_sampled run side by side in one verify step).
     sampled = dict(params, temperature=1.0)
@@ -159,17 +177,21 @@ def law_test(ref, other) -> dict:
     return {"p_combined": min(1.0, min(pvals) * m) if pvals else 1.0, "tests": m, "tokens": tokens}
 
 
+def _compare_outputs(b: list, t: list) -> dict:
+    """Mismatching prompts between two output lists, with the first difference."""
+    mism = [i for i in range(len(b)) if b[i] != t[i]]
+    first = None
+    if mism:
+        i = mism[0]
+        j = next((k for k in range(min(len(b[i]), len(t[i]))) if b[i][k] != t[i][k]), None)
+        first = {"prompt": i, "pos": j, "base": b[i][:12], "ddtree": t[i][:12]}
+    return {"prompts": len(b), "mismatches": len(mism), "first_mismatch": first}
+
+
 def _greedy_summary(base: dict, tree: dict) -> dict:
     rows = {}
     for bs in BATCH_SIZES:
-        b, t = base["outputs"][bs], tree["outputs"][bs]
-        mism = [i for i in range(len(b)) if b[i] != t[i]]
-        first = None
-        if mism:
-            i = mism[0]
-            j = next((k for k in range(min(len(b[i]), len(t[i]))) if b[i][k] != t[i][k]), None)
-            first = {"prompt": i, "pos": j, "base": b[i][:12], "ddtree": t[i][:12]}
-        rows[str(bs)] = {"prompts": len(b), "mismatches": len(mism), "first_mismatch": first}
+        rows[str(bs)] = _compare_outputs(base["outputs"][bs], tree["outputs"][bs])
     b, t = base["outputs"]["mixed_greedy_rows"], tree["outputs"]["mixed_greedy_rows"]
     rows["mixed_greedy_in_sampled_batch"] = {
         "prompts": len(b),
@@ -183,10 +205,49 @@ def _greedy_summary(base: dict, tree: dict) -> dict:
     }
 
 
+def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
+    """Greedy equality per group size, and CUDA graphs for every verify step of every W."""
+    from sglang_ddtree.budget import BudgetSchedule
+
+    rows = {
+        str(bs): _compare_outputs(base_outputs[bs], got["outputs"][bs])
+        for bs in ADAPTIVE_BATCH_SIZES
+    }
+    stats = got["stats"] or {}
+    by_width = stats.get("by_width", {})
+    widths = sorted(set(BudgetSchedule.parse(ADAPTIVE_SCHEDULE).num_nodes))
+    graphs = {}
+    for w in widths:
+        row = by_width.get(str(w), {})
+        # Every group size is <= the captured max bs (16): any eager verify step is a failure.
+        graphs[str(w)] = row.get("graph", 0) > 0 and row.get("eager", 1) == 0
+    greedy_ok = all(r["mismatches"] == 0 for r in rows.values())
+    graphs_ok = all(graphs.values()) and stats.get("width_mismatches", 1) == 0
+    return {
+        "schedule": ADAPTIVE_SCHEDULE,
+        "by_batch": rows,
+        "graphs_per_width_ok": graphs,
+        "graph_stats": stats,
+        "ddtree_mean_accept_length": sum(got["accept"]) / max(len(got["accept"]), 1),
+        "passed": greedy_ok and graphs_ok and stats.get("schedule") == ADAPTIVE_SCHEDULE,
+    }
+
+
+def _run_adaptive(eng, prompts, stats_path) -> dict:
+    outputs, accept = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)
+    stats = None
+    if os.path.exists(stats_path):  # written by the scheduler process after every verify step
+        with open(stats_path) as f:
+            stats = json.load(f)
+    print(f"[e2e] adaptive graph stats: {json.dumps(stats)}", flush=True)
+    return {"outputs": outputs, "accept": accept, "stats": stats}
+
+
 def run_checks(target, draft, prompts, checks, summary) -> None:
     """One engine per configuration, shared by the checks that need it (engine starts dominate
     the run time): no-spec, DDTREE, DFLASH, DDTREE with the wrong law, then the server."""
     want_g, want_s, want_a = ("greedy" in checks), ("sampling" in checks), ("accept" in checks)
+    want_ad = "adaptive" in checks
     sp = prompts[:SAMPLE_PROMPTS]
     got: dict = {}
 
@@ -206,14 +267,28 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
             out["greedy"] = run_greedy_batches(eng, prompts)
         if want_s:
             out["samples"] = {n: _sample(eng, sp, t, p) for n, t, p in SAMPLING_CASES}
+        if want_ad and not algo_is_tree[0]:
+            out["adaptive"] = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)[0]
         return out
 
     algo_is_tree = [False]
-    if want_g or want_s:
+    if want_g or want_s or want_ad:
         phase("base", None, both)
     algo_is_tree[0] = True
     if want_g or want_s or want_a:
         phase("ddtree", "DDTREE", both)
+    if want_ad:
+        from sglang_ddtree.budget import SCHEDULE_ENV
+        from sglang_ddtree.worker import GRAPH_STATS_ENV
+
+        stats_path = os.path.join(tempfile.mkdtemp(prefix="ddtree_graphs_"), "graph_stats.json")
+        os.environ[SCHEDULE_ENV] = ADAPTIVE_SCHEDULE
+        os.environ[GRAPH_STATS_ENV] = stats_path
+        try:
+            phase("adaptive", "DDTREE", lambda eng: _run_adaptive(eng, prompts, stats_path))
+        finally:
+            os.environ.pop(SCHEDULE_ENV, None)
+            os.environ.pop(GRAPH_STATS_ENV, None)
     if want_a:
         phase("dflash", "DFLASH", lambda eng: run_greedy_batches(eng, prompts))
     if want_s:
@@ -247,6 +322,10 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
             passed = all(res[n]["p_combined"] > 1e-3 for n, _, _ in SAMPLING_CASES)
             passed = passed and res["wrong_variant_T1.0"]["p_combined"] < 1e-3
             summary["sampling"] = {"tests": res, "passed": passed}
+    if want_ad:
+        summary["adaptive"] = err("base", "adaptive") or _adaptive_summary(
+            got["base"]["adaptive"], got["adaptive"]
+        )
     if want_a:
         e = err("ddtree", "dflash")
         if e:
@@ -264,7 +343,11 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--checks", default="greedy,sampling,accept,server")
+    ap.add_argument(
+        "--checks",
+        default=",".join(ALL_CHECKS),
+        help=f"comma-separated subset of {','.join(ALL_CHECKS)}",
+    )
     ap.add_argument("--models", default=None, help="existing tiny pair dir (default: make one)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -276,7 +359,7 @@ def main() -> int:
     prompts = make_prompts(len(SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     summary: dict = {"models": models}
     checks = [c for c in args.checks.split(",") if c]
-    unknown = set(checks) - {"greedy", "sampling", "accept", "server"}
+    unknown = set(checks) - set(ALL_CHECKS)
     if unknown:
         raise SystemExit(f"unknown checks: {sorted(unknown)}")
     t0 = time.time()
