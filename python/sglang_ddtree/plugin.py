@@ -39,6 +39,9 @@ def _register_real() -> None:
         spec_class=DDTreeSpecAlgo,
     )(_worker_factory)
     _register_request_checks()
+    from sglang_ddtree import step_timing
+
+    step_timing.register_if_enabled()  # benchmarks only: SGLANG_DDTREE_STEP_TIMING=<dir>
 
 
 def _register_request_checks() -> None:

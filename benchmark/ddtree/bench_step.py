@@ -1,0 +1,389 @@
+"""Decode-step cost and accept length in SGLang: no speculation vs DFLASH chain vs DDTREE.
+
+Issue 5 item 1 (step cost) and issue 4 item 6 (accept lengths of the trained pair). For each
+configuration one ``sgl.Engine`` (triton attention, CUDA graphs on, overlap scheduling on) runs:
+
+- phase ``accept``: all held-out prompts of the trained pair at once, ``--accept-tokens`` new
+  tokens (``ignore_eos``), at T=0 and at T=1 / top_p 0.95; accept length = committed tokens per
+  verify step = sum(completion_tokens) / sum(spec_verify_ct) over the prompts (SGLang's own
+  per-request counters, ``meta_info``).
+- phase ``step``: for every batch size ``bs`` and both temperatures, ``bs`` requests at once
+  (``--step-tokens`` new tokens, ``ignore_eos``) so the decode batch holds exactly ``bs``
+  requests. The step cost is timed inside the scheduler by ``sglang_ddtree.step_timing`` (CUDA
+  events on the forward stream around ``Scheduler.run_batch``, read back without syncs): the
+  median GPU time from one decode step's start to the next one's, over the steps whose batch had
+  all ``bs`` requests (the first 2 dropped). Also reported: the median GPU span of the step's own
+  work, the accept length, and tokens/s = bs x accept / step.
+
+Models (``--model``):
+- ``pair``: the shipped trained pair (``python/sglang_ddtree/pair/assets``; Qwen3 4.0M target,
+  DFlash block-16 drafter 1.4M, vocab 4096), held-out prompts as text.
+- ``8b``: Qwen3-8B's shape (36 layers, hidden 4096, vocab 151936, bf16) with a drafter of the
+  shape of z-lab's Qwen3-8B DFlash-b16 drafter (5 layers, block 16, target layers
+  1/9/17/25/33), random weights (``load_format=dummy``: step cost does not depend on weight
+  values); random token-id prompts. Phase ``accept`` is meaningless there and skipped.
+
+Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num-draft-tokens``
+= block); ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default
+budget, i.e. no ``--speculative-num-draft-tokens``).
+
+Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
+``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
+configuration that fails is recorded with its error and the run goes on; none is started after
+``--deadline-s``.
+
+H200 (through the ``run`` tool, ``carry: [".gpu"]``, after the README's bundle setup)::
+
+    python3 benchmark/ddtree/bench_step.py --model pair --phases accept,step --out $OUT
+    python3 benchmark/ddtree/bench_step.py --model 8b --configs none,dflash,ddtree-32,ddtree-64 \\
+        --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
+from sglang_ddtree.step_timing import read_steps
+
+TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
+DROP_FIRST_STEPS = 2
+
+# Qwen3-8B (config of Qwen/Qwen3-8B) and a drafter of the z-lab Qwen3-8B-DFlash-b16 shape.
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+DFLASH_8B = {
+    **QWEN3_8B,
+    "architectures": ["DFlashDraftModel"],
+    "num_hidden_layers": 5,
+    "max_window_layers": 5,
+    "block_size": 16,
+    "num_target_layers": 36,
+    "dflash_config": {
+        "block_size": 16,
+        "target_layer_ids": [1, 9, 17, 25, 33],
+        "mask_token_id": 151669,
+    },
+}
+
+
+def model_spec(name: str, workdir: str) -> dict:
+    """Paths and engine settings of one model family."""
+    if name == "pair":
+        from sglang_ddtree.pair import ASSETS_DIR, heldout_prompts
+
+        return {
+            "target": str(ASSETS_DIR / "target"),
+            "drafter": str(ASSETS_DIR / "drafter"),
+            "block": 16,
+            "prompts": heldout_prompts(),
+            "engine": {"mem_fraction_static": 0.35, "context_length": 2048},
+        }
+    if name == "8b":
+        target, drafter = os.path.join(workdir, "qwen3-8b"), os.path.join(workdir, "dflash-8b")
+        for path, cfg in ((target, QWEN3_8B), (drafter, DFLASH_8B)):
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "config.json"), "w") as f:
+                json.dump(cfg, f, indent=1)
+        rng = random.Random(0)
+        prompts = [
+            [rng.randrange(1000, 150000) for _ in range(rng.randint(64, 128))] for _ in range(64)
+        ]
+        return {
+            "target": target,
+            "drafter": drafter,
+            "block": 16,
+            "prompts": prompts,
+            "engine": {
+                "mem_fraction_static": 0.80,
+                "context_length": 4096,
+                "load_format": "dummy",
+                "skip_tokenizer_init": True,
+            },
+        }
+    raise SystemExit(f"unknown --model {name!r}: pair or 8b")
+
+
+def engine_kwargs(spec: dict, config: str, max_bs: int) -> dict:
+    kw = dict(
+        model_path=spec["target"],
+        attention_backend="triton",
+        cuda_graph_max_bs_decode=max_bs,
+        max_running_requests=max_bs,
+        log_level="warning",
+        random_seed=0,
+        **spec["engine"],
+    )
+    if config == "none":
+        return kw
+    kw.update(speculative_draft_model_path=spec["drafter"])
+    if config == "dflash":
+        kw.update(speculative_algorithm="DFLASH", speculative_num_draft_tokens=spec["block"])
+    elif config == "ddtree":
+        kw.update(speculative_algorithm="DDTREE")
+    elif config.startswith("ddtree-"):
+        kw.update(
+            speculative_algorithm="DDTREE",
+            speculative_num_draft_tokens=int(config.split("-", 1)[1]) + 1,
+        )
+    else:
+        raise SystemExit(f"unknown config {config!r}")
+    return kw
+
+
+def generate(eng, prompts, params) -> tuple[list[dict], float]:
+    key = "prompt" if isinstance(prompts[0], str) else "input_ids"
+    t0 = time.monotonic()
+    out = eng.generate(**{key: prompts}, sampling_params=params)
+    out = out if isinstance(out, list) else [out]
+    return out, t0
+
+
+def accept_length(outs: list[dict]) -> float | None:
+    """Committed tokens per verify step over ``outs`` (None without speculation)."""
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    steps = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
+    return tokens / steps if steps else None
+
+
+def step_stats(records: list[dict], t0: float, t1: float, bs: int) -> dict:
+    rows = [r for r in records if t0 <= r["t"] <= t1 and r["mode"] == "DECODE" and r["bs"] == bs]
+    rows = rows[DROP_FIRST_STEPS:]
+    periods = [r["period_ms"] for r in rows if r["period_ms"] is not None]
+    return {
+        "steps": len(rows),
+        "step_ms": statistics.median(periods) if periods else None,
+        "span_ms": statistics.median(r["span_ms"] for r in rows) if rows else None,
+    }
+
+
+def flush_timing(eng, spec) -> None:
+    """A 1-token request: its prefill makes the scheduler write out all finished step records."""
+    generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
+    time.sleep(0.6)
+    generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
+
+
+def run_config(spec, config, args, timing_dir) -> dict:
+    import sglang as sgl
+
+    os.environ[STEP_TIMING_ENV] = timing_dir
+    row = {"config": config, "accept": {}, "step": []}
+    t_start = time.monotonic()
+    eng = sgl.Engine(**engine_kwargs(spec, config, max(args.batch_sizes)))
+    row["engine_up_s"] = round(time.monotonic() - t_start, 1)
+    print(f"[bench_step] {config}: engine up in {row['engine_up_s']} s", flush=True)
+    try:
+        info = eng.get_server_info()
+        row["server_args"] = {
+            k: info.get(k)
+            for k in (
+                "speculative_algorithm",
+                "speculative_num_draft_tokens",
+                "attention_backend",
+                "disable_cuda_graph",
+                "cuda_graph_max_bs_decode",
+                "disable_overlap_schedule",
+            )
+        }
+        if "accept" in args.phases and config != "none" and args.model == "pair":
+            for tname, tparams in TEMPS:
+                params = {"max_new_tokens": args.accept_tokens, "ignore_eos": True, **tparams}
+                outs, _ = generate(eng, spec["prompts"], params)
+                row["accept"][tname] = {
+                    "prompts": len(outs),
+                    "accept_length": accept_length(outs),
+                    "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+                }
+                print(f"[bench_step] {config} accept {tname}: {row['accept'][tname]}", flush=True)
+        if "step" in args.phases:
+            windows = []
+            for bs in args.batch_sizes:
+                prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(bs)]
+                for tname, tparams in TEMPS:
+                    params = {"max_new_tokens": args.step_tokens, "ignore_eos": True, **tparams}
+                    outs, t0 = generate(eng, prompts, params)
+                    t1 = time.monotonic()
+                    windows.append((bs, tname, t0, t1, accept_length(outs)))
+            flush_timing(eng, spec)
+            records = read_steps(timing_dir)
+            for bs, tname, t0, t1, acc in windows:
+                st = step_stats(records, t0, t1, bs)
+                tok = (bs * (acc or 1.0) / st["step_ms"] * 1e3) if st["step_ms"] else None
+                row["step"].append(
+                    {
+                        "bs": bs,
+                        "temp": tname,
+                        "accept_length": acc,
+                        "tok_per_s": tok,
+                        "wall_s": t1 - t0,
+                        **st,
+                    }
+                )
+                print(f"[bench_step] {config} bs={bs} {tname}: {row['step'][-1]}", flush=True)
+    finally:
+        eng.shutdown()
+    return row
+
+
+def table(result: dict) -> str:
+    rows = [r for r in result["rows"] if "step" in r]
+    lines = []
+    acc_rows = [r for r in rows if r.get("accept")]
+    if acc_rows:
+        lines += [
+            "| config | " + " | ".join(f"accept {t}" for t, _ in TEMPS) + " |",
+            "|---|" + "---:|" * len(TEMPS),
+        ]
+        for r in acc_rows:
+            cells = [
+                f"{r['accept'][t]['accept_length']:.2f}" if t in r["accept"] else "-"
+                for t, _ in TEMPS
+            ]
+            lines.append(f"| {r['config']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    configs = [r["config"] for r in rows]
+    by = {(r["config"], s["bs"], s["temp"]): s for r in rows for s in r["step"]}
+    keys = sorted({(s["temp"], s["bs"]) for r in rows for s in r["step"]})
+    lines += [
+        "step ms (accept length, tokens/s) per configuration",
+        "",
+        "| T | bs | " + " | ".join(configs) + " |",
+        "|---|---:|" + "---|" * len(configs),
+    ]
+    for temp, bs in keys:
+        cells = []
+        for c in configs:
+            s = by.get((c, bs, temp))
+            if not s or s["step_ms"] is None:
+                cells.append("-")
+                continue
+            acc = f"{s['accept_length']:.2f}" if s["accept_length"] else "1"
+            cells.append(f"{s['step_ms']:.2f} ({acc}, {s['tok_per_s']:.0f})")
+        lines.append(f"| {temp} | {bs} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in result["rows"]:
+        for temp, style in (("T0", "-"), ("T1_p0.95", "--")):
+            pts = [s for s in r.get("step", []) if s["temp"] == temp and s["step_ms"]]
+            if not pts:
+                continue
+            xs = [s["bs"] for s in pts]
+            axes[0].plot(
+                xs, [s["step_ms"] for s in pts], style, marker="o", label=f"{r['config']} {temp}"
+            )
+            axes[1].plot(
+                xs, [s["tok_per_s"] for s in pts], style, marker="o", label=f"{r['config']} {temp}"
+            )
+    for ax, ylabel in zip(axes, ("decode step (ms, median)", "tokens/s = bs x accept / step")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"bench_step {result['model']} ({result.get('gpu', '')})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.check_output(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], text=True
+        ).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="pair", choices=("pair", "8b"))
+    ap.add_argument("--configs", default="none,dflash,ddtree-16,ddtree-32,ddtree-64,ddtree-128")
+    ap.add_argument("--phases", default="step", help="comma list of: accept, step")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--accept-tokens", type=int, default=256)
+    ap.add_argument("--step-tokens", type=int, default=128)
+    ap.add_argument("--deadline-s", type=float, default=540)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    args.phases = set(args.phases.split(","))
+    os.makedirs(args.out, exist_ok=True)
+    t_begin = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="bench_step_")
+    spec = model_spec(args.model, workdir)
+    result = {
+        "model": args.model,
+        "command": " ".join(sys.argv),
+        "gpu": gpu_name(),
+        "batch_sizes": args.batch_sizes,
+        "rows": [],
+        "not_run": [],
+    }
+    json_path = os.path.join(args.out, f"bench_step_{args.model}.json")
+    for config in args.configs.split(","):
+        if time.monotonic() - t_begin > args.deadline_s:
+            result["not_run"].append(config)
+            continue
+        timing_dir = os.path.join(workdir, f"steps_{config}")
+        try:
+            result["rows"].append(run_config(spec, config, args, timing_dir))
+        except Exception as e:  # record and go on: one failed config must not lose the rest
+            print(f"[bench_step] {config} FAILED: {type(e).__name__}: {e}", flush=True)
+            result["rows"].append({"config": config, "error": f"{type(e).__name__}: {e}"})
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    md = table(result)
+    print(md)
+    with open(os.path.join(args.out, f"bench_step_{args.model}.md"), "w") as f:
+        f.write(md + "\n")
+    plot(result, os.path.join(args.out, f"bench_step_{args.model}.png"))
+    if result["not_run"]:
+        print(f"[bench_step] NOT RUN (deadline): {result['not_run']}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

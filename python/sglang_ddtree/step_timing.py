@@ -1,0 +1,121 @@
+"""Per-step GPU timing of SGLang's scheduler, for benchmarks (off unless an env var is set).
+
+``SGLANG_DDTREE_STEP_TIMING=<dir>`` makes the plugin wrap ``Scheduler.run_batch`` (an AROUND
+hook): every batch gets a CUDA event on the forward stream when the scheduler starts it and one
+when it has enqueued it. Events are read back lazily with ``Event.query()`` (never a sync), and
+each scheduler process appends one JSON line per batch to ``<dir>/steps.<pid>.jsonl``:
+
+- ``t``: host ``time.monotonic()`` at the start of ``run_batch`` (system-wide clock on Linux,
+  so a driver process can cut windows with its own ``time.monotonic()``);
+- ``bs``: requests in the batch; ``mode``: the batch's forward mode name (``DECODE`` for a
+  decode / speculative decode step);
+- ``span_ms``: GPU time from the start event to the end event of this batch;
+- ``period_ms``: GPU time from this batch's start event to the next batch's start event
+  (``null`` for the last batch before a pause): the step cost the GPU actually sees, idle gaps
+  included, so it is also the cost of a launch-bound step.
+
+Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+
+ENV = "SGLANG_DDTREE_STEP_TIMING"
+TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+# Batches farther apart than this on the host are not consecutive steps of one run.
+MAX_GAP_S = 0.5
+
+
+class StepRecorder:
+    """Pending CUDA-event pairs of recent batches; resolved without blocking."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.pending: deque = deque()
+
+    def start(self, batch, stream):
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        mode = getattr(batch.forward_mode, "name", str(batch.forward_mode))
+        return {"t": time.monotonic(), "bs": int(batch.batch_size()), "mode": mode, "ev": ev}
+
+    def finish(self, rec, stream) -> None:
+        import torch
+
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(stream)
+        rec["end"] = end
+        self.pending.append(rec)
+        self.flush(force=rec["mode"] != "DECODE")
+
+    def flush(self, force: bool = False) -> None:
+        """Write every finished record whose successor's start event has also completed."""
+        if not force and len(self.pending) < 64:
+            return
+        lines = []
+        while len(self.pending) >= 2 and self.pending[1]["ev"].query():
+            rec = self.pending.popleft()
+            nxt = self.pending[0]
+            consecutive = nxt["t"] - rec["t"] < MAX_GAP_S
+            lines.append(
+                self._line(rec, rec["ev"].elapsed_time(nxt["ev"]) if consecutive else None)
+            )
+        if len(self.pending) == 1 and self.pending[0]["end"].query():
+            rec = self.pending[0]
+            if time.monotonic() - rec["t"] > MAX_GAP_S:  # a pause followed: no successor
+                self.pending.popleft()
+                lines.append(self._line(rec, None))
+        if lines:
+            with open(self.path, "a") as f:
+                f.write("".join(lines))
+
+    @staticmethod
+    def _line(rec, period_ms) -> str:
+        span = rec["ev"].elapsed_time(rec["end"])
+        out = {"t": rec["t"], "bs": rec["bs"], "mode": rec["mode"], "span_ms": span}
+        out["period_ms"] = period_ms
+        return json.dumps(out) + "\n"
+
+
+_recorder: StepRecorder | None = None
+
+
+def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
+    import torch
+
+    global _recorder
+    if _recorder is None:
+        out_dir = os.environ[ENV]
+        os.makedirs(out_dir, exist_ok=True)
+        _recorder = StepRecorder(os.path.join(out_dir, f"steps.{os.getpid()}.jsonl"))
+    stream = getattr(scheduler, "forward_stream", None) or torch.cuda.current_stream()
+    rec = _recorder.start(batch, stream)
+    result = original_fn(scheduler, batch, *args, **kwargs)
+    _recorder.finish(rec, stream)
+    return result
+
+
+def register_if_enabled() -> bool:
+    """Install the ``run_batch`` hook when ``SGLANG_DDTREE_STEP_TIMING`` is set."""
+    if not os.environ.get(ENV):
+        return False
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TARGET, _run_batch_hook, HookType.AROUND)
+    return True
+
+
+def read_steps(out_dir: str) -> list[dict]:
+    """All records written under ``out_dir`` (every scheduler process), sorted by ``t``."""
+    rows = []
+    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
+        if name.startswith("steps.") and name.endswith(".jsonl"):
+            with open(os.path.join(out_dir, name)) as f:
+                rows.extend(json.loads(line) for line in f if line.strip())
+    return sorted(rows, key=lambda r: r["t"])
