@@ -45,14 +45,15 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from sglang_ddtree.step_timing import CPROFILE_ENV, read_steps
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
-from sglang_ddtree.step_timing import read_steps
 
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
 DROP_FIRST_STEPS = 2
@@ -201,6 +202,8 @@ def run_config(spec, config, args, timing_dir) -> dict:
     import sglang as sgl
 
     os.environ[STEP_TIMING_ENV] = timing_dir
+    if args.cprofile_skip is not None:
+        os.environ[CPROFILE_ENV] = str(args.cprofile_skip)
     row = {"config": config, "accept": {}, "step": []}
     t_start = time.monotonic()
     eng = sgl.Engine(**engine_kwargs(spec, config, max(args.batch_sizes)))
@@ -256,6 +259,12 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 print(f"[bench_step] {config} bs={bs} {tname}: {row['step'][-1]}", flush=True)
     finally:
         eng.shutdown()
+    if args.cprofile_skip is not None:  # segments in the order of the step runs above
+        dest = os.path.join(args.out, f"cprofile_{args.model}_{config}")
+        os.makedirs(dest, exist_ok=True)
+        for name in os.listdir(timing_dir):
+            if name.startswith("cprofile."):
+                shutil.copy(os.path.join(timing_dir, name), dest)
     return row
 
 
@@ -347,6 +356,12 @@ def main() -> None:
     ap.add_argument("--accept-tokens", type=int, default=256)
     ap.add_argument("--step-tokens", type=int, default=128)
     ap.add_argument("--deadline-s", type=float, default=540)
+    ap.add_argument(
+        "--cprofile-skip",
+        type=int,
+        default=None,
+        help="also cProfile the scheduler thread per step run (after N decode steps)",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     args.phases = set(args.phases.split(","))

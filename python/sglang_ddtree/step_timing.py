@@ -15,16 +15,25 @@ each scheduler process appends one JSON line per batch to ``<dir>/steps.<pid>.js
   included, so it is also the cost of a launch-bound step.
 
 Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the same way.
+
+``SGLANG_DDTREE_CPROFILE=<skip>`` (with the above) also profiles the scheduler thread's host time
+with cProfile: a segment starts after ``skip`` decode batches of a run and ends at the next
+non-decode batch (the next request's prefill); each segment is written as
+``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import time
 from collections import deque
 
 ENV = "SGLANG_DDTREE_STEP_TIMING"
+CPROFILE_ENV = "SGLANG_DDTREE_CPROFILE"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
@@ -83,19 +92,60 @@ class StepRecorder:
         return json.dumps(out) + "\n"
 
 
+class HostProfiler:
+    """cProfile segments of the scheduler thread, one per run of decode batches."""
+
+    def __init__(self, out_dir: str, skip: int):
+        self.out_dir, self.skip = out_dir, skip
+        self.decode_batches = 0
+        self.segment = 0
+        self.prof: cProfile.Profile | None = None
+
+    def on_batch(self, mode: str) -> None:
+        if mode != "DECODE":
+            self.dump()
+            self.decode_batches = 0
+            return
+        self.decode_batches += 1
+        if self.decode_batches == self.skip + 1:
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+
+    def dump(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.disable()
+        steps = self.decode_batches - self.skip
+        buf = io.StringIO()
+        buf.write(f"decode batches profiled: {steps}\n")
+        stats = pstats.Stats(self.prof, stream=buf)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats(60)
+        name = f"cprofile.{os.getpid()}.{self.segment}.txt"
+        with open(os.path.join(self.out_dir, name), "w") as f:
+            f.write(buf.getvalue())
+        self.prof = None
+        self.segment += 1
+
+
 _recorder: StepRecorder | None = None
+_profiler: HostProfiler | None = None
 
 
 def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
     import torch
 
-    global _recorder
+    global _recorder, _profiler
     if _recorder is None:
         out_dir = os.environ[ENV]
         os.makedirs(out_dir, exist_ok=True)
         _recorder = StepRecorder(os.path.join(out_dir, f"steps.{os.getpid()}.jsonl"))
+        if os.environ.get(CPROFILE_ENV):
+            _profiler = HostProfiler(out_dir, int(os.environ[CPROFILE_ENV]))
     stream = getattr(scheduler, "forward_stream", None) or torch.cuda.current_stream()
     rec = _recorder.start(batch, stream)
+    if _profiler is not None:
+        _profiler.on_batch(rec["mode"])
     result = original_fn(scheduler, batch, *args, **kwargs)
     _recorder.finish(rec, stream)
     return result
