@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         "--speculative-num-draft-tokens",
         type=int,
         default=None,
-        help="tree nodes verified per request, root included (budget + 1)",
+        help="FIXED tree nodes verified per request, root included (budget + 1); default: the "
+        "adaptive schedule (SGLANG_DDTREE_BUDGET_SCHEDULE, else budget.default_schedule)",
     )
     ap.add_argument("--no-demo", action="store_true", help="fail instead of running the demo")
     args, extra = ap.parse_known_args(argv)

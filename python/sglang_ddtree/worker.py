@@ -325,7 +325,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         runner = self.model_runner.decode_cuda_graph_runner
         has_graph = getattr(runner, "has_graph_for", None)
         had_graph = bool(has_graph(bs)) if has_graph is not None else False
-        if has_graph is not None:
+        if has_graph is not None and self.graph_stats.path:
             self.graph_stats.runner_info = {
                 "capture_plan": {str(w): sizes for w, sizes in runner.capture_plan},
                 "width_mismatches": runner.width_mismatches,
