@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from sglang_ddtree.step_timing import CPROFILE_ENV, read_steps
+from sglang_ddtree.step_timing import CPROFILE_ENV, TORCH_PROFILE_ENV, read_steps
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
@@ -204,6 +204,8 @@ def run_config(spec, config, args, timing_dir) -> dict:
     os.environ[STEP_TIMING_ENV] = timing_dir
     if args.cprofile_skip is not None:
         os.environ[CPROFILE_ENV] = str(args.cprofile_skip)
+    if args.torch_profile_skip is not None:
+        os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
     row = {"config": config, "accept": {}, "step": []}
     t_start = time.monotonic()
     eng = sgl.Engine(**engine_kwargs(spec, config, max(args.batch_sizes)))
@@ -259,11 +261,12 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 print(f"[bench_step] {config} bs={bs} {tname}: {row['step'][-1]}", flush=True)
     finally:
         eng.shutdown()
-    if args.cprofile_skip is not None:  # segments in the order of the step runs above
-        dest = os.path.join(args.out, f"cprofile_{args.model}_{config}")
+    if args.cprofile_skip is not None or args.torch_profile_skip is not None:
+        # Segments in the order of the runs above (accept phase first, then the step runs).
+        dest = os.path.join(args.out, f"profile_{args.model}_{config}")
         os.makedirs(dest, exist_ok=True)
         for name in os.listdir(timing_dir):
-            if name.startswith("cprofile."):
+            if name.startswith(("cprofile.", "torchprof.")):
                 shutil.copy(os.path.join(timing_dir, name), dest)
     return row
 
@@ -361,6 +364,12 @@ def main() -> None:
         type=int,
         default=None,
         help="also cProfile the scheduler thread per step run (after N decode steps)",
+    )
+    ap.add_argument(
+        "--torch-profile-skip",
+        type=int,
+        default=None,
+        help="also torch-profile (CPU+CUDA) each run after N decode steps",
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -9,7 +9,7 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
   ``min_bs:W`` pairs, e.g. ``1:65,8:33,32:17`` (bs 1..7 -> W=65, 8..31 -> 33, >= 32 -> 17).
   Thresholds start at 1 and increase; every W >= the drafter block size. Setting it together
   with ``--speculative-num-draft-tokens`` is refused (ambiguous). With neither,
-  ``budget.default_schedule(B)`` applies (``1:4B+1,8:2B+1,32:B+1``). SGLang's
+  ``budget.default_schedule(B)`` applies (``1:2B+1,4:B+1``). SGLang's
   ``speculative_num_draft_tokens`` becomes the schedule's largest W (it sizes KV reservations and
   the verify buffers); each bucket gets its own target-verify CUDA graphs (``cuda_graph.py``).
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.

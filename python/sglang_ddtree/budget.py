@@ -32,11 +32,13 @@ EXAMPLE = "1:65,8:33,32:17"
 def default_schedule(block_size: int) -> BudgetSchedule:
     """The schedule used when neither the env var nor ``--speculative-num-draft-tokens`` is given.
 
-    Placeholder numbers (to be replaced by measured ones): bs 1..7 -> 4B+1, bs 8..31 -> 2B+1,
-    bs >= 32 -> B+1. Every W is >= B, as required.
+    bs 1..3 -> 2B+1, bs >= 4 -> B+1 (the smallest W allowed). Measured on the H200 (Qwen3-8B
+    shape, B = 16, ``benchmark/ddtree/RESULTS.md``): a DDTREE step with W = 33 costs 1.26x the
+    DFLASH chain step at bs 1 but 1.84x at bs 8 and 2.7x at bs 32, because the verify compute
+    grows with bs x W; a tree's accept gain (~1.3x) pays for 2B+1 only at the smallest batches.
     """
     b = int(block_size)
-    return BudgetSchedule(thresholds=(1, 8, 32), num_nodes=(4 * b + 1, 2 * b + 1, b + 1))
+    return BudgetSchedule(thresholds=(1, 4), num_nodes=(2 * b + 1, b + 1))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the s
 with cProfile: a segment starts after ``skip`` decode batches of a run and ends at the next
 non-decode batch (the next request's prefill); each segment is written as
 ``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
+``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
+activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
+summed device time per decode step), which shows whether a step is GPU-bound or launch-bound.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import deque
 
 ENV = "SGLANG_DDTREE_STEP_TIMING"
 CPROFILE_ENV = "SGLANG_DDTREE_CPROFILE"
+TORCH_PROFILE_ENV = "SGLANG_DDTREE_TORCH_PROFILE"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
@@ -93,10 +97,11 @@ class StepRecorder:
 
 
 class HostProfiler:
-    """cProfile segments of the scheduler thread, one per run of decode batches."""
+    """Profiler segments (cProfile or torch) of the scheduler thread, one per run of decode
+    batches."""
 
-    def __init__(self, out_dir: str, skip: int):
-        self.out_dir, self.skip = out_dir, skip
+    def __init__(self, out_dir: str, skip: int, kind: str = "cprofile"):
+        self.out_dir, self.skip, self.kind = out_dir, skip, kind
         self.decode_batches = 0
         self.segment = 0
         self.prof: cProfile.Profile | None = None
@@ -108,14 +113,24 @@ class HostProfiler:
             return
         self.decode_batches += 1
         if self.decode_batches == self.skip + 1:
-            self.prof = cProfile.Profile()
-            self.prof.enable()
+            if self.kind == "torch":
+                import torch
+
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                self.prof = torch.profiler.profile(activities=acts)
+                self.prof.__enter__()
+            else:
+                self.prof = cProfile.Profile()
+                self.prof.enable()
 
     def dump(self) -> None:
         if self.prof is None:
             return
-        self.prof.disable()
         steps = self.decode_batches - self.skip
+        if self.kind == "torch":
+            self._dump_torch(steps)
+            return
+        self.prof.disable()
         buf = io.StringIO()
         buf.write(f"decode batches profiled: {steps}\n")
         stats = pstats.Stats(self.prof, stream=buf)
@@ -124,6 +139,27 @@ class HostProfiler:
         name = f"cprofile.{os.getpid()}.{self.segment}.txt"
         with open(os.path.join(self.out_dir, name), "w") as f:
             f.write(buf.getvalue())
+        self.prof = None
+        self.segment += 1
+
+    def _dump_torch(self, steps: int) -> None:
+        import torch
+
+        torch.cuda.synchronize()  # benchmark-only: the segment is over
+        self.prof.__exit__(None, None, None)
+        avg = self.prof.key_averages()
+        device_us = sum(e.self_device_time_total for e in avg)
+        cpu_us = sum(e.self_cpu_time_total for e in avg)
+        head = (
+            f"decode batches profiled: {steps}\n"
+            f"summed self device time per step: {device_us / max(steps, 1) / 1e3:.3f} ms\n"
+            f"summed self CPU time per step: {cpu_us / max(steps, 1) / 1e3:.3f} ms\n\n"
+        )
+        by_dev = avg.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70)
+        by_cpu = avg.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)
+        name = f"torchprof.{os.getpid()}.{self.segment}.txt"
+        with open(os.path.join(self.out_dir, name), "w") as f:
+            f.write(head + by_dev + "\n\n" + by_cpu)
         self.prof = None
         self.segment += 1
 
@@ -142,6 +178,8 @@ def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
         _recorder = StepRecorder(os.path.join(out_dir, f"steps.{os.getpid()}.jsonl"))
         if os.environ.get(CPROFILE_ENV):
             _profiler = HostProfiler(out_dir, int(os.environ[CPROFILE_ENV]))
+        elif os.environ.get(TORCH_PROFILE_ENV):
+            _profiler = HostProfiler(out_dir, int(os.environ[TORCH_PROFILE_ENV]), kind="torch")
     stream = getattr(scheduler, "forward_stream", None) or torch.cuda.current_stream()
     rec = _recorder.start(batch, stream)
     if _profiler is not None:
