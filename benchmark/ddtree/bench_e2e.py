@@ -6,8 +6,10 @@ and CUDA graphs on:
 
 - ``none``: no speculation;
 - ``dflash``: the DFlash chain, ``--speculative-algorithm DFLASH --speculative-num-draft-tokens 16``;
-- ``ddtree-B`` for each ``--budgets`` value B: ``--speculative-algorithm DDTREE
-  --speculative-num-draft-tokens B+1`` (B >= 15: W must reach the block size).
+- ``ddtree-adaptive``: ``--speculative-algorithm DDTREE`` with no ``--speculative-num-draft-tokens``,
+  i.e. the plugin's default adaptive budget (W per running batch size, ``budget.default_schedule``);
+- ``ddtree-B`` for each ``--budgets`` value B (config name ``ddtree``): ``--speculative-algorithm
+  DDTREE --speculative-num-draft-tokens B+1`` (B >= 15: W must reach the block size).
 
 Against each server, for every temperature (T=0, and T=1 with top-p 0.95) and every concurrency
 (1, 8, 32, 64), ``--requests-per-level`` (default max(2 x concurrency, 32)) streaming requests
@@ -37,7 +39,7 @@ after every level), ``bench_e2e.md`` (the table, also printed), ``bench_e2e_thro
 
 On the H200, through the ``run`` tool with ``carry: [".gpu"]`` and ``timeout_s: 600`` (``.gpu/``
 holds the offline SGLang bundle of ``shared/gpu/build-bundle``). One command may run 10 minutes,
-so the five servers are split over three calls; each repeats the setup (a cold machine has
+so the six servers are split over three calls; each repeats the setup (a cold machine has
 nothing installed) and starts no level after ``--deadline-s``. Estimated per server: ~1-2 min
 of startup and CUDA-graph capture plus ~0.5-1 min of traffic (the 32 sequential requests at
 concurrency 1 dominate), so ~4-5 min per call and ~15 min of device time in all. Call 1::
@@ -47,8 +49,8 @@ concurrency 1 dominate), so ~4-5 min per call and ~15 min of device time in all.
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
     python3 benchmark/ddtree/bench_e2e.py --out $OUT/a --configs none,dflash --deadline-s 480
 
-calls 2 and 3: the same with ``--out $OUT/b --configs ddtree --budgets 16 32`` and ``--out $OUT/c
---configs ddtree --budgets 64``. A run that ran out of time lists the levels it did NOT MEASURE
+calls 2 and 3: the same with ``--out $OUT/b --configs ddtree-adaptive,ddtree --budgets 16`` and
+``--out $OUT/c --configs ddtree --budgets 32 64``. A run that ran out of time lists the levels it did NOT MEASURE
 (and exits 1). Then one table and the plots of all (matplotlib makes the PNGs; the GPU host has
 it)::
 
@@ -109,15 +111,15 @@ SERVER_INFO_KEYS = (
 class Config:
     label: str  # "none", "dflash", "ddtree-32"
     method: str  # "none", "dflash", "ddtree"
-    budget: int | None = None  # DDTREE tree budget (nodes verified = budget + 1)
+    budget: int | None = None  # DDTREE tree budget (nodes verified = budget + 1); None: adaptive
 
     @property
     def num_draft_tokens(self) -> int | None:
         if self.method == "dflash":
             return DFLASH_NUM_DRAFT_TOKENS
-        if self.method == "ddtree":
+        if self.method == "ddtree" and self.budget is not None:
             return self.budget + 1
-        return None
+        return None  # no speculation, or DDTREE's default adaptive budget
 
 
 def build_configs(names: list[str], budgets: list[int]) -> list[Config]:
@@ -129,8 +131,10 @@ def build_configs(names: list[str], budgets: list[int]) -> list[Config]:
             out.append(Config("dflash", "dflash"))
         elif name == "ddtree":
             out += [Config(f"ddtree-{b}", "ddtree", b) for b in budgets]
+        elif name == "ddtree-adaptive":
+            out.append(Config("ddtree-adaptive", "ddtree"))
         else:
-            raise ValueError(f"unknown config {name!r} (none, dflash, ddtree)")
+            raise ValueError(f"unknown config {name!r} (none, dflash, ddtree, ddtree-adaptive)")
     return out
 
 
@@ -160,8 +164,9 @@ def launch_command(
         cmd += [
             "--speculative-algorithm", cfg.method.upper(),
             "--speculative-draft-model-path", drafter,
-            "--speculative-num-draft-tokens", str(cfg.num_draft_tokens),
         ]  # fmt: skip
+        if cfg.num_draft_tokens is not None:
+            cmd += ["--speculative-num-draft-tokens", str(cfg.num_draft_tokens)]
     return cmd + list(extra or [])
 
 
@@ -628,9 +633,11 @@ def _config_order(label: str) -> tuple:
         return (0, 0)
     if label == "dflash":
         return (1, 0)
-    if label.startswith("ddtree-"):
-        return (2, int(label.split("-", 1)[1]))
-    return (3, label)
+    if label == "ddtree-adaptive":
+        return (2, 0)
+    if label.startswith("ddtree-") and label.split("-", 1)[1].isdigit():
+        return (3, int(label.split("-", 1)[1]))
+    return (4, label)
 
 
 def sort_rows(rows: list[dict]) -> list[dict]:
@@ -856,7 +863,9 @@ def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument(
-        "--configs", default="none,dflash,ddtree", help="comma list of none,dflash,ddtree"
+        "--configs",
+        default="none,dflash,ddtree-adaptive,ddtree",
+        help="comma list of none, dflash, ddtree-adaptive, ddtree (one server per --budgets)",
     )
     ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64], help="DDTREE budgets")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])

@@ -399,6 +399,8 @@ def main() -> None:
             result["rows"].append({"config": config, "error": f"{type(e).__name__}: {e}"})
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
+    with open(json_path, "w") as f:  # again: configurations skipped at the deadline
+        json.dump(result, f, indent=1)
     md = table(result)
     print(md)
     with open(os.path.join(args.out, f"bench_step_{args.model}.md"), "w") as f:

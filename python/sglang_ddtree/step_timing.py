@@ -38,6 +38,7 @@ from collections import deque
 ENV = "SGLANG_DDTREE_STEP_TIMING"
 CPROFILE_ENV = "SGLANG_DDTREE_CPROFILE"
 TORCH_PROFILE_ENV = "SGLANG_DDTREE_TORCH_PROFILE"
+TORCH_PROFILE_STEPS = 20
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
@@ -104,7 +105,8 @@ class HostProfiler:
         self.out_dir, self.skip, self.kind = out_dir, skip, kind
         self.decode_batches = 0
         self.segment = 0
-        self.prof: cProfile.Profile | None = None
+        self.profiled = 0
+        self.prof = None
 
     def on_batch(self, mode: str) -> None:
         if mode != "DECODE":
@@ -112,7 +114,14 @@ class HostProfiler:
             self.decode_batches = 0
             return
         self.decode_batches += 1
+        if self.prof is not None:
+            if self.kind == "torch" and self.profiled >= TORCH_PROFILE_STEPS:
+                self.dump()  # the torch profiler's tables get slow to build beyond a few steps
+            else:
+                self.profiled += 1
+            return
         if self.decode_batches == self.skip + 1:
+            self.profiled = 1  # this batch is the segment's first
             if self.kind == "torch":
                 import torch
 
@@ -124,9 +133,10 @@ class HostProfiler:
                 self.prof.enable()
 
     def dump(self) -> None:
+        """Close the open segment (``profiled`` whole decode batches) and write its tables."""
         if self.prof is None:
             return
-        steps = self.decode_batches - self.skip
+        steps = self.profiled
         if self.kind == "torch":
             self._dump_torch(steps)
             return
@@ -148,12 +158,19 @@ class HostProfiler:
         torch.cuda.synchronize()  # benchmark-only: the segment is over
         self.prof.__exit__(None, None, None)
         avg = self.prof.key_averages()
-        device_us = sum(e.self_device_time_total for e in avg)
+        # Kernel time only: SGLang's record_function ranges also show up as device events
+        # (user annotations) spanning whole steps, and would count the same time twice.
+        device_us = sum(
+            e.self_device_time_total
+            for e in avg
+            if e.device_type != torch.autograd.DeviceType.CPU
+            and not getattr(e, "is_user_annotation", False)
+        )
         cpu_us = sum(e.self_cpu_time_total for e in avg)
         head = (
             f"decode batches profiled: {steps}\n"
-            f"summed self device time per step: {device_us / max(steps, 1) / 1e3:.3f} ms\n"
-            f"summed self CPU time per step: {cpu_us / max(steps, 1) / 1e3:.3f} ms\n\n"
+            f"device kernel time per step: {device_us / max(steps, 1) / 1e3:.3f} ms\n"
+            f"host CPU time per step (profiler on): {cpu_us / max(steps, 1) / 1e3:.3f} ms\n\n"
         )
         by_dev = avg.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70)
         by_cpu = avg.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)

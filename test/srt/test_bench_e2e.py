@@ -171,8 +171,9 @@ def _flag(cmd, name):
 
 
 def test_launch_commands(bench, capsys):
-    cfgs = bench.build_configs(["none", "dflash", "ddtree"], [16, 32, 64])
-    assert [c.label for c in cfgs] == ["none", "dflash", "ddtree-16", "ddtree-32", "ddtree-64"]
+    cfgs = bench.build_configs(["none", "dflash", "ddtree", "ddtree-adaptive"], [16, 32, 64])
+    labels = ["none", "dflash", "ddtree-16", "ddtree-32", "ddtree-64", "ddtree-adaptive"]
+    assert [c.label for c in cfgs] == labels
     for cfg in cfgs:
         cmd = bench.launch_command(cfg, "/m/target", "/m/drafter", 31000, max_concurrency=64)
         assert cmd[1:3] == ["-m", "sglang.launch_server"]
@@ -191,6 +192,8 @@ def test_launch_commands(bench, capsys):
         assert _flag(cmd, "--speculative-draft-model-path") == "/m/drafter"
         if cfg.method == "dflash":
             assert algo == "DFLASH" and _flag(cmd, "--speculative-num-draft-tokens") == "16"
+        elif cfg.budget is None:  # the plugin's default adaptive budget: W left to the plugin
+            assert algo == "DDTREE" and _flag(cmd, "--speculative-num-draft-tokens") is None
         else:
             assert algo == "DDTREE"
             assert _flag(cmd, "--speculative-num-draft-tokens") == str(cfg.budget + 1)

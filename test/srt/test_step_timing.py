@@ -1,0 +1,168 @@
+"""CPU tests of the step-timing instrumentation (``sglang_ddtree.step_timing``) and of
+``benchmark/ddtree/bench_step.py``'s bookkeeping (windows, medians, accept length, table).
+
+The CUDA-event side runs only on a GPU (bench_step on the H200); here the event objects are
+stand-ins with the same ``query`` / ``elapsed_time`` interface, so the resolution logic
+(which record gets a period, which waits) is checked exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from sglang_ddtree import step_timing
+from sglang_ddtree.step_timing import HostProfiler, StepRecorder, read_steps
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_bench_step():
+    path = REPO / "benchmark" / "ddtree" / "bench_step.py"
+    spec = importlib.util.spec_from_file_location("bench_step", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_step"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeEvent:
+    """A CUDA event stand-in: a device timestamp (ms) and whether the GPU has reached it."""
+
+    def __init__(self, at_ms: float, done: bool = True):
+        self.at_ms, self.done = at_ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        return other.at_ms - self.at_ms
+
+
+def _rec(t, bs, start_ms, end_ms, mode="DECODE", done=True):
+    return {"t": t, "bs": bs, "mode": mode, "ev": FakeEvent(start_ms, done),
+            "end": FakeEvent(end_ms, done)}  # fmt: skip
+
+
+def _lines(path):
+    with open(path) as f:
+        return [json.loads(x) for x in f]
+
+
+def test_recorder_periods_spans_and_pending(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    rec = StepRecorder(str(path))
+    now = time.monotonic()
+    # Three consecutive decode steps 5 ms apart, then a fourth whose start the GPU has not
+    # reached yet: the third must wait for it (its period is not known).
+    rec.pending = deque(
+        [
+            _rec(now, 4, 0.0, 3.0),
+            _rec(now + 0.005, 4, 5.0, 8.5),
+            _rec(now + 0.010, 4, 10.0, 14.0),
+            _rec(now + 0.015, 4, 15.0, 19.0, done=False),
+        ]
+    )
+    rec.flush(force=True)
+    rows = _lines(path)
+    assert [r["period_ms"] for r in rows] == [5.0, 5.0]
+    assert [r["span_ms"] for r in rows] == [3.0, 3.5]
+    assert len(rec.pending) == 2  # the third waits for the fourth's start event
+    # A non-forced flush with few pending records writes nothing (no per-step file I/O).
+    rec.pending[1]["ev"].done = rec.pending[1]["end"].done = True
+    rec.flush(force=False)
+    assert len(_lines(path)) == 2
+    rec.flush(force=True)
+    assert [r["period_ms"] for r in _lines(path)] == [5.0, 5.0, 5.0]
+
+
+def test_recorder_no_period_across_a_pause(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    rec = StepRecorder(str(path))
+    t = time.monotonic() - 10.0
+    # Host gap > MAX_GAP_S between the two batches: not consecutive steps of one run.
+    rec.pending = deque([_rec(t, 8, 0.0, 2.0), _rec(t + 5.0, 1, 900.0, 901.0, mode="EXTEND")])
+    rec.flush(force=True)
+    rows = _lines(path)
+    assert rows[0]["period_ms"] is None and rows[0]["span_ms"] == 2.0
+    # The last record is old and finished: written with no successor.
+    assert rows[1]["mode"] == "EXTEND" and rows[1]["period_ms"] is None
+    assert not rec.pending
+
+
+def test_cprofile_segments_per_decode_run(tmp_path):
+    prof = HostProfiler(str(tmp_path), skip=2)
+    modes = ["EXTEND"] + ["DECODE"] * 6 + ["EXTEND"] + ["DECODE"] * 2 + ["EXTEND"]
+    for m in modes:
+        prof.on_batch(m)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    # Run 1: 6 decode batches, 2 skipped -> 4 profiled. Run 2: only 2 decode batches -> none.
+    assert len(files) == 1 and files[0].startswith("cprofile.") and files[0].endswith(".0.txt")
+    text = (tmp_path / files[0]).read_text()
+    assert text.startswith("decode batches profiled: 4\n")
+    assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
+
+
+def test_read_steps_merges_processes_in_time_order(tmp_path):
+    (tmp_path / "steps.1.jsonl").write_text(json.dumps({"t": 2.0, "bs": 1}) + "\n")
+    (tmp_path / "steps.2.jsonl").write_text(
+        json.dumps({"t": 1.0, "bs": 2}) + "\n" + json.dumps({"t": 3.0, "bs": 3}) + "\n"
+    )
+    (tmp_path / "other.txt").write_text("not a record")
+    assert [r["bs"] for r in read_steps(str(tmp_path))] == [2, 1, 3]
+    assert read_steps(str(tmp_path / "missing")) == []
+
+
+def test_hook_registration_is_off_without_the_env(monkeypatch):
+    monkeypatch.delenv(step_timing.ENV, raising=False)
+    assert step_timing.register_if_enabled() is False
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load_bench_step()
+
+
+def test_step_stats_window_batch_size_and_warmup(bench):
+    recs = [{"t": 10.0 + i, "bs": 8, "mode": "DECODE", "span_ms": 1.0, "period_ms": 2.0 + i}
+            for i in range(7)]  # fmt: skip
+    recs += [
+        {"t": 12.5, "bs": 7, "mode": "DECODE", "span_ms": 9.0, "period_ms": 99.0},  # tail batch
+        {"t": 12.6, "bs": 8, "mode": "EXTEND", "span_ms": 9.0, "period_ms": 99.0},  # prefill
+        {"t": 30.0, "bs": 8, "mode": "DECODE", "span_ms": 9.0, "period_ms": 99.0},  # other run
+    ]
+    st = bench.step_stats(recs, 10.0, 20.0, 8)
+    # 7 decode steps of bs 8 in the window, the first DROP_FIRST_STEPS (2) dropped.
+    assert st["steps"] == 7 - bench.DROP_FIRST_STEPS
+    assert st["step_ms"] == 6.0  # median of periods 4, 5, 6, 7, 8
+    assert st["span_ms"] == 1.0
+    assert bench.step_stats(recs, 10.0, 20.0, 64) == {"steps": 0, "step_ms": None, "span_ms": None}
+
+
+def test_accept_length_is_tokens_per_verify_step(bench):
+    outs = [{"meta_info": {"completion_tokens": 30, "spec_verify_ct": 10}},
+            {"meta_info": {"completion_tokens": 10, "spec_verify_ct": 10}}]  # fmt: skip
+    assert bench.accept_length(outs) == 2.0
+    assert bench.accept_length([{"meta_info": {"completion_tokens": 5}}]) is None
+
+
+def test_table_lists_accept_and_step_cells(bench):
+    result = {
+        "model": "pair",
+        "rows": [
+            {"config": "dflash", "accept": {"T0": {"accept_length": 4.16}}, "step": [
+                {"bs": 1, "temp": "T0", "step_ms": 2.63, "accept_length": 3.28, "tok_per_s": 1247}]},
+            {"config": "ddtree-64", "accept": {"T0": {"accept_length": 5.91}}, "step": []},
+            {"config": "broken", "error": "RuntimeError: x"},
+        ],
+    }  # fmt: skip
+    md = bench.table(result)
+    assert "| dflash | 4.16 | - |" in md and "| ddtree-64 | 5.91 | - |" in md
+    assert "| T0 | 1 | 2.63 (3.28, 1247) | - |" in md
+    assert "broken" not in md
