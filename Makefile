@@ -37,6 +37,14 @@ format:
 bench:
 	$(PYTHON) benchmark/ddtree/bench_core.py --out bench_core.json
 
+# In SGLang on a CUDA machine: step cost + accept lengths (pair, 8B shape), serving benchmark.
+bench-step:
+	$(PYTHON) benchmark/ddtree/bench_step.py --model pair --phases accept,step --out bench_out
+	$(PYTHON) benchmark/ddtree/bench_step.py --model 8b --out bench_out
+
+bench-e2e:
+	$(PYTHON) benchmark/ddtree/bench_e2e.py --out bench_out
+
 demo:
 	$(PYTHON) -m sglang_ddtree.demo
 

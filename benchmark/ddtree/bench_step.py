@@ -24,7 +24,8 @@ Models (``--model``):
   values); random token-id prompts. Phase ``accept`` is meaningless there and skipped.
 
 Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num-draft-tokens``
-= block); ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default
+= block 16); ``dflash-b8`` (8B shape only: the chain with a block-8 drafter of the same shape);
+``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
@@ -101,6 +102,13 @@ DFLASH_8B = {
 }
 
 
+DFLASH_8B_B8 = {
+    **DFLASH_8B,
+    "block_size": 8,
+    "dflash_config": {**DFLASH_8B["dflash_config"], "block_size": 8},
+}
+
+
 def model_spec(name: str, workdir: str) -> dict:
     """Paths and engine settings of one model family."""
     if name == "pair":
@@ -115,7 +123,8 @@ def model_spec(name: str, workdir: str) -> dict:
         }
     if name == "8b":
         target, drafter = os.path.join(workdir, "qwen3-8b"), os.path.join(workdir, "dflash-8b")
-        for path, cfg in ((target, QWEN3_8B), (drafter, DFLASH_8B)):
+        drafter_b8 = os.path.join(workdir, "dflash-8b-b8")
+        for path, cfg in ((target, QWEN3_8B), (drafter, DFLASH_8B), (drafter_b8, DFLASH_8B_B8)):
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
@@ -126,6 +135,7 @@ def model_spec(name: str, workdir: str) -> dict:
         return {
             "target": target,
             "drafter": drafter,
+            "drafter_b8": drafter_b8,
             "block": 16,
             "prompts": prompts,
             "engine": {
@@ -153,6 +163,14 @@ def engine_kwargs(spec: dict, config: str, max_bs: int) -> dict:
     kw.update(speculative_draft_model_path=spec["drafter"])
     if config == "dflash":
         kw.update(speculative_algorithm="DFLASH", speculative_num_draft_tokens=spec["block"])
+    elif config == "dflash-b8":  # the chain with a block-8 drafter (8B shape only)
+        if "drafter_b8" not in spec:
+            raise SystemExit("dflash-b8 needs --model 8b (the trained pair's drafter is block 16)")
+        kw.update(
+            speculative_algorithm="DFLASH",
+            speculative_num_draft_tokens=8,
+            speculative_draft_model_path=spec["drafter_b8"],
+        )
     elif config == "ddtree":
         kw.update(speculative_algorithm="DDTREE")
     elif config.startswith("ddtree-"):

@@ -166,3 +166,28 @@ def test_table_lists_accept_and_step_cells(bench):
     assert "| dflash | 4.16 | - |" in md and "| ddtree-64 | 5.91 | - |" in md
     assert "| T0 | 1 | 2.63 (3.28, 1247) | - |" in md
     assert "broken" not in md
+
+
+def test_engine_kwargs_per_configuration(bench, tmp_path):
+    spec = bench.model_spec("8b", str(tmp_path))
+    with open(Path(spec["drafter_b8"]) / "config.json") as f:
+        b8 = json.load(f)
+    with open(Path(spec["drafter"]) / "config.json") as f:
+        b16 = json.load(f)
+    assert b8["dflash_config"]["block_size"] == 8 and b16["dflash_config"]["block_size"] == 16
+    assert b8["num_hidden_layers"] == b16["num_hidden_layers"] == 5
+    kw = {c: bench.engine_kwargs(spec, c, 64) for c in
+          ("none", "dflash", "dflash-b8", "ddtree", "ddtree-64")}  # fmt: skip
+    for k in kw.values():  # CUDA graphs stay on; the tree-mask-capable backend
+        assert k["attention_backend"] == "triton" and k["cuda_graph_max_bs_decode"] == 64
+        assert k["load_format"] == "dummy" and "disable_cuda_graph" not in k
+    assert "speculative_algorithm" not in kw["none"]
+    assert kw["dflash"]["speculative_num_draft_tokens"] == 16
+    assert kw["dflash-b8"]["speculative_num_draft_tokens"] == 8
+    assert kw["dflash-b8"]["speculative_draft_model_path"] == spec["drafter_b8"]
+    assert kw["ddtree"]["speculative_algorithm"] == "DDTREE"
+    assert "speculative_num_draft_tokens" not in kw["ddtree"]  # the adaptive default
+    assert kw["ddtree-64"]["speculative_num_draft_tokens"] == 65
+    pair = bench.model_spec("pair", str(tmp_path))
+    with pytest.raises(SystemExit, match="needs --model 8b"):
+        bench.engine_kwargs(pair, "dflash-b8", 8)
