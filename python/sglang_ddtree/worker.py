@@ -313,6 +313,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             sampling_info.temperatures.view(-1).float(),
             top_ks.to(torch.int64),
             sampling_info.top_ps.view(-1).float(),
+            # SGLang's host flags: skip a renorm pass over [bs * W, V] no request needs.
+            need_top_k=bool(getattr(sampling_info, "need_top_k_sampling", True)),
+            need_top_p=bool(getattr(sampling_info, "need_top_p_sampling", True)),
         )
         coins, final_coins = draw_coins(bs, w, logits.device)
         if self._test_coin_scale != 1.0:

@@ -271,3 +271,33 @@ def test_kernel_sampling_law_is_exact(temperature, top_k, top_p):
     wrong = target_probs(logits.cuda(), torch.tensor([temperature * 1.15]).cuda(), *args)
     wrong_samples = sample_outcomes(tree, lay, wrong, s, num, backend="kernel", device="cuda")
     assert chi2_pvalue(law, wrong_samples) < P_MIN
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_target_probs_skips_only_filters_no_request_uses(device):
+    """need_top_k / need_top_p = False (SGLang's host flags) skip a renorm pass; under their
+    contract (filter off in every row) the distribution is unchanged. With the filter on in some
+    row, the flags must stay True: skipping then changes the law, and this test shows it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gen = torch.Generator().manual_seed(7)
+    bs, n, vocab = 6, 5, 40
+    logits = (torch.randn(bs, n, vocab, generator=gen) * 2).to(device)
+    temp = (torch.rand(bs, generator=gen) + 0.5).to(device)
+    k_off = torch.zeros(bs, dtype=torch.int64, device=device)  # 0 = off
+    p_off = torch.ones(bs, device=device)
+    p_on = torch.full((bs,), 0.7, device=device)
+    k_on = torch.full((bs,), 5, dtype=torch.int64, device=device)
+    full = target_probs(logits, temp, k_off, p_off)
+    plain = torch.softmax(logits.float() / temp[:, None, None], dim=-1)
+    assert torch.allclose(full, plain, atol=1e-6)
+    skipped = target_probs(logits, temp, k_off, p_off, need_top_k=False, need_top_p=False)
+    assert torch.allclose(skipped, full, atol=1e-6)
+    top_p_only = target_probs(logits, temp, k_off, p_on, need_top_k=False)
+    assert torch.allclose(top_p_only, target_probs(logits, temp, k_off, p_on), atol=1e-6)
+    assert (top_p_only == 0).any()  # top-p really applied
+    top_k_only = target_probs(logits, temp, k_on, p_off, need_top_p=False)
+    assert torch.allclose(top_k_only, target_probs(logits, temp, k_on, p_off), atol=1e-6)
+    assert ((top_k_only > 0).sum(-1) == 5).all()
+    # Broken contract (top-k on, flag False): the filter is not applied.
+    assert not torch.allclose(target_probs(logits, temp, k_on, p_off, need_top_k=False), top_k_only)

@@ -54,8 +54,15 @@ def target_probs(
     top_k: torch.Tensor,  # [bs] int64
     top_p: torch.Tensor,  # [bs] float32
     use_kernels: bool | None = None,
+    need_top_k: bool = True,
+    need_top_p: bool = True,
 ) -> torch.Tensor:
     """Target distribution at every node, [bs, N, V] float32 contiguous.
+
+    ``need_top_k`` / ``need_top_p`` (host bools, e.g. SGLang's ``need_top_k_sampling`` /
+    ``need_top_p_sampling``): False promises that no row uses that filter (top_k <= 0 or >= V;
+    top_p = 1), so its renormalization pass over ``[bs * N, V]`` is skipped (the law is the
+    same). True always applies it.
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob`` (what SGLang's
     EAGLE verify uses); elsewhere the pure-torch `top_k_top_p_renorm`.
@@ -71,10 +78,14 @@ def target_probs(
         raise RuntimeError("sgl_kernel renorm kernels requested but not available")
     if kernels is not None:
         top_k_renorm_prob, top_p_renorm_prob = kernels
-        k = torch.where((k <= 0) | (k > vocab), vocab, k).to(torch.int32)
-        probs = top_k_renorm_prob(probs, k)
-        probs = top_p_renorm_prob(probs, p)
-    else:
+        if need_top_k:
+            k = torch.where((k <= 0) | (k > vocab), vocab, k).to(torch.int32)
+            probs = top_k_renorm_prob(probs, k)
+        if need_top_p:
+            probs = top_p_renorm_prob(probs, p)
+    elif need_top_k or need_top_p:  # a filter not needed is switched off, as above
+        k = k if need_top_k else torch.zeros_like(k)
+        p = p if need_top_p else torch.ones_like(p)
         probs = top_k_top_p_renorm(probs, k, p)
     return probs.reshape(bs, n, vocab).contiguous()
 
