@@ -56,6 +56,10 @@ import time
 from sglang_ddtree.step_timing import CPROFILE_ENV, TORCH_PROFILE_ENV, read_steps
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 
+DEFAULT_CONFIGS = {
+    "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
+    "8b": "none,dflash,dflash-b8,ddtree,ddtree-32,ddtree-64",
+}
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
 DROP_FIRST_STEPS = 2
 
@@ -371,7 +375,7 @@ def gpu_name() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="pair", choices=("pair", "8b"))
-    ap.add_argument("--configs", default="none,dflash,ddtree-16,ddtree-32,ddtree-64,ddtree-128")
+    ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
     ap.add_argument("--phases", default="step", help="comma list of: accept, step")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--accept-tokens", type=int, default=256)
@@ -405,7 +409,7 @@ def main() -> None:
         "not_run": [],
     }
     json_path = os.path.join(args.out, f"bench_step_{args.model}.json")
-    for config in args.configs.split(","):
+    for config in (args.configs or DEFAULT_CONFIGS[args.model]).split(","):
         if time.monotonic() - t_begin > args.deadline_s:
             result["not_run"].append(config)
             continue
