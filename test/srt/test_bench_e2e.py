@@ -32,15 +32,6 @@ VERIFY_CT = len(STEP_TOKENS)  # 5 -> SGLang accept length 16 / 5 = 3.2
 HIST = [1, 1, 1, 1, 1]  # steps with k correct drafts, k = tokens - 1: one each of k = 0..4
 
 
-def _load_bench():
-    path = REPO / "benchmark" / "ddtree" / "bench_e2e.py"
-    spec = importlib.util.spec_from_file_location("bench_e2e", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_e2e"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 # --------------------------------------------------------------------------- the fake server
 
 
@@ -144,8 +135,8 @@ def make_server(port=0, ttft=0.10, gap=0.04, ready_after=0.0, child_pid=None):
 
 
 @pytest.fixture(scope="module")
-def bench():
-    return _load_bench()
+def bench(load_benchmark):
+    return load_benchmark("bench_e2e")
 
 
 @pytest.fixture

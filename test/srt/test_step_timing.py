@@ -8,9 +8,7 @@ stand-ins with the same ``query`` / ``elapsed_time`` interface, so the resolutio
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -19,17 +17,6 @@ import pytest
 
 from sglang_ddtree import step_timing
 from sglang_ddtree.step_timing import HostProfiler, StepRecorder, read_steps
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_bench_step():
-    path = REPO / "benchmark" / "ddtree" / "bench_step.py"
-    spec = importlib.util.spec_from_file_location("bench_step", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_step"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class FakeEvent:
@@ -125,8 +112,8 @@ def test_hook_registration_is_off_without_the_env(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def bench():
-    return _load_bench_step()
+def bench(load_benchmark):
+    return load_benchmark("bench_step")
 
 
 def test_step_stats_window_batch_size_and_warmup(bench):
