@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_ddtree import args as dargs
+from sglang_ddtree import budget
 from sglang_ddtree import requests as dreq
 
 
@@ -194,8 +195,9 @@ def test_server_args_resolution(tmp_path, monkeypatch):
     except RuntimeError as e:  # machines without an accelerator stop before our hook
         pytest.skip(str(e))
     # Neither flag nor env: the default adaptive schedule; SGLang sizes for its largest W.
-    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (33, 8)
-    assert sa._ddtree_budget_schedule == "1:33,8:17,32:9"
+    default = budget.default_schedule(8)  # "1:17,4:9" for the tiny block-8 drafter
+    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (17, 8)
+    assert sa._ddtree_budget_schedule == str(default) == "1:17,4:9"
     fixed = ServerArgs(attention_backend="triton", speculative_num_draft_tokens=17, **kw)
     assert fixed.speculative_num_draft_tokens == 17 and fixed._ddtree_budget_schedule == "1:17"
     monkeypatch.setenv("SGLANG_DDTREE_BUDGET_SCHEDULE", "1:33,4:17")
