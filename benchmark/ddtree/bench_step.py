@@ -26,7 +26,9 @@ Models (``--model``):
 Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num-draft-tokens``
 = block 16); ``dflash-b8`` (8B shape only: the chain with a block-8 drafter of the same shape);
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
-budget, i.e. no ``--speculative-num-draft-tokens``).
+budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
+runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
+of issue 5 item 5 in one run.
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -53,6 +55,7 @@ import sys
 import tempfile
 import time
 
+from sglang_ddtree.glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import CPROFILE_ENV, TORCH_PROFILE_ENV, read_steps
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 
@@ -229,8 +232,13 @@ def run_config(spec, config, args, timing_dir) -> dict:
     if args.torch_profile_skip is not None:
         os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
     row = {"config": config, "accept": {}, "step": []}
+    base, _, variant = config.partition("+")
+    if variant not in ("", "eagerglue"):
+        raise SystemExit(f"unknown variant {variant!r} in {config!r} (known: +eagerglue)")
+    # +eagerglue: the DDTREE glue kernels launched one by one (the "before" of issue 5 item 5).
+    os.environ[GLUE_GRAPHS_ENV] = "0" if variant == "eagerglue" else "1"
     t_start = time.monotonic()
-    eng = sgl.Engine(**engine_kwargs(spec, config, max(args.batch_sizes)))
+    eng = sgl.Engine(**engine_kwargs(spec, base, max(args.batch_sizes)))
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)
     print(f"[bench_step] {config}: engine up in {row['engine_up_s']} s", flush=True)
     try:

@@ -17,7 +17,7 @@ def merge_accept(
 ) -> AcceptResult:
     """Row-wise choice between two accept results: ``greedy`` where ``rows`` [bs] bool is True,
     ``sampled`` elsewhere. Shapes as in `AcceptResult`; no host sync."""
-    per_node = rows.repeat_interleave(num_nodes)
+    per_node = rows[:, None].expand(rows.shape[0], num_nodes).reshape(-1)
     return AcceptResult(
         predict=torch.where(per_node, greedy.predict, sampled.predict),
         accept_index=torch.where(rows[:, None], greedy.accept_index, sampled.accept_index),

@@ -19,6 +19,12 @@ W follows the running batch size: ``budget_schedule.num_nodes_for(bs)`` (a host 
 verify replays that bucket's CUDA graphs (``cuda_graph.py``). Eager verify steps that had a graph
 are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS`` for tests).
 
+Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree``), step 4
+(``core.step.accept_and_commit``) and step 5 (KV moves + drafter-KV append) are each captured
+per (bs, W, sampling mode) and replayed (``glue_graph.SegmentGraphs``), so a step is four graph
+replays plus a few launches instead of ~100 eager kernels. ``SGLANG_DDTREE_GLUE_GRAPHS=0``
+turns this off; outputs that outlive the step are cloned.
+
 Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
 server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block
 buffers, draft spec info, KV helper bounds) sees the drafter block.
@@ -30,9 +36,9 @@ import copy
 import json
 import logging
 import os
+from typing import NamedTuple
 
 import torch
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -52,14 +58,11 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ddtree import requests
 from sglang_ddtree.args import DDTreeShape, read_topk
-from sglang_ddtree.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
-from sglang_ddtree.core.accept import AcceptResult, accept_greedy, accept_sampled
-from sglang_ddtree.core.commit import commit_accepted
-from sglang_ddtree.core.layout import flatten_verify_mask, tree_to_retrieve_arrays
-from sglang_ddtree.core.sampling import draw_coins, target_probs
-from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
+from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask
+from sglang_ddtree.core.step import CommitStep, TreeStep, accept_and_commit, draft_to_tree
 from sglang_ddtree.cuda_graph import install_target_graph_runner
+from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ class GraphStats:
         self.path = path
         self.by_width: dict[int, dict] = {}
         self.runner_info: dict = {}
+        self.glue_segments: list = []  # glue_graph.SegmentGraphs of the worker, for their counts
         self._warned: set[tuple[int, int]] = set()
 
     def record(self, width: int, bs: int, ran_graph: bool, had_graph: bool) -> None:
@@ -120,12 +124,16 @@ class GraphStats:
                     bs,
                     width,
                 )
-        if self.path:
-            self.write()
 
     def as_dict(self) -> dict:
         by_width = {str(w): r for w, r in sorted(self.by_width.items())}
-        return {"schedule": self.schedule, "by_width": by_width, **self.runner_info}
+        glue = {seg.name: dict(seg.counts) for seg in self.glue_segments}
+        return {"schedule": self.schedule, "by_width": by_width, "glue": glue, **self.runner_info}
+
+    def flush(self) -> None:
+        """Rewrite ``self.path`` (when set) after a step."""
+        if self.path:
+            self.write()
 
     def write(self) -> None:
         """Atomically replace ``self.path`` with the counts (tests read it from another process)."""
@@ -160,10 +168,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._check_supported()
         vocab = int(self.model_runner.model_config.vocab_size)
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
-        self._depth_offsets = {
-            s.accept_width: torch.arange(s.accept_width, device=self.device)
-            for s in shapes.values()
-        }
         self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)
         # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
         self._test_coin_scale = float(os.environ.get(TEST_COIN_SCALE_ENV, "1") or 1)
@@ -173,16 +177,23 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 TEST_COIN_SCALE_ENV,
                 self._test_coin_scale,
             )
+        # One memory pool for every glue graph: they replay one at a time on one stream.
+        # Off with SGLang's graphs too: their outputs are the glue graphs' bound inputs.
+        glue_on = glue_graphs_enabled(os.environ) and not server_args.disable_cuda_graph
+        pool = torch.cuda.graph_pool_handle() if glue_on else None
+        self._glue = {w: self._build_glue(s, glue_on, pool) for w, s in shapes.items()}
+        self.graph_stats.glue_segments = [seg for g in self._glue.values() for seg in g.values()]
         requests.set_active(True)
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
-                "depth<=%d, K=%s, S=%d",
+                "depth<=%d, K=%s, S=%d, glue CUDA graphs %s",
                 schedule,
                 shape.block_size,
                 shape.max_depth,
                 {w: k for w, k in self._topk.items()},
                 shape.accept_width,
+                "on" if glue_on else "off",
             )
 
     def shape_for(self, bs: int) -> DDTreeShape:
@@ -245,8 +256,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             return draft_input.reserved_seq_lens_cpu, int(draft_input.reserved_seq_lens_sum)
         raise RuntimeError("DDTREE needs host sequence lengths (seq_lens_cpu) for the verify.")
 
-    def _draft_candidates(self, batch, draft_input, bs: int, shape: DDTreeShape):
-        """Drafter block forward + top-K per depth: ([bs, D, K] f32 log-probs, int64 tokens)."""
+    def _draft_hidden(self, batch, draft_input, bs: int, shape: DDTreeShape) -> torch.Tensor:
+        """Drafter block forward ``[root, MASK x D]``: hidden states [bs * B, H]."""
         block = shape.block_size
         target_model = self.target_worker.model_runner.model
         self._ensure_draft_block_buffers(bs)
@@ -285,43 +296,93 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         hidden = draft_out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE: the drafter returned no hidden states.")
-        depth = shape.max_depth
-        hs = hidden.view(bs, block, -1)[:, 1 : 1 + depth, :]
-        weight = target_model.lm_head.weight
-        vocab = int(self.model_runner.model_config.vocab_size)
-        logits = torch.matmul(hs.to(weight.dtype), weight[:vocab].T).float()
-        return select_candidates(logits, self._topk[shape.num_nodes], normalize=True)
+        return hidden
 
-    def _verify_mask(self, tree_mask, prefix_lens, batch, bs: int, w: int):
+    def _verify_mask(self, tree: TreeStep, batch, bs: int, w: int) -> torch.Tensor:
         """FULL_MASK bool [W * sum(prefix) + bs * W * W], sized from the host prefix lengths."""
         if batch.seq_lens_cpu is not None:
             total = w * int(batch.seq_lens_cpu.sum()) + bs * w * w
         else:  # no host copy kept by this backend: one sync, only in this configuration
-            total = w * int(prefix_lens.sum()) + bs * w * w
-        return flatten_verify_mask(tree_mask, prefix_lens, total)
+            total = w * int(tree.seq_lens.sum()) + bs * w * w
+        return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
 
-    def _accept(self, layout, tokens, logits, sampling_info, bs: int, shape) -> AcceptResult:
-        """Greedy rows via accept_greedy, sampled rows via accept_sampled, one result."""
+    # ------------------------------------------------------------------------------------------
+    # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).
+    def _build_glue(self, shape: DDTreeShape, enabled: bool, pool) -> dict[str, SegmentGraphs]:
         w, s = shape.num_nodes, shape.accept_width
-        target_predict = torch.argmax(logits, dim=-1).view(bs, w)
-        greedy = accept_greedy(layout, tokens, target_predict, s)
+        vocab = int(self.model_runner.model_config.vocab_size)
+        lm_head = self.target_worker.model_runner.model.lm_head.weight[:vocab]
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        depth_offsets = torch.arange(s, device=self.device)
+
+        def tree_fn(hidden, bonus, seq_lens, req_pool_indices) -> TreeStep:
+            return draft_to_tree(
+                hidden,
+                lm_head,
+                bonus,
+                seq_lens,
+                req_pool_indices,
+                req_to_token,
+                block_size=shape.block_size,
+                max_depth=shape.max_depth,
+                budget=shape.budget,
+                topk=self._topk[w],
+            )
+
+        def accept_fn(logits, tokens, seq_lens, **rest) -> CommitStep:
+            layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
+            return accept_and_commit(
+                logits,
+                tokens,
+                layout,
+                seq_lens,
+                accept_width=s,
+                coin_scale=self._test_coin_scale,
+                **rest,
+            )
+
+        def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
+            # Accepted target KV to contiguous slots prefix .. prefix + k (SGLang's mover reads
+            # these four batch fields; the view holds this step's tensors).
+            batch_view = _BatchView(
+                seq_lens, verify_loc, pool_idx, self.model_runner.req_to_token_pool
+            )
+            move_accept_tokens_to_target_kvcache(
+                batch_view, keep_index, accept_length, self.model_runner.token_to_kv_pool_allocator
+            )
+            # Drafter KV of the accepted path, from the target's aux hidden states.
+            bs = seq_lens.shape[0]
+            cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
+            positions = (seq_lens.to(torch.int64)[:, None] + depth_offsets[None, :]).reshape(-1)
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden[keep_index.clamp(min=0).reshape(-1)],
+                cache_loc=cache_loc_2d.reshape(-1),
+                cache_loc_2d=cache_loc_2d,
+                positions=positions,
+                commit_lens=commit_lens,
+            )
+
+        return {
+            "tree": SegmentGraphs(f"tree_w{w}", tree_fn, enabled=enabled, pool=pool),
+            "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, pool=pool),
+            "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, pool=pool),
+        }
+
+    def _accept_and_commit(self, glue, logits, tree: TreeStep, sampling_info, bs: int):
+        bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
+        bound.update(tree.layout._asdict())
         if sampling_info is None or sampling_info.is_all_greedy:
-            return greedy
-        top_ks = sampling_info.top_ks.view(-1)
-        probs = target_probs(
-            logits.view(bs, w, -1),
-            sampling_info.temperatures.view(-1).float(),
-            top_ks.to(torch.int64),
-            sampling_info.top_ps.view(-1).float(),
-            # SGLang's host flags: skip a renorm pass over [bs * W, V] no request needs.
-            need_top_k=bool(getattr(sampling_info, "need_top_k_sampling", True)),
-            need_top_p=bool(getattr(sampling_info, "need_top_p_sampling", True)),
-        )
-        coins, final_coins = draw_coins(bs, w, logits.device)
-        if self._test_coin_scale != 1.0:
-            coins = coins * self._test_coin_scale
-        sampled = accept_sampled(layout, tokens, probs, coins, final_coins, s)
-        return merge_accept(greedy, sampled, greedy_rows(top_ks), w)
+            return glue["accept"]((bs, "greedy"), bound)
+        # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
+        need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
+        need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
+        copied = {
+            "temperatures": sampling_info.temperatures.view(-1),
+            "top_ks": sampling_info.top_ks.view(-1),
+            "top_ps": sampling_info.top_ps.view(-1),
+        }
+        static = {"need_top_k": need_k, "need_top_p": need_p}
+        return glue["accept"]((bs, "sampled", need_k, need_p), bound, copied, static)
 
     def _record_verify(self, width: int, bs: int, ran_graph: bool) -> None:
         """Count the verify step per W; an eager step that had a captured graph is logged."""
@@ -341,33 +402,30 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)  # host int: tensor metadata, no device read
         shape = self.shape_for(bs)
         w, s = shape.num_nodes, shape.accept_width
-        prefix_lens = batch.seq_lens.to(torch.int64)
+        glue = self._glue[w]
 
-        # 1-2) Draft tree.
-        cand_lp, cand_tok = self._draft_candidates(batch, draft_input, bs, shape)
-        tree = build_tree_from_candidates(
-            cand_lp, cand_tok, draft_input.bonus_tokens.view(-1).to(torch.int64), shape.budget
+        # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
+        hidden = self._draft_hidden(batch, draft_input, bs, shape)
+        tree: TreeStep = glue["tree"](
+            (bs,),
+            bound={"hidden": hidden},
+            copied={
+                "bonus": draft_input.bonus_tokens.view(-1),
+                "seq_lens": batch.seq_lens,
+                "req_pool_indices": batch.req_pool_indices,
+            },
         )
-        layout = tree_to_retrieve_arrays(tree, prefix_lens, max_depth=shape.max_depth)
 
         # 3) Tree verify on the target.
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        verify_loc = assign_extend_cache_locs_uniform_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=req_to_token,
-            start_offset=batch.seq_lens,
-            batch_size=bs,
-            draft_token_num=w,
-            device=self.device,
-        )
         verify_input = DFlashVerifyInput(
             draft_token=tree.tokens.reshape(-1),
-            positions=layout.positions.reshape(-1),
+            positions=tree.layout.positions.reshape(-1),
             draft_token_num=w,
-            custom_mask=self._verify_mask(layout.tree_mask, prefix_lens, batch, bs, w),
+            custom_mask=self._verify_mask(tree, batch, bs, w),
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
-        batch.out_cache_loc = verify_loc
+        # A copy: the batch keeps out_cache_loc past this step; the graph output is reused.
+        batch.out_cache_loc = tree.verify_loc.clone()
         sampling_info = batch.sampling_info
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         batch.seq_lens_cpu, batch.seq_lens_sum = self._host_seq_lens(batch, draft_input, w)
@@ -385,47 +443,51 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
             )
-
-        # 4) Accept and plan the commit.
-        result = self._accept(layout, tree.tokens, logits, sampling_info, bs, shape)
-        plan = commit_accepted(result, prefix_lens, w)
-
-        # 5) Commit: accepted target KV to contiguous slots prefix .. prefix + k.
-        move_accept_tokens_to_target_kvcache(
-            batch,
-            plan.keep_index,
-            result.accept_length,
-            self.model_runner.token_to_kv_pool_allocator,
-        )
-        new_seq_lens = plan.new_seq_lens
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        commit_lens = plan.commit_lens.to(torch.int32)
-
-        # Drafter KV for the accepted path, from the target's aux hidden states.
-        hidden = logits_output.hidden_states
-        if hidden is None:
+        target_hidden = logits_output.hidden_states
+        if target_hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
-        kept_hidden = hidden[plan.keep_index.clamp(min=0).reshape(-1)]
-        cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
-        positions = (prefix_lens[:, None] + self._depth_offsets[s][None, :]).reshape(-1)
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=kept_hidden,
-            cache_loc=cache_loc_2d.reshape(-1),
-            cache_loc_2d=cache_loc_2d,
-            positions=positions,
-            commit_lens=commit_lens,
+
+        # 4) Accept and plan the commit (glue graph).
+        commit: CommitStep = self._accept_and_commit(glue, logits, tree, sampling_info, bs)
+
+        # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path
+        #    (glue graph).
+        glue["kv"](
+            (bs,),
+            bound={
+                "hidden": target_hidden,
+                "keep_index": commit.keep_index,
+                "accept_length": commit.accept_length,
+                "commit_lens": commit.commit_lens,
+                "verify_loc": tree.verify_loc,
+                "seq_lens": tree.seq_lens,
+                "pool_idx": tree.req_pool_indices,
+            },
         )
+        self.graph_stats.flush()
         logits_output.hidden_states = None
 
+        # Graph outputs are overwritten by the next replay: clone what outlives the step.
+        new_seq_lens = commit.new_seq_lens.clone()
+        if on_publish is not None:
+            on_publish(new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=plan.out_tokens.clamp(min=0).reshape(-1),
-            accept_lens=commit_lens,
+            next_token_ids=commit.next_token_ids.clone(),
+            accept_lens=commit.commit_lens.clone(),
             can_run_cuda_graph=target_out.can_run_cuda_graph,
             next_draft_input=self._make_next_draft_input_decode(
-                bonus_tokens=plan.bonus, new_seq_lens=new_seq_lens
+                bonus_tokens=commit.bonus.clone(), new_seq_lens=new_seq_lens
             ),
             speculative_num_draft_tokens=s,
             new_seq_lens=new_seq_lens,
         )
+
+
+class _BatchView(NamedTuple):
+    """The four ScheduleBatch fields ``move_accept_tokens_to_target_kvcache`` reads."""
+
+    seq_lens: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_pool_indices: torch.Tensor
+    req_to_token_pool: object

@@ -21,7 +21,9 @@ from sglang_ddtree.core.layout import (
     TreeLayout,
     ancestor_mask,
     flatten_verify_mask,
+    scatter_verify_mask,
     tree_to_retrieve_arrays,
+    verify_mask_cells,
 )
 from sglang_ddtree.core.sampling import draw_coins, target_probs, top_k_top_p_renorm
 from sglang_ddtree.core.tree import (
@@ -45,8 +47,10 @@ __all__ = [
     "commit_accepted",
     "draw_coins",
     "flatten_verify_mask",
+    "scatter_verify_mask",
     "select_candidates",
     "target_probs",
     "top_k_top_p_renorm",
     "tree_to_retrieve_arrays",
+    "verify_mask_cells",
 ]

@@ -113,6 +113,46 @@ def tree_to_retrieve_arrays(
     return TreeLayout(retrieve_index, next_token, next_sibling, positions, mask)
 
 
+def verify_mask_cells(
+    prefix_lens: torch.Tensor,  # [bs] int64
+    num_nodes: int,  # N
+) -> torch.Tensor:
+    """[bs * N * N] int64: where tree cell (b, i, j) lands in SGLang's flattened FULL_MASK.
+
+    Per request b the mask is a row-major block of N rows x (prefix_len_b + N) columns, blocks
+    concatenated in request order; cell (b, i, j) is column prefix_len_b + j of row i of block
+    b. Shapes depend on (bs, N) only, so this part can be captured in a CUDA graph.
+    """
+    n = num_nodes
+    prefix = prefix_lens.to(torch.int64)
+    widths = prefix + n  # [bs] columns per row
+    starts = torch.cumsum(widths * n, 0) - widths * n  # [bs] block offsets
+    rows = torch.arange(n, device=prefix.device, dtype=torch.int64)
+    cells = (
+        starts[:, None, None]
+        + rows[None, :, None] * widths[:, None, None]
+        + prefix[:, None, None]
+        + rows[None, None, :]
+    )
+    return cells.reshape(-1)
+
+
+def scatter_verify_mask(
+    tree_mask: torch.Tensor,  # [bs, N, N] bool
+    cells: torch.Tensor,  # [bs * N * N] int64, from verify_mask_cells
+    total: int,
+) -> torch.Tensor:
+    """SGLang's FULL_MASK for TARGET_VERIFY, [total] bool: all True except the tree cells.
+
+    ``total = sum_b N * (prefix_len_b + N)`` comes from the caller's host copy of the prefix
+    lengths (no device-to-host copy). Only the bs * N * N tree cells are written, not O(total)
+    index math: total grows with the context length.
+    """
+    out = torch.ones(total, dtype=torch.bool, device=tree_mask.device)
+    out[cells] = tree_mask.reshape(-1)
+    return out
+
+
 def flatten_verify_mask(
     tree_mask: torch.Tensor,  # [bs, N, N] bool
     prefix_lens: torch.Tensor,  # [bs] int64
@@ -125,20 +165,5 @@ def flatten_verify_mask(
     ``total = sum_b N * (prefix_len_b + N)`` is passed in by the caller, who knows the prefix
     lengths on the host, so no device-to-host copy is needed here.
     """
-    bs, n, _ = tree_mask.shape
-    device = tree_mask.device
-    prefix = prefix_lens.to(torch.int64)
-    widths = prefix + n  # [bs] columns per row
-    starts = torch.cumsum(widths * n, 0) - widths * n  # [bs] block offsets
-    # Everything is visible except the tree columns, so write True once and scatter only the
-    # bs * N * N tree cells (not O(total) index math: total grows with the context length).
-    rows = torch.arange(n, device=device, dtype=torch.int64)
-    cells = (
-        starts[:, None, None]
-        + rows[None, :, None] * widths[:, None, None]
-        + prefix[:, None, None]
-        + rows[None, None, :]
-    )  # [bs, N, N] flat index of tree cell (b, i, j)
-    out = torch.ones(total, dtype=torch.bool, device=device)
-    out[cells.reshape(-1)] = tree_mask.reshape(-1)
-    return out
+    cells = verify_mask_cells(prefix_lens, tree_mask.shape[1])
+    return scatter_verify_mask(tree_mask, cells, total)

@@ -71,8 +71,9 @@ def target_probs(
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
     probs = torch.softmax(logits.float() / temperature.float()[:, None, None], dim=-1)
     probs = probs.reshape(bs * n, vocab)
-    k = top_k.to(torch.int64).repeat_interleave(n)
-    p = top_p.float().repeat_interleave(n)
+    # expand + reshape, not repeat_interleave: no output-size computation, capture-safe.
+    k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
+    p = top_p.float()[:, None].expand(bs, n).reshape(-1)
     kernels = _sgl_kernel_renorm() if (use_kernels is not False and probs.is_cuda) else None
     if use_kernels and kernels is None:
         raise RuntimeError("sgl_kernel renorm kernels requested but not available")

@@ -221,12 +221,21 @@ def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
         row = by_width.get(str(w), {})
         # Every group size is <= the captured max bs (16): any eager verify step is a failure.
         graphs[str(w)] = row.get("graph", 0) > 0 and row.get("eager", 1) == 0
+    # Glue graphs: every used segment replays, never fails to capture, and runs eagerly only
+    # on its capture steps.
+    glue = {
+        name: c["graph"] > 0 and c["capture_failures"] == 0 and c["eager"] == c["captures"]
+        for name, c in stats.get("glue", {}).items()
+        if c["graph"] + c["eager"] > 0
+    }
     greedy_ok = all(r["mismatches"] == 0 for r in rows.values())
     graphs_ok = all(graphs.values()) and stats.get("width_mismatches", 1) == 0
+    graphs_ok = graphs_ok and bool(glue) and all(glue.values())
     return {
         "schedule": ADAPTIVE_SCHEDULE,
         "by_batch": rows,
         "graphs_per_width_ok": graphs,
+        "glue_graphs_ok": glue,
         "graph_stats": stats,
         "ddtree_mean_accept_length": sum(got["accept"]) / max(len(got["accept"]), 1),
         "passed": greedy_ok and graphs_ok and stats.get("schedule") == ADAPTIVE_SCHEDULE,

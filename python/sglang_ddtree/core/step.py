@@ -1,0 +1,142 @@
+"""The two pure-tensor halves of a DDTREE decode step, around the target's tree verify.
+
+``draft_to_tree``: drafter hidden states -> draft tree -> everything the verify forward needs.
+``accept_and_commit``: target logits over the tree -> accepted path -> what the step commits.
+
+Both take and return device tensors only, with shapes fixed by (bs, W, B) and host flags, and
+never read the device from the host, so the worker captures each in a CUDA graph per key
+(`sglang_ddtree.glue_graph`). Terms as in `sglang_ddtree.core.tree` and `.accept`: W = budget +
+1 nodes per request, B = drafter block, D = min(B - 1, budget) max depth, S = D + 1.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from sglang_ddtree.batch_accept import greedy_rows, merge_accept
+from sglang_ddtree.core.accept import accept_greedy, accept_sampled
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays, verify_mask_cells
+from sglang_ddtree.core.sampling import draw_coins, target_probs
+from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
+
+
+class TreeStep(NamedTuple):
+    """Verify inputs for bs requests of W nodes.
+
+    tokens:           [bs, W] int64. Node tokens; slot 0 is the root (last step's bonus).
+    layout:           `TreeLayout` (retrieve arrays, positions [bs, W], tree_mask [bs, W, W]).
+    verify_loc:       [bs * W] int64. KV slots ``req_to_token[req, prefix : prefix + W]``.
+    mask_cells:       [bs * W * W] int64. Tree cells in SGLang's flattened FULL_MASK.
+    seq_lens:         [bs] the batch's committed lengths (its dtype), as read by this step.
+    req_pool_indices: [bs] the batch's request-pool rows (its dtype), as read by this step.
+    """
+
+    tokens: torch.Tensor
+    layout: TreeLayout
+    verify_loc: torch.Tensor
+    mask_cells: torch.Tensor
+    seq_lens: torch.Tensor
+    req_pool_indices: torch.Tensor
+
+
+class CommitStep(NamedTuple):
+    """What the step commits, per request (see `sglang_ddtree.core.commit.CommitPlan`).
+
+    next_token_ids: [bs * S] int64. Emitted tokens (accepted drafts, then the bonus); pads 0.
+    keep_index:     [bs, S] int64. Global node ids whose target KV is kept, in path order; -1.
+    accept_length:  [bs] int32. Accepted draft nodes (root and bonus excluded).
+    commit_lens:    [bs] int32. accept_length + 1.
+    bonus:          [bs] int64. The next step's root token.
+    new_seq_lens:   [bs] int64. seq_lens + commit_lens.
+    """
+
+    next_token_ids: torch.Tensor
+    keep_index: torch.Tensor
+    accept_length: torch.Tensor
+    commit_lens: torch.Tensor
+    bonus: torch.Tensor
+    new_seq_lens: torch.Tensor
+
+
+def draft_to_tree(
+    hidden: torch.Tensor,  # [bs * B, H] drafter hidden states of the block [root, MASK x D]
+    lm_head: torch.Tensor,  # [V, H] the target's LM head (DFlash drafters share it)
+    bonus: torch.Tensor,  # [bs] int, the root token of each tree
+    seq_lens: torch.Tensor,  # [bs] int, committed tokens per request
+    req_pool_indices: torch.Tensor,  # [bs] int, rows of req_to_token
+    req_to_token: torch.Tensor,  # [pool, max_len] int32, KV slot of each position
+    *,
+    block_size: int,  # B
+    max_depth: int,  # D = min(B - 1, budget)
+    budget: int,  # W - 1
+    topk: int,  # candidates per depth
+) -> TreeStep:
+    """Per-depth top-K of the draft, best-first tree of ``budget`` nodes, verify layout."""
+    bs = seq_lens.shape[0]
+    depth = max_depth
+    assert hidden.shape[0] == bs * block_size, (hidden.shape, bs, block_size)
+    hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :]
+    logits = torch.matmul(hs.to(lm_head.dtype), lm_head.T).float()  # [bs, D, V]
+    cand_lp, cand_tok = select_candidates(logits, topk, normalize=True)
+    prefix = seq_lens.to(torch.int64)
+    tree = build_tree_from_candidates(cand_lp, cand_tok, bonus.view(-1).to(torch.int64), budget)
+    layout = tree_to_retrieve_arrays(tree, prefix, max_depth=depth)
+    n = budget + 1
+    cols = prefix[:, None] + torch.arange(n, device=prefix.device)
+    verify_loc = req_to_token[req_pool_indices.to(torch.int64)[:, None], cols]
+    return TreeStep(
+        tokens=tree.tokens,
+        layout=layout,
+        verify_loc=verify_loc.to(torch.int64).reshape(-1),
+        mask_cells=verify_mask_cells(prefix, n),
+        seq_lens=seq_lens,
+        req_pool_indices=req_pool_indices,
+    )
+
+
+def accept_and_commit(
+    logits: torch.Tensor,  # [bs * W, V] float, target logits at every node (penalties applied)
+    tokens: torch.Tensor,  # [bs, W] int64
+    layout: TreeLayout,
+    seq_lens: torch.Tensor,  # [bs] int
+    *,
+    accept_width: int,  # S
+    temperatures: torch.Tensor | None = None,  # [bs] float32; None: every row greedy
+    top_ks: torch.Tensor | None = None,  # [bs] int; <= 1 marks a greedy row
+    top_ps: torch.Tensor | None = None,  # [bs] float32
+    need_top_k: bool = True,
+    need_top_p: bool = True,
+    coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
+) -> CommitStep:
+    """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
+    bs, w = tokens.shape
+    assert logits.shape[0] == bs * w, (logits.shape, bs, w)
+    target_predict = torch.argmax(logits, dim=-1).view(bs, w)
+    result = accept_greedy(layout, tokens, target_predict, accept_width)
+    if temperatures is not None:
+        assert top_ks is not None and top_ps is not None
+        probs = target_probs(
+            logits.view(bs, w, -1),
+            temperatures.view(-1).float(),
+            top_ks.view(-1).to(torch.int64),
+            top_ps.view(-1).float(),
+            need_top_k=need_top_k,
+            need_top_p=need_top_p,
+        )
+        coins, final_coins = draw_coins(bs, w, logits.device)
+        if coin_scale != 1.0:
+            coins = coins * coin_scale
+        sampled = accept_sampled(layout, tokens, probs, coins, final_coins, accept_width)
+        result = merge_accept(result, sampled, greedy_rows(top_ks), w)
+    plan = commit_accepted(result, seq_lens.to(torch.int64), w)
+    return CommitStep(
+        next_token_ids=plan.out_tokens.clamp(min=0).reshape(-1),
+        keep_index=plan.keep_index,
+        accept_length=result.accept_length,
+        commit_lens=plan.commit_lens.to(torch.int32),
+        bonus=plan.bonus,
+        new_seq_lens=plan.new_seq_lens,
+    )

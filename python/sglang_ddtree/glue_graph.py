@@ -1,0 +1,194 @@
+"""CUDA graphs for the tensor glue of a DDTREE decode step.
+
+A DDTREE step runs two SGLang forwards (the drafter block and the target tree verify), both
+replayed from SGLang's CUDA graphs. Around them sit about a hundred small kernels (top-K, tree
+build, layout, accept, commit, KV moves, drafter-KV append). Launched one by one from Python
+they made the step host-bound (benchmark/ddtree/RESULTS.md, "Where DDTREE's step time goes").
+`SegmentGraphs` captures such a run of kernels once per key and replays it.
+
+Terms:
+
+- **segment**: a function of tensors whose output shapes depend on the key alone and which
+  never reads the device from the host (so it can be captured).
+- **key**: a hashable host value fixing every shape and every host branch of the segment
+  (batch size, tree width W, sampling mode).
+- **bound input**: a tensor the graph reads in place, e.g. a static output of an SGLang graph
+  (drafter hidden states, target logits) or of an earlier segment. A replay requires the same
+  address, shape, strides and dtype as at capture; otherwise the key is captured again.
+- **copied input**: a small tensor (sequence lengths, bonus tokens, sampling parameters) copied
+  into the graph's own buffer before every replay.
+- **outputs**: tensors in the graph's memory pool, overwritten by the next replay of the same
+  key. Callers clone what outlives the step.
+
+The first call of a key runs the segment eagerly (that run is the step's result; it also
+compiles Triton kernels and creates cuBLAS handles, which must not happen during a capture)
+and then captures it on a side stream. A ``pure`` segment (no side effects) then replays once so
+that its outputs already have their stable graph addresses; a segment with side effects (KV
+writes) is not replayed, since running it twice is not idempotent.
+
+A key whose capture fails, or whose bound inputs keep moving (``max_captures`` per key), runs
+eagerly from then on, with one warning. Eager and graph runs compute the same tensors, so the
+output law never depends on which one ran. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns capture off
+(the before/after comparison in bench_step.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+GLUE_GRAPHS_ENV = "SGLANG_DDTREE_GLUE_GRAPHS"
+
+
+def glue_graphs_enabled(environ: Mapping[str, str]) -> bool:
+    """False when ``SGLANG_DDTREE_GLUE_GRAPHS`` is 0 / false / off / no; True otherwise."""
+    value = environ.get(GLUE_GRAPHS_ENV, "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+def _signature(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+class _Entry:
+    """One captured key: the graph, its bound inputs (kept alive), copy buffers and outputs."""
+
+    def __init__(self, graph, bound: dict, copied: dict, outputs: Any):
+        self.graph = graph
+        self.bound = bound
+        self.signature = {name: _signature(t) for name, t in bound.items()}
+        self.copied = copied
+        self.outputs = outputs
+
+    def binds(self, bound: Mapping[str, torch.Tensor]) -> bool:
+        return all(_signature(t) == self.signature[name] for name, t in bound.items())
+
+
+class SegmentGraphs:
+    """CUDA graphs of one segment ``fn(**bound, **copied)``, one per key.
+
+    ``counts`` (host ints): ``graph`` replays, ``eager`` runs (first runs of a key, disabled,
+    failed or given-up keys), ``captures``, ``recaptures`` (bound inputs moved),
+    ``capture_failures``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        enabled: bool = True,
+        pure: bool = True,
+        pool=None,
+        max_captures: int = 4,
+    ):
+        self.name = name
+        self.fn = fn
+        self.enabled = enabled
+        self.pure = pure
+        self.pool = pool
+        self.max_captures = max_captures
+        self.entries: dict[Hashable, _Entry] = {}
+        self.captures_of: dict[Hashable, int] = {}
+        self.eager_keys: set[Hashable] = set()
+        self.counts = {
+            "graph": 0,
+            "eager": 0,
+            "captures": 0,
+            "recaptures": 0,
+            "capture_failures": 0,
+        }
+        self._stream = None
+
+    def __call__(
+        self,
+        key: Hashable,
+        bound: Mapping[str, torch.Tensor],
+        copied: Mapping[str, torch.Tensor] | None = None,
+        static: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """``fn(**bound, **copied, **static)``, replayed from the key's graph when it has one.
+
+        ``static``: host arguments of ``fn`` (flags, sizes); they must be fixed by ``key``.
+        """
+        copied = dict(copied or {})
+        static = dict(static or {})
+        entry = self.entries.get(key)
+        if entry is not None and entry.binds(bound):
+            for name, src in copied.items():
+                dst = entry.copied[name]
+                assert dst.shape == src.shape, (self.name, key, name, dst.shape, src.shape)
+                dst.copy_(src, non_blocking=True)
+            entry.graph.replay()
+            self.counts["graph"] += 1
+            return entry.outputs
+        if not self.enabled or key in self.eager_keys or not _capturable(bound, copied):
+            return self._eager(bound, copied, static)
+        if entry is not None:
+            self.counts["recaptures"] += 1
+            del self.entries[key]  # its pool blocks return to the shared pool
+        if self.captures_of.get(key, 0) >= self.max_captures:
+            self.eager_keys.add(key)
+            logger.warning(
+                "DDTREE glue graph %s, key %s: bound inputs moved %d times; running it eagerly "
+                "from now on.",
+                self.name,
+                key,
+                self.max_captures,
+            )
+            return self._eager(bound, copied, static)
+        return self._capture(key, bound, copied, static)
+
+    def _eager(self, bound, copied, static) -> Any:
+        self.counts["eager"] += 1
+        return self.fn(**bound, **copied, **static)
+
+    def _capture(self, key, bound, copied, static) -> Any:
+        result = self._eager(bound, copied, static)  # the step's result; also the warm-up
+        self.captures_of[key] = self.captures_of.get(key, 0) + 1
+        buffers = {name: torch.empty_like(t) for name, t in copied.items()}
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        stream = self._stream
+        graph = torch.cuda.CUDAGraph()
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    outputs = self.fn(**bound, **buffers, **static)
+                finally:
+                    graph.capture_end()
+        except Exception as e:  # e.g. a host sync inside fn: this key stays eager
+            self.counts["capture_failures"] += 1
+            self.eager_keys.add(key)
+            logger.warning(
+                "DDTREE glue graph %s, key %s: capture failed (%s: %s); running it eagerly.",
+                self.name,
+                key,
+                type(e).__name__,
+                e,
+            )
+            return result
+        finally:
+            torch.cuda.current_stream().wait_stream(stream)
+        self.counts["captures"] += 1
+        entry = _Entry(graph, dict(bound), buffers, outputs)
+        self.entries[key] = entry
+        if not self.pure:
+            return result
+        # Pure: replay now so later segments bind to the stable graph outputs from step one.
+        for name, src in copied.items():
+            buffers[name].copy_(src, non_blocking=True)
+        graph.replay()
+        return outputs
+
+
+def _capturable(bound: Mapping[str, torch.Tensor], copied: Mapping[str, torch.Tensor]) -> bool:
+    tensors = list(bound.values()) + list(copied.values())
+    return bool(tensors) and all(t.is_cuda for t in tensors)

@@ -1,0 +1,263 @@
+"""Glue CUDA graphs (sglang_ddtree.glue_graph) and the step halves they capture (core.step).
+
+CPU: the step halves equal their parts; SegmentGraphs runs CPU tensors eagerly. GPU (``gpu``
+marker): a replay follows new copied inputs, recaptures when a bound input moves, runs a
+side-effecting segment exactly once per call, falls back to eager when capture fails, and the
+captured step halves equal eager runs over many random steps.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from sglang_ddtree.core.accept import accept_greedy
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.layout import flatten_verify_mask, scatter_verify_mask
+from sglang_ddtree.core.step import accept_and_commit, draft_to_tree
+from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
+from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+def _tree_inputs(bs, block, hid, vocab, device, seed, pool=8, max_len=512):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(bs * block, hid, generator=g).to(device)
+    lm_head = torch.randn(vocab, hid, generator=g).to(device)
+    bonus = torch.randint(0, vocab, (bs,), generator=g).to(device)
+    seq_lens = torch.randint(1, 200, (bs,), generator=g).to(device)
+    req_pool_indices = torch.randperm(pool, generator=g)[:bs].to(device)
+    req_to_token = torch.randint(0, 10_000, (pool, max_len), generator=g, dtype=torch.int32)
+    return hidden, lm_head, bonus, seq_lens, req_pool_indices, req_to_token.to(device)
+
+
+@pytest.mark.parametrize("bs,block,budget", [(1, 4, 6), (3, 5, 9), (2, 8, 3)])
+def test_draft_to_tree_matches_its_parts(bs, block, budget):
+    vocab, hid, topk = 40, 16, 5
+    hidden, lm_head, bonus, seq_lens, pool_idx, r2t = _tree_inputs(bs, block, hid, vocab, "cpu", 0)
+    depth = min(block - 1, budget)
+    out = draft_to_tree(
+        hidden,
+        lm_head,
+        bonus,
+        seq_lens,
+        pool_idx,
+        r2t,
+        block_size=block,
+        max_depth=depth,
+        budget=budget,
+        topk=topk,
+    )
+    logits = (hidden.view(bs, block, hid)[:, 1 : 1 + depth] @ lm_head.T).float()
+    tree = build_tree_from_candidates(
+        *select_candidates(logits, topk, normalize=True), bonus, budget
+    )
+    n = budget + 1
+    assert torch.equal(out.tokens, tree.tokens)
+    assert out.tokens.shape == (bs, n) and out.layout.tree_mask.shape == (bs, n, n)
+    for b in range(bs):  # verify slots = req_to_token[req, prefix .. prefix + W)
+        start = int(seq_lens[b])
+        want = r2t[int(pool_idx[b]), start : start + n].to(torch.int64)
+        assert torch.equal(out.verify_loc.view(bs, n)[b], want)
+    total = int(sum(n * (int(p) + n) for p in seq_lens))
+    flat = flatten_verify_mask(out.layout.tree_mask, seq_lens, total)
+    assert torch.equal(scatter_verify_mask(out.layout.tree_mask, out.mask_cells, total), flat)
+
+
+def _random_tree(bs, n, vocab, seed, device="cpu"):
+    """A random best-first tree (via the real builder) and logits over its nodes."""
+    g = torch.Generator().manual_seed(seed)
+    depth = 4
+    lp = torch.randn(bs, depth, vocab, generator=g).log_softmax(-1).to(device)
+    cand = select_candidates(lp, 4)
+    roots = torch.randint(0, vocab, (bs,), generator=g).to(device)
+    tree = build_tree_from_candidates(*cand, roots, n - 1)
+    from sglang_ddtree.core.layout import tree_to_retrieve_arrays
+
+    prefix = torch.randint(1, 50, (bs,), generator=g).to(device)
+    layout = tree_to_retrieve_arrays(tree, prefix, max_depth=depth)
+    # Logits that often agree with the draft: the node's first child token gets a boost.
+    logits = torch.randn(bs * n, vocab, generator=g).to(device)
+    child = layout.retrieve_next_token.clamp(min=0)
+    boost_tok = torch.gather(tree.tokens, 1, child).reshape(-1)
+    logits[torch.arange(bs * n, device=device), boost_tok] += 4.0
+    return tree, layout, prefix, logits, depth + 1
+
+
+def test_accept_and_commit_greedy_matches_its_parts():
+    bs, n, vocab = 4, 9, 30
+    tree, layout, prefix, logits, s = _random_tree(bs, n, vocab, 1)
+    out = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
+    res = accept_greedy(layout, tree.tokens, logits.argmax(-1).view(bs, n), s)
+    plan = commit_accepted(res, prefix, n)
+    assert torch.equal(out.next_token_ids, plan.out_tokens.clamp(min=0).reshape(-1))
+    assert torch.equal(out.keep_index, plan.keep_index)
+    assert torch.equal(out.commit_lens, plan.commit_lens.to(torch.int32))
+    assert torch.equal(out.new_seq_lens, prefix + plan.commit_lens)
+    assert torch.equal(out.bonus, plan.bonus)
+    assert out.accept_length.float().mean() > 0  # the boosted logits do accept drafts
+
+
+def test_accept_and_commit_mixed_rows():
+    """Rows with top_k <= 1 are greedy even in a sampled batch; sampled rows emit a path."""
+    bs, n, vocab = 6, 9, 30
+    tree, layout, prefix, logits, s = _random_tree(bs, n, vocab, 2)
+    top_ks = torch.tensor([1, 0, 1, 0, 1, 0], dtype=torch.int32)
+    temps = torch.tensor([1.0, 0.8, 1.0, 1.0, 1.0, 1.3])
+    top_ps = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.95])
+    torch.manual_seed(0)
+    out = accept_and_commit(
+        logits,
+        tree.tokens,
+        layout,
+        prefix,
+        accept_width=s,
+        temperatures=temps,
+        top_ks=top_ks,
+        top_ps=top_ps,
+    )
+    greedy = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
+    rows = top_ks <= 1
+    assert torch.equal(
+        out.next_token_ids.view(bs, s)[rows], greedy.next_token_ids.view(bs, s)[rows]
+    )
+    assert torch.equal(out.accept_length[rows], greedy.accept_length[rows])
+    # Sampled rows: kept nodes form a root-first path of parent -> child links.
+    for b in torch.nonzero(~rows).flatten().tolist():
+        k = int(out.accept_length[b])
+        nodes = (out.keep_index[b, : k + 1] - b * n).tolist()
+        assert nodes[0] == 0
+        for parent, child in zip(nodes, nodes[1:]):
+            assert int(tree.parents[b, child]) == parent
+
+
+def test_glue_env_switch():
+    assert glue_graphs_enabled({})
+    assert glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": "1"})
+    for off in ("0", "false", "OFF", "no"):
+        assert not glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": off})
+
+
+def test_cpu_tensors_run_eagerly():
+    seg = SegmentGraphs("cpu", lambda x, y: x * 2 + y)
+    for i in range(3):
+        out = seg(("k",), {"x": torch.full((3,), float(i))}, {"y": torch.ones(3)})
+        assert torch.equal(out, torch.full((3,), 2.0 * i + 1))
+    assert seg.counts["eager"] == 3 and seg.counts["graph"] == 0 and not seg.entries
+
+
+# ---------------------------------------------------------------------------------- GPU ----
+@pytest.mark.gpu
+@needs_cuda
+def test_replay_follows_copied_inputs_and_recaptures_moved_bound():
+    seg = SegmentGraphs("t", lambda x, y: (x * 2 + y).sum(-1, keepdim=True) + y)
+    x = torch.randn(4, 8, device="cuda")
+    for _ in range(5):
+        y = torch.randn(4, 1, device="cuda")  # a new tensor every step: copied, not bound
+        x.normal_()  # bound: same memory, new content
+        out = seg((4,), {"x": x}, {"y": y})
+        assert torch.allclose(out, (x * 2 + y).sum(-1, keepdim=True) + y)
+    assert seg.counts["captures"] == 1 and seg.counts["graph"] == 4
+    x2 = torch.randn(4, 8, device="cuda")  # the bound input moved: capture again
+    out = seg((4,), {"x": x2}, {"y": y})
+    assert torch.allclose(out, (x2 * 2 + y).sum(-1, keepdim=True) + y)
+    assert seg.counts["recaptures"] == 1 and seg.counts["captures"] == 2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_side_effect_segment_runs_once_per_call():
+    counter = torch.zeros(1, device="cuda")
+
+    def bump(step):
+        counter.add_(step)
+
+    seg = SegmentGraphs("kv", bump, pure=False)
+    step = torch.ones(1, device="cuda")
+    for i in range(1, 6):
+        seg((1,), {"step": step})
+        torch.cuda.synchronize()
+        assert counter.item() == i  # the capture call ran it once, each replay once more
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_capture_failure_falls_back_to_eager(caplog):
+    def host_sync(x):
+        return x * float(x.sum().item())  # a device read: not capturable
+
+    seg = SegmentGraphs("bad", host_sync)
+    x = torch.ones(3, device="cuda")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert torch.equal(seg((3,), {"x": x}), torch.full((3,), 3.0, device="cuda"))
+    assert seg.counts["capture_failures"] == 1 and seg.counts["graph"] == 0
+    assert "capture failed" in caplog.text
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("bs", [1, 5])
+def test_step_halves_graph_equals_eager(bs):
+    """draft_to_tree + accept_and_commit (greedy) replayed from graphs == eager, 12 steps."""
+    block, hid, vocab, budget, topk = 8, 64, 128, 20, 8
+    base = _tree_inputs(bs, block, hid, vocab, "cuda", 0)
+    hidden, lm_head, r2t = base[0].clone(), base[1], base[5]
+    kw = dict(block_size=block, max_depth=block - 1, budget=budget, topk=topk)
+    tree_seg = SegmentGraphs(
+        "tree",
+        lambda hidden, bonus, seq_lens, pool: draft_to_tree(
+            hidden, lm_head, bonus, seq_lens, pool, r2t, **kw
+        ),
+    )
+    logits = torch.empty(bs * (budget + 1), vocab, device="cuda")
+
+    def accept(
+        logits,
+        tokens,
+        seq_lens,
+        retrieve_index,
+        retrieve_next_token,
+        retrieve_next_sibling,
+        positions,
+        tree_mask,
+    ):
+        from sglang_ddtree.core.layout import TreeLayout
+
+        lay = TreeLayout(
+            retrieve_index, retrieve_next_token, retrieve_next_sibling, positions, tree_mask
+        )
+        return accept_and_commit(logits, tokens, lay, seq_lens, accept_width=block)
+
+    acc_seg = SegmentGraphs("accept", accept)
+    for step in range(12):
+        _, _, bonus, seq_lens, pool, _ = _tree_inputs(bs, block, hid, vocab, "cuda", 100 + step)
+        hidden.normal_()
+        tree = tree_seg(
+            (bs,), {"hidden": hidden}, {"bonus": bonus, "seq_lens": seq_lens, "pool": pool}
+        )
+        want = draft_to_tree(hidden, lm_head, bonus, seq_lens, pool, r2t, **kw)
+        for name in ("tokens", "verify_loc", "mask_cells", "seq_lens"):
+            assert torch.equal(getattr(tree, name), getattr(want, name)), (step, name)
+        for a, b in zip(tree.layout, want.layout):
+            assert torch.equal(a, b), step
+        # Logits that follow the draft on some nodes, so paths of several lengths occur.
+        logits.normal_()
+        child = want.layout.retrieve_next_token.clamp(min=0)
+        tok = torch.gather(want.tokens, 1, child).reshape(-1)
+        logits[torch.arange(logits.shape[0], device="cuda"), tok] += 3.0
+        bound = {
+            "logits": logits,
+            "tokens": tree.tokens,
+            "seq_lens": tree.seq_lens,
+            **tree.layout._asdict(),
+        }
+        got = acc_seg((bs,), bound)
+        ref = accept_and_commit(logits, want.tokens, want.layout, seq_lens, accept_width=block)
+        for name, a, b in zip(got._fields, got, ref):
+            assert torch.equal(a, b), (step, name)
+    assert tree_seg.counts["graph"] == 11 and acc_seg.counts["graph"] == 11
