@@ -156,15 +156,21 @@ class SegmentGraphs:
             self._stream = torch.cuda.Stream()
         stream = self._stream
         graph = torch.cuda.CUDAGraph()
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
+        rng_before = generator.clone_state()
         stream.wait_stream(torch.cuda.current_stream())
+        began = False
         try:
             with torch.cuda.stream(stream):
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                began = True
                 try:
                     outputs = self.fn(**bound, **buffers, **static)
                 finally:
                     graph.capture_end()
         except Exception as e:  # e.g. a host sync inside fn: this key stays eager
+            if began:
+                _undo_failed_capture(graph, generator, rng_before)
             self.counts["capture_failures"] += 1
             self.eager_keys.add(key)
             logger.warning(
@@ -187,6 +193,24 @@ class SegmentGraphs:
             buffers[name].copy_(src, non_blocking=True)
         graph.replay()
         return outputs
+
+
+def _undo_failed_capture(graph, generator, rng_before) -> None:
+    """Leave no capture state behind after ``capture_end`` raised.
+
+    PyTorch's ``capture_end`` raises before its own clean-up when the capture was invalidated:
+    the CUDA generator would stay in capture mode (every later ``torch.rand`` fails with
+    "Offset increment outside graph capture") and the capture stream would keep allocating
+    from the graph pool. Restore the generator's pre-capture state and end the pool routing.
+    """
+    try:
+        generator.graphsafe_set_state(rng_before)
+    except Exception as e:  # pragma: no cover - depends on the torch build
+        logger.error("DDTREE glue graph: could not restore the CUDA RNG state: %s", e)
+    try:
+        torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), graph.pool())
+    except Exception as e:  # pragma: no cover
+        logger.error("DDTREE glue graph: could not end the capture's pool routing: %s", e)
 
 
 def _capturable(bound: Mapping[str, torch.Tensor], copied: Mapping[str, torch.Tensor]) -> bool:

@@ -311,18 +311,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _build_glue(self, shape: DDTreeShape, enabled: bool, pool) -> dict[str, SegmentGraphs]:
         w, s = shape.num_nodes, shape.accept_width
         vocab = int(self.model_runner.model_config.vocab_size)
-        lm_head = self.target_worker.model_runner.model.lm_head.weight[:vocab]
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
         depth_offsets = torch.arange(s, device=self.device)
 
         def tree_fn(hidden, bonus, seq_lens, req_pool_indices) -> TreeStep:
+            # Looked up per call: the pools are attached after this constructor.
             return draft_to_tree(
                 hidden,
-                lm_head,
+                self.target_worker.model_runner.model.lm_head.weight[:vocab],
                 bonus,
                 seq_lens,
                 req_pool_indices,
-                req_to_token,
+                self.model_runner.req_to_token_pool.req_to_token,
                 block_size=shape.block_size,
                 max_depth=shape.max_depth,
                 budget=shape.budget,

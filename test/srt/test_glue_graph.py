@@ -197,6 +197,53 @@ def test_capture_failure_falls_back_to_eager(caplog):
             assert torch.equal(seg((3,), {"x": x}), torch.full((3,), 3.0, device="cuda"))
     assert seg.counts["capture_failures"] == 1 and seg.counts["graph"] == 0
     assert "capture failed" in caplog.text
+    # No capture state is left behind: the RNG works and a later segment with RNG captures.
+    torch.randn(4, device="cuda")
+    noisy = SegmentGraphs("rng", lambda x: x + torch.rand_like(x))
+    outs = [noisy((3,), {"x": x}).clone() for _ in range(4)]
+    assert noisy.counts["graph"] == 3 and noisy.counts["capture_failures"] == 0
+    assert not torch.equal(outs[2], outs[3])  # each replay draws new numbers
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_sampled_accept_in_graph():
+    """Sampled accept_and_commit replayed from a graph: greedy rows equal eager, sampled rows
+    emit root-first tree paths, and replays draw fresh coins (accept lengths vary)."""
+    bs, n, vocab = 6, 17, 64
+    tree, layout, prefix, logits, s = _random_tree(bs, n, vocab, 3, device="cuda")
+    top_ks = torch.tensor([1, 0, 1, 0, 0, 0], dtype=torch.int32, device="cuda")
+    temps = torch.ones(bs, device="cuda")
+    top_ps = torch.full((bs,), 0.95, device="cuda")
+
+    def fn(logits, tokens, seq_lens, temperatures, top_ks, top_ps, need_top_k, need_top_p):
+        return accept_and_commit(
+            logits, tokens, layout, seq_lens, accept_width=s, temperatures=temperatures,
+            top_ks=top_ks, top_ps=top_ps, need_top_k=need_top_k, need_top_p=need_top_p,
+        )  # fmt: skip
+
+    seg = SegmentGraphs("sampled", fn)
+    greedy = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
+    rows = (top_ks <= 1).cpu()
+    lengths = set()
+    for _ in range(20):
+        out = seg(
+            (bs, "sampled"),
+            {"logits": logits, "tokens": tree.tokens, "seq_lens": prefix},
+            {"temperatures": temps, "top_ks": top_ks, "top_ps": top_ps},
+            {"need_top_k": False, "need_top_p": True},
+        )
+        acc = out.accept_length.cpu()
+        assert torch.equal(acc[rows], greedy.accept_length.cpu()[rows])
+        keep = out.keep_index.cpu()
+        for b in torch.nonzero(~rows).flatten().tolist():
+            nodes = (keep[b, : int(acc[b]) + 1] - b * n).tolist()
+            assert nodes[0] == 0
+            for parent, child in zip(nodes, nodes[1:]):
+                assert int(tree.parents[b, child]) == parent
+        lengths.add(tuple(acc[~rows].tolist()))
+    assert seg.counts["graph"] == 19
+    assert len(lengths) > 1  # coins differ between replays
 
 
 @pytest.mark.gpu
