@@ -60,6 +60,7 @@ from sglang_ddtree import requests
 from sglang_ddtree.args import DDTreeShape, read_topk
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask
+from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import CommitStep, TreeStep, accept_and_commit, draft_to_tree
 from sglang_ddtree.cuda_graph import install_target_graph_runner
 from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
@@ -375,10 +376,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
         need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
         need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
+        # The coins are drawn here, eagerly (two launches), and copied in like the sampling
+        # parameters: the law then never depends on how captured graphs replay the RNG.
+        coins, final_coins = draw_coins(bs, tree.tokens.shape[1], logits.device)
         copied = {
             "temperatures": sampling_info.temperatures.view(-1),
             "top_ks": sampling_info.top_ks.view(-1),
             "top_ps": sampling_info.top_ps.view(-1),
+            "coins": coins,
+            "final_coins": final_coins,
         }
         static = {"need_top_k": need_k, "need_top_p": need_p}
         return glue["accept"]((bs, "sampled", need_k, need_p), bound, copied, static)

@@ -21,6 +21,7 @@ from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidate
 from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
 
 HAS_CUDA = torch.cuda.is_available()
+ALL = 1 << 30  # SGLang's top_k for "no top-k" (TOP_K_ALL); top_k 1 marks a greedy row
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
@@ -106,7 +107,7 @@ def test_accept_and_commit_mixed_rows():
     """Rows with top_k <= 1 are greedy even in a sampled batch; sampled rows emit a path."""
     bs, n, vocab = 6, 9, 30
     tree, layout, prefix, logits, s = _random_tree(bs, n, vocab, 2)
-    top_ks = torch.tensor([1, 0, 1, 0, 1, 0], dtype=torch.int32)
+    top_ks = torch.tensor([1, ALL, 1, ALL, 1, 40], dtype=torch.int32)
     temps = torch.tensor([1.0, 0.8, 1.0, 1.0, 1.0, 1.3])
     top_ps = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.95])
     torch.manual_seed(0)
@@ -121,6 +122,23 @@ def test_accept_and_commit_mixed_rows():
         top_ps=top_ps,
     )
     greedy = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
+    coins, final = torch.rand(bs, n), torch.rand(bs)
+    given = [
+        accept_and_commit(
+            logits,
+            tree.tokens,
+            layout,
+            prefix,
+            accept_width=s,
+            temperatures=temps,
+            top_ks=top_ks,
+            top_ps=top_ps,
+            coins=coins,
+            final_coins=final,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(*given))  # given coins: deterministic
     rows = top_ks <= 1
     assert torch.equal(
         out.next_token_ids.view(bs, s)[rows], greedy.next_token_ids.view(bs, s)[rows]
@@ -212,7 +230,7 @@ def test_sampled_accept_in_graph():
     emit root-first tree paths, and replays draw fresh coins (accept lengths vary)."""
     bs, n, vocab = 6, 17, 64
     tree, layout, prefix, logits, s = _random_tree(bs, n, vocab, 3, device="cuda")
-    top_ks = torch.tensor([1, 0, 1, 0, 0, 0], dtype=torch.int32, device="cuda")
+    top_ks = torch.tensor([1, ALL, 1, ALL, ALL, ALL], dtype=torch.int32, device="cuda")
     temps = torch.ones(bs, device="cuda")
     top_ps = torch.full((bs,), 0.95, device="cuda")
 

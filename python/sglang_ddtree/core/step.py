@@ -109,6 +109,8 @@ def accept_and_commit(
     top_ps: torch.Tensor | None = None,  # [bs] float32
     need_top_k: bool = True,
     need_top_p: bool = True,
+    coins: torch.Tensor | None = None,  # [bs, W] float32 uniforms; None: drawn here
+    final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
     coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
 ) -> CommitStep:
     """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
@@ -126,7 +128,9 @@ def accept_and_commit(
             need_top_k=need_top_k,
             need_top_p=need_top_p,
         )
-        coins, final_coins = draw_coins(bs, w, logits.device)
+        if coins is None:
+            coins, final_coins = draw_coins(bs, w, logits.device)
+        assert coins.shape == (bs, w) and final_coins.shape == (bs,)
         if coin_scale != 1.0:
             coins = coins * coin_scale
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, accept_width)
