@@ -11,8 +11,11 @@ and CUDA graphs on:
 - ``ddtree-B`` for each ``--budgets`` value B (config name ``ddtree``): ``--speculative-algorithm
   DDTREE --speculative-num-draft-tokens B+1`` (B >= 15: W must reach the block size).
 
-Against each server, for every temperature (T=0, and T=1 with top-p 0.95) and every concurrency
-(1, 8, 32, 64), ``--requests-per-level`` (default max(2 x concurrency, 32)) streaming requests
+Against each server, first a warm-up per temperature (`warmup_sweep`: as many requests as the
+largest concurrency, of staggered lengths, so the running batch passes every size once; DDTREE
+captures its glue CUDA graphs at the first step of each batch size), then, for every
+temperature (T=0, and T=1 with top-p 0.95) and every concurrency (1, 8, 32, 64),
+``--requests-per-level`` (default max(2 x concurrency, 32)) streaming requests
 with the held-out prompts (cycled; ``max_new_tokens`` = ``--max-tokens``, ``ignore_eos``) keep
 ``concurrency`` requests in flight. Measured per level:
 
@@ -497,6 +500,56 @@ def run_level(
     return sorted(results, key=lambda r: r.t_start), t_end - t0
 
 
+# Above the most tokens one step commits (the drafter block, 16), so warm-up requests seldom end
+# in the same step; the cap keeps prompt + output inside the servers' context (2048).
+WARMUP_TOKEN_STEP = 17
+WARMUP_MAX_TOKENS = 1024
+
+
+def warmup_sweep(
+    base: str,
+    api: str,
+    prompts: list[str],
+    concurrency: int,
+    temperature: float,
+    top_p: float,
+    token_step: int = WARMUP_TOKEN_STEP,
+    desc: str = "",
+) -> list[RequestResult]:
+    """``concurrency`` requests at once, request i asking for ``1 + token_step * i`` tokens
+    (at most ``WARMUP_MAX_TOKENS``).
+
+    They finish one after another, so the running batch walks down from ``concurrency`` to 1
+    and the server meets every batch size before any level is timed. DDTREE captures its glue
+    CUDA graphs at the first step of each (batch size, W, sampling mode); SGLang's own graphs are
+    captured at startup, so without this the first levels would time those captures.
+    """
+    bar = _progress(concurrency, desc)
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futs = [
+            pool.submit(
+                stream_request,
+                base,
+                api,
+                prompts[i % len(prompts)],
+                i % len(prompts),
+                temperature,
+                top_p,
+                min(1 + token_step * i, WARMUP_MAX_TOKENS),
+            )  # fmt: skip
+            for i in range(concurrency)
+        ]
+        results = []
+        for f in as_completed(futs):
+            results.append(f.result())
+            bar.update(1)
+    bar.close()
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"{desc}: {len(failed)} warm-up requests failed, e.g. {failed[0]}")
+    return results
+
+
 def add_hists(a: list[int], b: list[int]) -> list[int]:
     n = max(len(a), len(b))
     return [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))]
@@ -570,12 +623,12 @@ def bench_server(
 ) -> list[dict]:
     """All (temperature, concurrency) levels against one running server; one row each.
 
-    No level starts after ``deadline`` (a ``time.time()`` value)."""
+    With ``warmup``, first a `warmup_sweep` per temperature up to the largest concurrency. No
+    level starts after ``deadline`` (a ``time.time()`` value)."""
     if warmup:
-        n = min(8, max(concurrencies))
         for t in sorted(set(temperatures)):
-            run_level(
-                base, api, prompts, n, n, t, top_p if t > 0 else 1.0, min(64, max_tokens),
+            warmup_sweep(
+                base, api, prompts, max(concurrencies), t, top_p if t > 0 else 1.0,
                 desc=f"{cfg.label} warmup T={t:g}",
             )  # fmt: skip
     rows = []

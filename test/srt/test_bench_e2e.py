@@ -75,7 +75,9 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._json(400, {"object": "error", "message": "bad request"})
             return
         gap = srv.gap * (2 if prompt.startswith("p") and int(prompt[1:]) % 4 == 3 else 1)
+        params = req.get("sampling_params") or req
         with srv.lock:
+            srv.max_tokens_seen.append(params.get("max_new_tokens", params.get("max_tokens")))
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
         try:
@@ -131,6 +133,7 @@ def make_server(port=0, ttft=0.10, gap=0.04, ready_after=0.0, child_pid=None):
     srv.t_created = time.time()
     srv.lock = threading.Lock()
     srv.in_flight = srv.max_in_flight = 0
+    srv.max_tokens_seen = []
     return srv
 
 
@@ -235,6 +238,19 @@ def test_level_metrics(bench, fake, api):
         assert row["accept_length_hist_mean"] == pytest.approx(3.0)
     else:  # the OpenAI stream has no per-request speculative counters
         assert row["accept_length"] is None and row["accept_len_hist"] == []
+
+
+def test_warmup_sweep_walks_the_batch_down(bench, fake):
+    """All requests at once, staggered lengths (1, 18, 35, ... capped), so the running batch
+    passes through every size from the concurrency down to 1."""
+    srv, base = fake
+    res = bench.warmup_sweep(base, "generate", PROMPTS, 5, 1.0, 0.95, desc="w")
+    assert len(res) == 5 and all(r.ok for r in res)
+    assert srv.max_in_flight == 5
+    assert sorted(srv.max_tokens_seen) == [1, 18, 35, 52, 69]
+    srv.max_tokens_seen.clear()
+    bench.warmup_sweep(base, "generate", PROMPTS, 3, 0.0, 1.0, token_step=600)
+    assert sorted(srv.max_tokens_seen) == [1, 601, bench.WARMUP_MAX_TOKENS]
 
 
 def test_errors_are_counted(bench, fake):
