@@ -35,6 +35,7 @@ output law never depends on which one ran. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -72,9 +73,10 @@ class _Entry:
 class SegmentGraphs:
     """CUDA graphs of one segment ``fn(**bound, **copied)``, one per key.
 
-    ``counts`` (host ints): ``graph`` replays, ``eager`` runs (first runs of a key, disabled,
-    failed or given-up keys), ``captures``, ``recaptures`` (bound inputs moved),
-    ``capture_failures``.
+    ``counts`` (host numbers): ``graph`` replays, ``eager`` runs (first runs of a key,
+    disabled, failed or given-up keys), ``captures``, ``recaptures`` (bound inputs moved),
+    ``capture_failures``, ``capture_ms`` (host wall time spent in first calls: the eager run,
+    the capture and the first replay; no device sync, so GPU work still queued is not in it).
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class SegmentGraphs:
             "captures": 0,
             "recaptures": 0,
             "capture_failures": 0,
+            "capture_ms": 0.0,
         }
         self._stream = None
 
@@ -142,7 +145,11 @@ class SegmentGraphs:
                 self.max_captures,
             )
             return self._eager(bound, copied, static)
-        return self._capture(key, bound, copied, static)
+        t0 = time.perf_counter()
+        try:
+            return self._capture(key, bound, copied, static)
+        finally:
+            self.counts["capture_ms"] += (time.perf_counter() - t0) * 1e3
 
     def _eager(self, bound, copied, static) -> Any:
         self.counts["eager"] += 1

@@ -166,6 +166,7 @@ def test_cpu_tensors_run_eagerly():
         out = seg(("k",), {"x": torch.full((3,), float(i))}, {"y": torch.ones(3)})
         assert torch.equal(out, torch.full((3,), 2.0 * i + 1))
     assert seg.counts["eager"] == 3 and seg.counts["graph"] == 0 and not seg.entries
+    assert seg.counts["capture_ms"] == 0.0
 
 
 # ---------------------------------------------------------------------------------- GPU ----
@@ -180,6 +181,7 @@ def test_replay_follows_copied_inputs_and_recaptures_moved_bound():
         out = seg((4,), {"x": x}, {"y": y})
         assert torch.allclose(out, (x * 2 + y).sum(-1, keepdim=True) + y)
     assert seg.counts["captures"] == 1 and seg.counts["graph"] == 4
+    assert seg.counts["capture_ms"] > 0.0
     x2 = torch.randn(4, 8, device="cuda")  # the bound input moved: capture again
     out = seg((4,), {"x": x2}, {"y": y})
     assert torch.allclose(out, (x2 * 2 + y).sum(-1, keepdim=True) + y)
