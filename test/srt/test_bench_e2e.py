@@ -209,7 +209,7 @@ def test_one_request_generate(bench, fake):
     r = bench.stream_request(base, "generate", "p0", 0, 0.0, 1.0, NUM_TOKENS)
     assert r.ok and r.error is None
     assert r.output_tokens == NUM_TOKENS and r.verify_ct == VERIFY_CT
-    assert r.ttft == pytest.approx(0.10, abs=0.01)
+    assert r.ttft == pytest.approx(0.10, abs=0.03)
     assert r.tpot == pytest.approx(TPOT_FAST, abs=1e-3)
     assert r.accept_length == pytest.approx(NUM_TOKENS / VERIFY_CT)
     assert r.correct_drafts_hist == HIST
@@ -222,15 +222,15 @@ def test_level_metrics(bench, fake, api):
     row = bench.summarize_level(results, wall)
     assert srv.max_in_flight == 2  # closed loop at the requested concurrency
     # Two waves of two: p0, p1 (0.30 s each), then p2 (0.30 s) and p3 (0.10 + 0.40 s).
-    assert wall == pytest.approx(0.80, abs=0.06)
+    assert wall == pytest.approx(0.80, abs=0.12)  # 1 or 4 in flight: 1.4 s / 0.5 s
     assert row["num_ok"] == 4 and row["num_errors"] == 0
     assert row["output_tokens"] == 4 * NUM_TOKENS
     assert row["output_tok_s"] == pytest.approx(4 * NUM_TOKENS / wall)
-    assert row["output_tok_s"] == pytest.approx(80.0, rel=0.08)
+    assert row["output_tok_s"] == pytest.approx(80.0, rel=0.15)
     tpots = [TPOT_FAST] * 3 + [TPOT_SLOW]
     assert row["tpot_ms_mean"] == pytest.approx(1e3 * statistics.fmean(tpots), abs=1.0)
     assert row["tpot_ms_median"] == pytest.approx(1e3 * TPOT_FAST, abs=1.0)
-    assert row["ttft_ms_median"] == pytest.approx(100.0, abs=10.0)
+    assert row["ttft_ms_median"] == pytest.approx(100.0, abs=30.0)
     if api == "generate":
         assert row["accept_length"] == pytest.approx(NUM_TOKENS / VERIFY_CT)  # 3.2
         assert row["accept_length_req_mean"] == pytest.approx(NUM_TOKENS / VERIFY_CT)
