@@ -17,8 +17,15 @@ Terms:
   address, shape, strides and dtype as at capture; otherwise the key is captured again.
 - **copied input**: a small tensor (sequence lengths, bonus tokens, sampling parameters) copied
   into the graph's own buffer before every replay.
-- **outputs**: tensors in the graph's memory pool, overwritten by the next replay of the same
-  key. Callers clone what outlives the step.
+- **outputs**: tensors allocated outside the graph memory pool and written by the graph's last
+  kernels; overwritten by the next replay of the same key. Callers clone what outlives the step.
+
+One memory pool serves every graph (a private pool per graph would pin a copy of the sampled
+path's ``[bs x W, V]`` intermediates per key). Sharing is safe for intermediates because the
+graphs replay one at a time on one stream; it is not safe for outputs: a graph captured later
+may place its outputs in blocks that an earlier graph uses as scratch, and replaying the earlier
+graph between the two (e.g. the KV segment after a sampled-accept graph first captured when
+greedy keys already existed) would overwrite them. Hence the copy into outside buffers.
 
 The first call of a key runs the segment eagerly (that run is the step's result; it also
 compiles Triton kernels and creates cuBLAS handles, which must not happen during a capture)
@@ -159,6 +166,7 @@ class SegmentGraphs:
         result = self._eager(bound, copied, static)  # the step's result; also the warm-up
         self.captures_of[key] = self.captures_of.get(key, 0) + 1
         buffers = {name: torch.empty_like(t) for name, t in copied.items()}
+        out_buffers = _map_tensors(torch.empty_like, result)  # outside the pool (see above)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         stream = self._stream
@@ -172,7 +180,7 @@ class SegmentGraphs:
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 began = True
                 try:
-                    outputs = self.fn(**bound, **buffers, **static)
+                    _copy_tensors(out_buffers, self.fn(**bound, **buffers, **static))
                 finally:
                     graph.capture_end()
         except Exception as e:  # e.g. a host sync inside fn: this key stays eager
@@ -191,7 +199,7 @@ class SegmentGraphs:
         finally:
             torch.cuda.current_stream().wait_stream(stream)
         self.counts["captures"] += 1
-        entry = _Entry(graph, dict(bound), buffers, outputs)
+        entry = _Entry(graph, dict(bound), buffers, out_buffers)
         self.entries[key] = entry
         if not self.pure:
             return result
@@ -199,7 +207,34 @@ class SegmentGraphs:
         for name, src in copied.items():
             buffers[name].copy_(src, non_blocking=True)
         graph.replay()
-        return outputs
+        return out_buffers
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:
+    """``fn`` applied to every tensor of a nest of tuples / NamedTuples / lists / dicts."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(_map_tensors(fn, x) for x in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_map_tensors(fn, x) for x in tree)
+    if isinstance(tree, dict):
+        return {k: _map_tensors(fn, v) for k, v in tree.items()}
+    return tree
+
+
+def _copy_tensors(dst: Any, src: Any) -> None:
+    """``dst_t.copy_(src_t)`` for the tensors of two nests of the same structure."""
+    if isinstance(dst, torch.Tensor):
+        assert isinstance(src, torch.Tensor) and src.shape == dst.shape, (dst, src)
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        assert isinstance(src, (tuple, list)) and len(src) == len(dst)
+        for d, x in zip(dst, src):
+            _copy_tensors(d, x)
+    elif isinstance(dst, dict):
+        for k, d in dst.items():
+            _copy_tensors(d, src[k])
 
 
 def _undo_failed_capture(graph, generator, rng_before) -> None:

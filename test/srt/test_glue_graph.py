@@ -169,6 +169,19 @@ def test_cpu_tensors_run_eagerly():
     assert seg.counts["capture_ms"] == 0.0
 
 
+def test_output_nests_are_mapped_and_copied():
+    """Outputs are allocated outside the graph pool by structure (NamedTuples inside tuples)."""
+    from sglang_ddtree.glue_graph import _copy_tensors, _map_tensors
+
+    tree, layout, prefix, logits, s = _random_tree(2, 5, 11, 4)
+    src = (accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s), layout, None)
+    dst = _map_tensors(torch.empty_like, src)
+    assert type(dst[0]) is type(src[0]) and type(dst[1]) is type(layout) and dst[2] is None
+    _copy_tensors(dst, src)
+    for a, b in zip(dst[0] + dst[1], src[0] + src[1]):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+
+
 # ---------------------------------------------------------------------------------- GPU ----
 @pytest.mark.gpu
 @needs_cuda
@@ -186,6 +199,26 @@ def test_replay_follows_copied_inputs_and_recaptures_moved_bound():
     out = seg((4,), {"x": x2}, {"y": y})
     assert torch.allclose(out, (x2 * 2 + y).sum(-1, keepdim=True) + y)
     assert seg.counts["recaptures"] == 1 and seg.counts["captures"] == 2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_outputs_survive_another_graphs_scratch():
+    """Graph K (captured first) has a 4 MB scratch tensor; graph L (captured later, same pool)
+    has a 4 MB output. Replaying K after L must not change L's output (in a shared pool L's
+    output could take K's freed scratch block)."""
+    pool = torch.cuda.graph_pool_handle()
+    k = SegmentGraphs("k", lambda x: (x * 3.0).sum(0), pool=pool)
+    l_seg = SegmentGraphs("l", lambda y: y + 1.0, pool=pool)
+    x = torch.randn(1024, 1024, device="cuda")
+    y = torch.randn(1024, 1024, device="cuda")
+    k((1,), {"x": x})
+    l_seg((1,), {"y": y})
+    for _ in range(3):
+        out = l_seg((1,), {"y": y})
+        k((1,), {"x": x})
+        assert torch.equal(out, y + 1.0)
+    assert k.counts["graph"] == 3 and l_seg.counts["graph"] == 3
 
 
 @pytest.mark.gpu
