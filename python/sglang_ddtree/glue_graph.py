@@ -125,9 +125,13 @@ class SegmentGraphs:
         """``fn(**bound, **copied, **static)``, replayed from the key's graph when it has one.
 
         ``static``: host arguments of ``fn`` (flags, sizes); they must be fixed by ``key``.
+        ``key=None``: run eagerly, capture nothing (e.g. a batch SGLang runs without graphs,
+        whose bound inputs would move every step).
         """
         copied = dict(copied or {})
         static = dict(static or {})
+        if key is None:
+            return self._eager(bound, copied, static)
         entry = self.entries.get(key)
         if entry is not None and entry.binds(bound):
             for name, src in copied.items():

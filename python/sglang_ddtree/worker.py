@@ -368,11 +368,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, pool=pool),
         }
 
-    def _accept_and_commit(self, glue, logits, tree: TreeStep, sampling_info, bs: int):
+    def _accept_and_commit(self, glue, key, logits, tree: TreeStep, sampling_info):
+        """The accept segment; its key adds the sampling mode to ``key`` (None: eager)."""
+        bs = tree.tokens.shape[0]
         bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
         bound.update(tree.layout._asdict())
         if sampling_info is None or sampling_info.is_all_greedy:
-            return glue["accept"]((bs, "greedy"), bound)
+            return glue["accept"](key and (*key, "greedy"), bound)
         # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
         need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
         need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
@@ -387,14 +389,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             "final_coins": final_coins,
         }
         static = {"need_top_k": need_k, "need_top_p": need_p}
-        return glue["accept"]((bs, "sampled", need_k, need_p), bound, copied, static)
+        return glue["accept"](key and (*key, "sampled", need_k, need_p), bound, copied, static)
 
-    def _record_verify(self, width: int, bs: int, ran_graph: bool) -> None:
+    def _target_has_graph(self, bs: int) -> bool:
+        """Whether SGLang's target verify of ``bs`` requests replays a captured graph (host)."""
+        has_graph = getattr(self.model_runner.decode_cuda_graph_runner, "has_graph_for", None)
+        return bool(has_graph(bs)) if has_graph is not None else False
+
+    def _record_verify(self, width: int, bs: int, ran_graph: bool, had_graph: bool) -> None:
         """Count the verify step per W; an eager step that had a captured graph is logged."""
         runner = self.model_runner.decode_cuda_graph_runner
-        has_graph = getattr(runner, "has_graph_for", None)
-        had_graph = bool(has_graph(bs)) if has_graph is not None else False
-        if has_graph is not None and self.graph_stats.path:
+        if hasattr(runner, "has_graph_for") and self.graph_stats.path:
             self.graph_stats.runner_info = {
                 "capture_plan": {str(w): sizes for w, sizes in runner.capture_plan},
                 "width_mismatches": runner.width_mismatches,
@@ -408,11 +413,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         shape = self.shape_for(bs)
         w, s = shape.num_nodes, shape.accept_width
         glue = self._glue[w]
+        # Glue graphs only where SGLang's forwards replay graphs: their static outputs are the
+        # glue graphs' bound inputs (an eager forward returns new tensors every step).
+        sglang_graphs = self._target_has_graph(bs)
+        key = (bs,) if sglang_graphs else None
 
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
         hidden = self._draft_hidden(batch, draft_input, bs, shape)
         tree: TreeStep = glue["tree"](
-            (bs,),
+            key,
             bound={"hidden": hidden},
             copied={
                 "bonus": draft_input.bonus_tokens.view(-1),
@@ -441,7 +450,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_fb, is_verify=True, skip_attn_backend_init=True
         )
-        self._record_verify(w, bs, bool(target_out.can_run_cuda_graph))
+        self._record_verify(w, bs, bool(target_out.can_run_cuda_graph), sglang_graphs)
         logits_output = target_out.logits_output
         logits = logits_output.next_token_logits  # [bs * W, V]
         if sampling_info is not None:
@@ -453,12 +462,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
 
         # 4) Accept and plan the commit (glue graph).
-        commit: CommitStep = self._accept_and_commit(glue, logits, tree, sampling_info, bs)
+        commit: CommitStep = self._accept_and_commit(glue, key, logits, tree, sampling_info)
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path
         #    (glue graph).
         glue["kv"](
-            (bs,),
+            key,
             bound={
                 "hidden": target_hidden,
                 "keep_index": commit.keep_index,

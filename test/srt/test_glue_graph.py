@@ -199,6 +199,9 @@ def test_replay_follows_copied_inputs_and_recaptures_moved_bound():
     out = seg((4,), {"x": x2}, {"y": y})
     assert torch.allclose(out, (x2 * 2 + y).sum(-1, keepdim=True) + y)
     assert seg.counts["recaptures"] == 1 and seg.counts["captures"] == 2
+    out = seg(None, {"x": x}, {"y": y})  # key None: eager, nothing captured or replayed
+    assert torch.allclose(out, (x * 2 + y).sum(-1, keepdim=True) + y)
+    assert seg.counts["captures"] == 2 and seg.counts["graph"] == 4 and len(seg.entries) == 1
 
 
 @pytest.mark.gpu
