@@ -223,6 +223,15 @@ def flush_timing(eng, spec) -> None:
     generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
 
 
+def split_variant(config: str) -> tuple[str, bool]:
+    """``"ddtree-64+eagerglue"`` -> (``"ddtree-64"``, glue graphs off): the DDTREE glue kernels
+    launched one by one, the "before" of issue 5 item 5. No suffix: glue graphs on."""
+    base, _, variant = config.partition("+")
+    if variant not in ("", "eagerglue"):
+        raise SystemExit(f"unknown variant {variant!r} in {config!r} (known: +eagerglue)")
+    return base, variant != "eagerglue"
+
+
 def run_config(spec, config, args, timing_dir) -> dict:
     import sglang as sgl
 
@@ -232,11 +241,8 @@ def run_config(spec, config, args, timing_dir) -> dict:
     if args.torch_profile_skip is not None:
         os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
     row = {"config": config, "accept": {}, "step": []}
-    base, _, variant = config.partition("+")
-    if variant not in ("", "eagerglue"):
-        raise SystemExit(f"unknown variant {variant!r} in {config!r} (known: +eagerglue)")
-    # +eagerglue: the DDTREE glue kernels launched one by one (the "before" of issue 5 item 5).
-    os.environ[GLUE_GRAPHS_ENV] = "0" if variant == "eagerglue" else "1"
+    base, glue_graphs = split_variant(config)
+    os.environ[GLUE_GRAPHS_ENV] = "1" if glue_graphs else "0"
     t_start = time.monotonic()
     eng = sgl.Engine(**engine_kwargs(spec, base, max(args.batch_sizes)))
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)

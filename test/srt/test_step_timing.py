@@ -178,3 +178,11 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
     pair = bench.model_spec("pair", str(tmp_path))
     with pytest.raises(SystemExit, match="needs --model 8b"):
         bench.engine_kwargs(pair, "dflash-b8", 8)
+
+
+def test_bench_step_variants(bench):
+    assert bench.split_variant("ddtree-64") == ("ddtree-64", True)
+    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", False)
+    assert bench.split_variant("dflash") == ("dflash", True)
+    with pytest.raises(SystemExit, match="unknown variant"):
+        bench.split_variant("ddtree+fast")
