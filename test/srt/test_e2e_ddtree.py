@@ -7,8 +7,9 @@ b. sampled law at T=1.0 and T=0.7/top_p=0.9 equals no-speculation (p > 0.001), a
    deliberately wrong variant is rejected (p < 0.001);
 c. launch_server + OpenAI API with temperature, accept length, HTTP 400, keeps serving;
 d. mean accept length DDTREE >= DFLASH;
-e. adaptive budget (schedule 1:33,4:17): greedy == no speculation across both buckets, and
-   every verify step of both widths replayed a CUDA graph.
+e. adaptive budget (schedule 1:33,4:17): greedy == no speculation across both buckets, every
+   verify step of both widths replayed a CUDA graph, and so did every glue segment after its
+   capture step.
 """
 
 from __future__ import annotations

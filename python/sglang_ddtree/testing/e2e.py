@@ -17,8 +17,10 @@ Checks (issue 3, item 4):
   ``SGLANG_DDTREE_BUDGET_SCHEDULE=1:33,4:17`` (block-8 drafter: W=33 for bs 1..3, W=17 for
   bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W switches
   inside a run): greedy output == no speculation, and every verify step of both widths replayed
-  a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch).
-  Run only it with ``--checks adaptive``.
+  a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch),
+  and every glue segment (tree, accept, KV; ``glue_graph.py``) replayed its graph on every step
+  except the one that captured it, with no capture failure. Run only it with
+  ``--checks adaptive``.
 """
 
 from __future__ import annotations
