@@ -21,8 +21,9 @@ are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS
 
 Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree``), step 4
 (``core.step.accept_and_commit``) and step 5 (KV moves + drafter-KV append) are each captured
-per (bs, W, sampling mode) and replayed (``glue_graph.SegmentGraphs``), so a step is four graph
-replays plus a few launches instead of ~100 eager kernels. ``SGLANG_DDTREE_GLUE_GRAPHS=0``
+per (bs, W, sampling mode) and replayed (``glue_graph.SegmentGraphs``), so a step is five graph
+replays (two SGLang forwards, three glue segments) plus a few launches instead of ~100 eager
+kernels around two replays. ``SGLANG_DDTREE_GLUE_GRAPHS=0``
 turns this off; outputs that outlive the step are cloned.
 
 Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
