@@ -463,6 +463,41 @@ class _PlainProgress:
         pass
 
 
+def send_all(
+    base: str,
+    api: str,
+    prompts: list[str],
+    max_tokens: list[int],
+    concurrency: int,
+    temperature: float,
+    top_p: float,
+    desc: str = "",
+) -> list[RequestResult]:
+    """Request i (prompt ``i % len(prompts)``, ``max_tokens[i]`` new tokens) for every i, with
+    at most ``concurrency`` in flight; results in completion order."""
+    bar = _progress(len(max_tokens), desc)
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futs = [
+            pool.submit(
+                stream_request,
+                base,
+                api,
+                prompts[i % len(prompts)],
+                i % len(prompts),
+                temperature,
+                top_p,
+                n,
+            )  # fmt: skip
+            for i, n in enumerate(max_tokens)
+        ]
+        results = []
+        for f in as_completed(futs):
+            results.append(f.result())
+            bar.update(1)
+    bar.close()
+    return results
+
+
 def run_level(
     base: str,
     api: str,
@@ -475,27 +510,10 @@ def run_level(
     desc: str = "",
 ) -> tuple[list[RequestResult], float]:
     """Closed loop: ``concurrency`` requests in flight until ``num_requests`` are done."""
-    bar = _progress(num_requests, desc)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futs = [
-            pool.submit(
-                stream_request,
-                base,
-                api,
-                prompts[i % len(prompts)],
-                i % len(prompts),
-                temperature,
-                top_p,
-                max_tokens,
-            )  # fmt: skip
-            for i in range(num_requests)
-        ]
-        results = []
-        for f in as_completed(futs):
-            results.append(f.result())
-            bar.update(1)
-    bar.close()
+    results = send_all(
+        base, api, prompts, [max_tokens] * num_requests, concurrency, temperature, top_p, desc
+    )
     t_end = max((r.t_end for r in results), default=t0)
     return sorted(results, key=lambda r: r.t_start), t_end - t0
 
@@ -524,26 +542,8 @@ def warmup_sweep(
     CUDA graphs at the first step of each (batch size, W, sampling mode); SGLang's own graphs are
     captured at startup, so without this the first levels would time those captures.
     """
-    bar = _progress(concurrency, desc)
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futs = [
-            pool.submit(
-                stream_request,
-                base,
-                api,
-                prompts[i % len(prompts)],
-                i % len(prompts),
-                temperature,
-                top_p,
-                min(1 + token_step * i, WARMUP_MAX_TOKENS),
-            )  # fmt: skip
-            for i in range(concurrency)
-        ]
-        results = []
-        for f in as_completed(futs):
-            results.append(f.result())
-            bar.update(1)
-    bar.close()
+    lengths = [min(1 + token_step * i, WARMUP_MAX_TOKENS) for i in range(concurrency)]
+    results = send_all(base, api, prompts, lengths, concurrency, temperature, top_p, desc)
     failed = [r.error for r in results if not r.ok]
     if failed:
         raise RuntimeError(f"{desc}: {len(failed)} warm-up requests failed, e.g. {failed[0]}")

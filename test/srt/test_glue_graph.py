@@ -110,34 +110,13 @@ def test_accept_and_commit_mixed_rows():
     top_ks = torch.tensor([1, ALL, 1, ALL, 1, 40], dtype=torch.int32)
     temps = torch.tensor([1.0, 0.8, 1.0, 1.0, 1.0, 1.3])
     top_ps = torch.tensor([1.0, 0.9, 1.0, 1.0, 1.0, 0.95])
+    args = (logits, tree.tokens, layout, prefix)
+    sampled = dict(accept_width=s, temperatures=temps, top_ks=top_ks, top_ps=top_ps)
     torch.manual_seed(0)
-    out = accept_and_commit(
-        logits,
-        tree.tokens,
-        layout,
-        prefix,
-        accept_width=s,
-        temperatures=temps,
-        top_ks=top_ks,
-        top_ps=top_ps,
-    )
-    greedy = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
+    out = accept_and_commit(*args, **sampled)
+    greedy = accept_and_commit(*args, accept_width=s)
     coins, final = torch.rand(bs, n), torch.rand(bs)
-    given = [
-        accept_and_commit(
-            logits,
-            tree.tokens,
-            layout,
-            prefix,
-            accept_width=s,
-            temperatures=temps,
-            top_ks=top_ks,
-            top_ps=top_ps,
-            coins=coins,
-            final_coins=final,
-        )  # fmt: skip
-        for _ in range(2)
-    ]
+    given = [accept_and_commit(*args, **sampled, coins=coins, final_coins=final) for _ in "ab"]
     assert all(torch.equal(a, b) for a, b in zip(*given))  # given coins: deterministic
     rows = top_ks <= 1
     assert torch.equal(
