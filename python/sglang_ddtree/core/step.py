@@ -78,8 +78,11 @@ def draft_to_tree(
     bs = seq_lens.shape[0]
     depth = max_depth
     assert hidden.shape[0] == bs * block_size, (hidden.shape, bs, block_size)
-    hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :]
-    logits = torch.matmul(hs.to(lm_head.dtype), lm_head.T).float()  # [bs, D, V]
+    # One [bs * D, H] x [H, V] GEMM. The strided [bs, D, H] view would make torch.matmul run a
+    # batched GEMM that reads the whole LM head once per request (bs x 1.2 GB at Qwen3-8B's
+    # shape: 2.3 ms at bs 8 on the H200, run 9); the reshape copies only bs * D * H elements.
+    hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :].reshape(bs * depth, -1)
+    logits = torch.mm(hs.to(lm_head.dtype), lm_head.T).float().view(bs, depth, -1)  # [bs, D, V]
     cand_lp, cand_tok = select_candidates(logits, topk, normalize=True)
     prefix = seq_lens.to(torch.int64)
     tree = build_tree_from_candidates(cand_lp, cand_tok, bonus.view(-1).to(torch.int64), budget)
