@@ -60,7 +60,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 from sglang_ddtree import requests
 from sglang_ddtree.args import DDTreeShape, read_topk
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
-from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask
+from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import CommitStep, TreeStep, accept_and_commit, draft_to_tree
 from sglang_ddtree.cuda_graph import install_target_graph_runner
@@ -300,12 +300,23 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the drafter returned no hidden states.")
         return hidden
 
-    def _verify_mask(self, tree: TreeStep, batch, bs: int, w: int) -> torch.Tensor:
-        """FULL_MASK bool [W * sum(prefix) + bs * W * W], sized from the host prefix lengths."""
+    def _verify_mask(self, tree: TreeStep, batch, draft_input, w: int) -> torch.Tensor:
+        """FULL_MASK bool [>= W * sum(prefix) + bs * W * W], sized from host lengths only.
+
+        Under overlap scheduling SGLang keeps no host ``seq_lens_cpu`` for backends that do not
+        ask for it (triton: ``needs_cpu_seq_lens = False``); then the reserved KV lengths, an
+        upper bound of every prefix (committed + 2 W, capped at the context length), size the
+        buffer. Reading the device lengths instead cost one sync per step (run 9: the 8B step's
+        GPU idled ~1.2 ms per step at bs 1).
+        """
         if batch.seq_lens_cpu is not None:
-            total = w * int(batch.seq_lens_cpu.sum()) + bs * w * w
-        else:  # no host copy kept by this backend: one sync, only in this configuration
-            total = w * int(tree.seq_lens.sum()) + bs * w * w
+            prefix = batch.seq_lens_cpu
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            cap = int(self.model_runner.model_config.context_len)
+            prefix = draft_input.reserved_seq_lens_cpu.clamp(max=cap)
+        else:
+            raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
+        total = verify_mask_numel(w, prefix)
         return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
 
     # ------------------------------------------------------------------------------------------
@@ -436,7 +447,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             draft_token=tree.tokens.reshape(-1),
             positions=tree.layout.positions.reshape(-1),
             draft_token_num=w,
-            custom_mask=self._verify_mask(tree, batch, bs, w),
+            custom_mask=self._verify_mask(tree, batch, draft_input, w),
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         # A copy: the batch keeps out_cache_loc past this step; the graph output is reused.

@@ -94,6 +94,32 @@ def test_flatten_verify_mask_layout(prefix):
     assert flat.tolist() == want
 
 
+@pytest.mark.parametrize("slack", [[0, 0, 0], [4, 0, 130], [1, 2, 3]])
+def test_verify_mask_sized_from_upper_bound_lengths(slack):
+    """Sized from host upper bounds of the prefixes (the worker's reserved KV lengths), the mask
+    reads the same as the exact one the way SGLang reads it: request b's block starts at
+    mask_indptr[b], the cumsum of N * (prefix + N) over the REAL prefixes."""
+    from sglang_ddtree.core.layout import scatter_verify_mask, verify_mask_cells, verify_mask_numel
+
+    tree = random_tree(11, bs=3, depth=4, vocab=4, budget=9)
+    prefix = torch.tensor([5, 0, 17])
+    lay = tree_to_retrieve_arrays(tree, prefix, max_depth=4)
+    n = tree.num_nodes
+    exact = verify_mask_numel(n, prefix)
+    bound = verify_mask_numel(n, prefix + torch.tensor(slack))
+    assert exact == int(sum(n * (int(p) + n) for p in prefix))
+    mask = scatter_verify_mask(lay.tree_mask, verify_mask_cells(prefix, n), bound)
+    assert mask.numel() == bound and bool(mask[exact:].all())
+    start = 0
+    for b in range(3):  # SGLang's read of block b
+        cols = int(prefix[b]) + n
+        block = mask[start : start + n * cols].view(n, cols)
+        assert bool(block[:, : int(prefix[b])].all())
+        assert torch.equal(block[:, int(prefix[b]) :], lay.tree_mask[b])
+        start += n * cols
+    assert torch.equal(mask[:exact], flatten_verify_mask(lay.tree_mask, prefix, exact))
+
+
 LAYOUT_CASES = [(3, 5, 6, 12), (2, 15, 3, 70), (1, 1, 2, 1), (2, 15, 4, 130), (4, 7, 50, 64)]
 
 _INTERPRETED_CHECK = """

@@ -137,6 +137,22 @@ def verify_mask_cells(
     return cells.reshape(-1)
 
 
+def verify_mask_numel(
+    num_nodes: int,  # N
+    host_prefix_lens: torch.Tensor,  # [bs] int CPU, each >= the request's real prefix length
+) -> int:
+    """Cells of a FULL_MASK buffer that holds the verify mask: ``N * sum(prefix) + bs * N * N``.
+
+    Only needs an upper bound of each prefix length: SGLang locates request b's block from
+    ``mask_indptr``, which it computes on the device from the real lengths, and the blocks are
+    packed from the start, so cells past the real total are never read (they stay True).
+    A host tensor: no device read.
+    """
+    assert host_prefix_lens.device.type == "cpu", "host lengths only (no device sync)"
+    bs = host_prefix_lens.numel()
+    return num_nodes * int(host_prefix_lens.to(torch.int64).sum()) + bs * num_nodes * num_nodes
+
+
 def scatter_verify_mask(
     tree_mask: torch.Tensor,  # [bs, N, N] bool
     cells: torch.Tensor,  # [bs * N * N] int64, from verify_mask_cells
@@ -144,8 +160,8 @@ def scatter_verify_mask(
 ) -> torch.Tensor:
     """SGLang's FULL_MASK for TARGET_VERIFY, [total] bool: all True except the tree cells.
 
-    ``total = sum_b N * (prefix_len_b + N)`` comes from the caller's host copy of the prefix
-    lengths (no device-to-host copy). Only the bs * N * N tree cells are written, not O(total)
+    ``total >= sum_b N * (prefix_len_b + N)`` comes from host lengths (`verify_mask_numel`; no
+    device-to-host copy); cells past the real total are unused. Only the bs * N * N tree cells are written, not O(total)
     index math: total grows with the context length.
     """
     out = torch.ones(total, dtype=torch.bool, device=tree_mask.device)
