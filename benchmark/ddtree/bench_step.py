@@ -56,7 +56,12 @@ import tempfile
 import time
 
 from sglang_ddtree.glue_graph import GLUE_GRAPHS_ENV
-from sglang_ddtree.step_timing import CPROFILE_ENV, TORCH_PROFILE_ENV, read_steps
+from sglang_ddtree.step_timing import (
+    CPROFILE_ENV,
+    SYNC_TRACE_ENV,
+    TORCH_PROFILE_ENV,
+    read_steps,
+)
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 
 DEFAULT_CONFIGS = {
@@ -64,6 +69,8 @@ DEFAULT_CONFIGS = {
     "8b": "none,dflash,dflash-b8,ddtree,ddtree-32,ddtree-64",
 }
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
+# --temps may also name T1 without top-p (no top-p renorm pass: isolates its cost).
+ALL_TEMPS = dict(TEMPS, T1={"temperature": 1.0})
 DROP_FIRST_STEPS = 2
 
 # Qwen3-8B (config of Qwen/Qwen3-8B) and a drafter of the z-lab Qwen3-8B-DFlash-b16 shape.
@@ -240,6 +247,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
         os.environ[CPROFILE_ENV] = str(args.cprofile_skip)
     if args.torch_profile_skip is not None:
         os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
+    os.environ[SYNC_TRACE_ENV] = "1" if args.sync_trace else "0"
     row = {"config": config, "accept": {}, "step": []}
     base, glue_graphs = split_variant(config)
     os.environ[GLUE_GRAPHS_ENV] = "1" if glue_graphs else "0"
@@ -274,7 +282,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
             windows = []
             for bs in args.batch_sizes:
                 prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(bs)]
-                for tname, tparams in TEMPS:
+                for tname, tparams in args.temps:
                     params = {"max_new_tokens": args.step_tokens, "ignore_eos": True, **tparams}
                     outs, t0 = generate(eng, prompts, params)
                     t1 = time.monotonic()
@@ -297,12 +305,12 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 print(f"[bench_step] {config} bs={bs} {tname}: {row['step'][-1]}", flush=True)
     finally:
         eng.shutdown()
-    if args.cprofile_skip is not None or args.torch_profile_skip is not None:
+    if args.cprofile_skip is not None or args.torch_profile_skip is not None or args.sync_trace:
         # Segments in the order of the runs above (accept phase first, then the step runs).
         dest = os.path.join(args.out, f"profile_{args.model}_{config}")
         os.makedirs(dest, exist_ok=True)
         for name in os.listdir(timing_dir):
-            if name.startswith(("cprofile.", "torchprof.")):
+            if name.startswith(("cprofile.", "torchprof.", "syncs.")):
                 shutil.copy(os.path.join(timing_dir, name), dest)
     return row
 
@@ -355,7 +363,7 @@ def plot(result: dict, path: str) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in result["rows"]:
-        for temp, style in (("T0", "-"), ("T1_p0.95", "--")):
+        for temp, style in (("T0", "-"), ("T1_p0.95", "--"), ("T1", ":")):
             pts = [s for s in r.get("step", []) if s["temp"] == temp and s["step_ms"]]
             if not pts:
                 continue
@@ -407,8 +415,22 @@ def main() -> None:
         default=None,
         help="also torch-profile (CPU+CUDA) each run after N decode steps",
     )
+    ap.add_argument(
+        "--sync-trace",
+        action="store_true",
+        help="also record the stack of every host-device sync inside decode steps",
+    )
+    ap.add_argument(
+        "--temps",
+        default=",".join(t for t, _ in TEMPS),
+        help=f"comma list of step-phase sampling settings: {', '.join(ALL_TEMPS)}",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    unknown = [t for t in args.temps.split(",") if t not in ALL_TEMPS]
+    if unknown:
+        raise SystemExit(f"unknown --temps {unknown}; known: {list(ALL_TEMPS)}")
+    args.temps = [(t, ALL_TEMPS[t]) for t in args.temps.split(",")]
     args.phases = set(args.phases.split(","))
     os.makedirs(args.out, exist_ok=True)
     t_begin = time.monotonic()

@@ -23,6 +23,10 @@ non-decode batch (the next request's prefill); each segment is written as
 ``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
 activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
 summed device time per decode step), which shows whether a step is GPU-bound or launch-bound.
+``SGLANG_DDTREE_SYNC_TRACE=1`` (with the above) records the Python stack of every host-device
+synchronization inside a decode batch: torch's sync debug mode (``.item()``, device-to-host
+copies, ...) and explicit ``Stream`` / ``Event`` / device synchronizes. Unique stacks with their
+counts go to ``<dir>/syncs.<pid>.txt``, rewritten at every non-decode batch.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ import json
 import os
 import pstats
 import time
-from collections import deque
+import traceback
+import warnings
+from collections import Counter, deque
 
 ENV = "SGLANG_DDTREE_STEP_TIMING"
 CPROFILE_ENV = "SGLANG_DDTREE_CPROFILE"
 TORCH_PROFILE_ENV = "SGLANG_DDTREE_TORCH_PROFILE"
+SYNC_TRACE_ENV = "SGLANG_DDTREE_SYNC_TRACE"
 TORCH_PROFILE_STEPS = 20
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 # Batches farther apart than this on the host are not consecutive steps of one run.
@@ -181,18 +188,90 @@ class HostProfiler:
         self.segment += 1
 
 
+class SyncTracer:
+    """Stacks of the host-device synchronizations made inside decode batches (benchmarks only).
+
+    ``run(fn)`` calls ``fn`` with torch's sync debug mode on "warn" (the warnings it raises for
+    syncing ops are turned into stack records, not printed) and with ``torch.cuda.synchronize``,
+    ``Stream.synchronize`` and ``Event.synchronize`` wrapped to record their callers too.
+    """
+
+    MARK = "synchroniz"  # torch: "called a synchronizing CUDA operation"
+
+    def __init__(self, path: str, stack_limit: int = 14):
+        self.path, self.stack_limit = path, stack_limit
+        self.stacks: Counter = Counter()
+        self.batches = 0
+
+    def record(self, kind: str) -> None:
+        frames = traceback.format_stack(limit=self.stack_limit)[:-2]  # drop the tracer's frames
+        self.stacks[kind + "\n" + "".join(frames)] += 1
+
+    def run(self, fn):
+        import torch
+
+        self.batches += 1
+        originals = {
+            (torch.cuda, "synchronize"): torch.cuda.synchronize,
+            (torch.cuda.Stream, "synchronize"): torch.cuda.Stream.synchronize,
+            (torch.cuda.Event, "synchronize"): torch.cuda.Event.synchronize,
+        }
+
+        def wrap(name, original):
+            def traced(*args, **kwargs):
+                self.record(f"explicit {name}")
+                return original(*args, **kwargs)
+
+            return traced
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if self.MARK in str(message):
+                self.record("torch sync debug: " + str(message).splitlines()[0])
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        shown = warnings.showwarning
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            for (owner, attr), original in originals.items():
+                setattr(owner, attr, wrap(f"{getattr(owner, '__name__', owner)}.{attr}", original))
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return fn()
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+                for (owner, attr), original in originals.items():
+                    setattr(owner, attr, original)
+
+    def dump(self) -> None:
+        """Rewrite ``self.path``: decode batches traced, then each unique stack by count."""
+        lines = [f"decode batches traced: {self.batches}\n"]
+        lines.append(f"synchronizations: {sum(self.stacks.values())}\n\n")
+        for stack, count in self.stacks.most_common():
+            lines.append(f"=== {count} x {stack}\n")
+        with open(self.path, "w") as f:
+            f.write("".join(lines))
+
+
 _recorder: StepRecorder | None = None
 _profiler: HostProfiler | None = None
+_sync_tracer: SyncTracer | None = None
 
 
 def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
     import torch
 
-    global _recorder, _profiler
+    global _recorder, _profiler, _sync_tracer
     if _recorder is None:
         out_dir = os.environ[ENV]
         os.makedirs(out_dir, exist_ok=True)
         _recorder = StepRecorder(os.path.join(out_dir, f"steps.{os.getpid()}.jsonl"))
+        if os.environ.get(SYNC_TRACE_ENV, "0") not in ("", "0"):
+            _sync_tracer = SyncTracer(os.path.join(out_dir, f"syncs.{os.getpid()}.txt"))
         if os.environ.get(CPROFILE_ENV):
             _profiler = HostProfiler(out_dir, int(os.environ[CPROFILE_ENV]))
         elif os.environ.get(TORCH_PROFILE_ENV):
@@ -201,7 +280,12 @@ def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
     rec = _recorder.start(batch, stream)
     if _profiler is not None:
         _profiler.on_batch(rec["mode"])
-    result = original_fn(scheduler, batch, *args, **kwargs)
+    if _sync_tracer is not None and rec["mode"] == "DECODE":
+        result = _sync_tracer.run(lambda: original_fn(scheduler, batch, *args, **kwargs))
+    else:
+        if _sync_tracer is not None:
+            _sync_tracer.dump()
+        result = original_fn(scheduler, batch, *args, **kwargs)
     _recorder.finish(rec, stream)
     return result
 

@@ -186,3 +186,40 @@ def test_bench_step_variants(bench):
     assert bench.split_variant("dflash") == ("dflash", True)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
+
+
+def test_sync_tracer_records_sync_stacks_and_restores(tmp_path):
+    import warnings
+
+    import torch
+
+    from sglang_ddtree.step_timing import SyncTracer
+
+    tracer = SyncTracer(str(tmp_path / "syncs.txt"))
+    original = torch.cuda.synchronize
+
+    def step_with_a_sync():
+        # What torch's sync debug mode raises for e.g. ``.item()`` on a CUDA tensor.
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        try:
+            torch.cuda.synchronize()  # recorded before the call (it raises without CUDA)
+        except (AssertionError, RuntimeError):
+            pass
+        warnings.warn("an unrelated warning", stacklevel=1)
+        return 7
+
+    with pytest.warns(UserWarning, match="unrelated"):
+        for _ in range(2):  # one call site: the same stacks, counted twice
+            assert tracer.run(step_with_a_sync) == 7
+    assert torch.cuda.synchronize is original  # the wrappers are removed after each batch
+    kinds = sorted(s.split("\n", 1)[0] for s in tracer.stacks)
+    assert kinds == [
+        "explicit torch.cuda.synchronize",
+        "torch sync debug: called a synchronizing CUDA operation",
+    ]
+    assert all(n == 2 for n in tracer.stacks.values())
+    assert all("step_with_a_sync" in s for s in tracer.stacks)
+    tracer.dump()
+    text = (tmp_path / "syncs.txt").read_text()
+    assert text.startswith("decode batches traced: 2\nsynchronizations: 4\n")
+    assert text.count("=== 2 x ") == 2
