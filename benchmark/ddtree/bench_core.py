@@ -9,7 +9,11 @@ and reports the median replay time over many replays, measured with CUDA events:
            accept_sampled (sgl_kernel.tree_speculative_sampling_target_only)
 
 Draft and target logits are random bf16 tensors that live outside the graph (the drafter and
-target forwards are not part of the core). Usage:
+target forwards are not part of the core). ``--target-rows`` shapes the target rows, which the
+sampled path's top-p renorm (FlashInfer's radix-select AIR top-p) is sensitive to:
+``gaussian`` (N(0, 1) logits, the default), ``flat`` (N(0, 0.01): nearly uniform rows, what a
+model with ``load_format=dummy`` weights produces) and ``zipf`` (p ~ rank^-1.5 over a random
+token order: a peaked, language-model-like row). Usage:
 
     python benchmark/ddtree/bench_core.py --out bench_core.json
 """
@@ -34,13 +38,26 @@ from sglang_ddtree.core import (
 from sglang_ddtree.core.sampling import clamp_coins
 
 STAGES = ("select", "build", "layout", "accept")
+TARGET_ROWS = ("gaussian", "flat", "zipf")
 
 
-def make_step(bs, budget, depth, vocab, mode, topk, upto="accept"):
+def target_rows(rows: int, vocab: int, shape: str, device: str = "cuda") -> torch.Tensor:
+    """[rows, V] bf16 target logits of the given shape (see the module docstring)."""
+    if shape == "gaussian":
+        return torch.randn(rows, vocab, device=device, dtype=torch.bfloat16)
+    if shape == "flat":
+        return (0.01 * torch.randn(rows, vocab, device=device)).to(torch.bfloat16)
+    if shape == "zipf":
+        ranks = torch.rand(rows, vocab, device=device).argsort(dim=-1) + 1  # random token order
+        return (-1.5 * torch.log(ranks.float())).to(torch.bfloat16)
+    raise ValueError(f"unknown target row shape {shape!r}: gaussian, flat or zipf")
+
+
+def make_step(bs, budget, depth, vocab, mode, topk, upto="accept", rows="gaussian"):
     dev = "cuda"
     n = budget + 1
     draft_logits = torch.randn(bs, depth, vocab, device=dev, dtype=torch.bfloat16)
-    target_logits = torch.randn(bs * n, vocab, device=dev, dtype=torch.bfloat16)
+    target_logits = target_rows(bs * n, vocab, rows, dev)
     roots = torch.randint(0, vocab, (bs,), device=dev)
     prefix = torch.full((bs,), 1000, device=dev, dtype=torch.int64)
     temperature = torch.ones(bs, device=dev)
@@ -111,6 +128,7 @@ def main():
     ap.add_argument("--topk", type=int, default=None, help="per-depth top-K (default: budget)")
     ap.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--target-rows", nargs="+", default=["gaussian"], choices=TARGET_ROWS)
     ap.add_argument("--out", default=None)
     ap.add_argument(
         "--breakdown",
@@ -122,37 +140,44 @@ def main():
     rows = []
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     print(
-        f"{'vocab':>7} {'bs':>3} {'budget':>6} {'K':>4} " + " ".join(f"{m:>11}" for m in args.modes)
+        f"{'rows':>8} {'vocab':>7} {'bs':>3} {'budget':>6} {'K':>4} "
+        + " ".join(f"{m:>11}" for m in args.modes)
     )
-    for vocab in args.vocab:
-        for bs in args.bs:
-            for budget in args.budget:
-                topk = min(budget, args.topk or budget)
-                row = {
-                    "vocab": vocab,
-                    "bs": bs,
-                    "budget": budget,
-                    "depth": args.depth,
-                    "topk": topk,
-                }
-                if args.breakdown:
-                    for stage in STAGES[:-1]:
-                        step = make_step(bs, budget, args.depth, vocab, "greedy", topk, stage)
-                        row[f"upto_{stage}_us"] = round(time_graph(step, iters=args.iters), 1)
-                for mode in args.modes:
-                    step = make_step(bs, budget, args.depth, vocab, mode, topk)
-                    row[f"{mode}_us"] = round(time_graph(step, iters=args.iters), 1)
-                    del step
-                    torch.cuda.empty_cache()
-                rows.append(row)
-                cells = " ".join(f"{row[f'{m}_us']:>9.1f}us" for m in args.modes)
-                if args.breakdown:
-                    cells += (
-                        "  (cumulative: "
-                        + ", ".join(f"{s} {row[f'upto_{s}_us']:.1f}" for s in STAGES[:-1])
-                        + " us)"
-                    )
-                print(f"{vocab:>7} {bs:>3} {budget:>6} {topk:>4} {cells}", flush=True)
+    grid = [
+        (shape, vocab, bs, budget)
+        for shape in args.target_rows
+        for vocab in args.vocab
+        for bs in args.bs
+        for budget in args.budget
+    ]
+    for shape, vocab, bs, budget in grid:
+        topk = min(budget, args.topk or budget)
+        row = {
+            "target_rows": shape,
+            "vocab": vocab,
+            "bs": bs,
+            "budget": budget,
+            "depth": args.depth,
+            "topk": topk,
+        }
+        if args.breakdown:
+            for stage in STAGES[:-1]:
+                step = make_step(bs, budget, args.depth, vocab, "greedy", topk, stage)
+                row[f"upto_{stage}_us"] = round(time_graph(step, iters=args.iters), 1)
+        for mode in args.modes:
+            step = make_step(bs, budget, args.depth, vocab, mode, topk, rows=shape)
+            row[f"{mode}_us"] = round(time_graph(step, iters=args.iters), 1)
+            del step
+            torch.cuda.empty_cache()
+        rows.append(row)
+        cells = " ".join(f"{row[f'{m}_us']:>9.1f}us" for m in args.modes)
+        if args.breakdown:
+            cells += (
+                "  (cumulative: "
+                + ", ".join(f"{s} {row[f'upto_{s}_us']:.1f}" for s in STAGES[:-1])
+                + " us)"
+            )
+        print(f"{shape:>8} {vocab:>7} {bs:>3} {budget:>6} {topk:>4} {cells}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
