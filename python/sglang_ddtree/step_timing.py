@@ -196,7 +196,7 @@ class SyncTracer:
     ``Stream.synchronize`` and ``Event.synchronize`` wrapped to record their callers too.
     """
 
-    MARK = "synchroniz"  # torch: "called a synchronizing CUDA operation"
+    MARK = "called a synchronizing CUDA operation"  # torch's sync debug warning
 
     def __init__(self, path: str, stack_limit: int = 14):
         self.path, self.stack_limit = path, stack_limit
