@@ -15,7 +15,7 @@ Against each server, first a warm-up per temperature (`warmup_sweep`: as many re
 largest concurrency, of staggered lengths, so the running batch passes every size once; DDTREE
 captures its glue CUDA graphs at the first step of each batch size), then, for every
 temperature (T=0, and T=1 with top-p 0.95) and every concurrency (1, 8, 32, 64),
-``--requests-per-level`` (default max(2 x concurrency, 32)) streaming requests
+``--requests-per-level`` (default max(``--waves`` x concurrency, 32), waves 2) streaming requests
 with the held-out prompts (cycled; ``max_new_tokens`` = ``--max-tokens``, ``ignore_eos``) keep
 ``concurrency`` requests in flight. Measured per level:
 
@@ -607,6 +607,12 @@ def summarize_level(results: list[RequestResult], wall_s: float) -> dict:
 # --------------------------------------------------------------------------- one server
 
 
+def level_requests(concurrency: int, requests_per_level: int | None, waves: int = 2) -> int:
+    """Requests of one level: ``requests_per_level`` if given, else ``waves`` full waves of
+    ``concurrency`` requests, at least 32."""
+    return requests_per_level or max(waves * concurrency, 32)
+
+
 def bench_server(
     base: str,
     cfg: Config,
@@ -617,6 +623,7 @@ def bench_server(
     requests_per_level: int | None = None,
     top_p: float = 0.95,
     api: str = "generate",
+    waves: int = 2,
     warmup: bool = True,
     on_row=None,
     deadline: float | None = None,
@@ -635,7 +642,7 @@ def bench_server(
     for t in temperatures:
         p = top_p if t > 0 else 1.0
         for c in concurrencies:
-            n = requests_per_level or max(2 * c, 32)
+            n = level_requests(c, requests_per_level, waves)
             desc = f"{cfg.label} T={t:g} c={c}"
             if deadline is not None and time.time() > deadline:
                 print(f"  {desc}: skipped (past --deadline-s)", flush=True)
@@ -926,7 +933,15 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--top-p", type=float, default=0.95, help="top_p for T > 0 (T = 0 uses 1.0)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument(
-        "--requests-per-level", type=int, default=None, help="default max(2 x concurrency, 32)"
+        "--requests-per-level", type=int, default=None, help="default max(waves x concurrency, 32)"
+    )
+    ap.add_argument(
+        "--waves",
+        type=int,
+        default=2,
+        help="requests per level = waves x concurrency (at least 32): more waves, longer levels "
+        "(at 2 waves a c >= 8 level of the trained pair lasts ~1-2 s; runs 7 and 11 varied "
+        "+-30%% there)",
     )
     ap.add_argument("--target", default=str(PAIR_DIR / "target"))
     ap.add_argument("--drafter", default=str(PAIR_DIR / "drafter"))
@@ -971,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--disable-cuda-graph" in extra:
         raise SystemExit("this benchmark measures with CUDA graphs on: drop --disable-cuda-graph")
     levels = [
-        (t, c, args.requests_per_level or max(2 * c, 32))
+        (t, c, level_requests(c, args.requests_per_level, args.waves))
         for t in args.temperatures
         for c in args.concurrency
     ]
@@ -1021,7 +1036,7 @@ def main(argv: list[str] | None = None) -> int:
                     bench_server(
                         srv.base, cfg, prompts, args.temperatures, args.concurrency,
                         args.max_tokens, args.requests_per_level, args.top_p, args.api,
-                        on_row=on_row, deadline=deadline,
+                        waves=args.waves, on_row=on_row, deadline=deadline,
                     )  # fmt: skip
                     entry["server_info_end"] = server_info(srv.base)
             except (RuntimeError, OSError) as e:

@@ -462,3 +462,11 @@ def _serve_main() -> None:
 
 if __name__ == "__main__":
     _serve_main()
+
+
+def test_level_requests_waves(bench):
+    assert bench.level_requests(1, None) == 32  # at least 32
+    assert bench.level_requests(32, None) == 64  # 2 waves by default
+    assert bench.level_requests(32, None, waves=8) == 256
+    assert bench.level_requests(64, 10, waves=8) == 10  # an explicit count wins
+    assert bench.parse_args(["--out", "x", "--waves", "8"]).waves == 8
