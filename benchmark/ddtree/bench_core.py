@@ -53,7 +53,9 @@ def target_rows(rows: int, vocab: int, shape: str, device: str = "cuda") -> torc
     raise ValueError(f"unknown target row shape {shape!r}: gaussian, flat or zipf")
 
 
-def make_step(bs, budget, depth, vocab, mode, topk, upto="accept", rows="gaussian"):
+def make_step(
+    bs, budget, depth, vocab, mode, topk, upto="accept", rows="gaussian", draft_float32=False
+):
     dev = "cuda"
     n = budget + 1
     draft_logits = torch.randn(bs, depth, vocab, device=dev, dtype=torch.bfloat16)
@@ -67,7 +69,9 @@ def make_step(bs, budget, depth, vocab, mode, topk, upto="accept", rows="gaussia
     final = torch.rand(bs, device=dev)
 
     def step():
-        lp, tok = select_candidates(draft_logits, topk, normalize=True)
+        # The worker's draft_to_tree upcasts the bf16 LM-head output first (--draft-float32).
+        logits = draft_logits.float() if draft_float32 else draft_logits
+        lp, tok = select_candidates(logits, topk, normalize=True)
         if upto == "select":
             return lp
         tree = build_tree_from_candidates(lp, tok, roots, budget)
@@ -128,6 +132,12 @@ def main():
     ap.add_argument("--topk", type=int, default=None, help="per-depth top-K (default: budget)")
     ap.add_argument("--modes", nargs="+", default=["greedy", "sampled"])
     ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument(
+        "--draft-float32",
+        action="store_true",
+        help="upcast the draft logits to float32 before the top-K, as the SGLang worker does "
+        "(default: top-K on the bf16 logits)",
+    )
     ap.add_argument("--target-rows", nargs="+", default=["gaussian"], choices=TARGET_ROWS)
     ap.add_argument("--out", default=None)
     ap.add_argument(
@@ -159,13 +169,20 @@ def main():
             "budget": budget,
             "depth": args.depth,
             "topk": topk,
+            "draft_float32": args.draft_float32,
         }
         if args.breakdown:
             for stage in STAGES[:-1]:
-                step = make_step(bs, budget, args.depth, vocab, "greedy", topk, stage)
+                step = make_step(
+                    bs, budget, args.depth, vocab, "greedy", topk, stage,
+                    draft_float32=args.draft_float32,
+                )  # fmt: skip
                 row[f"upto_{stage}_us"] = round(time_graph(step, iters=args.iters), 1)
         for mode in args.modes:
-            step = make_step(bs, budget, args.depth, vocab, mode, topk, rows=shape)
+            step = make_step(
+                bs, budget, args.depth, vocab, mode, topk, rows=shape,
+                draft_float32=args.draft_float32,
+            )  # fmt: skip
             row[f"{mode}_us"] = round(time_graph(step, iters=args.iters), 1)
             del step
             torch.cuda.empty_cache()
