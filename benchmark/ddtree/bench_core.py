@@ -54,8 +54,9 @@ def target_rows(rows: int, vocab: int, shape: str, device: str = "cuda") -> torc
 
 
 def make_step(
-    bs, budget, depth, vocab, mode, topk, upto="accept", rows="gaussian", draft_float32=False
-):
+    bs, budget, depth, vocab, mode, topk, upto="accept", rows="gaussian", draft_float32=False,
+    draft_topk="torch",
+):  # fmt: skip
     dev = "cuda"
     n = budget + 1
     draft_logits = torch.randn(bs, depth, vocab, device=dev, dtype=torch.bfloat16)
@@ -71,7 +72,7 @@ def make_step(
     def step():
         # The worker's draft_to_tree upcasts the bf16 LM-head output first (--draft-float32).
         logits = draft_logits.float() if draft_float32 else draft_logits
-        lp, tok = select_candidates(logits, topk, normalize=True)
+        lp, tok = select_candidates(logits, topk, normalize=True, backend=draft_topk)
         if upto == "select":
             return lp
         tree = build_tree_from_candidates(lp, tok, roots, budget)
@@ -138,6 +139,12 @@ def main():
         help="upcast the draft logits to float32 before the top-K, as the SGLang worker does "
         "(default: top-K on the bf16 logits)",
     )
+    ap.add_argument(
+        "--draft-topk",
+        default="torch",
+        choices=("torch", "triton"),
+        help="select_candidates backend (triton: core/topk_triton.py, one pass over the vocab)",
+    )
     ap.add_argument("--target-rows", nargs="+", default=["gaussian"], choices=TARGET_ROWS)
     ap.add_argument("--out", default=None)
     ap.add_argument(
@@ -170,18 +177,19 @@ def main():
             "depth": args.depth,
             "topk": topk,
             "draft_float32": args.draft_float32,
+            "draft_topk": args.draft_topk,
         }
         if args.breakdown:
             for stage in STAGES[:-1]:
                 step = make_step(
                     bs, budget, args.depth, vocab, "greedy", topk, stage,
-                    draft_float32=args.draft_float32,
+                    draft_float32=args.draft_float32, draft_topk=args.draft_topk,
                 )  # fmt: skip
                 row[f"upto_{stage}_us"] = round(time_graph(step, iters=args.iters), 1)
         for mode in args.modes:
             step = make_step(
                 bs, budget, args.depth, vocab, mode, topk, rows=shape,
-                draft_float32=args.draft_float32,
+                draft_float32=args.draft_float32, draft_topk=args.draft_topk,
             )  # fmt: skip
             row[f"{mode}_us"] = round(time_graph(step, iters=args.iters), 1)
             del step

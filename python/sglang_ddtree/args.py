@@ -15,6 +15,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
 - ``SGLANG_DDTREE_TOPK`` (env): candidates per depth K (default 8); the worker uses
   ``min(K, W - 1, vocab)``.
+- ``SGLANG_DDTREE_DRAFT_TOPK`` (env): how the per-depth top-K is computed, ``torch`` (default)
+  or ``triton`` (`sglang_ddtree.core.topk_triton`; not yet measured in a server).
 - ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
 """
 
@@ -28,6 +30,8 @@ from typing import Any
 ALGORITHM_NAME = "DDTREE"
 TOPK_ENV = "SGLANG_DDTREE_TOPK"
 DEFAULT_TOPK = 8
+DRAFT_TOPK_ENV = "SGLANG_DDTREE_DRAFT_TOPK"
+DRAFT_TOPK_BACKENDS = ("torch", "triton")
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 
@@ -79,6 +83,18 @@ def read_topk(environ: Mapping[str, str] | None = None) -> int:
     if k < 1:
         raise ValueError(f"{TOPK_ENV}={k} must be >= 1; set it to e.g. 8.")
     return k
+
+
+def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
+    """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend); ValueError names the fix."""
+    env = os.environ if environ is None else environ
+    raw = env.get(DRAFT_TOPK_ENV, "").strip().lower() or DRAFT_TOPK_BACKENDS[0]
+    if raw not in DRAFT_TOPK_BACKENDS:
+        raise ValueError(
+            f"{DRAFT_TOPK_ENV}={raw!r} is not one of {DRAFT_TOPK_BACKENDS}; unset it or set "
+            "it to torch."
+        )
+    return raw
 
 
 def _get(cfg: Any, name: str, default: Any = None) -> Any:

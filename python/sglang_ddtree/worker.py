@@ -58,7 +58,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ddtree import requests
-from sglang_ddtree.args import DDTreeShape, read_topk
+from sglang_ddtree.args import DDTreeShape, read_draft_topk, read_topk
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
 from sglang_ddtree.core.sampling import draw_coins
@@ -154,6 +154,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
         schedule = schedule_from_args(server_args)
         topk = read_topk()
+        draft_topk = read_draft_topk()
         shapes = {
             w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
             for w in sorted(set(schedule.num_nodes))
@@ -166,6 +167,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
         self.budget_schedule = schedule
         self.ddtree_shapes = shapes
+        self._draft_topk = draft_topk
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
         vocab = int(self.model_runner.model_config.vocab_size)
@@ -189,11 +191,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
-                "depth<=%d, K=%s, S=%d, glue CUDA graphs %s",
+                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s",
                 schedule,
                 shape.block_size,
                 shape.max_depth,
                 {w: k for w, k in self._topk.items()},
+                self._draft_topk,
                 shape.accept_width,
                 "on" if glue_on else "off",
             )
@@ -339,6 +342,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 max_depth=shape.max_depth,
                 budget=shape.budget,
                 topk=self._topk[w],
+                draft_topk=self._draft_topk,
             )
 
         def accept_fn(logits, tokens, seq_lens, **rest) -> CommitStep:

@@ -73,6 +73,7 @@ def draft_to_tree(
     max_depth: int,  # D = min(B - 1, budget)
     budget: int,  # W - 1
     topk: int,  # candidates per depth
+    draft_topk: str = "torch",  # select_candidates backend: "torch" or "triton"
 ) -> TreeStep:
     """Per-depth top-K of the draft, best-first tree of ``budget`` nodes, verify layout."""
     bs = seq_lens.shape[0]
@@ -82,8 +83,10 @@ def draft_to_tree(
     # batched GEMM that reads the whole LM head once per request (bs x 1.2 GB at Qwen3-8B's
     # shape: 2.3 ms at bs 8 on the H200, run 9); the reshape copies only bs * D * H elements.
     hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :].reshape(bs * depth, -1)
-    logits = torch.mm(hs.to(lm_head.dtype), lm_head.T).float().view(bs, depth, -1)  # [bs, D, V]
-    cand_lp, cand_tok = select_candidates(logits, topk, normalize=True)
+    logits = torch.mm(hs.to(lm_head.dtype), lm_head.T).view(bs, depth, -1)  # [bs, D, V]
+    if draft_topk == "torch":
+        logits = logits.float()
+    cand_lp, cand_tok = select_candidates(logits, topk, normalize=True, backend=draft_topk)
     prefix = seq_lens.to(torch.int64)
     tree = build_tree_from_candidates(cand_lp, cand_tok, bonus.view(-1).to(torch.int64), budget)
     layout = tree_to_retrieve_arrays(tree, prefix, max_depth=depth)

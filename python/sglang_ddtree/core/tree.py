@@ -73,17 +73,28 @@ def select_candidates(
     draft_logprobs: torch.Tensor,  # [bs, D, V] float, log-probs (or logits, see below)
     topk: int,
     normalize: bool = False,
+    backend: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-``topk`` candidates per depth, sorted by decreasing log-prob.
 
     With ``normalize=True`` the input may be raw logits: the top values are turned into
     log-probs by subtracting the full-vocabulary logsumexp (cheaper than a full log_softmax).
 
+    ``backend``: "torch" (``torch.topk`` + ``torch.logsumexp``, any device) or "triton" (CUDA,
+    ``normalize=True`` only: `sglang_ddtree.core.topk_triton`, one pass over the vocabulary;
+    same candidates, log-probs equal up to float rounding of the logsumexp, ties in any order).
+
     Returns ``(cand_logprobs [bs, D, K] float32, cand_tokens [bs, D, K] int64)``, with
     ``K = min(topk, V)``.
     """
     assert draft_logprobs.dim() == 3, "draft_logprobs must be [bs, depth, vocab]"
     assert topk >= 1
+    assert backend in ("torch", "triton"), backend
+    if backend == "triton":
+        assert normalize, "the triton top-K takes raw logits (normalize=True)"
+        from sglang_ddtree.core.topk_triton import select_candidates_triton
+
+        return select_candidates_triton(draft_logprobs, topk)
     k = min(topk, draft_logprobs.shape[-1])
     # A two-stage (per-chunk, then global) top-k measured slower on the H200 at bs 1-8
     # (156 vs 110 us for [15, 151936], k 64), so this stays one torch.topk.
