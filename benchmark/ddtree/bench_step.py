@@ -28,7 +28,8 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-of issue 5 item 5 in one run.
+of issue 5 item 5 in one run; ``+tritontopk`` runs it with the one-pass Triton draft top-K
+(``SGLANG_DDTREE_DRAFT_TOPK=triton``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -55,6 +56,7 @@ import sys
 import tempfile
 import time
 
+from sglang_ddtree.args import DRAFT_TOPK_ENV
 from sglang_ddtree.glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
@@ -230,13 +232,25 @@ def flush_timing(eng, spec) -> None:
     generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
 
 
-def split_variant(config: str) -> tuple[str, bool]:
-    """``"ddtree-64+eagerglue"`` -> (``"ddtree-64"``, glue graphs off): the DDTREE glue kernels
-    launched one by one, the "before" of issue 5 item 5. No suffix: glue graphs on."""
-    base, _, variant = config.partition("+")
-    if variant not in ("", "eagerglue"):
-        raise SystemExit(f"unknown variant {variant!r} in {config!r} (known: +eagerglue)")
-    return base, variant != "eagerglue"
+VARIANTS = {
+    # The DDTREE glue kernels launched one by one: the "before" of issue 5 item 5.
+    "eagerglue": {GLUE_GRAPHS_ENV: "0"},
+    # The one-pass Triton draft top-K (core/topk_triton.py) instead of torch.topk.
+    "tritontopk": {DRAFT_TOPK_ENV: "triton"},
+}
+DEFAULT_VARIANT_ENV = {GLUE_GRAPHS_ENV: "1", DRAFT_TOPK_ENV: "torch"}
+
+
+def split_variant(config: str) -> tuple[str, dict[str, str]]:
+    """``"ddtree-64+eagerglue+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
+    the defaults: glue graphs on, torch top-K). Unknown suffixes exit with the known ones."""
+    base, *variants = config.split("+")
+    env = dict(DEFAULT_VARIANT_ENV)
+    for variant in variants:
+        if variant not in VARIANTS:
+            raise SystemExit(f"unknown variant {variant!r} in {config!r} (known: {list(VARIANTS)})")
+        env.update(VARIANTS[variant])
+    return base, env
 
 
 def run_config(spec, config, args, timing_dir) -> dict:
@@ -249,8 +263,8 @@ def run_config(spec, config, args, timing_dir) -> dict:
         os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
     os.environ[SYNC_TRACE_ENV] = "1" if args.sync_trace else "0"
     row = {"config": config, "accept": {}, "step": []}
-    base, glue_graphs = split_variant(config)
-    os.environ[GLUE_GRAPHS_ENV] = "1" if glue_graphs else "0"
+    base, variant_env = split_variant(config)
+    os.environ.update(variant_env)
     t_start = time.monotonic()
     eng = sgl.Engine(**engine_kwargs(spec, base, max(args.batch_sizes)))
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)

@@ -181,9 +181,12 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    assert bench.split_variant("ddtree-64") == ("ddtree-64", True)
-    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", False)
-    assert bench.split_variant("dflash") == ("dflash", True)
+    glue, topk = "SGLANG_DDTREE_GLUE_GRAPHS", "SGLANG_DDTREE_DRAFT_TOPK"
+    assert bench.split_variant("ddtree-64") == ("ddtree-64", {glue: "1", topk: "torch"})
+    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {glue: "0", topk: "torch"})
+    both = bench.split_variant("ddtree+eagerglue+tritontopk")
+    assert both == ("ddtree", {glue: "0", topk: "triton"})
+    assert bench.split_variant("dflash") == ("dflash", {glue: "1", topk: "torch"})
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
 
