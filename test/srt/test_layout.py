@@ -1,11 +1,5 @@
 """tree_to_retrieve_arrays: first-child/next-sibling arrays, positions, masks."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -138,19 +132,8 @@ print("interpreted triton layout OK")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_triton_layout_interpreted_equals_torch():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _INTERPRETED_CHECK],
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "interpreted triton layout OK" in out.stdout
+def test_triton_layout_interpreted_equals_torch(run_interpreted):
+    run_interpreted(_INTERPRETED_CHECK, "interpreted triton layout OK")
 
 
 @pytest.mark.gpu

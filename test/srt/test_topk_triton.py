@@ -8,12 +8,6 @@ marker): the Qwen3-8B draft shape, equality with the torch path, and CUDA-graph 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -74,20 +68,9 @@ print("interpreted triton top-K OK")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_triton_topk_interpreted_equals_torch():
+def test_triton_topk_interpreted_equals_torch(run_interpreted):
     """The kernel's logic, run by Triton's CPU interpreter, against torch.topk + logsumexp."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run(
-        [sys.executable, "-c", _INTERPRETED_CHECK],
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "interpreted triton top-K OK" in out.stdout
+    run_interpreted(_INTERPRETED_CHECK, "interpreted triton top-K OK")
 
 
 def test_read_draft_topk():

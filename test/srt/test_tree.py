@@ -1,11 +1,6 @@
 """build_tree: equal to the paper's heapq builder, tree invariants, CUDA-graph capture, GPU = CPU."""
 
-import importlib.util
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,19 +195,6 @@ print("interpreted triton builder OK")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_triton_builder_interpreted_equals_heapq_reference():
+def test_triton_builder_interpreted_equals_heapq_reference(run_interpreted):
     """The GPU kernel's logic, run by Triton's CPU interpreter, against the heapq oracle."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__).parent
-    code = "import sys\n" + _INTERPRETED_CHECK
-    out = subprocess.run(
-        [sys.executable, "-c", code, "60"],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "interpreted triton builder OK" in out.stdout
+    run_interpreted("import sys\n" + _INTERPRETED_CHECK, "interpreted triton builder OK", "60")
