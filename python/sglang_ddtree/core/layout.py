@@ -161,8 +161,8 @@ def scatter_verify_mask(
     """SGLang's FULL_MASK for TARGET_VERIFY, [total] bool: all True except the tree cells.
 
     ``total >= sum_b N * (prefix_len_b + N)`` comes from host lengths (`verify_mask_numel`; no
-    device-to-host copy); cells past the real total are unused. Only the bs * N * N tree cells are written, not O(total)
-    index math: total grows with the context length.
+    device-to-host copy); cells past the real total are unused. Only the bs * N * N tree cells
+    are written, not O(total) index math: total grows with the context length.
     """
     out = torch.ones(total, dtype=torch.bool, device=tree_mask.device)
     out[cells] = tree_mask.reshape(-1)
