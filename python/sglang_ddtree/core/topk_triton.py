@@ -51,8 +51,8 @@ def _chunk_topk_kernel(
     tl.store(max_ptr + out, m)
     tl.store(sum_ptr + out, s)
     for k in tl.static_range(K):
-        i = tl.argmax(x, axis=0, tie_break_left=True)
-        v = tl.max(x, axis=0)
+        # One (value, index) reduction per round; the lowest index wins a tie.
+        v, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
         tl.store(vals_ptr + out * K + k, v)
         tl.store(idx_ptr + out * K + k, (c * BLOCK + i).to(tl.int64))
         x = tl.where(lane == i, float("-inf"), x)
