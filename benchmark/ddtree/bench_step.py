@@ -36,6 +36,13 @@ Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown t
 configuration that fails is recorded with its error and the run goes on; none is started after
 ``--deadline-s``.
 
+Diagnostics (``sglang_ddtree.step_timing``; files copied to ``<out>/profile_<model>_<config>/``,
+one per step run in run order): ``--torch-profile-skip N`` (torch profiler tables of 20 decode
+steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (host time),
+``--sync-trace`` (the stack of every host-device sync inside decode steps). ``--temps`` picks
+the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair) and ``T1`` (no
+top-p, which isolates the top-p renorm's cost).
+
 H200 (through the ``run`` tool, ``carry: [".gpu"]``, after the README's bundle setup)::
 
     python3 benchmark/ddtree/bench_step.py --model pair --phases accept,step --out $OUT
