@@ -91,24 +91,20 @@ def _layout_kernel(
             tl.store(ptrs, bits.to(tl.int8), mask=(r[:, None] < N) & (col[None, :] < N))
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
 def tree_layout_triton(tree: DraftTree, prefix_lens: torch.Tensor):
     """(retrieve_index, next_token, next_sibling, positions, tree_mask) in one launch."""
     bs, n = tree.parents.shape
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     assert tree.parents.is_cuda or interpreted, "the triton layout needs CUDA tensors"
     dev = tree.parents.device
-    w_pad = _pow2(-(-n // 64))
+    w_pad = triton.next_power_of_2(-(-n // 64))
     next_token = torch.empty(bs, n, dtype=torch.int64, device=dev)
     next_sibling = torch.empty_like(next_token)
     positions = torch.empty_like(next_token)
     retrieve_index = torch.empty_like(next_token)
     words = torch.empty(bs, n, w_pad, dtype=torch.int64, device=dev)
     mask = torch.empty(bs, n, n, dtype=torch.bool, device=dev)
-    n_pad = _pow2(n)
+    n_pad = triton.next_power_of_2(n)
     _layout_kernel[(bs,)](
         tree.parents.contiguous(),
         tree.valid.contiguous().view(torch.int8),

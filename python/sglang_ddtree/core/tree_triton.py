@@ -138,10 +138,6 @@ def _ddtree_heap_kernel(
     tl.store(valid_ptr + out, o_valid.to(tl.int8), mask=m)
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
-
-
 def build_tree_triton(
     cand_logprobs: torch.Tensor,  # [bs, D, K] float32, sorted descending along K
     cand_tokens: torch.Tensor,  # [bs, D, K] int64
@@ -173,9 +169,9 @@ def build_tree_triton(
         D=depth,
         K=k,
         BUDGET=budget,
-        DK_PAD=_pow2(depth * k),
-        FRONT=_pow2(budget + 2),
-        N_PAD=_pow2(n),
+        DK_PAD=triton.next_power_of_2(depth * k),
+        FRONT=triton.next_power_of_2(budget + 2),
+        N_PAD=triton.next_power_of_2(n),
         num_warps=1 if depth * k <= 1024 else 4,
     )
     return DraftTree(parents, depths, tokens, logw, valid)
