@@ -28,8 +28,9 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-of issue 5 item 5 in one run; ``+tritontopk`` runs it with the one-pass Triton draft top-K
-(``SGLANG_DDTREE_DRAFT_TOPK=triton``).
+of issue 5 item 5 in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
+(``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
+mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -63,7 +64,7 @@ import sys
 import tempfile
 import time
 
-from sglang_ddtree.args import DRAFT_TOPK_ENV
+from sglang_ddtree.args import DRAFT_TOPK_BACKENDS, DRAFT_TOPK_ENV, KV_MOVER_ENV, KV_MOVERS
 from sglang_ddtree.glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
@@ -132,8 +133,9 @@ DFLASH_8B_B8 = {
 }
 
 
-def model_spec(name: str, workdir: str) -> dict:
-    """Paths and engine settings of one model family."""
+def model_spec(name: str, workdir: str, prompt_len: int | None = None) -> dict:
+    """Paths and engine settings of one model family. ``prompt_len`` (8B shape only): every
+    prompt has that many tokens instead of 64-128."""
     if name == "pair":
         from sglang_ddtree.pair import ASSETS_DIR, heldout_prompts
 
@@ -152,9 +154,9 @@ def model_spec(name: str, workdir: str) -> dict:
             with open(os.path.join(path, "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
         rng = random.Random(0)
-        prompts = [
-            [rng.randrange(1000, 150000) for _ in range(rng.randint(64, 128))] for _ in range(64)
-        ]
+        lengths = [prompt_len or rng.randint(64, 128) for _ in range(64)]
+        prompts = [[rng.randrange(1000, 150000) for _ in range(n)] for n in lengths]
+        context = max(4096, 2 * (prompt_len or 0))
         return {
             "target": target,
             "drafter": drafter,
@@ -163,7 +165,7 @@ def model_spec(name: str, workdir: str) -> dict:
             "prompts": prompts,
             "engine": {
                 "mem_fraction_static": 0.80,
-                "context_length": 4096,
+                "context_length": context,
                 "load_format": "dummy",
                 "skip_tokenizer_init": True,
             },
@@ -244,8 +246,16 @@ VARIANTS = {
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
     # The one-pass Triton draft top-K (core/topk_triton.py) instead of torch.topk.
     "tritontopk": {DRAFT_TOPK_ENV: "triton"},
+    "torchtopk": {DRAFT_TOPK_ENV: "torch"},
+    # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
+    "sglangkv": {KV_MOVER_ENV: "sglang"},
 }
-DEFAULT_VARIANT_ENV = {GLUE_GRAPHS_ENV: "1", DRAFT_TOPK_ENV: "torch"}
+# The worker's defaults, set explicitly so a variant changes only what it names.
+DEFAULT_VARIANT_ENV = {
+    GLUE_GRAPHS_ENV: "1",
+    DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
+    KV_MOVER_ENV: KV_MOVERS[0],
+}
 
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
@@ -446,8 +456,17 @@ def main() -> None:
         default=",".join(t for t, _ in TEMPS),
         help=f"comma list of step-phase sampling settings: {', '.join(ALL_TEMPS)}",
     )
+    ap.add_argument(
+        "--prompt-len",
+        type=int,
+        default=None,
+        help="8B shape: tokens per prompt (default: 64-128); the attention over the prefix "
+        "grows with it",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.prompt_len is not None and args.model != "8b":
+        raise SystemExit("--prompt-len applies to --model 8b only")
     unknown = [t for t in args.temps.split(",") if t not in ALL_TEMPS]
     if unknown:
         raise SystemExit(f"unknown --temps {unknown}; known: {list(ALL_TEMPS)}")
@@ -456,7 +475,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     t_begin = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="bench_step_")
-    spec = model_spec(args.model, workdir)
+    spec = model_spec(args.model, workdir, args.prompt_len)
     result = {
         "model": args.model,
         "command": " ".join(sys.argv),

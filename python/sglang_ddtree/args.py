@@ -9,7 +9,7 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
   ``min_bs:W`` pairs, e.g. ``1:65,8:33,32:17`` (bs 1..7 -> W=65, 8..31 -> 33, >= 32 -> 17).
   Thresholds start at 1 and increase; every W >= the drafter block size. Setting it together
   with ``--speculative-num-draft-tokens`` is refused (ambiguous). With neither,
-  ``budget.default_schedule(B)`` applies (``1:2B+1,4:B+1``). SGLang's
+  ``budget.default_schedule(B)`` applies (``1:2B+1,4:B+1,32:B``). SGLang's
   ``speculative_num_draft_tokens`` becomes the schedule's largest W (it sizes KV reservations and
   the verify buffers); each bucket gets its own target-verify CUDA graphs (``cuda_graph.py``).
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
@@ -32,6 +32,8 @@ TOPK_ENV = "SGLANG_DDTREE_TOPK"
 DEFAULT_TOPK = 8
 DRAFT_TOPK_ENV = "SGLANG_DDTREE_DRAFT_TOPK"
 DRAFT_TOPK_BACKENDS = ("torch", "triton")
+KV_MOVER_ENV = "SGLANG_DDTREE_KV_MOVER"
+KV_MOVERS = ("ddtree", "sglang")
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 
@@ -85,16 +87,27 @@ def read_topk(environ: Mapping[str, str] | None = None) -> int:
     return k
 
 
-def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend); ValueError names the fix."""
+def _read_choice(name: str, choices: tuple[str, ...], environ: Mapping[str, str] | None) -> str:
+    """The value of env var ``name`` (case-insensitive; unset -> ``choices[0]``); ValueError
+    names the fix."""
     env = os.environ if environ is None else environ
-    raw = env.get(DRAFT_TOPK_ENV, "").strip().lower() or DRAFT_TOPK_BACKENDS[0]
-    if raw not in DRAFT_TOPK_BACKENDS:
+    raw = env.get(name, "").strip().lower() or choices[0]
+    if raw not in choices:
         raise ValueError(
-            f"{DRAFT_TOPK_ENV}={raw!r} is not one of {DRAFT_TOPK_BACKENDS}; unset it or set "
-            "it to torch."
+            f"{name}={raw!r} is not one of {choices}; unset it or set it to {choices[0]}."
         )
     return raw
+
+
+def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
+    """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend)."""
+    return _read_choice(DRAFT_TOPK_ENV, DRAFT_TOPK_BACKENDS, environ)
+
+
+def read_kv_mover(environ: Mapping[str, str] | None = None) -> str:
+    """Parse ``SGLANG_DDTREE_KV_MOVER``: who moves the accepted target KV rows (``ddtree``:
+    `core.kv_move_triton`, where the pool allows it; ``sglang``: SGLang's mover, always)."""
+    return _read_choice(KV_MOVER_ENV, KV_MOVERS, environ)
 
 
 def _get(cfg: Any, name: str, default: Any = None) -> Any:

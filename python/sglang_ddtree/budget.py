@@ -7,7 +7,8 @@ Terms:
 - ``W``: tree nodes verified per request, root included (tree budget = W - 1). A fixed W is what
   ``--speculative-num-draft-tokens`` sets.
 - ``B``: drafter block size. Every W must be >= B (``args.check_shape``): SGLang's KV reservation
-  of ``2 * W`` slots per request must cover one drafter block plus one commit.
+  of ``2 * W`` slots per request must cover one drafter block plus one commit. W = B verifies
+  as many tokens as the DFLASH chain does (B - 1 draft nodes, arranged as a tree).
 - bucket: a maximal range of bs with one W. A schedule ``"1:65,8:33,32:17"`` has thresholds
   ``1 < 8 < 32``: bs 1..7 verify W=65, bs 8..31 W=33, bs >= 32 W=17.
 - capture sizes: SGLang's list of batch sizes with a captured decode CUDA graph
@@ -32,13 +33,16 @@ EXAMPLE = "1:65,8:33,32:17"
 def default_schedule(block_size: int) -> BudgetSchedule:
     """The schedule used when neither the env var nor ``--speculative-num-draft-tokens`` is given.
 
-    bs 1..3 -> 2B+1, bs >= 4 -> B+1 (the smallest W allowed). Measured on the H200 (Qwen3-8B
-    shape, B = 16, ``benchmark/ddtree/RESULTS.md``): a DDTREE step with W = 33 costs 1.26x the
-    DFLASH chain step at bs 1 but 1.84x at bs 8 and 2.7x at bs 32, because the verify compute
-    grows with bs x W; a tree's accept gain (~1.3x) pays for 2B+1 only at the smallest batches.
+    bs 1..3 -> 2B+1, bs 4..31 -> B+1, bs >= 32 -> B (the chain's own verify width). Measured
+    on the H200 (Qwen3-8B shape, B = 16, ``benchmark/ddtree/RESULTS.md``): a DDTREE step with
+    W = 33 costs 1.26x the DFLASH chain step at bs 1 but 1.84x at bs 8 and 2.7x at bs 32,
+    because the verify compute grows with bs x W; a tree's accept gain (~1.3x) pays for 2B+1
+    only at the smallest batches. At bs >= 32 even W = B+1 over the chain's B costs GEMM tiles:
+    the target's GEMMs over bs x 17 rows took 2.0 ms (bs 32) and 4.1 ms (bs 64) more than over
+    bs x 16 (run 13); at bs 8 the difference was 0.17 ms.
     """
     b = int(block_size)
-    return BudgetSchedule(thresholds=(1, 4), num_nodes=(2 * b + 1, b + 1))
+    return BudgetSchedule(thresholds=(1, 4, 32), num_nodes=(2 * b + 1, b + 1, b))
 
 
 @dataclass(frozen=True)

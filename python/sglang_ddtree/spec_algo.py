@@ -123,7 +123,8 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         server_args.speculative_num_draft_tokens = nodes
         server_args._ddtree_budget_schedule = str(schedule)
         shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=dargs.read_topk())
-        dargs.read_draft_topk()  # a bad value fails here, at launch
+        dargs.read_draft_topk()  # bad values fail here, at launch
+        dargs.read_kv_mover()
         errors = dargs.check_shape(shape)
         if errors:
             raise ValueError(dargs.format_errors(errors))

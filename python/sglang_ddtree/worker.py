@@ -58,8 +58,9 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ddtree import requests
-from sglang_ddtree.args import DDTreeShape, read_draft_topk, read_topk
+from sglang_ddtree.args import KV_MOVER_ENV, DDTreeShape, read_draft_topk, read_kv_mover, read_topk
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
+from sglang_ddtree.core.kv_move_triton import move_accepted_kv
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import CommitStep, TreeStep, accept_and_commit, draft_to_tree
@@ -155,6 +156,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         schedule = schedule_from_args(server_args)
         topk = read_topk()
         draft_topk = read_draft_topk()
+        kv_mover = read_kv_mover()
         shapes = {
             w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
             for w in sorted(set(schedule.num_nodes))
@@ -168,6 +170,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self.budget_schedule = schedule
         self.ddtree_shapes = shapes
         self._draft_topk = draft_topk
+        self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
         vocab = int(self.model_runner.model_config.vocab_size)
@@ -358,14 +361,22 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
-            # Accepted target KV to contiguous slots prefix .. prefix + k (SGLang's mover reads
-            # these four batch fields; the view holds this step's tensors).
-            batch_view = _BatchView(
-                seq_lens, verify_loc, pool_idx, self.model_runner.req_to_token_pool
-            )
-            move_accept_tokens_to_target_kvcache(
-                batch_view, keep_index, accept_length, self.model_runner.token_to_kv_pool_allocator
-            )
+            # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the
+            # pool has SGLang's slot-row layout, else SGLang's (it reads these four batch
+            # fields; the view holds this step's tensors).
+            rows = self._target_kv_rows()
+            if rows is not None:
+                move_accepted_kv(*rows[:2], keep_index, verify_loc, w, rows[2])
+            else:
+                batch_view = _BatchView(
+                    seq_lens, verify_loc, pool_idx, self.model_runner.req_to_token_pool
+                )
+                move_accept_tokens_to_target_kvcache(
+                    batch_view,
+                    keep_index,
+                    accept_length,
+                    self.model_runner.token_to_kv_pool_allocator,
+                )
             # Drafter KV of the accepted path, from the target's aux hidden states.
             bs = seq_lens.shape[0]
             cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
@@ -406,6 +417,45 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
         static = {"need_top_k": need_k, "need_top_p": need_p}
         return glue["accept"](key and (*key, "sampled", need_k, need_p), bound, copied, static)
+
+    def _target_kv_rows(self):
+        """``(data_ptrs, data_strides, max row bytes)`` of the target KV pool for
+        `move_accepted_kv`, or None where SGLang's own mover must run (host metadata only).
+
+        Ours applies where SGLang's mover would run its tiled slot-row byte copy over the same
+        ``data_ptrs`` / ``data_strides``: the base MHA pool's ``move_kv_cache``, NHD layout,
+        copy config present, no native-move override.
+        """
+        if hasattr(self, "_kv_rows"):
+            return self._kv_rows
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+        pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
+        cls = type(pool)
+        rows = None
+        if (
+            self._kv_mover == "ddtree"
+            and isinstance(pool, MHATokenToKVPool)
+            and cls.move_kv_cache is MHATokenToKVPool.move_kv_cache
+            and cls._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
+            and not getattr(pool, "use_hnd", False)
+            and not getattr(pool, "use_native_move_kv_cache", False)
+            and getattr(pool, "_kv_copy_config", None) is not None
+            and getattr(pool, "layer_num", 0) > 0
+        ):
+            buffers = pool._slot_move_pointer_buffers()
+            assert len(buffers) == pool.data_ptrs.numel() == pool.data_strides.numel()
+            max_row = max(b[0].numel() * b.element_size() for b in buffers)
+            rows = (pool.data_ptrs, pool.data_strides, int(max_row))
+        elif self.ps.tp_rank == 0:
+            logger.info(
+                "DDTREE: SGLang's KV mover moves accepted rows (%s=%s, pool %s).",
+                KV_MOVER_ENV,
+                self._kv_mover,
+                cls.__name__,
+            )
+        self._kv_rows = rows
+        return rows
 
     def _target_has_graph(self, bs: int) -> bool:
         """Whether SGLang's target verify of ``bs`` requests replays a captured graph (host)."""

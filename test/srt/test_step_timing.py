@@ -181,14 +181,28 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, topk = "SGLANG_DDTREE_GLUE_GRAPHS", "SGLANG_DDTREE_DRAFT_TOPK"
-    assert bench.split_variant("ddtree-64") == ("ddtree-64", {glue: "1", topk: "torch"})
-    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {glue: "0", topk: "torch"})
+    glue, topk, kv = (
+        "SGLANG_DDTREE_GLUE_GRAPHS",
+        "SGLANG_DDTREE_DRAFT_TOPK",
+        "SGLANG_DDTREE_KV_MOVER",
+    )
+    default = {glue: "1", topk: "torch", kv: "ddtree"}  # the worker's defaults, explicit
+    assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
+    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
-    assert both == ("ddtree", {glue: "0", topk: "triton"})
-    assert bench.split_variant("dflash") == ("dflash", {glue: "1", topk: "torch"})
+    assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
+    assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
+    assert bench.split_variant("dflash") == ("dflash", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
+
+
+def test_bench_step_prompt_len(bench, tmp_path):
+    default = bench.model_spec("8b", str(tmp_path))
+    assert {len(p) for p in default["prompts"]} <= set(range(64, 129))
+    long = bench.model_spec("8b", str(tmp_path), prompt_len=3000)
+    assert {len(p) for p in long["prompts"]} == {3000} and len(long["prompts"]) == 64
+    assert long["engine"]["context_length"] >= 3000 + 128  # prompt + generated tokens fit
 
 
 def test_sync_tracer_records_sync_stacks_and_restores(tmp_path):
