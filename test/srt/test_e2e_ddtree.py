@@ -2,7 +2,7 @@
 
 Runs ``python -m sglang_ddtree.testing.e2e`` once (tiny random Qwen3 target + DFlash drafter,
 triton attention, CUDA graphs on) and checks each part of its summary:
-a. greedy DDTREE == greedy without speculation, 32 prompts at batch 1, 4, 16;
+a. greedy DDTREE == greedy without speculation, 32 prompts at batch 1, 4, 16, 32;
 b. sampled law at T=1.0 and T=0.7/top_p=0.9 equals no-speculation (p > 0.001), and a
    deliberately wrong variant is rejected (p < 0.001);
 c. launch_server + OpenAI API with temperature, accept length, HTTP 400, keeps serving;

@@ -5,8 +5,9 @@ check starts its own ``sgl.Engine``(s) (CUDA graphs on, triton attention) and re
 ``DIR/e2e_summary.json``; ``test/srt/test_e2e_ddtree.py`` runs this once and asserts on it.
 
 Checks (issue 3, item 4):
-- ``greedy``: DDTREE greedy == no-speculation greedy, token for token, 32 prompts at batch 1, 4
-  and 16 (same engine settings, same batching).
+- ``greedy``: DDTREE greedy == no-speculation greedy, token for token, 32 prompts at batch 1, 4,
+  16 and 32 (same engine settings, same batching; batch 32 is the default schedule's W = B
+  bucket and runs without CUDA graphs, above this engine's graph max of 16).
 - ``sampling``: at T=1.0 and at T=0.7/top_p=0.9 the DDTREE output law equals no-speculation
   sampling (per-position two-sample chi-squared tests, Bonferroni-combined, p > 0.001), and a
   deliberately wrong DDTREE (verify coins scaled by 0.5 via ``SGLANG_DDTREE_TEST_COIN_SCALE``,
@@ -35,7 +36,7 @@ from contextlib import contextmanager
 
 NUM_PROMPTS = 32
 GREEDY_NEW_TOKENS = 48
-BATCH_SIZES = (1, 4, 16)
+BATCH_SIZES = (1, 4, 16, 32)  # 32: the default schedule's W = B bucket
 SAMPLE_PROMPTS = 4
 SAMPLES_PER_PROMPT = 256
 SAMPLE_NEW_TOKENS = 24
