@@ -260,7 +260,7 @@ DEFAULT_VARIANT_ENV = {
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
     """``"ddtree-64+eagerglue+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
-    the defaults: glue graphs on, torch top-K). Unknown suffixes exit with the known ones."""
+    the worker's defaults). Unknown suffixes exit with the known ones."""
     base, *variants = config.split("+")
     env = dict(DEFAULT_VARIANT_ENV)
     for variant in variants:

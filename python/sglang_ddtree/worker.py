@@ -58,7 +58,14 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
 from sglang_ddtree import requests
-from sglang_ddtree.args import KV_MOVER_ENV, DDTreeShape, read_draft_topk, read_kv_mover, read_topk
+from sglang_ddtree.args import (
+    KV_MOVER_ENV,
+    DDTreeShape,
+    draft_topk_backend,
+    read_draft_topk,
+    read_kv_mover,
+    read_topk,
+)
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
@@ -169,12 +176,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
         self.budget_schedule = schedule
         self.ddtree_shapes = shapes
-        self._draft_topk = draft_topk
         self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
         vocab = int(self.model_runner.model_config.vocab_size)
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
+        self._draft_topk = {  # per W: auto picks by K and vocabulary (args.draft_topk_backend)
+            w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
+        }
         self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)
         # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
         self._test_coin_scale = float(os.environ.get(TEST_COIN_SCALE_ENV, "1") or 1)
@@ -345,7 +354,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 max_depth=shape.max_depth,
                 budget=shape.budget,
                 topk=self._topk[w],
-                draft_topk=self._draft_topk,
+                draft_topk=self._draft_topk[w],
             )
 
         def accept_fn(logits, tokens, seq_lens, **rest) -> CommitStep:

@@ -186,7 +186,7 @@ def test_bench_step_variants(bench):
         "SGLANG_DDTREE_DRAFT_TOPK",
         "SGLANG_DDTREE_KV_MOVER",
     )
-    default = {glue: "1", topk: "torch", kv: "ddtree"}  # the worker's defaults, explicit
+    default = {glue: "1", topk: "auto", kv: "ddtree"}  # the worker's defaults, explicit
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")

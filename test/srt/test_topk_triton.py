@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ddtree.args import DRAFT_TOPK_ENV, read_draft_topk
+from sglang_ddtree.args import DRAFT_TOPK_ENV, draft_topk_backend, read_draft_topk
 from sglang_ddtree.core.tree import select_candidates
 
 # (bs, depth, vocab, K, block): 4 chunks with a partial last one; K == block; block > vocab.
@@ -78,10 +78,20 @@ def test_triton_topk_interpreted_equals_torch(run_interpreted):
 
 
 def test_read_draft_topk():
-    assert read_draft_topk({}) == "torch"
+    assert read_draft_topk({}) == "auto"
     assert read_draft_topk({DRAFT_TOPK_ENV: " Triton "}) == "triton"
     with pytest.raises(ValueError, match=DRAFT_TOPK_ENV):
         read_draft_topk({DRAFT_TOPK_ENV: "cuda"})
+
+
+def test_auto_draft_topk_picks_triton_where_measured_faster():
+    # Measured (RESULTS.md, run 14): Triton faster at K <= 32 on V = 151,936, slower at K = 64.
+    assert draft_topk_backend("auto", 32, 151936) == "triton"
+    assert draft_topk_backend("auto", 15, 163840) == "triton"
+    assert draft_topk_backend("auto", 64, 151936) == "torch"
+    assert draft_topk_backend("auto", 16, 4096) == "torch"  # small vocabularies: not measured
+    assert draft_topk_backend("torch", 16, 151936) == "torch"  # an explicit choice stands
+    assert draft_topk_backend("triton", 64, 4096) == "triton"
 
 
 def test_triton_backend_needs_raw_logits():
