@@ -40,7 +40,8 @@ configuration that fails is recorded with its error and the run goes on; none is
 Diagnostics (``sglang_ddtree.step_timing``; files copied to ``<out>/profile_<model>_<config>/``,
 one per step run in run order): ``--torch-profile-skip N`` (torch profiler tables of 20 decode
 steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (host time),
-``--sync-trace`` (the stack of every host-device sync inside decode steps). ``--temps`` picks
+``--sync-trace`` (the stack of every host-device sync inside decode steps), ``--prompt-len``
+(8B shape: longer prompts, for the attention's share of the step). ``--temps`` picks
 the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair) and ``T1`` (no
 top-p, which isolates the top-p renorm's cost).
 
@@ -461,7 +462,9 @@ def main() -> None:
         type=int,
         default=None,
         help="8B shape: tokens per prompt (default: 64-128); the attention over the prefix "
-        "grows with it",
+        "grows with it. Long prompts are prefilled in chunks, so a large bs needs more "
+        "--step-tokens for all its requests to share decode steps (run 16: bs 64 with 2048 "
+        "and 48 measured no step)",
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
