@@ -17,8 +17,8 @@ each scheduler process appends one JSON line per batch to ``<dir>/steps.<pid>.js
 Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the same way.
 
 ``SGLANG_DDTREE_CPROFILE=<skip>`` (with the above) also profiles the scheduler thread's host time
-with cProfile: a segment starts after ``skip`` decode batches of a run and ends at the next
-non-decode batch (the next request's prefill); each segment is written as
+with cProfile: a segment starts after ``skip`` decode batches of one batch size in a row and
+ends at the next non-decode batch or batch-size change; each segment is written as
 ``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
 ``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
 activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
@@ -114,12 +114,18 @@ class HostProfiler:
         self.segment = 0
         self.profiled = 0
         self.prof = None
+        self.bs = None  # batch size of the current run of decode batches
 
-    def on_batch(self, mode: str) -> None:
-        if mode != "DECODE":
+    def on_batch(self, mode: str, bs: int | None = None) -> None:
+        """A segment is one run of decode batches of one batch size: a prefill or a new size
+        ends it and restarts the skip count, so a segment never holds the first steps at a
+        size (where DDTREE captures its glue graphs) or a batch being filled or drained."""
+        if mode != "DECODE" or bs != self.bs:
             self.dump()
             self.decode_batches = 0
-            return
+            self.bs = bs
+            if mode != "DECODE":
+                return
         self.decode_batches += 1
         if self.prof is not None:
             if self.kind == "torch" and self.profiled >= TORCH_PROFILE_STEPS:
@@ -279,7 +285,7 @@ def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
     stream = getattr(scheduler, "forward_stream", None) or torch.cuda.current_stream()
     rec = _recorder.start(batch, stream)
     if _profiler is not None:
-        _profiler.on_batch(rec["mode"])
+        _profiler.on_batch(rec["mode"], rec["bs"])
     if _sync_tracer is not None and rec["mode"] == "DECODE":
         result = _sync_tracer.run(lambda: original_fn(scheduler, batch, *args, **kwargs))
     else:

@@ -96,6 +96,19 @@ def test_cprofile_segments_per_decode_run(tmp_path):
     assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
 
 
+def test_profile_segments_hold_one_batch_size(tmp_path):
+    """A batch-size change ends a segment and restarts the skip count (a run being filled or
+    drained, or DDTREE's first steps at a new size, are never profiled)."""
+    prof = HostProfiler(str(tmp_path), skip=2)
+    sizes = [7, 8, 8, 8, 8, 8, 6, 6, 6, 5, 5, 5, 5]  # decode batches, one run
+    for bs in sizes:
+        prof.on_batch("DECODE", bs)
+    prof.on_batch("EXTEND", 4)
+    heads = [p.read_text().splitlines()[0] for p in sorted(tmp_path.iterdir())]
+    # bs 7: 1 batch (none); bs 8: 5 - 2 = 3; bs 6: 3 - 2 = 1; bs 5: 4 - 2 = 2.
+    assert heads == [f"decode batches profiled: {n}" for n in (3, 1, 2)]
+
+
 def test_read_steps_merges_processes_in_time_order(tmp_path):
     (tmp_path / "steps.1.jsonl").write_text(json.dumps({"t": 2.0, "bs": 1}) + "\n")
     (tmp_path / "steps.2.jsonl").write_text(
