@@ -29,6 +29,12 @@ with the held-out prompts (cycled; ``max_new_tokens`` = ``--max-tokens``, ``igno
   verify steps with k correct drafts, i.e. accept length k + 1) and the server's lifetime
   ``avg_spec_accept_length`` from ``/server_info``.
 
+With ``--step-timing`` every server also times its own batches (``SGLANG_DDTREE_STEP_TIMING``,
+CUDA events read back without syncs): per level, the decode steps, their median GPU period and
+batch size, and the GPU time of decode steps against everything else (prefills), in each row's
+``steps`` and a second markdown table. That splits a level's wall time, and compares a serving
+decode step with a fixed-batch one (``bench_step.py``).
+
 Requests go to the native ``/generate`` endpoint (``--api generate``, the default) because only its
 ``meta_info`` carries the per-request speculative counters; ``--api openai`` uses
 ``/v1/completions`` (streaming, ``stream_options.continuous_usage_stats``) and then has only the
@@ -81,6 +87,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
+from sglang_ddtree.step_timing import read_steps
 from sglang_ddtree.testing.http import free_port, http_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,8 +194,16 @@ def log_tail(path: Path, lines: int = 40) -> str:
 class Server:
     """A server process in its own process group: started, awaited on /health, always stopped."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path, ready_timeout: float = 600.0):
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        log_path: Path,
+        ready_timeout: float = 600.0,
+        env: dict[str, str] | None = None,
+    ):
         self.cmd, self.port, self.log_path, self.ready_timeout = cmd, port, log_path, ready_timeout
+        self.env = None if env is None else {**os.environ, **env}
         self.base = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
@@ -201,6 +217,7 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
+                env=self.env,
             )
         try:
             self._wait_ready()
@@ -604,6 +621,30 @@ def summarize_level(results: list[RequestResult], wall_s: float) -> dict:
     }
 
 
+def level_step_stats(records: list[dict], t0: float, t1: float) -> dict:
+    """The server's own batch timings (``sglang_ddtree.step_timing`` records: host start ``t``
+    on the system-wide monotonic clock, ``mode``, ``bs``, GPU ``period_ms``) of the batches
+    started in ``[t0, t1]``: decode steps against everything else (prefills), so a level's wall
+    time splits into decode and prefill GPU time, and its decode step can be compared with a
+    fixed-batch step (``bench_step.py``)."""
+    recs = [r for r in records if t0 <= r["t"] <= t1]
+    dec = [r for r in recs if r["mode"] == "DECODE"]
+    other = [r for r in recs if r["mode"] != "DECODE"]
+
+    def total_s(rs):
+        return sum(r["period_ms"] for r in rs if r["period_ms"] is not None) / 1e3
+
+    periods = [r["period_ms"] for r in dec if r["period_ms"] is not None]
+    return {
+        "decode_steps": len(dec),
+        "decode_step_ms_median": _median(periods),
+        "decode_bs_median": _median([r["bs"] for r in dec]),
+        "decode_gpu_s": total_s(dec),
+        "other_batches": len(other),
+        "other_gpu_s": total_s(other),
+    }
+
+
 # --------------------------------------------------------------------------- one server
 
 
@@ -647,6 +688,7 @@ def bench_server(
             if deadline is not None and time.time() > deadline:
                 print(f"  {desc}: skipped (past --deadline-s)", flush=True)
                 continue
+            t_mono = time.monotonic()
             results, wall = run_level(base, api, prompts, c, n, t, p, max_tokens, desc=desc)
             row = {
                 "config": cfg.label,
@@ -658,6 +700,7 @@ def bench_server(
                 "top_p": p,
                 "concurrency": c,
                 "max_tokens": max_tokens,
+                "t_monotonic": [t_mono, time.monotonic()],  # the level's window (step timing)
                 **summarize_level(results, wall),
                 "server_avg_spec_accept_length_lifetime": (
                     server_info(base).get("avg_spec_accept_length")
@@ -745,6 +788,31 @@ def _cell(row: dict, key: str, fmt) -> str:
     return "–" if row.get(key) is None else fmt(row[key])
 
 
+STEP_COLUMNS = (
+    ("T", "temperature", lambda x: f"{x:g}"),
+    ("conc", "concurrency", str),
+    ("config", "config", str),
+    ("wall s", "wall_s", _fmt),
+    ("decode steps", "decode_steps", str),
+    ("decode step median ms", "decode_step_ms_median", _fmt),
+    ("decode bs median", "decode_bs_median", lambda x: _fmt(x, 1)),
+    ("decode GPU s", "decode_gpu_s", _fmt),
+    ("other batches", "other_batches", str),
+    ("other GPU s", "other_gpu_s", _fmt),
+)
+
+
+def render_step_table(rows: list[dict]) -> str:
+    """The servers' own batch timings per level (``--step-timing``); "" when none were taken."""
+    rows = [{**r, **r["steps"]} for r in sort_rows(rows) if r.get("steps")]
+    if not rows:
+        return ""
+    head = "| " + " | ".join(c[0] for c in STEP_COLUMNS) + " |"
+    sep = "|" + "|".join("---" if c[1] == "config" else "---:" for c in STEP_COLUMNS) + "|"
+    body = ["| " + " | ".join(_cell(r, k, f) for _, k, f in STEP_COLUMNS) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
 def write_json(doc: dict, path: Path) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
@@ -768,6 +836,9 @@ def write_outputs(doc: dict, out_dir: Path) -> dict:
         render_table(doc["rows"]),
         "",
     ]
+    steps = render_step_table(doc["rows"])
+    if steps:
+        md += ["Server-side batch timing per level (`--step-timing`):", "", steps, ""]
     paths["md"].write_text("\n".join(md))
     paths.update(plot(doc["rows"], out_dir))
     return paths
@@ -956,6 +1027,12 @@ def parse_args(argv: list[str] | None):
         default=None,
         help="start no server or level after this many seconds (stay inside a wall-clock limit)",
     )
+    ap.add_argument(
+        "--step-timing",
+        action="store_true",
+        help="time every batch inside each server (SGLANG_DDTREE_STEP_TIMING): per level, "
+        "decode steps and their median GPU period, decode vs prefill GPU time",
+    )
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge earlier runs into --out")
     ap.add_argument("--dry-run", action="store_true", help="print the launch commands and exit")
     args = ap.parse_args(argv)
@@ -964,6 +1041,19 @@ def parse_args(argv: list[str] | None):
     if any(b < DFLASH_NUM_DRAFT_TOKENS - 1 for b in args.budgets):
         ap.error("DDTREE budgets must be >= 15 (W = budget + 1 must reach the block size 16)")
     return args
+
+
+# The server writes a batch's timing once 64 later batches have started (step_timing's lazy,
+# sync-free read-back): one long request after the last level pushes every level's batches out.
+FLUSH_TOKENS = 512
+
+
+def attach_step_stats(base: str, api: str, prompt: str, rows: list[dict], steps_dir) -> None:
+    """Add ``level_step_stats`` of each level (``row["steps"]``) from the server's records."""
+    stream_request(base, api, prompt, 0, 0.0, 1.0, FLUSH_TOKENS)
+    records = read_steps(str(steps_dir))
+    for row in rows:
+        row["steps"] = level_step_stats(records, *row["t_monotonic"])
 
 
 def _interrupt(signum, frame):
@@ -1028,17 +1118,21 @@ def main(argv: list[str] | None = None) -> int:
             entry = {"config": cfg.label, "launch_command": cmd, "log": str(log_path)}
             doc["servers"].append(entry)
             print(f"[{cfg.label}] {shlex.join(cmd)}", flush=True)
+            steps_dir = out_dir / f"steps_{cfg.label}"
+            env = {STEP_TIMING_ENV: str(steps_dir)} if args.step_timing else None
             try:
-                with Server(cmd, port, log_path, args.server_timeout) as srv:
+                with Server(cmd, port, log_path, args.server_timeout, env=env) as srv:
                     entry["startup_s"] = srv.startup_s
                     entry["server_info_start"] = server_info(srv.base)
                     print(f"[{cfg.label}] up in {srv.startup_s:.0f} s", flush=True)
-                    bench_server(
+                    rows = bench_server(
                         srv.base, cfg, prompts, args.temperatures, args.concurrency,
                         args.max_tokens, args.requests_per_level, args.top_p, args.api,
                         waves=args.waves, on_row=on_row, deadline=deadline,
                     )  # fmt: skip
                     entry["server_info_end"] = server_info(srv.base)
+                    if args.step_timing:
+                        attach_step_stats(srv.base, args.api, prompts[0], rows, steps_dir)
             except (RuntimeError, OSError) as e:
                 entry["error"] = str(e)
                 print(f"[{cfg.label}] FAILED: {e}", file=sys.stderr, flush=True)

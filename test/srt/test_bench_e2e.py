@@ -86,7 +86,21 @@ class FakeHandler(BaseHTTPRequestHandler):
             with srv.lock:
                 srv.in_flight -= 1
 
+    def _record(self, mode: str, period_s: float) -> None:
+        """With SGLANG_DDTREE_STEP_TIMING set, write a batch record the way the real server's
+        `step_timing` does (one JSON line per batch in ``<dir>/steps.<pid>.jsonl``)."""
+        out = os.environ.get("SGLANG_DDTREE_STEP_TIMING")
+        if not out:
+            return
+        rec = {"t": time.monotonic(), "bs": self.server.in_flight, "mode": mode}
+        rec.update(span_ms=period_s * 1e3, period_ms=period_s * 1e3)
+        with self.server.lock:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, f"steps.{os.getpid()}.jsonl"), "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
     def _stream(self, native: bool, prompt: str, gap: float) -> None:
+        self._record("EXTEND", self.server.ttft)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -98,6 +112,8 @@ class FakeHandler(BaseHTTPRequestHandler):
         n = 0
         for i, (at, k) in enumerate(schedule):
             time.sleep(max(0.0, t0 + at - time.perf_counter()))
+            if i:
+                self._record("DECODE", gap)
             n += k
             last = i == len(schedule) - 1
             if native:
@@ -462,6 +478,52 @@ def _serve_main() -> None:
 
 if __name__ == "__main__":
     _serve_main()
+
+
+def test_level_step_stats(bench):
+    recs = [
+        {"t": 0.5, "mode": "DECODE", "bs": 4, "period_ms": 9.0},  # before the level
+        {"t": 1.0, "mode": "EXTEND", "bs": 2, "period_ms": 30.0},
+        {"t": 1.1, "mode": "DECODE", "bs": 2, "period_ms": 5.0},
+        {"t": 1.2, "mode": "DECODE", "bs": 3, "period_ms": 7.0},
+        {"t": 1.3, "mode": "DECODE", "bs": 3, "period_ms": None},  # no successor: not summed
+        {"t": 2.5, "mode": "DECODE", "bs": 1, "period_ms": 1.0},  # after the level
+    ]
+    st = bench.level_step_stats(recs, 1.0, 2.0)
+    assert st["decode_steps"] == 3 and st["other_batches"] == 1
+    assert st["decode_step_ms_median"] == 6.0 and st["decode_bs_median"] == 3
+    assert st["decode_gpu_s"] == pytest.approx(0.012) and st["other_gpu_s"] == pytest.approx(0.03)
+    assert bench.render_step_table([{"config": "x", "temperature": 0, "concurrency": 1}]) == ""
+
+
+def test_server_passes_env(bench, tmp_path):
+    code = "import os, sys; sys.exit(int(os.environ['BENCH_E2E_TEST_CODE']))"
+    port = bench.free_port()
+    env = {"BENCH_E2E_TEST_CODE": "7"}
+    with pytest.raises(RuntimeError, match="exited with 7"):
+        with bench.Server([sys.executable, "-c", code], port, tmp_path / "e.log", env=env):
+            pass
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
+def test_main_step_timing(bench, tmp_path, monkeypatch):
+    """--step-timing: each server times its batches; every level gets its decode steps (the
+    fake server's period is its verify gap, 2 ms) and the markdown a second table."""
+    monkeypatch.setattr(
+        bench, "launch_command", lambda cfg, t, d, port, *a, **k: _fake_cmd(port, "--gap", "0.002")
+    )
+    monkeypatch.setattr(bench, "preflight", lambda configs: None)
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--configs", "dflash", "--concurrency", "1", "2"]
+    argv += ["--temperatures", "0", "--max-tokens", "16", "--requests-per-level", "3"]
+    assert bench.main([*argv, "--step-timing"]) == 0
+    doc = json.loads((out / "bench_e2e.json").read_text())
+    for row in doc["rows"]:
+        st = row["steps"]
+        assert st["decode_steps"] == 3 * VERIFY_CT and st["other_batches"] == 3, st
+        assert st["decode_step_ms_median"] == pytest.approx(2.0)
+    assert "Server-side batch timing" in (out / "bench_e2e.md").read_text()
+    assert list((out / "steps_dflash").glob("steps.*.jsonl"))
 
 
 def test_level_requests_waves(bench):
