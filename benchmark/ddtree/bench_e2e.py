@@ -759,10 +759,13 @@ def add_speedups(rows: list[dict]) -> list[dict]:
     return rows
 
 
-TABLE_COLUMNS = (
+LEVEL_COLUMNS = (  # what names a level in every table
     ("T", "temperature", lambda x: f"{x:g}"),
     ("conc", "concurrency", str),
     ("config", "config", str),
+)
+TABLE_COLUMNS = (
+    *LEVEL_COLUMNS,
     ("reqs ok", "num_ok", str),
     ("out tok/s", "output_tok_s", lambda x: _fmt(x, 0)),
     ("x none", "x_none", _fmt),
@@ -772,26 +775,8 @@ TABLE_COLUMNS = (
     ("TTFT median ms", "ttft_ms_median", lambda x: _fmt(x, 1)),
     ("accept len", "accept_length", _fmt),
 )
-
-
-def render_table(rows: list[dict]) -> str:
-    rows = add_speedups(sort_rows(rows))
-    head = "| " + " | ".join(c[0] for c in TABLE_COLUMNS) + " |"
-    sep = "|" + "|".join("---:" if c[1] != "config" else "---" for c in TABLE_COLUMNS) + "|"
-    body = [
-        "| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in TABLE_COLUMNS) + " |" for r in rows
-    ]
-    return "\n".join([head, sep, *body])
-
-
-def _cell(row: dict, key: str, fmt) -> str:
-    return "–" if row.get(key) is None else fmt(row[key])
-
-
 STEP_COLUMNS = (
-    ("T", "temperature", lambda x: f"{x:g}"),
-    ("conc", "concurrency", str),
-    ("config", "config", str),
+    *LEVEL_COLUMNS,
     ("wall s", "wall_s", _fmt),
     ("decode steps", "decode_steps", str),
     ("decode step median ms", "decode_step_ms_median", _fmt),
@@ -802,15 +787,25 @@ STEP_COLUMNS = (
 )
 
 
+def _markdown(rows: list[dict], columns) -> str:
+    head = "| " + " | ".join(c[0] for c in columns) + " |"
+    sep = "|" + "|".join("---" if c[1] == "config" else "---:" for c in columns) + "|"
+    body = ["| " + " | ".join(_cell(r, k, f) for _, k, f in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def render_table(rows: list[dict]) -> str:
+    return _markdown(add_speedups(sort_rows(rows)), TABLE_COLUMNS)
+
+
 def render_step_table(rows: list[dict]) -> str:
     """The servers' own batch timings per level (``--step-timing``); "" when none were taken."""
     rows = [{**r, **r["steps"]} for r in sort_rows(rows) if r.get("steps")]
-    if not rows:
-        return ""
-    head = "| " + " | ".join(c[0] for c in STEP_COLUMNS) + " |"
-    sep = "|" + "|".join("---" if c[1] == "config" else "---:" for c in STEP_COLUMNS) + "|"
-    body = ["| " + " | ".join(_cell(r, k, f) for _, k, f in STEP_COLUMNS) + " |" for r in rows]
-    return "\n".join([head, sep, *body])
+    return _markdown(rows, STEP_COLUMNS) if rows else ""
+
+
+def _cell(row: dict, key: str, fmt) -> str:
+    return "–" if row.get(key) is None else fmt(row[key])
 
 
 def write_json(doc: dict, path: Path) -> None:
