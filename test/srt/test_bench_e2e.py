@@ -80,11 +80,20 @@ class FakeHandler(BaseHTTPRequestHandler):
             srv.max_tokens_seen.append(params.get("max_new_tokens", params.get("max_tokens")))
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        self._left = False
         try:
             self._stream(self.path == "/generate", prompt, gap)
         finally:
-            with srv.lock:
-                srv.in_flight -= 1
+            self._leave()
+
+    def _leave(self) -> None:
+        """Stop counting this request as in flight (once). Called before its last token is
+        sent: a closed-loop client sends its next request as soon as it has read this one's
+        end, possibly before this handler thread gets to run again."""
+        if not self._left:
+            self._left = True
+            with self.server.lock:
+                self.server.in_flight -= 1
 
     def _record(self, mode: str, period_s: float) -> None:
         """With SGLANG_DDTREE_STEP_TIMING set, write a batch record the way the real server's
@@ -116,6 +125,8 @@ class FakeHandler(BaseHTTPRequestHandler):
                 self._record("DECODE", gap)
             n += k
             last = i == len(schedule) - 1
+            if last:
+                self._leave()
             if native:
                 meta = {"id": prompt, "completion_tokens": n, "prompt_tokens": 3}
                 if last:
