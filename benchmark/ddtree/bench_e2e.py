@@ -1038,8 +1038,9 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-# The server writes a batch's timing once 64 later batches have started (step_timing's lazy,
-# sync-free read-back): one long request after the last level pushes every level's batches out.
+# step_timing writes a batch's record lazily (no sync): at the next prefill or once 64 batches
+# are pending, and only if its successor has started on the GPU. One request long enough for
+# 64+ decode steps after the last level writes out every level's batches.
 FLUSH_TOKENS = 512
 
 
