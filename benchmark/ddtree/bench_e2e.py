@@ -87,8 +87,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_ddtree.step_timing import CPROFILE_ENV, WINDOW, WINDOW_FILE, read_steps
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
-from sglang_ddtree.step_timing import read_steps
 from sglang_ddtree.testing.http import free_port, http_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -668,11 +668,13 @@ def bench_server(
     warmup: bool = True,
     on_row=None,
     deadline: float | None = None,
+    profile_window: Path | None = None,
 ) -> list[dict]:
     """All (temperature, concurrency) levels against one running server; one row each.
 
     With ``warmup``, first a `warmup_sweep` per temperature up to the largest concurrency. No
-    level starts after ``deadline`` (a ``time.time()`` value)."""
+    level starts after ``deadline`` (a ``time.time()`` value). With ``profile_window`` (the
+    server's ``step_timing`` window file), that file exists exactly while a level runs."""
     if warmup:
         for t in sorted(set(temperatures)):
             warmup_sweep(
@@ -688,8 +690,14 @@ def bench_server(
             if deadline is not None and time.time() > deadline:
                 print(f"  {desc}: skipped (past --deadline-s)", flush=True)
                 continue
+            if profile_window is not None:
+                profile_window.touch()
             t_mono = time.monotonic()
-            results, wall = run_level(base, api, prompts, c, n, t, p, max_tokens, desc=desc)
+            try:
+                results, wall = run_level(base, api, prompts, c, n, t, p, max_tokens, desc=desc)
+            finally:
+                if profile_window is not None:
+                    profile_window.unlink(missing_ok=True)
             row = {
                 "config": cfg.label,
                 "method": cfg.method,
@@ -1028,6 +1036,13 @@ def parse_args(argv: list[str] | None):
         help="time every batch inside each server (SGLANG_DDTREE_STEP_TIMING): per level, "
         "decode steps and their median GPU period, decode vs prefill GPU time",
     )
+    ap.add_argument(
+        "--cprofile-levels",
+        action="store_true",
+        help="with --step-timing: cProfile each server's scheduler thread during every level "
+        "(SGLANG_DDTREE_CPROFILE=window; tables in steps_<config>/cprofile_window.*.txt). The "
+        "profiler slows the host: these levels' speeds are not measurements",
+    )
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge earlier runs into --out")
     ap.add_argument("--dry-run", action="store_true", help="print the launch commands and exit")
     args = ap.parse_args(argv)
@@ -1116,6 +1131,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{cfg.label}] {shlex.join(cmd)}", flush=True)
             steps_dir = out_dir / f"steps_{cfg.label}"
             env = {STEP_TIMING_ENV: str(steps_dir)} if args.step_timing else None
+            window = None
+            if args.step_timing and args.cprofile_levels:
+                env[CPROFILE_ENV] = WINDOW
+                window = steps_dir / WINDOW_FILE
+                steps_dir.mkdir(parents=True, exist_ok=True)
             try:
                 with Server(cmd, port, log_path, args.server_timeout, env=env) as srv:
                     entry["startup_s"] = srv.startup_s
@@ -1125,6 +1145,7 @@ def main(argv: list[str] | None = None) -> int:
                         srv.base, cfg, prompts, args.temperatures, args.concurrency,
                         args.max_tokens, args.requests_per_level, args.top_p, args.api,
                         waves=args.waves, on_row=on_row, deadline=deadline,
+                        profile_window=window,
                     )  # fmt: skip
                     entry["server_info_end"] = server_info(srv.base)
                     if args.step_timing:

@@ -20,6 +20,10 @@ Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the s
 with cProfile: a segment starts after ``skip`` decode batches of one batch size in a row and
 ends at the next non-decode batch or batch-size change; each segment is written as
 ``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
+``SGLANG_DDTREE_CPROFILE=window`` instead profiles everything the scheduler thread does (all
+batches and the host work between them) while the file ``<dir>/cprofile.window`` exists, and
+writes ``<dir>/cprofile_window.<pid>.<k>.txt`` when it disappears (``bench_e2e.py
+--cprofile-levels`` creates it for the length of each level).
 ``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
 activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
 summed device time per decode step), which shows whether a step is GPU-bound or launch-bound.
@@ -46,6 +50,8 @@ CPROFILE_ENV = "SGLANG_DDTREE_CPROFILE"
 TORCH_PROFILE_ENV = "SGLANG_DDTREE_TORCH_PROFILE"
 SYNC_TRACE_ENV = "SGLANG_DDTREE_SYNC_TRACE"
 TORCH_PROFILE_STEPS = 20
+WINDOW = "window"  # SGLANG_DDTREE_CPROFILE value: profile while WINDOW_FILE exists
+WINDOW_FILE = "cprofile.window"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
@@ -194,6 +200,44 @@ class HostProfiler:
         self.segment += 1
 
 
+class WindowProfiler:
+    """cProfile of the scheduler thread while ``<out_dir>/cprofile.window`` exists (a driver
+    creates and removes it around a serving level); one table per window."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        self.trigger = os.path.join(out_dir, WINDOW_FILE)
+        self.prof = None
+        self.modes: Counter = Counter()
+        self.segment = 0
+
+    def on_batch(self, mode: str, bs: int | None = None) -> None:
+        on = os.path.exists(self.trigger)
+        if on and self.prof is None:
+            self.modes = Counter()
+            self.prof = cProfile.Profile()
+            self.prof.enable()
+        elif not on and self.prof is not None:
+            self.dump()
+        if self.prof is not None:
+            self.modes[mode] += 1
+
+    def dump(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.disable()
+        buf = io.StringIO()
+        buf.write(f"batches profiled: {dict(self.modes)}\n")
+        stats = pstats.Stats(self.prof, stream=buf)
+        stats.sort_stats("tottime").print_stats(60)
+        stats.sort_stats("cumulative").print_stats(90)
+        name = f"cprofile_window.{os.getpid()}.{self.segment}.txt"
+        with open(os.path.join(self.out_dir, name), "w") as f:
+            f.write(buf.getvalue())
+        self.prof = None
+        self.segment += 1
+
+
 class SyncTracer:
     """Stacks of the host-device synchronizations made inside decode batches (benchmarks only).
 
@@ -264,7 +308,7 @@ class SyncTracer:
 
 
 _recorder: StepRecorder | None = None
-_profiler: HostProfiler | None = None
+_profiler: HostProfiler | WindowProfiler | None = None
 _sync_tracer: SyncTracer | None = None
 
 
@@ -278,7 +322,9 @@ def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
         _recorder = StepRecorder(os.path.join(out_dir, f"steps.{os.getpid()}.jsonl"))
         if os.environ.get(SYNC_TRACE_ENV, "0") not in ("", "0"):
             _sync_tracer = SyncTracer(os.path.join(out_dir, f"syncs.{os.getpid()}.txt"))
-        if os.environ.get(CPROFILE_ENV):
+        if os.environ.get(CPROFILE_ENV) == WINDOW:
+            _profiler = WindowProfiler(out_dir)
+        elif os.environ.get(CPROFILE_ENV):
             _profiler = HostProfiler(out_dir, int(os.environ[CPROFILE_ENV]))
         elif os.environ.get(TORCH_PROFILE_ENV):
             _profiler = HostProfiler(out_dir, int(os.environ[TORCH_PROFILE_ENV]), kind="torch")

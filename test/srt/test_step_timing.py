@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sglang_ddtree import step_timing
-from sglang_ddtree.step_timing import HostProfiler, StepRecorder, read_steps
+from sglang_ddtree.step_timing import HostProfiler, StepRecorder, WindowProfiler, read_steps
 
 
 class FakeEvent:
@@ -107,6 +107,32 @@ def test_profile_segments_hold_one_batch_size(tmp_path):
     heads = [p.read_text().splitlines()[0] for p in sorted(tmp_path.iterdir())]
     # bs 7: 1 batch (none); bs 8: 5 - 2 = 3; bs 6: 3 - 2 = 1; bs 5: 4 - 2 = 2.
     assert heads == [f"decode batches profiled: {n}" for n in (3, 1, 2)]
+
+
+def test_window_profile_covers_batches_while_the_file_exists(tmp_path):
+    """bench_e2e --cprofile-levels: one table per window, every batch mode inside it counted,
+    nothing profiled outside it."""
+    prof = WindowProfiler(str(tmp_path))
+    window = tmp_path / step_timing.WINDOW_FILE
+    prof.on_batch("DECODE", 4)  # no window yet
+    window.touch()
+    for m in ["DECODE", "EXTEND", "DECODE", "DECODE"]:
+        prof.on_batch(m, 4)
+    window.unlink()
+    prof.on_batch("DECODE", 4)  # closes the first window
+    prof.on_batch("DECODE", 4)
+    window.touch()
+    prof.on_batch("EXTEND", 1)
+    window.unlink()
+    prof.on_batch("DECODE", 1)
+    tables = sorted(p for p in tmp_path.iterdir() if p.name.startswith("cprofile_window."))
+    assert [p.name.rsplit(".", 2)[-2] for p in tables] == ["0", "1"]
+    heads = [p.read_text().splitlines()[0] for p in tables]
+    assert heads == [
+        "batches profiled: {'DECODE': 3, 'EXTEND': 1}",
+        "batches profiled: {'EXTEND': 1}",
+    ]
+    assert "Ordered by: cumulative time" in tables[0].read_text()
 
 
 def test_read_steps_merges_processes_in_time_order(tmp_path):
