@@ -753,16 +753,37 @@ def _config_order(label: str) -> tuple:
 
 def sort_rows(rows: list[dict]) -> list[dict]:
     return sorted(
-        rows, key=lambda r: (r["temperature"], r["concurrency"], _config_order(r["config"]))
+        rows,
+        key=lambda r: (
+            r["temperature"],
+            r["concurrency"],
+            _config_order(r["config"]),
+            r.get("repeat", 1),
+        ),
     )
+
+
+def _row_key(r: dict) -> tuple:
+    """(config, T, concurrency, repeat): one measured level of one server."""
+    return (r["config"], r["temperature"], r["concurrency"], r.get("repeat", 1))
+
+
+def server_order(configs: list, repeats: int) -> list[tuple[int, object]]:
+    """(repeat, config) for every server to launch: the configurations in order on odd
+    repeats and reversed on even ones (A B, B A, ...), so a drift of the machine over the run
+    (or whichever server goes first) does not favour one configuration."""
+    order = []
+    for k in range(1, repeats + 1):
+        order += [(k, c) for c in (configs if k % 2 else configs[::-1])]
+    return order
 
 
 def add_speedups(rows: list[dict]) -> list[dict]:
     """x_none / x_dflash: output tok/s over that of no speculation / the chain at the same level."""
-    ref = {(r["config"], r["temperature"], r["concurrency"]): r["output_tok_s"] for r in rows}
+    ref = {_row_key(r): r["output_tok_s"] for r in rows}
     for r in rows:
-        for name in ("none", "dflash"):
-            base = ref.get((name, r["temperature"], r["concurrency"]))
+        for name in ("none", "dflash"):  # the same repeat's server: side by side in time
+            base = ref.get((name, *_row_key(r)[1:]))
             r[f"x_{name}"] = r["output_tok_s"] / base if base and r["output_tok_s"] else None
     return rows
 
@@ -802,14 +823,67 @@ def _markdown(rows: list[dict], columns) -> str:
     return "\n".join([head, sep, *body])
 
 
+def _columns(rows: list[dict], columns) -> tuple:
+    """``columns`` with a repeat column after the config when some level ran more than once."""
+    if max((r.get("repeat", 1) for r in rows), default=1) == 1:
+        return columns
+    k = len(LEVEL_COLUMNS)
+    return (*columns[:k], ("rep", "repeat", str), *columns[k:])
+
+
 def render_table(rows: list[dict]) -> str:
-    return _markdown(add_speedups(sort_rows(rows)), TABLE_COLUMNS)
+    rows = add_speedups(sort_rows(rows))
+    return _markdown(rows, _columns(rows, TABLE_COLUMNS))
 
 
 def render_step_table(rows: list[dict]) -> str:
     """The servers' own batch timings per level (``--step-timing``); "" when none were taken."""
     rows = [{**r, **r["steps"]} for r in sort_rows(rows) if r.get("steps")]
-    return _markdown(rows, STEP_COLUMNS) if rows else ""
+    return _markdown(rows, _columns(rows, STEP_COLUMNS)) if rows else ""
+
+
+def repeat_summary(rows: list[dict]) -> list[dict]:
+    """Per (T, concurrency, config) over the repeats: tok/s and x_dflash of each repeat, their
+    medians and the smallest x_dflash (each repeat's ratio uses that repeat's DFLASH server)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in add_speedups(sort_rows(rows)):
+        groups.setdefault((r["temperature"], r["concurrency"], r["config"]), []).append(r)
+    out = []
+    for (t, c, cfg), rs in groups.items():
+        tok = [r["output_tok_s"] for r in rs if r.get("output_tok_s")]
+        xd = [r["x_dflash"] for r in rs if r.get("x_dflash") is not None]
+        out.append(
+            {
+                "temperature": t,
+                "concurrency": c,
+                "config": cfg,
+                "repeats": len(rs),
+                "tok_s_each": tok,
+                "tok_s_median": _median(tok),
+                "x_dflash_each": xd,
+                "x_dflash_median": _median(xd),
+                "x_dflash_min": min(xd) if xd else None,
+            }
+        )
+    return out
+
+
+SUMMARY_COLUMNS = (
+    *LEVEL_COLUMNS,
+    ("repeats", "repeats", str),
+    ("tok/s each", "tok_s_each", lambda xs: ", ".join(f"{x:,.0f}" for x in xs)),
+    ("tok/s median", "tok_s_median", lambda x: _fmt(x, 0)),
+    ("x dflash each", "x_dflash_each", lambda xs: ", ".join(f"{x:.2f}" for x in xs) or "–"),
+    ("x dflash median", "x_dflash_median", _fmt),
+    ("x dflash min", "x_dflash_min", _fmt),
+)
+
+
+def render_repeat_summary(rows: list[dict]) -> str:
+    """The `repeat_summary` table; "" when every level ran once."""
+    if max((r.get("repeat", 1) for r in rows), default=1) == 1:
+        return ""
+    return _markdown(repeat_summary(rows), SUMMARY_COLUMNS)
 
 
 def _cell(row: dict, key: str, fmt) -> str:
@@ -839,6 +913,9 @@ def write_outputs(doc: dict, out_dir: Path) -> dict:
         render_table(doc["rows"]),
         "",
     ]
+    summary = render_repeat_summary(doc["rows"])
+    if summary:
+        md += ["Over the repeats (`--repeats`):", "", summary, ""]
     steps = render_step_table(doc["rows"])
     if steps:
         md += ["Server-side batch timing per level (`--step-timing`):", "", steps, ""]
@@ -850,6 +927,12 @@ def write_outputs(doc: dict, out_dir: Path) -> dict:
 def _temp_title(rows: list[dict], t: float) -> str:
     top_p = next((r.get("top_p") for r in rows if r["temperature"] == t), None)
     return f"T={t:g}" + (f", top_p {top_p:g}" if top_p not in (None, 1.0) else "")
+
+
+def _median_over_repeats(rows: list[dict], concurrencies: list[int], key: str) -> list:
+    """Per concurrency, the median of ``key`` over the rows (the repeats of one config)."""
+    vals = [[r.get(key) for r in rows if r["concurrency"] == c] for c in concurrencies]
+    return [_median([v for v in vs if v is not None]) for vs in vals]
 
 
 def plot(rows: list[dict], out_dir: Path) -> dict:
@@ -871,13 +954,12 @@ def plot(rows: list[dict], out_dir: Path) -> dict:
     fig, axes = plt.subplots(2, len(temps), figsize=(6 * len(temps), 8), squeeze=False)
     for j, t in enumerate(temps):
         for cfg in configs:
-            sel = sorted(
-                (r for r in rows if r["temperature"] == t and r["config"] == cfg),
-                key=lambda r: r["concurrency"],
-            )
-            xs = [r["concurrency"] for r in sel]
-            axes[0][j].plot(xs, [r["output_tok_s"] for r in sel], marker="o", label=cfg)
-            axes[1][j].plot(xs, [r["tpot_ms_median"] for r in sel], marker="o", label=cfg)
+            sel = [r for r in rows if r["temperature"] == t and r["config"] == cfg]
+            xs = sorted({r["concurrency"] for r in sel})
+            ys = _median_over_repeats(sel, xs, "output_tok_s")
+            axes[0][j].plot(xs, ys, marker="o", label=cfg)
+            ys = _median_over_repeats(sel, xs, "tpot_ms_median")
+            axes[1][j].plot(xs, ys, marker="o", label=cfg)
         for i, ylabel in enumerate(("output tokens/s", "median TPOT (ms)")):
             ax = axes[i][j]
             ax.set_xscale("log", base=2)
@@ -957,7 +1039,8 @@ def load_prompts(path: Path = HELDOUT_PROMPTS) -> list[str]:
 
 
 def merge(paths: list[str], out_dir: Path) -> dict:
-    """Rows of several runs in one document (a later file wins for the same config/T/conc)."""
+    """Rows of several runs in one document (a later file wins for the same config, T,
+    concurrency and repeat)."""
     rows: dict[tuple, dict] = {}
     metas, servers = [], []
     for p in paths:
@@ -965,7 +1048,7 @@ def merge(paths: list[str], out_dir: Path) -> dict:
         metas.append(doc.get("meta", {}))
         servers += doc.get("servers", [])
         for r in doc.get("rows", []):
-            rows[(r["config"], r["temperature"], r["concurrency"])] = r
+            rows[_row_key(r)] = r
     doc = {
         "meta": {
             "merged_from": [str(p) for p in paths],
@@ -1035,6 +1118,14 @@ def parse_args(argv: list[str] | None):
         action="store_true",
         help="time every batch inside each server (SGLANG_DDTREE_STEP_TIMING): per level, "
         "decode steps and their median GPU period, decode vs prefill GPU time",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="launch every configuration's server this many times, in alternating order "
+        "(A B, B A, ...); rows carry their repeat, x_dflash compares within a repeat, and a "
+        "summary table gives each repeat's ratio and the median",
     )
     ap.add_argument(
         "--cprofile-levels",
@@ -1109,27 +1200,31 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(Path(args.prompts))
     doc = {"meta": run_meta(argv), "servers": [], "rows": []}
     doc["meta"]["args"] = vars(args)
-    print(f"bench_e2e: {len(configs)} servers x {len(levels)} levels -> {out_dir}", flush=True)
+    n_servers = len(configs) * args.repeats
+    print(f"bench_e2e: {n_servers} servers x {len(levels)} levels -> {out_dir}", flush=True)
     deadline = None if args.deadline_s is None else time.time() + args.deadline_s
 
-    def on_row(row):
+    def on_row(row, repeat):
+        row["repeat"] = repeat
         doc["rows"].append(row)
         write_json(doc, out_dir / "bench_e2e.json")
 
     try:
-        for cfg in configs:
+        for repeat, cfg in server_order(configs, args.repeats):
+            name = cfg.label if args.repeats == 1 else f"{cfg.label}_r{repeat}"
             if deadline is not None and time.time() > deadline:
-                print(f"[{cfg.label}] skipped (past --deadline-s)", flush=True)
+                print(f"[{name}] skipped (past --deadline-s)", flush=True)
                 continue
             port = free_port()
-            log_path = out_dir / f"server_{cfg.label}.log"
+            log_path = out_dir / f"server_{name}.log"
             cmd = launch_command(
                 cfg, args.target, args.drafter, port, max_conc, args.mem_fraction, extra
             )
-            entry = {"config": cfg.label, "launch_command": cmd, "log": str(log_path)}
+            entry = {"config": cfg.label, "repeat": repeat, "launch_command": cmd}
+            entry["log"] = str(log_path)
             doc["servers"].append(entry)
-            print(f"[{cfg.label}] {shlex.join(cmd)}", flush=True)
-            steps_dir = out_dir / f"steps_{cfg.label}"
+            print(f"[{name}] {shlex.join(cmd)}", flush=True)
+            steps_dir = out_dir / f"steps_{name}"
             env = {STEP_TIMING_ENV: str(steps_dir)} if args.step_timing else None
             window = None
             if args.step_timing and args.cprofile_levels:
@@ -1140,26 +1235,28 @@ def main(argv: list[str] | None = None) -> int:
                 with Server(cmd, port, log_path, args.server_timeout, env=env) as srv:
                     entry["startup_s"] = srv.startup_s
                     entry["server_info_start"] = server_info(srv.base)
-                    print(f"[{cfg.label}] up in {srv.startup_s:.0f} s", flush=True)
+                    print(f"[{name}] up in {srv.startup_s:.0f} s", flush=True)
                     rows = bench_server(
                         srv.base, cfg, prompts, args.temperatures, args.concurrency,
                         args.max_tokens, args.requests_per_level, args.top_p, args.api,
-                        waves=args.waves, on_row=on_row, deadline=deadline,
-                        profile_window=window,
+                        waves=args.waves, deadline=deadline, profile_window=window,
+                        on_row=lambda row, k=repeat: on_row(row, k),
                     )  # fmt: skip
                     entry["server_info_end"] = server_info(srv.base)
                     if args.step_timing:
                         attach_step_stats(srv.base, args.api, prompts[0], rows, steps_dir)
             except (RuntimeError, OSError) as e:
                 entry["error"] = str(e)
-                print(f"[{cfg.label}] FAILED: {e}", file=sys.stderr, flush=True)
+                print(f"[{name}] FAILED: {e}", file=sys.stderr, flush=True)
             entry.update(cuda_graph_evidence(log_path))
             write_json(doc, out_dir / "bench_e2e.json")
     except KeyboardInterrupt:
         print("bench_e2e: interrupted; writing what was measured", file=sys.stderr)
         doc["meta"]["interrupted"] = True
-    measured = {(r["config"], r["temperature"], r["concurrency"]) for r in doc["rows"]}
-    planned = [(cfg.label, t, c) for cfg in configs for t, c, _ in levels]
+    measured = {_row_key(r) for r in doc["rows"]}
+    planned = [
+        (c.label, t, n, k) for k, c in server_order(configs, args.repeats) for t, n, _ in levels
+    ]
     doc["meta"]["not_measured"] = [x for x in planned if x not in measured]
     paths = write_outputs(doc, out_dir)
     print(render_table(doc["rows"]))

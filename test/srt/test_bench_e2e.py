@@ -425,6 +425,20 @@ def test_main_end_to_end(bench, tmp_path, monkeypatch):
     assert all(s["decode_cuda_graph_true"] == 1 and "error" not in s for s in doc["servers"])
     assert (out / "server_none.log").exists() and (out / "bench_e2e.md").exists()
 
+    # --repeats 2: A B then B A; every row knows its repeat; logs per server.
+    launched.clear()
+    assert bench.main([*argv[:2], "--repeats", "2", *argv[2:]]) == 0
+    assert [c for c, _ in launched] == ["none", "ddtree-16", "ddtree-16", "none"]
+    doc = json.loads((out / "bench_e2e.json").read_text())
+    assert sorted({(r["config"], r["repeat"]) for r in doc["rows"]}) == [
+        ("ddtree-16", 1),
+        ("ddtree-16", 2),
+        ("none", 1),
+        ("none", 2),
+    ]
+    assert len(doc["rows"]) == 16 and (out / "server_none_r2.log").exists()
+    assert "Over the repeats" in (out / "bench_e2e.md").read_text()
+
     # Past --deadline-s nothing more starts; what was not measured is listed and the exit is 1.
     launched.clear()
     assert bench.main([*argv[:2], "--deadline-s", "0", *argv[2:]]) == 1
@@ -535,6 +549,37 @@ def test_main_step_timing(bench, tmp_path, monkeypatch):
         assert st["decode_step_ms_median"] == pytest.approx(2.0)
     assert "Server-side batch timing" in (out / "bench_e2e.md").read_text()
     assert list((out / "steps_dflash").glob("steps.*.jsonl"))
+
+
+def test_repeats_alternate_and_compare_within_a_repeat(bench):
+    a, b = bench.Config("dflash", "dflash", None), bench.Config("ddtree-adaptive", "ddtree", None)
+    assert bench.server_order([a, b], 3) == [(1, a), (1, b), (2, b), (2, a), (3, a), (3, b)]
+
+    def row(cfg, rep, tok):
+        return {"config": cfg, "temperature": 0.0, "concurrency": 32, "repeat": rep,
+                "output_tok_s": tok}  # fmt: skip
+
+    rows = [row("dflash", 1, 100.0), row("ddtree-adaptive", 1, 90.0)]
+    rows += [row("ddtree-adaptive", 2, 150.0), row("dflash", 2, 125.0)]
+    rows += [row("dflash", 3, 100.0), row("ddtree-adaptive", 3, 130.0)]
+    by = {(r["config"], r["repeat"]): r for r in bench.add_speedups(rows)}
+    # Each repeat's ratio uses that repeat's DFLASH server, not another one's.
+    assert [by[("ddtree-adaptive", k)]["x_dflash"] for k in (1, 2, 3)] == pytest.approx(
+        [0.9, 1.2, 1.3]
+    )
+    summary = {s["config"]: s for s in bench.repeat_summary(rows)}
+    dd = summary["ddtree-adaptive"]
+    assert dd["repeats"] == 3 and dd["tok_s_each"] == [90.0, 150.0, 130.0]
+    assert dd["tok_s_median"] == 130.0
+    assert dd["x_dflash_median"] == pytest.approx(1.2) and dd["x_dflash_min"] == pytest.approx(0.9)
+    table = bench.render_table(rows).splitlines()
+    assert table[0].startswith("| T | conc | config | rep |") and len(table) == 2 + 6
+    text = bench.render_repeat_summary(rows)
+    assert (
+        "| 0 | 32 | ddtree-adaptive | 3 | 90, 150, 130 | 130 | 0.90, 1.20, 1.30 | 1.20 | 0.90 |"
+        in text
+    )
+    assert bench.render_repeat_summary([{**r, "repeat": 1} for r in rows[:2]]) == ""
 
 
 def test_level_requests_waves(bench):
