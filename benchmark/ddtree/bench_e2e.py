@@ -35,6 +35,13 @@ batch size, and the GPU time of decode steps against everything else (prefills),
 ``steps`` and a second markdown table. That splits a level's wall time, and compares a serving
 decode step with a fixed-batch one (``bench_step.py``).
 
+``--repeats N`` launches every configuration's server N times, in A B, B A, ... order; each
+repeat's ``x_dflash`` uses that repeat's DFLASH server, and a summary table lists every repeat's
+ratio with their median and minimum. The trained pair's steps are host-bound, so a single
+server's throughput varies up to 2x between runs (RESULTS.md, runs 17-19): compare with
+repeats. ``--cprofile-levels`` (with ``--step-timing``) also writes a cProfile table of each
+server's scheduler thread per level (it slows the host: not a speed measurement).
+
 Requests go to the native ``/generate`` endpoint (``--api generate``, the default) because only its
 ``meta_info`` carries the per-request speculative counters; ``--api openai`` uses
 ``/v1/completions`` (streaming, ``stream_options.continuous_usage_stats``) and then has only the
