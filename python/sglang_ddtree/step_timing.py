@@ -110,6 +110,18 @@ class StepRecorder:
         return json.dumps(out) + "\n"
 
 
+def write_cprofile(prof: cProfile.Profile, path: str, head: str, by_own: int, by_cum: int):
+    """Stop ``prof`` and write ``head``, then its top functions by own and by cumulative time."""
+    prof.disable()
+    buf = io.StringIO()
+    buf.write(head + "\n")
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(by_own)
+    stats.sort_stats("cumulative").print_stats(by_cum)
+    with open(path, "w") as f:
+        f.write(buf.getvalue())
+
+
 class HostProfiler:
     """Profiler segments (cProfile or torch) of the scheduler thread, one per run of decode
     batches."""
@@ -159,15 +171,9 @@ class HostProfiler:
         if self.kind == "torch":
             self._dump_torch(steps)
             return
-        self.prof.disable()
-        buf = io.StringIO()
-        buf.write(f"decode batches profiled: {steps}\n")
-        stats = pstats.Stats(self.prof, stream=buf)
-        stats.sort_stats("tottime").print_stats(45)
-        stats.sort_stats("cumulative").print_stats(60)
         name = f"cprofile.{os.getpid()}.{self.segment}.txt"
-        with open(os.path.join(self.out_dir, name), "w") as f:
-            f.write(buf.getvalue())
+        head = f"decode batches profiled: {steps}"
+        write_cprofile(self.prof, os.path.join(self.out_dir, name), head, 45, 60)
         self.prof = None
         self.segment += 1
 
@@ -225,15 +231,9 @@ class WindowProfiler:
     def dump(self) -> None:
         if self.prof is None:
             return
-        self.prof.disable()
-        buf = io.StringIO()
-        buf.write(f"batches profiled: {dict(self.modes)}\n")
-        stats = pstats.Stats(self.prof, stream=buf)
-        stats.sort_stats("tottime").print_stats(60)
-        stats.sort_stats("cumulative").print_stats(90)
         name = f"cprofile_window.{os.getpid()}.{self.segment}.txt"
-        with open(os.path.join(self.out_dir, name), "w") as f:
-            f.write(buf.getvalue())
+        head = f"batches profiled: {dict(self.modes)}"
+        write_cprofile(self.prof, os.path.join(self.out_dir, name), head, 60, 90)
         self.prof = None
         self.segment += 1
 
