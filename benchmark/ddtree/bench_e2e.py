@@ -54,14 +54,16 @@ after every level), ``bench_e2e.md`` (the table, also printed), ``bench_e2e_thro
 ``bench_e2e_accept_hist.png``, and one ``server_<config>.log`` per configuration.
 
 On the H200, through the ``run`` tool with ``carry: [".gpu"]`` and ``timeout_s: 600`` (``.gpu/``
-holds the offline SGLang bundle of ``shared/gpu/build-bundle``). One command may run 10 minutes,
+holds the offline SGLang bundle of ``shared/gpu/build-bundle``; its JIT cache recompressed with
+xz, 3-5 MB instead of 8.5, keeps the working tree plus bundle under the 64 MiB a call may carry;
+with the JIT cache a pair server starts in ~25-75 s). One command may run 10 minutes,
 so the six servers are split over three calls; each repeats the setup (a cold machine has
 nothing installed) and starts no level after ``--deadline-s``. Estimated per server: ~1-2 min
 of startup and CUDA-graph capture plus ~0.5-1 min of traffic (the 32 sequential requests at
 concurrency 1 dominate), so ~4-5 min per call and ~15 min of device time in all. Call 1::
 
     mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/sglang-0.5.17-cp312.tar.xz &&
-    tar -C ~ -xzf .gpu/jit-cache-sm90a.tgz && export PYTHONPATH=/tmp/site &&
+    tar -C ~ -xJf .gpu/jit-cache-sm90a.txz && export PYTHONPATH=/tmp/site &&
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . &&
     python3 benchmark/ddtree/bench_e2e.py --out $OUT/a --configs none,dflash --deadline-s 480
 
