@@ -15,8 +15,11 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
 - ``SGLANG_DDTREE_TOPK`` (env): candidates per depth K (default 8); the worker uses
   ``min(K, W - 1, vocab)``.
-- ``SGLANG_DDTREE_DRAFT_TOPK`` (env): how the per-depth top-K is computed, ``torch`` (default)
-  or ``triton`` (`sglang_ddtree.core.topk_triton`; not yet measured in a server).
+- ``SGLANG_DDTREE_DRAFT_TOPK`` (env): how the per-depth top-K is computed: ``auto`` (default:
+  ``triton`` where the H200 measured it faster, see `draft_topk_backend`), ``torch`` or
+  ``triton`` (`sglang_ddtree.core.topk_triton`).
+- ``SGLANG_DDTREE_KV_MOVER`` (env): who moves the accepted target KV rows, ``ddtree`` (default:
+  `sglang_ddtree.core.kv_move_triton` where the KV pool allows it) or ``sglang``.
 - ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
 """
 
