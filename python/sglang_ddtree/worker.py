@@ -538,6 +538,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 4) Accept and plan the commit (glue graph).
         commit: CommitStep = self._accept_and_commit(glue, key, logits, tree, sampling_info)
+        # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV
+        # append: the scheduler's seq-lens copy waits on this event, not on the KV moves.
+        # A clone: graph outputs are overwritten by the next replay.
+        new_seq_lens = commit.new_seq_lens.clone()
+        if on_publish is not None:
+            on_publish(new_seq_lens)
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path
         #    (glue graph).
@@ -557,9 +563,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         logits_output.hidden_states = None
 
         # Graph outputs are overwritten by the next replay: clone what outlives the step.
-        new_seq_lens = commit.new_seq_lens.clone()
-        if on_publish is not None:
-            on_publish(new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=commit.next_token_ids.clone(),
