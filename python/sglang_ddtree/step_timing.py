@@ -122,16 +122,33 @@ def write_cprofile(prof: cProfile.Profile, path: str, head: str, by_own: int, by
         f.write(buf.getvalue())
 
 
-class HostProfiler:
+class _Segments:
+    """What the profilers share: the open profiler (or None) and one numbered file per
+    closed segment."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        self.prof = None
+        self.segment = 0
+
+    def _close(self, prefix: str):
+        """``(profiler, file path)`` of the segment being closed; the next segment starts
+        empty with the next number."""
+        prof, self.prof = self.prof, None
+        path = os.path.join(self.out_dir, f"{prefix}.{os.getpid()}.{self.segment}.txt")
+        self.segment += 1
+        return prof, path
+
+
+class HostProfiler(_Segments):
     """Profiler segments (cProfile or torch) of the scheduler thread, one per run of decode
     batches."""
 
     def __init__(self, out_dir: str, skip: int, kind: str = "cprofile"):
-        self.out_dir, self.skip, self.kind = out_dir, skip, kind
+        super().__init__(out_dir)
+        self.skip, self.kind = skip, kind
         self.decode_batches = 0
-        self.segment = 0
         self.profiled = 0
-        self.prof = None
         self.bs = None  # batch size of the current run of decode batches
 
     def on_batch(self, mode: str, bs: int | None = None) -> None:
@@ -156,7 +173,9 @@ class HostProfiler:
             if self.kind == "torch":
                 import torch
 
-                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():  # CPU-only: the tests run the segment logic
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
                 self.prof = torch.profiler.profile(activities=acts)
                 self.prof.__enter__()
             else:
@@ -171,18 +190,17 @@ class HostProfiler:
         if self.kind == "torch":
             self._dump_torch(steps)
             return
-        name = f"cprofile.{os.getpid()}.{self.segment}.txt"
-        head = f"decode batches profiled: {steps}"
-        write_cprofile(self.prof, os.path.join(self.out_dir, name), head, 45, 60)
-        self.prof = None
-        self.segment += 1
+        prof, path = self._close("cprofile")
+        write_cprofile(prof, path, f"decode batches profiled: {steps}", 45, 60)
 
     def _dump_torch(self, steps: int) -> None:
         import torch
 
-        torch.cuda.synchronize()  # benchmark-only: the segment is over
-        self.prof.__exit__(None, None, None)
-        avg = self.prof.key_averages()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # benchmark-only: the segment is over
+        prof, path = self._close("torchprof")
+        prof.__exit__(None, None, None)
+        avg = prof.key_averages()
         # Kernel time only: SGLang's record_function ranges also show up as device events
         # (user annotations) spanning whole steps, and would count the same time twice.
         device_us = sum(
@@ -199,23 +217,18 @@ class HostProfiler:
         )
         by_dev = avg.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70)
         by_cpu = avg.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)
-        name = f"torchprof.{os.getpid()}.{self.segment}.txt"
-        with open(os.path.join(self.out_dir, name), "w") as f:
+        with open(path, "w") as f:
             f.write(head + by_dev + "\n\n" + by_cpu)
-        self.prof = None
-        self.segment += 1
 
 
-class WindowProfiler:
+class WindowProfiler(_Segments):
     """cProfile of the scheduler thread while ``<out_dir>/cprofile.window`` exists (a driver
     creates and removes it around a serving level); one table per window."""
 
     def __init__(self, out_dir: str):
-        self.out_dir = out_dir
+        super().__init__(out_dir)
         self.trigger = os.path.join(out_dir, WINDOW_FILE)
-        self.prof = None
         self.modes: Counter = Counter()
-        self.segment = 0
 
     def on_batch(self, mode: str, bs: int | None = None) -> None:
         on = os.path.exists(self.trigger)
@@ -231,11 +244,8 @@ class WindowProfiler:
     def dump(self) -> None:
         if self.prof is None:
             return
-        name = f"cprofile_window.{os.getpid()}.{self.segment}.txt"
-        head = f"batches profiled: {dict(self.modes)}"
-        write_cprofile(self.prof, os.path.join(self.out_dir, name), head, 60, 90)
-        self.prof = None
-        self.segment += 1
+        prof, path = self._close("cprofile_window")
+        write_cprofile(prof, path, f"batches profiled: {dict(self.modes)}", 60, 90)
 
 
 class SyncTracer:

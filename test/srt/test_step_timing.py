@@ -96,6 +96,23 @@ def test_cprofile_segments_per_decode_run(tmp_path):
     assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
 
 
+def test_torch_profile_segments_numbered_per_decode_run(tmp_path):
+    """The torch-profiler kind: one numbered table per run of decode batches (CPU activity
+    only here; the device kernel time per step is then 0)."""
+    prof = HostProfiler(str(tmp_path), skip=1, kind="torch")
+    modes = ["EXTEND"] + ["DECODE"] * 4 + ["EXTEND"] + ["DECODE"] * 3 + ["EXTEND"]
+    for m in modes:
+        prof.on_batch(m, 8 if m == "DECODE" else None)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert [f.split(".")[0] for f in files] == ["torchprof", "torchprof"]
+    assert [f.split(".")[-2] for f in files] == ["0", "1"]
+    heads = [(tmp_path / f).read_text().splitlines()[:2] for f in files]
+    # Run 1: 4 decode batches, 1 skipped -> 3; run 2: 3 - 1 = 2.
+    assert [h[0] for h in heads] == ["decode batches profiled: 3", "decode batches profiled: 2"]
+    assert all(h[1].startswith("device kernel time per step: ") for h in heads)
+    assert prof.prof is None
+
+
 def test_profile_segments_hold_one_batch_size(tmp_path):
     """A batch-size change ends a segment and restarts the skip count (a run being filled or
     drained, or DDTREE's first steps at a new size, are never profiled)."""
