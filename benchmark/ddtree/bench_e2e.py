@@ -832,9 +832,14 @@ def _markdown(rows: list[dict], columns) -> str:
     return "\n".join([head, sep, *body])
 
 
+def _repeated(rows: list[dict]) -> bool:
+    """Whether some level ran more than once (``--repeats``)."""
+    return max((r.get("repeat", 1) for r in rows), default=1) > 1
+
+
 def _columns(rows: list[dict], columns) -> tuple:
     """``columns`` with a repeat column after the config when some level ran more than once."""
-    if max((r.get("repeat", 1) for r in rows), default=1) == 1:
+    if not _repeated(rows):
         return columns
     k = len(LEVEL_COLUMNS)
     return (*columns[:k], ("rep", "repeat", str), *columns[k:])
@@ -890,9 +895,7 @@ SUMMARY_COLUMNS = (
 
 def render_repeat_summary(rows: list[dict]) -> str:
     """The `repeat_summary` table; "" when every level ran once."""
-    if max((r.get("repeat", 1) for r in rows), default=1) == 1:
-        return ""
-    return _markdown(repeat_summary(rows), SUMMARY_COLUMNS)
+    return _markdown(repeat_summary(rows), SUMMARY_COLUMNS) if _repeated(rows) else ""
 
 
 def _cell(row: dict, key: str, fmt) -> str:
