@@ -181,6 +181,18 @@ def check_server_args(cfg: Any) -> list[str]:
             "DDTREE verifies with exact target-only tree sampling; "
             "drop --speculative-use-rejection-sampling."
         )
+    if _get(cfg, "enable_deterministic_inference", False):
+        errors.append(
+            "DDTREE draws its verify coins from one device generator, so per-request seeds "
+            "(deterministic inference) cannot be honoured; drop --enable-deterministic-inference."
+        )
+    sampling_backend = _get(cfg, "sampling_backend")
+    if sampling_backend not in (None, "flashinfer"):
+        errors.append(
+            "DDTREE reproduces the law of SGLang's flashinfer sampler (top-k and top-p judged "
+            f"jointly, tied tokens kept); --sampling-backend {sampling_backend} breaks ties "
+            "differently. Pass --sampling-backend flashinfer (the CUDA default)."
+        )
     if _get(cfg, "enable_two_batch_overlap", False):
         errors.append("DDTREE does not support two-batch overlap; drop --enable-two-batch-overlap.")
     if _get(cfg, "disaggregation_mode", "null") not in (None, "null"):

@@ -56,14 +56,14 @@ def _register_request_checks() -> None:
 
 
 def _validate_request_hook(original_fn, req, *args, **kwargs):
-    msg = original_fn(req, *args, **kwargs)
-    if msg is not None:
-        return msg
     from sglang_ddtree import requests
 
-    if not requests.ddtree_active():
-        return None
-    return requests.refuse_request(req)
+    # DDTREE's refusals first, so their messages name DDTREE (not DFLASH).
+    if requests.ddtree_active():
+        msg = requests.refuse_request(req)
+        if msg is not None:
+            return msg
+    return original_fn(req, *args, **kwargs)
 
 
 def _register_placeholder(error: BaseException) -> None:

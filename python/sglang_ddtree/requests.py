@@ -2,7 +2,9 @@
 
 DDTREE verifies every tree node against the target distribution after temperature, top-k,
 top-p and ``logit_bias``. Options whose exact law over a tree it does not implement are refused
-instead of being silently approximated.
+instead of being silently approximated. Per-request seeds are accepted: without
+``--enable-deterministic-inference`` (which DDTREE refuses at startup) SGLang's own sampler does
+not use them either.
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ def refuse_sampling_params(sp) -> str | None:
     """Return an error message for sampling params DDTREE cannot honour exactly, else None."""
     if float(getattr(sp, "min_p", 0.0) or 0.0) > 0.0:
         return "DDTREE speculative decoding does not support min_p; omit it or set min_p=0."
+    if int(getattr(sp, "min_new_tokens", 0) or 0) > 0:
+        # SGLang applies its EOS ban to every tree node alike, not per depth.
+        return (
+            "DDTREE speculative decoding does not support min_new_tokens (min_tokens); "
+            "omit it or set it to 0."
+        )
     penalties = {
         "frequency_penalty": (getattr(sp, "frequency_penalty", 0.0), 0.0),
         "presence_penalty": (getattr(sp, "presence_penalty", 0.0), 0.0),

@@ -197,15 +197,6 @@ def test_zero_probability_child_never_accepted():
             cur = kids[0] if kids else cur
 
 
-def test_top_k_top_p_renorm_reference():
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
-    from sglang_ddtree.core import top_k_top_p_renorm
-
-    out = top_k_top_p_renorm(probs, torch.tensor([3, 0]), torch.tensor([0.7, 0.6]))
-    torch.testing.assert_close(out[0], torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
-    torch.testing.assert_close(out[1], torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))
-
-
 # --------------------------------------------------------------------------------------- GPU
 
 

@@ -58,6 +58,8 @@ def test_good_config_passes():
         (dict(speculative_use_rejection_sampling=True), "--speculative-use-rejection-sampling"),
         (dict(device="cpu"), "--device cuda"),
         (dict(speculative_eagle_topk=4), "SGLANG_DDTREE_TOPK"),
+        (dict(enable_deterministic_inference=True), "--enable-deterministic-inference"),
+        (dict(sampling_backend="pytorch"), "--sampling-backend flashinfer"),
     ],
 )
 def test_refusals_name_the_fix(kw, hint):
@@ -113,12 +115,34 @@ def test_request_refusals():
     assert "frequency_penalty" in dreq.refuse_sampling_params(sp(frequency_penalty=0.5))
     assert "repetition_penalty" in dreq.refuse_sampling_params(sp(repetition_penalty=1.1))
     assert "regex" in dreq.refuse_sampling_params(sp(regex="a+"))
+    assert "min_new_tokens" in dreq.refuse_sampling_params(sp(min_new_tokens=4))
+    assert dreq.refuse_sampling_params(sp(min_new_tokens=0, sampling_seed=7)) is None
     req = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
     assert "custom logit" in dreq.refuse_request(req)
     req = SimpleNamespace(custom_logit_processor=None, return_logprob=True, sampling_params=sp())
     assert "logprobs" in dreq.refuse_request(req)
     req = SimpleNamespace(custom_logit_processor=None, return_logprob=False, sampling_params=sp())
     assert dreq.refuse_request(req) is None
+
+
+def test_request_hook_names_ddtree_first():
+    """SGLang's own DFlash-family check refuses logprobs naming DFLASH; while DDTREE serves,
+    DDTREE's refusal answers first; otherwise SGLang's check runs unchanged."""
+    from sglang_ddtree.plugin import _validate_request_hook
+
+    def original(req, *a, **k):
+        return "DFLASH speculative decoding does not support return_logprob yet."
+
+    sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
+    req = SimpleNamespace(custom_logit_processor=None, return_logprob=True, sampling_params=sp)
+    was = dreq.ddtree_active()
+    try:
+        dreq.set_active(True)
+        assert "DDTREE" in _validate_request_hook(original, req)
+        dreq.set_active(False)
+        assert "DFLASH" in _validate_request_hook(original, req)
+    finally:
+        dreq.set_active(was)
 
 
 def test_tiny_pair_files(tmp_path):

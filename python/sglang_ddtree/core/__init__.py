@@ -25,7 +25,7 @@ from sglang_ddtree.core.layout import (
     tree_to_retrieve_arrays,
     verify_mask_cells,
 )
-from sglang_ddtree.core.sampling import draw_coins, target_probs, top_k_top_p_renorm
+from sglang_ddtree.core.sampling import draw_coins, joint_top_k_top_p_renorm, target_probs
 from sglang_ddtree.core.tree import (
     DraftTree,
     build_tree,
@@ -47,10 +47,10 @@ __all__ = [
     "commit_accepted",
     "draw_coins",
     "flatten_verify_mask",
+    "joint_top_k_top_p_renorm",
     "scatter_verify_mask",
     "select_candidates",
     "target_probs",
-    "top_k_top_p_renorm",
     "tree_to_retrieve_arrays",
     "verify_mask_cells",
 ]

@@ -1,9 +1,17 @@
 """Per-request target distributions and verify coins for sampled (temperature > 0) requests.
 
-Every tree node of a request uses that request's temperature, top-k and top-p, applied in the
-order SGLang's own sampler uses: temperature, then top-k (renormalize), then top-p
-(renormalize). So a speculative step draws from exactly the distribution that non-speculative
-decoding would draw from at the same prefix.
+The law to match is SGLang's non-speculative sampler's: logits divided by the temperature,
+softmax, then top-k and top-p judged **jointly** on that one distribution (FlashInfer's
+``top_k_top_p_sampling_from_probs(..., filter_apply_order="joint")``), then renormalized.
+Token ``x`` (probability ``p_x``) stays when both hold:
+
+- ``#{y : p_y > p_x} < top_k``: fewer than ``top_k`` tokens are strictly more probable, so
+  every token tied at the k-th place stays;
+- ``sum{p_y : p_y > p_x} < top_p``: the mass strictly above it is below ``top_p``, so every
+  token tied at the nucleus edge stays.
+
+This is not top-k, renormalize, then top-p (SGLang's EAGLE verify order): there the nucleus is
+cut from the top-k-renormalized distribution and holds fewer tokens.
 """
 
 from __future__ import annotations
@@ -23,29 +31,53 @@ def _sgl_kernel_renorm():
     return top_k_renorm_prob, top_p_renorm_prob
 
 
-def top_k_top_p_renorm(
+def _effective_top_k(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[M] int64: ``top_k`` with "off" (<= 0 or > V, e.g. SGLang's 1 << 30) mapped to V."""
+    return torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).to(torch.int64)
+
+
+def joint_top_k_top_p_renorm(
     probs: torch.Tensor,  # [M, V] float32, rows sum to 1
-    top_k: torch.Tensor,  # [M] int64; values <= 0 or >= V mean "no top-k"
+    top_k: torch.Tensor,  # [M] int64; values <= 0 or > V mean "no top-k"
     top_p: torch.Tensor,  # [M] float32 in (0, 1]
 ) -> torch.Tensor:
-    """Keep each row's top-k tokens, renormalize, keep its top-p nucleus, renormalize.
+    """[M, V] float32: ``probs`` restricted to the joint top-k / top-p set, renormalized.
 
-    Top-p keeps the smallest prefix of tokens (by decreasing probability) whose mass reaches
-    ``top_p``: a token stays when the mass strictly before it is below ``top_p``.
-    Pure torch; used on the CPU and as the reference for the CUDA kernels.
+    Pure torch (one sort per row); the CPU path and the reference for the CUDA path.
     """
     vocab = probs.shape[-1]
-    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).to(torch.int64)
+    k = _effective_top_k(top_k, vocab)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=probs.device)
-    keep = rank[None, :] < k[:, None]
-    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-    sorted_probs = sorted_probs / sorted_probs.sum(-1, keepdim=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep = keep & (mass_before < top_p.float()[:, None])
-    sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
-    sorted_probs = sorted_probs / sorted_probs.sum(-1, keepdim=True)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    rank = torch.arange(vocab, device=probs.device).expand_as(sorted_probs)
+    # Tokens tied in probability share the rank and the mass above of the first of them.
+    run_start = torch.ones_like(sorted_probs, dtype=torch.bool)
+    run_start[:, 1:] = sorted_probs[:, 1:] != sorted_probs[:, :-1]
+    first = torch.cummax(torch.where(run_start, rank, 0), dim=-1).values
+    above = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass before each position
+    count_above = first
+    mass_above = torch.gather(above, -1, first)
+    keep = (count_above < k[:, None]) & (mass_above < top_p.float()[:, None])
+    kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    kept = kept / kept.sum(-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, order, kept)
+
+
+def _joint_renorm_kernels(probs, k, p, need_top_k: bool, need_top_p: bool, kernels):
+    """The joint law from sgl_kernel's two renorm kernels (FlashInfer's), each applied to the
+    unfiltered ``probs``: ``top_k_renorm_prob`` keeps ``p_x >=`` the k-th largest value (the
+    top-k set, ties kept) and ``top_p_renorm_prob`` keeps ``p_x >=`` the smallest value whose
+    mass above is below ``top_p`` (the nucleus, ties kept); their intersection, renormalized,
+    is the joint set. No host sync; capture-safe."""
+    top_k_renorm_prob, top_p_renorm_prob = kernels
+    vocab = probs.shape[-1]
+    if need_top_k and not need_top_p:
+        return top_k_renorm_prob(probs, _effective_top_k(k, vocab).to(torch.int32))
+    if need_top_p and not need_top_k:
+        return top_p_renorm_prob(probs, p)
+    in_top_k = top_k_renorm_prob(probs, _effective_top_k(k, vocab).to(torch.int32)) > 0
+    in_nucleus = top_p_renorm_prob(probs, p) > 0
+    kept = torch.where(in_top_k & in_nucleus, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def target_probs(
@@ -57,37 +89,36 @@ def target_probs(
     need_top_k: bool = True,
     need_top_p: bool = True,
 ) -> torch.Tensor:
-    """Target distribution at every node, [bs, N, V] float32 contiguous.
+    """Target distribution at every node, [bs, N, V] float32 contiguous: the law SGLang's
+    non-speculative sampler draws from at that node (module docstring).
 
     ``need_top_k`` / ``need_top_p`` (host bools, e.g. SGLang's ``need_top_k_sampling`` /
     ``need_top_p_sampling``): False promises that no row uses that filter (top_k <= 0 or >= V;
-    top_p = 1), so its renormalization pass over ``[bs * N, V]`` is skipped (the law is the
-    same). True always applies it.
+    top_p = 1), so its pass over ``[bs * N, V]`` is skipped (the law is the same). True always
+    applies it.
 
-    On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob`` (what SGLang's
-    EAGLE verify uses); elsewhere the pure-torch `top_k_top_p_renorm`.
+    On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
+    (`_joint_renorm_kernels`); elsewhere the pure-torch `joint_top_k_top_p_renorm`.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
+    # As SGLang's sampler: float32 logits divided by the temperature, then softmax.
     probs = torch.softmax(logits.float() / temperature.float()[:, None, None], dim=-1)
     probs = probs.reshape(bs * n, vocab)
+    if not (need_top_k or need_top_p):
+        return probs.reshape(bs, n, vocab).contiguous()
     # expand + reshape, not repeat_interleave: no output-size computation, capture-safe.
     k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
-    p = top_p.float()[:, None].expand(bs, n).reshape(-1)
+    p = top_p.float()[:, None].expand(bs, n).reshape(-1).contiguous()
     kernels = _sgl_kernel_renorm() if (use_kernels is not False and probs.is_cuda) else None
     if use_kernels and kernels is None:
         raise RuntimeError("sgl_kernel renorm kernels requested but not available")
     if kernels is not None:
-        top_k_renorm_prob, top_p_renorm_prob = kernels
-        if need_top_k:
-            k = torch.where((k <= 0) | (k > vocab), vocab, k).to(torch.int32)
-            probs = top_k_renorm_prob(probs, k)
-        if need_top_p:
-            probs = top_p_renorm_prob(probs, p)
-    elif need_top_k or need_top_p:  # a filter not needed is switched off, as above
+        probs = _joint_renorm_kernels(probs, k, p, need_top_k, need_top_p, kernels)
+    else:  # a filter not needed is switched off, as above
         k = k if need_top_k else torch.zeros_like(k)
         p = p if need_top_p else torch.ones_like(p)
-        probs = top_k_top_p_renorm(probs, k, p)
+        probs = joint_top_k_top_p_renorm(probs, k, p)
     return probs.reshape(bs, n, vocab).contiguous()
 
 

@@ -118,6 +118,8 @@ def _exercise(base: str) -> dict:
         "top_p_zero": {"top_p": 0.0},
         "min_p_unsupported": {"min_p": 0.5, "temperature": 1.0},
         "penalty_unsupported": {"frequency_penalty": 0.5, "temperature": 1.0},
+        "min_tokens_unsupported": {"min_tokens": 4, "temperature": 1.0},
+        "logprobs_unsupported": {"logprobs": 2, "temperature": 1.0},
     }
     statuses = {}
     for name, params in bad.items():
@@ -128,6 +130,17 @@ def _exercise(base: str) -> dict:
         statuses[name] = {"status": code, "message": str(body.get("message", body))[:160]}
     out["bad_requests"] = statuses
     out["ok_bad_requests_400"] = all(v["status"] == 400 for v in statuses.values())
+    # DDTREE's own refusals name DDTREE, not the DFLASH checks they run before.
+    out["ok_refusals_name_ddtree"] = all(
+        "DDTREE" in statuses[k]["message"]
+        for k in ("min_tokens_unsupported", "logprobs_unsupported")
+    )
+    # A seed is accepted: without deterministic inference SGLang's own sampler ignores it too.
+    code, _ = http_json(
+        base + "/v1/completions",
+        {"model": "default", "prompt": "x", "max_tokens": 8, "temperature": 1.0, "seed": 7},
+    )
+    out["ok_seed_accepted"] = code == 200
 
     code, body = http_json(
         base + "/v1/completions",

@@ -1,0 +1,452 @@
+"""DDTREE's output law against SGLang's non-speculative server, on the shipped trained pair.
+
+``python -m sglang_ddtree.testing.law --out DIR [--dtype float32] [--parts law,greedy,params]``
+starts ``sgl.Engine``s of the trained pair (triton attention, CUDA graphs on), one without
+speculation and one with DDTREE (default adaptive budget), and writes ``DIR/law_<dtype>.json``.
+
+Parts:
+
+- ``law``: per setting, ``SAMPLES`` completions of ``NEW_TOKENS`` tokens from one prompt on
+  each server. Settings: every (top_k, top_p) pairing of top_k in {off, 5, 20, 50} and top_p in
+  {1.0, 0.95, 0.8}, each at one temperature of {0.6, 1.0, 1.3} (cycled, so every temperature
+  meets every top_p), plus two ``logit_bias`` settings, ``n = 4``, and four settings whose
+  DDTREE requests run interleaved one to one with greedy requests (the greedy rows must equal
+  the non-speculative greedy output). Statistics per setting: a two-sample chi-squared
+  homogeneity test per token position and one on the tuple of the first ``TUPLE_LEN`` tokens
+  (bins pooled below ``MIN_BIN`` joint counts). Multiple testing: Bonferroni over every test of
+  a family, family-wise level ``ALPHA``. Calibration: a second non-speculative sample must pass
+  (the null), and the non-speculative server at 1.1x the temperature must be rejected (the
+  power; a family of ``CALIBRATION`` settings, Bonferroni within it).
+- ``greedy``: ``GREEDY_PROMPTS`` prompts (the 64 held-out snippets cut at four lengths), greedy:
+  the non-speculative server in one batch and one by one (its own noise floor: bf16 near-ties
+  flip argmaxes between batch shapes), DDTREE in one batch; mismatch counts and the position of
+  the first difference.
+- ``params``: greedy requests with stop strings, stop token ids, EOS (``ignore_eos`` off),
+  ``max_new_tokens`` that ends inside an accepted path, ``n = 3``: DDTREE equals the
+  non-speculative server request by request (text, ids, finish reason).
+
+Run in float32 the two servers' logits agree to rounding, so the law test judges the sampling
+law alone; in bfloat16 the verify and decode forwards round differently and tokens at a top-k
+boundary can swap (a numerical, not a law, difference; the greedy part measures its size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from contextlib import contextmanager
+
+SAMPLES = 3000
+NEW_TOKENS = 6
+TUPLE_LEN = 3
+MIN_BIN = 10
+ALPHA = 0.01
+GREEDY_PROMPTS = 256
+GREEDY_NEW_TOKENS = 48
+MAX_RUNNING = 64
+
+TEMPERATURES = (0.6, 1.0, 1.3)
+TOP_KS = (0, 5, 20, 50)  # 0 = off
+TOP_PS = (1.0, 0.95, 0.8)
+MIXED = ("T1.0_k20_p0.8", "T1.0_k0_p0.95", "T0.6_k50_p1.0", "T1.3_k5_p0.95")
+CALIBRATION = ("T1.0_k0_p0.95", "T1.3_k20_p1.0", "T1.0_k50_p0.95")
+
+
+def _name(t: float, k: int, p: float) -> str:
+    return f"T{t}_k{k}_p{p}"
+
+
+def law_settings() -> dict[str, dict]:
+    """{name: sampling params}: the 12 top_k x top_p pairings, each at a cycled temperature,
+    plus two logit-bias settings (their bias is filled in from the greedy output) and n = 4."""
+    out = {}
+    for i, k in enumerate(TOP_KS):
+        for j, p in enumerate(TOP_PS):
+            t = TEMPERATURES[(i + j) % len(TEMPERATURES)]
+            out[_name(t, k, p)] = {"temperature": t, "top_k": k if k else -1, "top_p": p}
+    out["bias_T1.0"] = {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "logit_bias": None}
+    out["bias_T0.6_k20_p0.95"] = {
+        "temperature": 0.6,
+        "top_k": 20,
+        "top_p": 0.95,
+        "logit_bias": None,
+    }
+    out["n4_T1.0_p0.95"] = {"temperature": 1.0, "top_k": -1, "top_p": 0.95, "n": 4}
+    return out
+
+
+# ------------------------------------------------------------------------------- statistics
+def chi2_two_sample(a: list, b: list, min_bin: int = MIN_BIN) -> tuple[float, int]:
+    """Two-sample chi-squared homogeneity test of two samples of hashable outcomes.
+
+    Outcomes whose pooled count is below ``min_bin`` share one bin. Returns (p, dof); dof 0
+    (one bin) gives p = 1.
+    """
+    from scipy.stats import chi2_contingency
+
+    ca, cb = {}, {}
+    for x in a:
+        ca[x] = ca.get(x, 0) + 1
+    for x in b:
+        cb[x] = cb.get(x, 0) + 1
+    rows, rest = [], [0, 0]
+    for x in set(ca) | set(cb):
+        u, v = ca.get(x, 0), cb.get(x, 0)
+        if u + v >= min_bin:
+            rows.append([u, v])
+        else:
+            rest[0] += u
+            rest[1] += v
+    if sum(rest) > 0:
+        rows.append(rest)
+    if len(rows) < 2:
+        return 1.0, 0
+    stat, p, dof, _ = chi2_contingency(rows, correction=False)
+    return float(p), int(dof)
+
+
+def compare_samples(ref: list[list[int]], other: list[list[int]]) -> dict:
+    """Per-position and tuple tests between two lists of completions (token-id lists)."""
+    tests = {}
+    for pos in range(NEW_TOKENS):
+        a = [s[pos] for s in ref if len(s) > pos]
+        b = [s[pos] for s in other if len(s) > pos]
+        tests[f"pos{pos + 1}"] = chi2_two_sample(a, b)
+    tests[f"tuple{TUPLE_LEN}"] = chi2_two_sample(
+        [tuple(s[:TUPLE_LEN]) for s in ref], [tuple(s[:TUPLE_LEN]) for s in other]
+    )
+    pmin = min(p for p, _ in tests.values())
+    return {
+        "n": [len(ref), len(other)],
+        "min_p": pmin,
+        "tests": {k: {"p": p, "dof": d} for k, (p, d) in tests.items()},
+        "distinct_pos2": [len({s[1] for s in ref}), len({s[1] for s in other})],
+    }
+
+
+def family(results: dict[str, dict], alpha: float = ALPHA) -> dict:
+    """Bonferroni over every test in ``results``: per-test level alpha / m, and each
+    setting's adjusted p (min(1, m * its smallest p))."""
+    m = sum(len(r["tests"]) for r in results.values())
+    level = alpha / max(m, 1)
+    adjusted = {k: min(1.0, r["min_p"] * m) for k, r in results.items()}
+    return {
+        "tests": m,
+        "alpha": alpha,
+        "per_test_level": level,
+        "adjusted_p": adjusted,
+        "rejected": sorted(k for k, r in results.items() if r["min_p"] < level),
+    }
+
+
+# ------------------------------------------------------------------------------- engines
+def engine_kwargs(algo: str | None, dtype: str) -> dict:
+    from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
+
+    kw = dict(
+        model_path=str(TARGET_DIR),
+        dtype=dtype,
+        attention_backend="triton",
+        mem_fraction_static=0.3,
+        max_running_requests=MAX_RUNNING,
+        cuda_graph_max_bs_decode=MAX_RUNNING,
+        context_length=1024,
+        log_level="warning",
+        random_seed=0,
+    )
+    if algo:
+        kw.update(speculative_algorithm=algo, speculative_draft_model_path=str(DRAFTER_DIR))
+    return kw
+
+
+@contextmanager
+def engine(algo: str | None, dtype: str):
+    import sglang as sgl
+
+    t0 = time.time()
+    eng = sgl.Engine(**engine_kwargs(algo, dtype))
+    print(f"[law] {algo or 'no-spec'} {dtype} engine up in {time.time() - t0:.1f}s", flush=True)
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def generate(eng, prompts: list[list[int]], params: list[dict]) -> list[dict]:
+    out = eng.generate(input_ids=prompts, sampling_params=params)
+    return out if isinstance(out, list) else [out]
+
+
+def tokenized_prompts() -> list[list[int]]:
+    """The held-out snippets, each cut at 1, 3/4, 1/2 and 1/4 of its tokens (min 8)."""
+    from tokenizers import Tokenizer
+
+    from sglang_ddtree.pair import TARGET_DIR, heldout_prompts
+
+    tok = Tokenizer.from_file(str(TARGET_DIR / "tokenizer.json"))
+    full = [tok.encode(t).ids for t in heldout_prompts()]
+    out = []
+    for frac in (1.0, 0.75, 0.5, 0.25):
+        out += [ids[: max(8, int(len(ids) * frac))] for ids in full]
+    return out
+
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": GREEDY_NEW_TOKENS, "ignore_eos": True}
+
+
+def _ids(outs: list[dict]) -> list[list[int]]:
+    return [o["output_ids"] for o in outs]
+
+
+def first_differences(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Prompts whose outputs differ, and where each first differs (0-based token index)."""
+    pos = []
+    for x, y in zip(a, b):
+        if x != y:
+            pos.append(
+                next((i for i in range(min(len(x), len(y))) if x[i] != y[i]), min(len(x), len(y)))
+            )
+    return {"prompts": len(a), "mismatches": len(pos), "first_diff_positions": sorted(pos)}
+
+
+# ------------------------------------------------------------------------------- requests
+def _law_requests(prompts, settings, with_greedy=()):
+    """(prompts, params, owner): SAMPLES completions per setting, the setting's prompt is
+    ``prompts[i]`` for the i-th setting of `law_settings`; settings in ``with_greedy`` get one
+    greedy request after each sampled one (owner None)."""
+    index = {k: i for i, k in enumerate(law_settings())}
+    ps, params, owner = [], [], []
+    for name, sp in settings.items():
+        prompt = prompts[index[name] % len(prompts)]
+        n = int(sp.get("n", 1))
+        base = {k: v for k, v in sp.items() if v is not None}
+        base.update(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        for _ in range(SAMPLES // n):
+            ps.append(prompt)
+            params.append(base)
+            owner.append(name)
+            if name in with_greedy:
+                ps.append(prompt)
+                params.append(dict(GREEDY, max_new_tokens=NEW_TOKENS))
+                owner.append(None)
+    return ps, params, owner
+
+
+def _collect(outs, owner, settings):
+    """{setting: [completion ids]} (n > 1 outputs follow their request) and the greedy rows."""
+    by = {k: [] for k in settings}
+    greedy, j = [], 0
+    for name in owner:
+        n = int(settings[name].get("n", 1)) if name is not None else 1
+        for o in outs[j : j + n]:
+            (greedy if name is None else by[name]).append(o["output_ids"])
+        j += n
+    assert j == len(outs), (j, len(outs))
+    return by, greedy
+
+
+def _sample(eng, prompts, settings, with_greedy=()):
+    ps, params, owner = _law_requests(prompts, settings, with_greedy)
+    return _collect(generate(eng, ps, params), owner, settings)
+
+
+def make_plan(eng, prompts) -> dict:
+    """The requests both servers answer, fixed from the non-speculative server's greedy output:
+    the logit-bias values and the stop token ids."""
+    settings = law_settings()
+    index = {k: i for i, k in enumerate(settings)}
+    for name, sp in settings.items():
+        if "logit_bias" in sp:  # push the greedy 1st token down, the 2nd and 3rd up
+            p = prompts[index[name] % len(prompts)]
+            t = generate(eng, [p], [dict(GREEDY, max_new_tokens=3)])[0]["output_ids"]
+            sp["logit_bias"] = {str(t[0]): -3.0, str(t[1]): 2.0, str(t[2]): 3.0}
+    ps = prompts[:32]
+    base = _ids(generate(eng, ps, [dict(GREEDY, max_new_tokens=32)] * len(ps)))
+    cases = {  # greedy requests that end where the server decides
+        "stop_token_ids": [dict(GREEDY, max_new_tokens=32, stop_token_ids=[b[4]]) for b in base],
+        "stop_strings": [dict(GREEDY, max_new_tokens=32, stop=["(", "):"])] * len(ps),
+        "eos": [dict(GREEDY, max_new_tokens=128, ignore_eos=False)] * len(ps),
+        "ignore_eos": [dict(GREEDY, max_new_tokens=128)] * len(ps),
+        "n3_greedy": [dict(GREEDY, max_new_tokens=16, n=3)] * 8,
+    }
+    for m in (1, 2, 3, 5, 7):
+        cases[f"max_new_tokens_{m}"] = [dict(GREEDY, max_new_tokens=m)] * len(ps)
+    return {"settings": settings, "param_cases": cases}
+
+
+def collect(eng, prompts, plan, parts, reference: bool) -> dict:
+    """Every output one server gives for ``parts``; ``reference`` adds the non-speculative
+    extras (null sample, 1.1x-temperature sample, one-by-one greedy)."""
+    settings, raw = plan["settings"], {}
+    if "law" in parts:
+        t0 = time.time()
+        raw["law"] = _sample(eng, prompts, settings)[0]
+        if reference:
+            raw["null"] = _sample(eng, prompts, settings)[0]
+            hot = {k: dict(settings[k]) for k in CALIBRATION}
+            for sp in hot.values():
+                sp["temperature"] = round(sp["temperature"] * 1.1, 6)
+            raw["hot"] = _sample(eng, prompts, hot)[0]
+            raw["greedy6"] = {
+                k: generate(
+                    eng, [prompts[i % len(prompts)]], [dict(GREEDY, max_new_tokens=NEW_TOKENS)]
+                )[0]["output_ids"]
+                for i, k in enumerate(settings)
+                if k in MIXED
+            }
+        else:
+            mixed = {k: settings[k] for k in MIXED}
+            raw["mixed"], raw["mixed_greedy"] = _sample(eng, prompts, mixed, set(MIXED))
+        raw["law_seconds"] = round(time.time() - t0, 1)
+    if "greedy" in parts:
+        gp = prompts[:GREEDY_PROMPTS]
+        outs = generate(eng, gp, [GREEDY] * len(gp))
+        raw["greedy_batch"] = _ids(outs)
+        raw["greedy_accept"] = [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
+        if reference:
+            raw["greedy_single"] = [generate(eng, [p], [GREEDY])[0]["output_ids"] for p in gp]
+    if "params" in parts:
+        ps = prompts[:32]
+        raw["params"] = {}
+        for case, params in plan["param_cases"].items():
+            try:
+                outs = generate(eng, ps[: len(params)], params)
+            except Exception as e:  # recorded; the comparison then fails on this case
+                raw["params"][case] = {"error": f"{type(e).__name__}: {e}"}
+                continue
+            raw["params"][case] = [
+                {k: o[k] for k in ("output_ids", "text")}
+                | {"finish_reason": o["meta_info"].get("finish_reason")}
+                for o in outs
+            ]
+    return raw
+
+
+# ------------------------------------------------------------------------------- summaries
+def summarize_law(ref: dict, tree: dict, settings: dict) -> dict:
+    ddtree = {k: compare_samples(ref["law"][k], tree["law"][k]) for k in settings}
+    ddtree.update({f"mixed_{k}": compare_samples(ref["law"][k], tree["mixed"][k]) for k in MIXED})
+    nulls = {k: compare_samples(ref["law"][k], ref["null"][k]) for k in settings}
+    power = {k: compare_samples(ref["law"][k], ref["hot"][k]) for k in CALIBRATION}
+    fam_tree, fam_null = family(ddtree), family(nulls)
+    m_power = sum(len(r["tests"]) for r in power.values())
+    power_level = ALPHA / m_power
+    # The wrong law must be rejected as a family (each setting's p is reported too).
+    power_ok = min(r["min_p"] for r in power.values()) < power_level
+    # Greedy rows inside the mixed batches: each equals the no-spec greedy of its prompt, and
+    # the rows come in MIXED order, SAMPLES of each.
+    want = [ref["greedy6"][k] for k in MIXED for _ in range(SAMPLES)]
+    greedy_bad = sum(x != y for x, y in zip(tree["mixed_greedy"], want))
+    greedy_bad += abs(len(want) - len(tree["mixed_greedy"]))
+    return {
+        "samples_per_side": SAMPLES,
+        "new_tokens": NEW_TOKENS,
+        "ddtree": ddtree,
+        "ddtree_family": fam_tree,
+        "null": nulls,
+        "null_family": fam_null,
+        "power_temperature_x1.1": power,
+        "power_level": power_level,
+        "mixed_greedy_rows": {"rows": len(tree["mixed_greedy"]), "mismatches": greedy_bad},
+        "seconds": {"reference": ref["law_seconds"], "ddtree": tree["law_seconds"]},
+        "passed": not fam_tree["rejected"]
+        and not fam_null["rejected"]
+        and power_ok
+        and greedy_bad == 0,
+    }
+
+
+def summarize_greedy(ref: dict, tree: dict) -> dict:
+    acc = tree["greedy_accept"]
+    return {
+        "prompts": len(ref["greedy_single"]),
+        "new_tokens": GREEDY_NEW_TOKENS,
+        "nospec_batch_vs_single": first_differences(ref["greedy_batch"], ref["greedy_single"]),
+        "spec_vs_nospec_single": first_differences(tree["greedy_batch"], ref["greedy_single"]),
+        "spec_vs_nospec_batch": first_differences(tree["greedy_batch"], ref["greedy_batch"]),
+        "spec_mean_accept_length": sum(acc) / len(acc),
+    }
+
+
+def summarize_params(ref: dict, tree: dict) -> dict:
+    res = {}
+    for case, want in ref["params"].items():
+        got = tree["params"][case]
+        if isinstance(want, dict) or isinstance(got, dict):  # a server refused the case
+            res[case] = {
+                "error": [x.get("error") if isinstance(x, dict) else None for x in (want, got)],
+                "mismatches": 1,
+                "lengths_ok": False,
+            }
+            continue
+        bad = sum(a != b for a, b in zip(want, got)) + abs(len(want) - len(got))
+        reasons: dict = {}
+        for x in want:
+            r = (x["finish_reason"] or {}).get("type", "none")
+            reasons[r] = reasons.get(r, 0) + 1
+        lengths_ok = True
+        if case.startswith("max_new_tokens_"):
+            m = int(case.rsplit("_", 1)[1])
+            lengths_ok = all(len(x["output_ids"]) == m for x in got)
+        res[case] = {
+            "outputs": [len(want), len(got)],
+            "mismatches": bad,
+            "nospec_finish_reasons": reasons,
+            "lengths_ok": lengths_ok,
+        }
+    res["passed"] = all(r["mismatches"] == 0 and r["lengths_ok"] for r in res.values())
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--parts", default="law,greedy,params")
+    ap.add_argument(
+        "--algos", default="DDTREE", help="speculative servers to compare, e.g. DDTREE,DFLASH"
+    )
+    args = ap.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    bad = set(parts) - {"law", "greedy", "params"}
+    if bad:
+        ap.error(f"unknown parts {sorted(bad)}; choose from law, greedy, params")
+    algos = [a.strip().upper() for a in args.algos.split(",") if a.strip()]
+    os.makedirs(args.out, exist_ok=True)
+    prompts = tokenized_prompts()
+    t0 = time.time()
+    with engine(None, args.dtype) as eng:
+        plan = make_plan(eng, prompts)
+        raw = {"nospec": collect(eng, prompts, plan, parts, reference=True)}
+    for algo in algos:
+        with engine(algo, args.dtype) as eng:
+            raw[algo] = collect(eng, prompts, plan, parts, reference=False)
+    summary: dict = {"dtype": args.dtype, "settings": plan["settings"]}
+    for algo in algos:
+        s = summary[algo] = {}
+        if "law" in parts:
+            s["law"] = summarize_law(raw["nospec"], raw[algo], plan["settings"])
+        if "greedy" in parts:
+            s["greedy"] = summarize_greedy(raw["nospec"], raw[algo])
+        if "params" in parts:
+            s["params"] = summarize_params(raw["nospec"], raw[algo])
+    summary["seconds"] = round(time.time() - t0, 1)
+    import gzip
+
+    with gzip.open(os.path.join(args.out, f"law_raw_{args.dtype}.json.gz"), "wt") as f:
+        json.dump(raw, f)
+    with open(os.path.join(args.out, f"law_{args.dtype}.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    ok = True
+    for algo in algos:
+        for part, res in summary[algo].items():
+            brief = {k: v for k, v in res.items() if k not in ("ddtree", "null")}
+            print(f"[law] {algo} {part}: {json.dumps(brief)[:2500]}", flush=True)
+            ok = ok and res.get("passed", True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""The statistics of the end-to-end law check (`sglang_ddtree.testing.law`), on the CPU.
+
+Calibration at the check's own sample size (3,000 completions a side) and Bonferroni family
+(18 settings x 7 tests): samples of one law pass, a 10 % temperature error is rejected.
+"""
+
+import random
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from sglang_ddtree.testing import law  # noqa: E402
+
+
+def _completions(rng, temperature, n=law.SAMPLES, vocab=40, new_tokens=law.NEW_TOKENS):
+    """n completions of a toy Markov chain (next token depends on the last) at a temperature;
+    its logits spread like a language model's (a 10 % temperature error moves ~5 % of the mass)."""
+    import math
+
+    def dist(prev):
+        g = random.Random(prev)  # fixed logits per previous token, N(0, 3^2)
+        logits = [g.gauss(0.0, 3.0) for _ in range(vocab)]
+        w = [math.exp(x / temperature) for x in logits]
+        s = sum(w)
+        return [x / s for x in w]
+
+    tables = {p: dist(p) for p in range(vocab)}
+    out = []
+    for _ in range(n):
+        seq, prev = [], 0
+        for _ in range(new_tokens):
+            prev = rng.choices(range(vocab), weights=tables[prev])[0]
+            seq.append(prev)
+        out.append(seq)
+    return out
+
+
+def test_chi2_pools_rare_outcomes_and_handles_one_bin():
+    p, dof = law.chi2_two_sample([1] * 50, [1] * 50)
+    assert (p, dof) == (1.0, 0)
+    p, dof = law.chi2_two_sample([1] * 50 + [2] * 50 + [3], [1] * 50 + [2] * 50 + [4])
+    assert dof == 2 and p > 0.5  # 3 and 4 pooled into one bin
+
+
+def test_family_null_passes_and_temperature_error_is_rejected():
+    rng = random.Random(0)
+    ref = {f"s{i}": _completions(rng, 1.0) for i in range(3)}
+    same = {k: _completions(rng, 1.0) for k in ref}
+    hot = {k: _completions(rng, 1.1) for k in ref}
+    null = {k: law.compare_samples(ref[k], same[k]) for k in ref}
+    power = {k: law.compare_samples(ref[k], hot[k]) for k in ref}
+    # The level of the real check: 18 settings x 7 tests.
+    level = law.ALPHA / (18 * (law.NEW_TOKENS + 1))
+    assert all(r["min_p"] > level for r in null.values())
+    # The wrong law is rejected as a family (Bonferroni over its 3 x 7 tests), as in the check.
+    assert min(r["min_p"] for r in power.values()) < law.ALPHA / (3 * (law.NEW_TOKENS + 1))
+    fam = law.family(null)
+    assert fam["tests"] == 3 * (law.NEW_TOKENS + 1) and fam["rejected"] == []
+
+
+def test_law_settings_cover_every_pairing_and_temperature():
+    s = law.law_settings()
+    pairs = {(v["top_k"], v["top_p"]) for k, v in s.items() if k.startswith("T")}
+    assert len(pairs) == len(law.TOP_KS) * len(law.TOP_PS) == 12
+    temps = {v["temperature"] for v in s.values()}
+    assert temps == set(law.TEMPERATURES)
+    assert set(law.MIXED) <= set(s) and set(law.CALIBRATION) <= set(s)
+    assert any("logit_bias" in v for v in s.values()) and any(v.get("n", 1) > 1 for v in s.values())

@@ -1,0 +1,62 @@
+"""DDTREE's output law and greedy outputs against SGLang's non-speculative server, on a CUDA
+machine with sglang 0.5.17 (``make test-gpu``).
+
+Runs ``python -m sglang_ddtree.testing.law --dtype float32`` (the trained pair, both servers in
+float32 so their logits agree to rounding; see that module for the grid, sample sizes, the
+Bonferroni family and the calibration) and asserts on its summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        import sglang  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"{type(e).__name__}: {e}")
+    out = os.environ.get("DDTREE_LAW_OUT") or str(tmp_path_factory.mktemp("law"))
+    cmd = [sys.executable, "-m", "sglang_ddtree.testing.law", "--out", out, "--dtype", "float32"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    with open(os.path.join(out, "law_stdout.log"), "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    path = os.path.join(out, "law_float32.json")
+    assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
+    with open(path) as f:
+        return json.load(f)["DDTREE"]
+
+
+def test_sampling_law_equals_nospec(summary):
+    law = summary["law"]
+    brief = {
+        k: law[k] for k in ("ddtree_family", "null_family", "power_level", "mixed_greedy_rows")
+    }
+    assert not law["null_family"]["rejected"], json.dumps(brief)  # calibration: the null passes
+    power = law["power_temperature_x1.1"]  # calibration: a 10 % temperature error is rejected
+    assert min(r["min_p"] for r in power.values()) < law["power_level"], json.dumps(power)
+    assert not law["ddtree_family"]["rejected"], json.dumps(brief)
+    assert law["mixed_greedy_rows"]["mismatches"] == 0
+    assert min(min(r["n"]) for r in law["ddtree"].values()) >= 3000
+
+
+def test_greedy_equals_nospec_in_float32(summary):
+    g = summary["greedy"]
+    assert g["spec_vs_nospec_batch"]["mismatches"] == 0, json.dumps(g)
+
+
+def test_request_parameters_end_where_nospec_ends(summary):
+    p = summary["params"]
+    assert p["passed"], json.dumps(p)
