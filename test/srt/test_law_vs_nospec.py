@@ -1,9 +1,10 @@
 """DDTREE's output law and greedy outputs against SGLang's non-speculative server, on a CUDA
 machine with sglang 0.5.17 (``make test-gpu``).
 
-Runs ``python -m sglang_ddtree.testing.law --dtype float32`` (the trained pair, both servers in
-float32 so their logits agree to rounding; see that module for the grid, sample sizes, the
-Bonferroni family and the calibration) and asserts on its summary.
+Runs ``python -m sglang_ddtree.testing.law --dtype float16`` (the trained pair, both servers in
+float16, whose rounding rarely moves a token across a top-k or nucleus boundary; see that module
+for the grid, sample sizes, the Bonferroni family and the calibration) and asserts on its
+summary.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ def summary(tmp_path_factory):
     except ImportError as e:
         pytest.skip(f"{type(e).__name__}: {e}")
     out = os.environ.get("DDTREE_LAW_OUT") or str(tmp_path_factory.mktemp("law"))
-    cmd = [sys.executable, "-m", "sglang_ddtree.testing.law", "--out", out, "--dtype", "float32"]
+    cmd = [sys.executable, "-m", "sglang_ddtree.testing.law", "--out", out, "--dtype", "float16"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     with open(os.path.join(out, "law_stdout.log"), "w") as f:
         f.write(proc.stdout + proc.stderr)
-    path = os.path.join(out, "law_float32.json")
+    path = os.path.join(out, "law_float16.json")
     assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
     with open(path) as f:
         return json.load(f)["DDTREE"]
@@ -52,9 +53,9 @@ def test_sampling_law_equals_nospec(summary):
     assert min(min(r["n"]) for r in law["ddtree"].values()) >= 3000
 
 
-def test_greedy_equals_nospec_in_float32(summary):
+def test_greedy_within_the_nospec_noise_floor(summary):
     g = summary["greedy"]
-    assert g["spec_vs_nospec_batch"]["mismatches"] == 0, json.dumps(g)
+    assert g["prompts"] >= 256 and g["within_noise_floor"], json.dumps(g)
 
 
 def test_request_parameters_end_where_nospec_ends(summary):

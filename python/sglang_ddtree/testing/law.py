@@ -1,6 +1,6 @@
 """DDTREE's output law against SGLang's non-speculative server, on the shipped trained pair.
 
-``python -m sglang_ddtree.testing.law --out DIR [--dtype float32] [--parts law,greedy,params]``
+``python -m sglang_ddtree.testing.law --out DIR [--dtype float16] [--parts law,greedy,params]``
 starts ``sgl.Engine``s of the trained pair (triton attention, CUDA graphs on), one without
 speculation and one with DDTREE (default adaptive budget), and writes ``DIR/law_<dtype>.json``.
 
@@ -25,9 +25,13 @@ Parts:
   ``max_new_tokens`` that ends inside an accepted path, ``n = 3``: DDTREE equals the
   non-speculative server request by request (text, ids, finish reason).
 
-Run in float32 the two servers' logits agree to rounding, so the law test judges the sampling
-law alone; in bfloat16 the verify and decode forwards round differently and tokens at a top-k
-boundary can swap (a numerical, not a law, difference; the greedy part measures its size).
+The verify forward (tree rows in one extend) and the decode forward round differently, so a
+token at a top-k or nucleus boundary can fall inside the set on one server and outside on the
+other: a numerical difference, not a law difference, and SGLang's own DFLASH shows it too. In
+bfloat16 (7 mantissa bits) the two servers' logits differ by up to a few hundredths, enough to
+swap tokens at a boundary; float16 (10 bits) cuts that eightfold, so the law test runs in
+float16 (SGLang 0.5.17's CUDA RMSNorm has no float32 kernel). The greedy part measures the same
+effect on argmaxes, next to the non-speculative server's own batch-versus-single floor.
 """
 
 from __future__ import annotations
@@ -359,13 +363,25 @@ def summarize_law(ref: dict, tree: dict, settings: dict) -> dict:
 
 
 def summarize_greedy(ref: dict, tree: dict) -> dict:
+    """Greedy mismatches against the non-speculative server's one-by-one outputs, next to that
+    server's own batch-versus-single mismatches (the noise floor). Within the floor: no more
+    mismatches than the floor, or a one-sided Fisher exact test finds no excess (p > ALPHA)."""
+    from scipy.stats import fisher_exact
+
     acc = tree["greedy_accept"]
+    floor = first_differences(ref["greedy_batch"], ref["greedy_single"])
+    spec = first_differences(tree["greedy_batch"], ref["greedy_single"])
+    n = floor["prompts"]
+    a, b = spec["mismatches"], floor["mismatches"]
+    p_excess = float(fisher_exact([[a, n - a], [b, n - b]], alternative="greater").pvalue)
     return {
-        "prompts": len(ref["greedy_single"]),
+        "prompts": n,
         "new_tokens": GREEDY_NEW_TOKENS,
-        "nospec_batch_vs_single": first_differences(ref["greedy_batch"], ref["greedy_single"]),
-        "spec_vs_nospec_single": first_differences(tree["greedy_batch"], ref["greedy_single"]),
+        "nospec_batch_vs_single": floor,
+        "spec_vs_nospec_single": spec,
         "spec_vs_nospec_batch": first_differences(tree["greedy_batch"], ref["greedy_batch"]),
+        "p_excess_over_floor": p_excess,
+        "within_noise_floor": a <= b or p_excess > ALPHA,
         "spec_mean_accept_length": sum(acc) / len(acc),
     }
 
@@ -403,7 +419,7 @@ def summarize_params(ref: dict, tree: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--parts", default="law,greedy,params")
     ap.add_argument(
         "--algos", default="DDTREE", help="speculative servers to compare, e.g. DDTREE,DFLASH"
