@@ -251,9 +251,24 @@ def _collect(outs, owner, settings):
     return by, greedy
 
 
+def generate_by_n(eng, prompts: list[list[int]], params: list[dict]) -> list[dict]:
+    """`generate`, one call per distinct ``n`` (SGLang requires one n per batch), outputs put
+    back in request order (a request's n outputs together)."""
+    groups: dict[int, list[int]] = {}
+    for i, sp in enumerate(params):
+        groups.setdefault(int(sp.get("n", 1)), []).append(i)
+    outs: dict[int, list[dict]] = {}
+    for n, idx in groups.items():
+        got = generate(eng, [prompts[i] for i in idx], [params[i] for i in idx])
+        assert len(got) == n * len(idx), (n, len(idx), len(got))
+        for j, i in enumerate(idx):  # the n outputs of one request share its prompt and params
+            outs[i] = got[j * n : (j + 1) * n]
+    return [o for i in range(len(params)) for o in outs[i]]
+
+
 def _sample(eng, prompts, settings, with_greedy=()):
     ps, params, owner = _law_requests(prompts, settings, with_greedy)
-    return _collect(generate(eng, ps, params), owner, settings)
+    return _collect(generate_by_n(eng, ps, params), owner, settings)
 
 
 def make_plan(eng, prompts) -> dict:
@@ -316,7 +331,10 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
         raw["params"] = {}
         for case, params in plan["param_cases"].items():
             try:
-                outs = generate(eng, ps[: len(params)], params)
+                if any(sp.get("n", 1) > 1 for sp in params):  # one prompt per call: output order
+                    outs = [o for p, sp in zip(ps, params) for o in generate(eng, [p], [sp])]
+                else:
+                    outs = generate(eng, ps[: len(params)], params)
             except Exception as e:  # recorded; the comparison then fails on this case
                 raw["params"][case] = {"error": f"{type(e).__name__}: {e}"}
                 continue
