@@ -449,31 +449,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--parts", default="law,greedy,params")
     ap.add_argument(
-        "--algos", default="DDTREE", help="speculative servers to compare, e.g. DDTREE,DFLASH"
+        "--algos",
+        default="DDTREE",
+        help="speculative servers to compare, each with all parts or NAME:part+part "
+        "(e.g. DDTREE,DFLASH:greedy)",
     )
     args = ap.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
     bad = set(parts) - {"law", "greedy", "params"}
     if bad:
         ap.error(f"unknown parts {sorted(bad)}; choose from law, greedy, params")
-    algos = [a.strip().upper() for a in args.algos.split(",") if a.strip()]
+    # "DDTREE,DFLASH:greedy": a speculative server with all parts, or with the listed ones.
+    algos: dict[str, list[str]] = {}
+    for item in (a.strip() for a in args.algos.split(",") if a.strip()):
+        name, _, only = item.partition(":")
+        algos[name.upper()] = [p for p in only.split("+") if p] if only else parts
+        if not set(algos[name.upper()]) <= set(parts):
+            ap.error(f"--algos {item}: its parts must be among --parts {args.parts}")
     os.makedirs(args.out, exist_ok=True)
     prompts = tokenized_prompts()
     t0 = time.time()
     with engine(None, args.dtype) as eng:
         plan = make_plan(eng, prompts)
         raw = {"nospec": collect(eng, prompts, plan, parts, reference=True)}
-    for algo in algos:
+    for algo, algo_parts in algos.items():
         with engine(algo, args.dtype) as eng:
-            raw[algo] = collect(eng, prompts, plan, parts, reference=False)
+            raw[algo] = collect(eng, prompts, plan, algo_parts, reference=False)
     summary: dict = {"dtype": args.dtype, "settings": plan["settings"]}
-    for algo in algos:
+    for algo, algo_parts in algos.items():
         s = summary[algo] = {}
-        if "law" in parts:
+        if "law" in algo_parts:
             s["law"] = summarize_law(raw["nospec"], raw[algo], plan["settings"])
-        if "greedy" in parts:
+        if "greedy" in algo_parts:
             s["greedy"] = summarize_greedy(raw["nospec"], raw[algo])
-        if "params" in parts:
+        if "params" in algo_parts:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
     summary["seconds"] = round(time.time() - t0, 1)
     import gzip
