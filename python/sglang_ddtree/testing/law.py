@@ -9,13 +9,13 @@ Parts:
 - ``law``: per setting, ``SAMPLES`` completions of ``NEW_TOKENS`` tokens from one prompt on
   each server. Settings: every (top_k, top_p) pairing of top_k in {off, 5, 20, 50} and top_p in
   {1.0, 0.95, 0.8}, each at one temperature of {0.6, 1.0, 1.3} (cycled, so every temperature
-  meets every top_p), plus two ``logit_bias`` settings, ``n = 4``, and four settings whose
+  meets every top_p), plus two ``logit_bias`` settings, ``n = 4``, and two settings whose
   DDTREE requests run interleaved one to one with greedy requests (the greedy rows must equal
   the non-speculative greedy output). Statistics per setting: a two-sample chi-squared
   homogeneity test per token position and one on the tuple of the first ``TUPLE_LEN`` tokens
   (bins pooled below ``MIN_BIN`` joint counts). Multiple testing: Bonferroni over every test of
-  a family, family-wise level ``ALPHA``. Calibration: a second non-speculative sample must pass
-  (the null), and the non-speculative server at 1.1x the temperature must be rejected (the
+  a family, family-wise level ``ALPHA``. Calibration: a second non-speculative sample of the
+  ``NULL`` settings must pass (the null), and the non-speculative server at 1.1x the temperature must be rejected (the
   power; a family of ``CALIBRATION`` settings, Bonferroni within it).
 - ``greedy``: ``GREEDY_PROMPTS`` prompts (the 64 held-out snippets cut at four lengths), greedy:
   the non-speculative server in one batch and one by one (its own noise floor: bf16 near-ties
@@ -49,12 +49,21 @@ MIN_BIN = 10
 ALPHA = 0.01
 GREEDY_PROMPTS = 256
 GREEDY_NEW_TOKENS = 48
-MAX_RUNNING = 64
+MAX_RUNNING = 128
 
 TEMPERATURES = (0.6, 1.0, 1.3)
 TOP_KS = (0, 5, 20, 50)  # 0 = off
 TOP_PS = (1.0, 0.95, 0.8)
-MIXED = ("T1.0_k20_p0.8", "T1.0_k0_p0.95", "T0.6_k50_p1.0", "T1.3_k5_p0.95")
+MIXED = ("T1.0_k20_p0.8", "T1.3_k5_p0.95")
+# The null family: a second no-spec sample of these settings (two per temperature).
+NULL = (
+    "T0.6_k0_p1.0",
+    "T0.6_k20_p0.95",
+    "T1.0_k20_p0.8",
+    "T1.0_k50_p0.95",
+    "T1.3_k0_p0.8",
+    "T1.3_k5_p0.95",
+)
 CALIBRATION = ("T1.0_k0_p0.95", "T1.3_k20_p1.0", "T1.0_k50_p0.95")
 
 
@@ -303,7 +312,7 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
         t0 = time.time()
         raw["law"] = _sample(eng, prompts, settings)[0]
         if reference:
-            raw["null"] = _sample(eng, prompts, settings)[0]
+            raw["null"] = _sample(eng, prompts, {k: settings[k] for k in NULL})[0]
             hot = {k: dict(settings[k]) for k in CALIBRATION}
             for sp in hot.values():
                 sp["temperature"] = round(sp["temperature"] * 1.1, 6)
@@ -350,7 +359,7 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
 def summarize_law(ref: dict, tree: dict, settings: dict) -> dict:
     ddtree = {k: compare_samples(ref["law"][k], tree["law"][k]) for k in settings}
     ddtree.update({f"mixed_{k}": compare_samples(ref["law"][k], tree["mixed"][k]) for k in MIXED})
-    nulls = {k: compare_samples(ref["law"][k], ref["null"][k]) for k in settings}
+    nulls = {k: compare_samples(ref["law"][k], ref["null"][k]) for k in NULL}
     power = {k: compare_samples(ref["law"][k], ref["hot"][k]) for k in CALIBRATION}
     fam_tree, fam_null = family(ddtree), family(nulls)
     m_power = sum(len(r["tests"]) for r in power.values())
@@ -454,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
         help="speculative servers to compare, each with all parts or NAME:part+part "
         "(e.g. DDTREE,DFLASH:greedy)",
     )
+    ap.add_argument(
+        "--reference",
+        default=None,
+        help="DIR with a saved no-spec side (law_nospec_<dtype>.json.gz) to compare against",
+    )
     args = ap.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
     bad = set(parts) - {"law", "greedy", "params"}
@@ -468,13 +482,26 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--algos {item}: its parts must be among --parts {args.parts}")
     os.makedirs(args.out, exist_ok=True)
     prompts = tokenized_prompts()
+    import gzip
+
+    def save(name: str, obj) -> None:  # after every server: a later timeout keeps the rest
+        with gzip.open(os.path.join(args.out, f"law_{name}_{args.dtype}.json.gz"), "wt") as f:
+            json.dump(obj, f)
+
     t0 = time.time()
-    with engine(None, args.dtype) as eng:
-        plan = make_plan(eng, prompts)
-        raw = {"nospec": collect(eng, prompts, plan, parts, reference=True)}
+    if args.reference:
+        with gzip.open(os.path.join(args.reference, f"law_nospec_{args.dtype}.json.gz"), "rt") as f:
+            saved = json.load(f)
+        plan, raw = saved["plan"], {"nospec": saved["raw"]}
+    else:
+        with engine(None, args.dtype) as eng:
+            plan = make_plan(eng, prompts)
+            raw = {"nospec": collect(eng, prompts, plan, parts, reference=True)}
+        save("nospec", {"plan": plan, "raw": raw["nospec"]})
     for algo, algo_parts in algos.items():
         with engine(algo, args.dtype) as eng:
             raw[algo] = collect(eng, prompts, plan, algo_parts, reference=False)
+        save(algo.lower(), raw[algo])
     summary: dict = {"dtype": args.dtype, "settings": plan["settings"]}
     for algo, algo_parts in algos.items():
         s = summary[algo] = {}
@@ -485,10 +512,6 @@ def main(argv: list[str] | None = None) -> int:
         if "params" in algo_parts:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
     summary["seconds"] = round(time.time() - t0, 1)
-    import gzip
-
-    with gzip.open(os.path.join(args.out, f"law_raw_{args.dtype}.json.gz"), "wt") as f:
-        json.dump(raw, f)
     with open(os.path.join(args.out, f"law_{args.dtype}.json"), "w") as f:
         json.dump(summary, f, indent=1)
     ok = True
