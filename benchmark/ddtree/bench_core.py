@@ -153,6 +153,10 @@ def main():
         help="also time the cumulative stages (select, build, layout) of the greedy step",
     )
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "bench_core.py times CUDA-graph replays; it needs a CUDA GPU (none is visible)."
+        )
     torch.manual_seed(0)
     rows = []
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")

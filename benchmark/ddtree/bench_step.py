@@ -426,6 +426,19 @@ def gpu_name() -> str:
         return "unknown"
 
 
+def serving_missing() -> str | None:
+    """What this machine lacks to run SGLang engines (None when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang 0.5.17 is not installed (pip install -e '.[serve]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="pair", choices=("pair", "8b"))
@@ -468,6 +481,9 @@ def main() -> None:
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    missing = serving_missing()
+    if missing:
+        raise SystemExit(f"bench_step.py runs SGLang engines on a GPU: {missing}.")
     if args.prompt_len is not None and args.model != "8b":
         raise SystemExit("--prompt-len applies to --model 8b only")
     unknown = [t for t in args.temps.split(",") if t not in ALL_TEMPS]
@@ -507,8 +523,12 @@ def main() -> None:
     with open(os.path.join(args.out, f"bench_step_{args.model}.md"), "w") as f:
         f.write(md + "\n")
     plot(result, os.path.join(args.out, f"bench_step_{args.model}.png"))
+    failed = [r["config"] for r in result["rows"] if "error" in r]
+    if failed:
+        print(f"[bench_step] FAILED: {failed}")
     if result["not_run"]:
         print(f"[bench_step] NOT RUN (deadline): {result['not_run']}")
+    if failed or result["not_run"]:
         sys.exit(1)
 
 

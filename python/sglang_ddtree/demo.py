@@ -555,10 +555,38 @@ def main(argv: list[str] | None = None) -> None:
     toy.add_argument("--depth", type=int, default=7, help="draft depth D (= block_size - 1)")
     toy.add_argument("--steps", type=int, default=100)
     args = ap.parse_args(argv)
+    for problem in bad_arguments(args):
+        ap.error(problem)  # exits 2 with the usage line
     if args.toy:
         run_toy(args)
     else:
         run_pair(args)
+
+
+def bad_arguments(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the command line, each with the range it must be in."""
+    from sglang_ddtree.pair import heldout_prompts
+
+    problems = []
+    num_prompts = len(heldout_prompts())
+    if not 0 <= args.prompt < num_prompts:
+        problems.append(f"--prompt {args.prompt}: pick a held-out prompt in 0..{num_prompts - 1}")
+    if args.new_tokens < 1:
+        problems.append(f"--new-tokens {args.new_tokens}: must be >= 1")
+    if not 0.0 < args.top_p <= 1.0:
+        problems.append(f"--top-p {args.top_p}: must be in (0, 1]")
+    bad_budgets = [b for b in args.budgets if b < 1]
+    if bad_budgets:
+        problems.append(f"--budgets {bad_budgets}: every tree budget must be >= 1")
+    if args.show_budget < 1:
+        problems.append(f"--show-budget {args.show_budget}: must be >= 1")
+    if args.vocab < 2:
+        problems.append(f"--vocab {args.vocab}: the toy pair needs >= 2 tokens")
+    if args.depth < 1:
+        problems.append(f"--depth {args.depth}: must be >= 1")
+    if args.steps < 1:
+        problems.append(f"--steps {args.steps}: must be >= 1")
+    return problems
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ pair instead. Every other argument goes to ``sglang.launch_server`` unchanged, e
         --draft-model-path /models/dflash-drafter --speculative-num-draft-tokens 33 --port 30000
 
 On a machine without CUDA or without SGLang there is nothing to serve: it says so, and runs the
-CPU demo (``python -m sglang_ddtree.demo``) instead, unless ``--no-demo`` is given.
+CPU demo (``python -m sglang_ddtree.demo``) instead, unless ``--no-demo`` is given or a server
+was asked for (a model, the pair, or launcher arguments), which then fails with exit code 2.
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     reason = serving_unavailable()
     if reason is not None:
         print(f"sglang_ddtree.serve: cannot launch a server here: {reason}.", file=sys.stderr)
+        asked = [f"--model-path {args.model_path}"] if args.model_path else []
+        asked += ["--pair"] if args.pair else []
+        asked += [f"--speculative-num-draft-tokens {args.speculative_num_draft_tokens}"] * (
+            args.speculative_num_draft_tokens is not None
+        )
+        asked += extra
+        if asked:  # a server was asked for: the demo would silently drop these
+            print(
+                f"Not serving {' '.join(asked)}; run this on a CUDA machine with SGLang 0.5.17.",
+                file=sys.stderr,
+            )
+            return 2
         if args.no_demo:
             return 2
         print("Running the CPU demo instead (python -m sglang_ddtree.demo).\n", file=sys.stderr)

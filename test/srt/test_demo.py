@@ -80,3 +80,19 @@ def test_toy_demo_runs(capsys):
     out = capsys.readouterr().out
     assert "greedy DDTree == greedy decoding" in out and "OK" in out
     assert "DDTree budget 8" in out
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--new-tokens", "0"], "--new-tokens 0"),
+        (["--prompt", "99"], "0..63"),
+        (["--budgets", "0"], "--budgets [0]"),
+        (["--top-p", "2"], "(0, 1]"),
+        (["--toy", "--depth", "0"], "--depth 0"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_range(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        D.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err

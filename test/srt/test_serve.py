@@ -27,3 +27,12 @@ def test_no_server_without_gpu_or_sglang(capsys):
         pytest.skip("this machine can serve")
     assert serve.main(["--no-demo"]) == 2
     assert "cannot launch a server here" in capsys.readouterr().err
+
+
+def test_a_server_asked_for_without_gpu_fails_naming_what_it_drops(capsys):
+    """With a model or launcher arguments the user wants a server, not the demo."""
+    if serve.serving_unavailable() is None:
+        pytest.skip("this machine can serve")
+    assert serve.main(["--model-path", "/m", "--draft-model-path", "/d", "--port", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "Not serving --model-path /m --port 9" in err

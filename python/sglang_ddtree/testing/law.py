@@ -473,7 +473,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="DIR with a saved no-spec side (law_nospec_<dtype>.json.gz) to compare against",
     )
+    ap.add_argument(
+        "--from-saved",
+        default=None,
+        help="DIR with every side saved by an earlier run: summarize it again, no engine",
+    )
     args = ap.parse_args(argv)
+    if args.from_saved:
+        args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
     bad = set(parts) - {"law", "greedy", "params"}
     if bad:
@@ -504,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
             raw = {"nospec": collect(eng, prompts, plan, parts, reference=True)}
         save("nospec", {"plan": plan, "raw": raw["nospec"]})
     for algo, algo_parts in algos.items():
+        if args.from_saved:
+            path = os.path.join(args.from_saved, f"law_{algo.lower()}_{args.dtype}.json.gz")
+            with gzip.open(path, "rt") as f:
+                raw[algo] = json.load(f)
+            continue
         with engine(algo, args.dtype) as eng:
             raw[algo] = collect(eng, prompts, plan, algo_parts, reference=False)
         save(algo.lower(), raw[algo])
