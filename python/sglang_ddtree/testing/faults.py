@@ -1,0 +1,291 @@
+"""Faults and load against a launched DDTREE server (tiny pair, CUDA graphs and overlap on).
+
+``python -m sglang_ddtree.testing.faults --out DIR`` starts ``sglang.launch_server`` with a small
+context (``CONTEXT``) and a small KV pool (``KV_TOKENS``), so every fault below is reached in
+seconds, then runs each case over HTTP and writes ``DIR/faults_summary.json``:
+
+- ``context_limit``: requests whose prompt plus ``max_new_tokens`` is exactly the context length
+  (and requests with no ``max_new_tokens``, which run to it), alone and 16 at once, greedy and
+  T = 1: every one ends with HTTP 200 within the limit.
+- ``aborts``: streaming requests dropped by the client after their first chunks.
+- ``retraction``: more long requests at once than the KV pool holds (SGLang retracts and
+  re-queues some): every one completes with its full length.
+- ``chunked_prefill``: a prompt longer than the chunk size arrives while others decode; greedy
+  outputs equal those of the same requests sent alone.
+- ``radix``: requests sharing a long prefix (radix-cache hits) equal the same requests sent
+  alone (greedy).
+- ``load``: ``LOAD_REQUESTS`` streaming requests with mixed sampling parameters, ``LOAD_CONCURRENCY``
+  at a time, a quarter dropped mid-stream: no error in the rest.
+
+After every case the server must answer ``/health`` and a fresh request; at the end it idles
+(SGLang's scheduler checks for leaked KV slots when idle and stops on a leak) and must still
+serve, and its log must hold no traceback and no leak report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+from sglang_ddtree.testing.http import free_port, http_json
+
+CONTEXT = 512
+KV_TOKENS = 4096
+CHUNK = 64
+MAX_RUNNING = 32
+LOAD_REQUESTS = 512
+LOAD_CONCURRENCY = 64
+ABORT_FRACTION = 0.25
+
+
+def launch_cmd(target: str, draft: str, port: int) -> list[str]:
+    from sglang_ddtree.serve import launch_command
+
+    return launch_command(
+        target,
+        draft,
+        None,
+        [
+            "--context-length", str(CONTEXT),
+            "--max-total-tokens", str(KV_TOKENS),
+            "--chunked-prefill-size", str(CHUNK),
+            "--max-running-requests", str(MAX_RUNNING),
+            "--cuda-graph-max-bs-decode", str(MAX_RUNNING),
+            "--mem-fraction-static", "0.3",
+            "--port", str(port),
+            "--host", "127.0.0.1",
+        ],
+    )  # fmt: skip
+
+
+def generate(base: str, ids: list[int], params: dict, timeout: float = 300) -> tuple[int, dict]:
+    return http_json(
+        base + "/generate", {"input_ids": ids, "sampling_params": params}, timeout=timeout
+    )
+
+
+def stream(base: str, ids: list[int], params: dict, drop_after: int | None) -> dict:
+    """One streaming /generate; ``drop_after`` chunks, then the client hangs up (None: read to
+    the end). Returns {status, chunks, dropped, tokens, finish, error}."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    body = json.dumps({"input_ids": ids, "sampling_params": params, "stream": True})
+    out = {
+        "status": None,
+        "chunks": 0,
+        "dropped": False,
+        "tokens": 0,
+        "finish": None,
+        "error": None,
+    }
+    try:
+        conn.request("POST", "/generate", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        out["status"] = resp.status
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            msg = json.loads(line[5:])
+            if "error" in msg:
+                out["error"] = str(msg["error"])[:200]
+            out["chunks"] += 1
+            meta = msg.get("meta_info") or {}
+            out["tokens"] = int(meta.get("completion_tokens", out["tokens"]))  # cumulative
+            out["finish"] = meta.get("finish_reason") or out["finish"]
+            if drop_after is not None and out["chunks"] >= drop_after:
+                out["dropped"] = True
+                break
+    except Exception as e:  # noqa: BLE001 - recorded as this request's error
+        out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+    return out
+
+
+def alive(base: str) -> bool:
+    try:
+        if http_json(base + "/health", timeout=30)[0] != 200:
+            return False
+        code, body = generate(base, [10, 11, 12], {"max_new_tokens": 4, "temperature": 0.0})
+        return code == 200 and len(body.get("output_ids", [])) == 4
+    except OSError:
+        return False
+
+
+def prompts(rng: random.Random, n: int, lo: int, hi: int, vocab: int) -> list[list[int]]:
+    return [[rng.randrange(5, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def _pool(fn, items, workers):
+    with cf.ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(fn, items))
+
+
+def case_context_limit(base, rng, vocab) -> dict:
+    res = []
+    for temp in (0.0, 1.0):
+        lone = prompts(rng, 1, 100, 100, vocab)[0]
+        res.append(generate(base, lone, {"max_new_tokens": CONTEXT - 100, "temperature": temp}))
+        batch = prompts(rng, 16, 40, 300, vocab)
+        reqs = [(p, {"max_new_tokens": CONTEXT - len(p), "temperature": temp}) for p in batch[:8]]
+        reqs += [(p, {"temperature": temp}) for p in batch[8:]]  # no max_new_tokens
+        res += _pool(lambda r: generate(base, *r), reqs, 16)
+    ok = all(code == 200 for code, _ in res)
+    lens = [len(b.get("output_ids", [])) for _, b in res]
+    errors = [str(b)[:200] for code, b in res if code != 200]
+    return {"requests": len(res), "max_output": max(lens), "errors": errors, "ok": ok}
+
+
+def case_aborts(base, rng, vocab) -> dict:
+    items = [
+        (p, {"max_new_tokens": 200, "temperature": 1.0 if i % 2 else 0.0}, 1 + i % 3)
+        for i, p in enumerate(prompts(rng, 32, 10, 60, vocab))
+    ]
+    got = _pool(lambda r: stream(base, *r), items, 32)
+    bad = [g for g in got if g["status"] != 200 or (g["error"] and not g["dropped"])]
+    return {"requests": len(got), "dropped": sum(g["dropped"] for g in got), "bad": bad[:3],
+            "ok": not bad}  # fmt: skip
+
+
+def case_retraction(base, rng, vocab) -> dict:
+    items = [(p, {"max_new_tokens": 380, "temperature": 1.0, "ignore_eos": True})
+             for p in prompts(rng, MAX_RUNNING, 100, 120, vocab)]  # fmt: skip
+    res = _pool(lambda r: generate(base, *r), items, MAX_RUNNING)
+    full = [code == 200 and len(b.get("output_ids", [])) == 380 for code, b in res]
+    # Needed KV: MAX_RUNNING * ~500 tokens, far above KV_TOKENS: SGLang must retract some.
+    return {"requests": len(res), "complete": sum(full), "ok": all(full),
+            "kv_needed": MAX_RUNNING * 500, "kv_pool": KV_TOKENS}  # fmt: skip
+
+
+def _greedy_alone_vs_together(base, reqs) -> dict:
+    alone = [generate(base, p, sp)[1].get("output_ids") for p, sp in reqs]
+    together = [
+        b.get("output_ids") for _, b in _pool(lambda r: generate(base, *r), reqs, len(reqs))
+    ]
+    mism = sum(a != b for a, b in zip(alone, together))
+    return {"requests": len(reqs), "mismatches": mism, "ok": mism == 0 and None not in together}
+
+
+def case_chunked_prefill(base, rng, vocab) -> dict:
+    greedy = {"max_new_tokens": 64, "temperature": 0.0, "ignore_eos": True}
+    reqs = [(p, greedy) for p in prompts(rng, 8, 10, 30, vocab)]
+    reqs.append((prompts(rng, 1, 6 * CHUNK, 6 * CHUNK, vocab)[0], greedy))  # 6 chunks
+    return _greedy_alone_vs_together(base, reqs)
+
+
+def case_radix(base, rng, vocab) -> dict:
+    prefix = prompts(rng, 1, 200, 200, vocab)[0]
+    greedy = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+    reqs = [(prefix + tail, greedy) for tail in prompts(rng, 16, 1, 8, vocab)]
+    return _greedy_alone_vs_together(base, reqs)
+
+
+def case_load(base, rng, vocab) -> dict:
+    items = []
+    for p in prompts(rng, LOAD_REQUESTS, 5, 80, vocab):
+        sp = {"max_new_tokens": rng.randint(8, 96), "temperature": rng.choice([0.0, 0.7, 1.0, 1.3])}
+        if rng.random() < 0.5:
+            sp["top_p"] = rng.choice([0.8, 0.95])
+        if rng.random() < 0.5:
+            sp["top_k"] = rng.choice([5, 20, 50])
+        drop = rng.randint(1, 4) if rng.random() < ABORT_FRACTION else None
+        items.append((p, sp, drop))
+    t0 = time.time()
+    got = _pool(lambda r: stream(base, *r), items, LOAD_CONCURRENCY)
+    kept = [(g, it) for g, it in zip(got, items) if not g["dropped"]]
+    bad = [g for g, _ in kept if g["status"] != 200 or g["error"] or not g["finish"]]
+    short = [g for g, it in kept if g["tokens"] != it[1]["max_new_tokens"]
+             and (g["finish"] or {}).get("type") == "length"]  # fmt: skip
+    return {"requests": len(got), "dropped": len(got) - len(kept), "errors": len(bad),
+            "bad": bad[:3], "wrong_length": len(short), "seconds": round(time.time() - t0, 1),
+            "ok": not bad and not short}  # fmt: skip
+
+
+CASES = {
+    "context_limit": case_context_limit,
+    "aborts": case_aborts,
+    "retraction": case_retraction,
+    "chunked_prefill": case_chunked_prefill,
+    "radix": case_radix,
+    "load": case_load,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        ap.error(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
+    from sglang_ddtree.testing.tiny_models import TinyPairConfig, make_tiny_pair
+
+    os.makedirs(args.out, exist_ok=True)
+    target, draft = make_tiny_pair(tempfile.mkdtemp(prefix="ddtree_faults_"))
+    vocab = TinyPairConfig().vocab_size
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = os.path.join(args.out, "faults_server.log")
+    summary: dict = {"context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            launch_cmd(target, draft, port), stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.time() + 300
+            while not alive(base):
+                if proc.poll() is not None or time.time() > deadline:
+                    raise SystemExit(f"server did not come up; see {log_path}")
+                time.sleep(2)
+            rng = random.Random(0)
+            for name in cases:
+                t0 = time.time()
+                try:
+                    res = CASES[name](base, rng, vocab)
+                except Exception as e:  # noqa: BLE001 - a case that raises has failed
+                    res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                res["serving_after"] = alive(base)
+                res["passed"] = bool(res["ok"] and res["serving_after"])
+                res["seconds"] = round(time.time() - t0, 1)
+                summary[name] = res
+                print(f"[faults] {name}: {json.dumps(res)[:600]}", flush=True)
+            time.sleep(10)  # idle: SGLang's scheduler runs its KV-leak check
+            summary["serving_after_idle"] = alive(base)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    summary["log_traceback"] = "Traceback" in text
+    summary["log_leak"] = "leak" in text.lower()
+    summary["passed"] = (
+        all(summary[c]["passed"] for c in cases)
+        and summary["serving_after_idle"]
+        and not summary["log_traceback"]
+        and not summary["log_leak"]
+    )
+    with open(os.path.join(args.out, "faults_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"[faults] passed={summary['passed']}", flush=True)
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The client side of the fault and load checks (`sglang_ddtree.testing.faults`) against a
+stand-in HTTP server that speaks SGLang's /generate (plain and streamed): a dropped stream is
+counted as dropped, a finished one with its length, a server error as an error."""
+
+import json
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sglang_ddtree.testing import faults
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = int(req["sampling_params"].get("max_new_tokens", 8))
+        fail = req["input_ids"][:1] == [999]
+        if not req.get("stream"):
+            body = json.dumps({"output_ids": list(range(n)), "meta_info": {}}).encode()
+            self.send_response(500 if fail else 200)
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.end_headers()
+        for i in range(1, n + 1):
+            meta = {"completion_tokens": i, "finish_reason": {"type": "length"} if i == n else None}
+            msg = {"error": "boom"} if fail and i == 2 else {"meta_info": meta}
+            try:
+                self.wfile.write(f"data: {json.dumps(msg)}\n\n".encode())
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                return
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.fixture(scope="module")
+def base():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_stream_full_dropped_and_error(base):
+    full = faults.stream(base, [1, 2], {"max_new_tokens": 6}, None)
+    assert full["status"] == 200 and full["tokens"] == 6 and full["finish"] == {"type": "length"}
+    dropped = faults.stream(base, [1, 2], {"max_new_tokens": 50}, 2)
+    assert dropped["dropped"] and dropped["chunks"] == 2 and dropped["finish"] is None
+    err = faults.stream(base, [999], {"max_new_tokens": 6}, None)
+    assert err["error"] == "boom"
+    assert faults.alive(base)
+
+
+def test_load_case_counts_drops_and_flags_errors(base, monkeypatch):
+    monkeypatch.setattr(faults, "LOAD_REQUESTS", 40)
+    monkeypatch.setattr(faults, "LOAD_CONCURRENCY", 8)
+    res = faults.case_load(base, random.Random(1), vocab=100)
+    assert res["ok"] and res["requests"] == 40 and 0 < res["dropped"] < 40, res
+    monkeypatch.setattr(faults, "prompts", lambda rng, n, lo, hi, v: [[999]] * n)
+    bad = faults.case_load(base, random.Random(1), vocab=100)
+    assert not bad["ok"] and bad["errors"] > 0
