@@ -426,19 +426,6 @@ def gpu_name() -> str:
         return "unknown"
 
 
-def serving_missing() -> str | None:
-    """What this machine lacks to run SGLang engines (None when it can)."""
-    import importlib.util
-
-    if importlib.util.find_spec("sglang") is None:
-        return "SGLang 0.5.17 is not installed (pip install -e '.[serve]')"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
-    return None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="pair", choices=("pair", "8b"))
@@ -481,7 +468,9 @@ def main() -> None:
     )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    missing = serving_missing()
+    from sglang_ddtree.serve import serving_unavailable
+
+    missing = serving_unavailable()
     if missing:
         raise SystemExit(f"bench_step.py runs SGLang engines on a GPU: {missing}.")
     if args.prompt_len is not None and args.model != "8b":

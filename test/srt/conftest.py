@@ -3,6 +3,7 @@ scripts (``benchmark/ddtree/*.py``, not a package) load as modules for their CPU
 kernels' logic runs on the CPU under Triton's interpreter (`run_interpreted`)."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -49,6 +50,36 @@ def _run_interpreted(code: str, ok_line: str, *args: str) -> None:
 @pytest.fixture(scope="session")
 def run_interpreted():
     return _run_interpreted
+
+
+def _cuda_and_sglang_missing() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if importlib.util.find_spec("sglang") is None:
+        return "sglang is not installed"
+    return None
+
+
+def _run_gpu_check(out_dir: str, module: str, args: list[str], summary: str, timeout: int):
+    """Run ``python -m module --out out_dir *args`` (an end-to-end check that starts SGLang
+    servers) and return its JSON summary ``out_dir/summary``; skip without CUDA or SGLang.
+    The module's output is kept in ``out_dir/<name>_stdout.log``."""
+    why = _cuda_and_sglang_missing()
+    if why:
+        pytest.skip(why)
+    cmd = [sys.executable, "-m", module, "--out", out_dir, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    with open(os.path.join(out_dir, f"{module.rsplit('.', 1)[-1]}_stdout.log"), "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    path = os.path.join(out_dir, summary)
+    assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def run_gpu_check():
+    return _run_gpu_check
 
 
 def pytest_collection_modifyitems(config, items):

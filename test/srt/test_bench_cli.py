@@ -17,9 +17,10 @@ def test_bench_core_needs_cuda(load_benchmark, monkeypatch):
 
 
 def test_bench_step_needs_sglang_and_cuda(load_benchmark, monkeypatch, tmp_path):
+    from sglang_ddtree.serve import serving_unavailable
+
     mod = load_benchmark("bench_step")
-    missing = mod.serving_missing()
-    if missing is None:
+    if serving_unavailable() is None:
         pytest.skip("this machine runs SGLang engines")
     monkeypatch.setattr(sys, "argv", ["bench_step.py", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="runs SGLang engines on a GPU"):

@@ -16,40 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
 
-def _cuda_and_sglang() -> str | None:
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return "no CUDA device"
-        import sglang  # noqa: F401
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 @pytest.fixture(scope="module")
-def summary(tmp_path_factory):
-    why = _cuda_and_sglang()
-    if why:
-        pytest.skip(why)
+def summary(tmp_path_factory, run_gpu_check):
     out = os.environ.get("DDTREE_E2E_OUT") or str(tmp_path_factory.mktemp("e2e"))
-    cmd = [sys.executable, "-m", "sglang_ddtree.testing.e2e", "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    with open(os.path.join(out, "e2e_stdout.log"), "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    path = os.path.join(out, "e2e_summary.json")
-    assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
-    with open(path) as f:
-        return json.load(f)
+    return run_gpu_check(out, "sglang_ddtree.testing.e2e", [], "e2e_summary.json", 1800)
 
 
 def test_a_greedy_equals_no_spec(summary):

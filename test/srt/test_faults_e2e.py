@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -15,22 +13,9 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def summary(tmp_path_factory):
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            pytest.skip("no CUDA device")
-        import sglang  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"{type(e).__name__}: {e}")
+def summary(tmp_path_factory, run_gpu_check):
     out = os.environ.get("DDTREE_FAULTS_OUT") or str(tmp_path_factory.mktemp("faults"))
-    cmd = [sys.executable, "-m", "sglang_ddtree.testing.faults", "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
-    path = os.path.join(out, "faults_summary.json")
-    assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
-    with open(path) as f:
-        return json.load(f)
+    return run_gpu_check(out, "sglang_ddtree.testing.faults", [], "faults_summary.json", 1500)
 
 
 @pytest.mark.parametrize(

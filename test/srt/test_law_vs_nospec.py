@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -20,24 +18,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def summary(tmp_path_factory):
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            pytest.skip("no CUDA device")
-        import sglang  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"{type(e).__name__}: {e}")
+def summary(tmp_path_factory, run_gpu_check):
     out = os.environ.get("DDTREE_LAW_OUT") or str(tmp_path_factory.mktemp("law"))
-    cmd = [sys.executable, "-m", "sglang_ddtree.testing.law", "--out", out, "--dtype", "float16"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    with open(os.path.join(out, "law_stdout.log"), "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    path = os.path.join(out, "law_float16.json")
-    assert os.path.exists(path), (proc.stdout + proc.stderr)[-4000:]
-    with open(path) as f:
-        return json.load(f)["DDTREE"]
+    args = ["--dtype", "float16"]
+    return run_gpu_check(out, "sglang_ddtree.testing.law", args, "law_float16.json", 1800)["DDTREE"]
 
 
 def test_sampling_law_equals_nospec(summary):

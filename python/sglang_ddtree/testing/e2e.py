@@ -34,6 +34,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+from sglang_ddtree.testing.law import chi2_two_sample
+
 NUM_PROMPTS = 32
 GREEDY_NEW_TOKENS = 48
 BATCH_SIZES = (1, 4, 16, 32)  # 32: the default schedule's W = B bucket
@@ -130,41 +132,6 @@ def _sample(eng, prompts, temperature, top_p) -> list[list[list[int]]]:
         outs = _generate(eng, [p] * SAMPLES_PER_PROMPT, params)
         per_prompt.append([o["output_ids"] for o in outs])
     return per_prompt
-
-
-def chi2_two_sample(a: list[int], b: list[int], min_count: int = 10) -> tuple[float, int]:
-    """Two-sample chi-squared homogeneity test on token histograms. Returns (p, dof).
-
-    Tokens whose pooled count is below ``min_count`` are merged into one bin.
-    """
-    import torch
-
-    ca, cb = {}, {}
-    for t in a:
-        ca[t] = ca.get(t, 0) + 1
-    for t in b:
-        cb[t] = cb.get(t, 0) + 1
-    bins, rest = [], [0, 0]
-    for t in set(ca) | set(cb):
-        x, y = ca.get(t, 0), cb.get(t, 0)
-        if x + y >= min_count:
-            bins.append((x, y))
-        else:
-            rest[0] += x
-            rest[1] += y
-    if sum(rest) > 0:
-        bins.append(tuple(rest))
-    if len(bins) < 2:
-        return 1.0, 0
-    na, nb = len(a), len(b)
-    stat = 0.0
-    for x, y in bins:
-        tot = x + y
-        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
-    dof = len(bins) - 1
-    p = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
-    return p, dof
 
 
 def law_test(ref, other) -> dict:

@@ -30,12 +30,11 @@ import http.client
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 
-from sglang_ddtree.testing.http import free_port, http_json
+from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
 CONTEXT = 512
 KV_TOKENS = 4096
@@ -241,36 +240,21 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(args.out, "faults_server.log")
     summary: dict = {"context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            launch_cmd(target, draft, port), stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            deadline = time.time() + 300
-            while not alive(base):
-                if proc.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"server did not come up; see {log_path}")
-                time.sleep(2)
-            rng = random.Random(0)
-            for name in cases:
-                t0 = time.time()
-                try:
-                    res = CASES[name](base, rng, vocab)
-                except Exception as e:  # noqa: BLE001 - a case that raises has failed
-                    res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-                res["serving_after"] = alive(base)
-                res["passed"] = bool(res["ok"] and res["serving_after"])
-                res["seconds"] = round(time.time() - t0, 1)
-                summary[name] = res
-                print(f"[faults] {name}: {json.dumps(res)[:600]}", flush=True)
-            time.sleep(10)  # idle: SGLang's scheduler runs its KV-leak check
-            summary["serving_after_idle"] = alive(base)
-        finally:
-            proc.terminate()
+    with launched_server(launch_cmd(target, draft, port), base, log_path, ready=alive):
+        rng = random.Random(0)
+        for name in cases:
+            t0 = time.time()
             try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                res = CASES[name](base, rng, vocab)
+            except Exception as e:  # noqa: BLE001 - a case that raises has failed
+                res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            res["serving_after"] = alive(base)
+            res["passed"] = bool(res["ok"] and res["serving_after"])
+            res["seconds"] = round(time.time() - t0, 1)
+            summary[name] = res
+            print(f"[faults] {name}: {json.dumps(res)[:600]}", flush=True)
+        time.sleep(10)  # idle: SGLang's scheduler runs its KV-leak check
+        summary["serving_after_idle"] = alive(base)
     with open(log_path, errors="replace") as f:
         text = f.read()
     summary["log_traceback"] = "Traceback" in text

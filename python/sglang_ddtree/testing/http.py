@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 
 def free_port() -> int:
@@ -29,3 +32,34 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> t
             return e.code, json.loads(body)
         except json.JSONDecodeError:
             return e.code, {"raw": body[:500]}
+
+
+def healthy(base: str) -> bool:
+    """Whether ``base``/health answers 200."""
+    try:
+        return http_json(base + "/health", timeout=5)[0] == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def launched_server(cmd: list[str], base: str, log_path: str, ready=healthy, timeout: float = 300):
+    """Run ``cmd`` (a server listening at ``base``, output to ``log_path``) until ``ready(base)``;
+    yield the process; terminate it on exit. Raises when it exits or is not ready in time."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + timeout
+            while not ready(base):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
+                if time.time() > deadline:
+                    raise RuntimeError(f"server not ready in {timeout:.0f} s; see {log_path}")
+                time.sleep(2)
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()

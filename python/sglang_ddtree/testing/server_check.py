@@ -6,11 +6,9 @@ parameters, and keeps serving afterwards. Only the standard library talks to the
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 
-from sglang_ddtree.testing.http import free_port, http_json
+from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
 
 def launch_cmd(target: str, draft: str, port: int) -> list[str]:
@@ -47,30 +45,8 @@ def check_server(target: str, draft: str, summary: dict, log_dir: str | None = N
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(log_dir or os.environ.get("OUT", "."), "server.log")
     res: dict = {"log": log_path}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            launch_cmd(target, draft, port), stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            deadline = time.time() + 300
-            while time.time() < deadline:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
-                try:
-                    if http_json(base + "/health", timeout=5)[0] == 200:
-                        break
-                except OSError:
-                    pass
-                time.sleep(2)
-            else:
-                raise RuntimeError("server did not become healthy in 300 s")
-            res.update(_exercise(base))
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with launched_server(launch_cmd(target, draft, port), base, log_path):
+        res.update(_exercise(base))
     res["passed"] = all(v is True for k, v in res.items() if k.startswith("ok_"))
     summary["server"] = res
 
