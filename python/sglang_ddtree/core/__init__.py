@@ -32,6 +32,7 @@ from sglang_ddtree.core.tree import (
     build_tree_from_candidates,
     select_candidates,
 )
+from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
 
 __all__ = [
     "AcceptResult",
@@ -48,8 +49,10 @@ __all__ = [
     "draw_coins",
     "flatten_verify_mask",
     "joint_top_k_top_p_renorm",
+    "merge_shard_candidates",
     "scatter_verify_mask",
     "select_candidates",
+    "shard_candidates",
     "target_probs",
     "tree_to_retrieve_arrays",
     "verify_mask_cells",
