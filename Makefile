@@ -42,7 +42,7 @@ bench-step:
 	$(PYTHON) benchmark/ddtree/bench_step.py --model pair --phases accept,step --out bench_out
 	$(PYTHON) benchmark/ddtree/bench_step.py --model 8b --out bench_out
 
-# The serving tables of record (RESULTS.md, runs 19, 24, 25): both temperatures, 8 waves a level, every
+# The serving tables of record (RESULTS.md): both temperatures, 8 waves a level, every
 # server twice in alternating order (one server's speed varies between runs on the tiny pair).
 bench-e2e:
 	$(PYTHON) benchmark/ddtree/bench_e2e.py --out bench_out --configs none,dflash,ddtree-adaptive \

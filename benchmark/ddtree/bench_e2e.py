@@ -1,4 +1,4 @@
-"""End-to-end serving benchmark (issue 5, item 2): no speculation vs DFLASH vs DDTREE.
+"""End-to-end serving benchmark: no speculation vs DFLASH vs DDTREE.
 
 For each configuration a fresh ``python -m sglang.launch_server`` serves the shipped trained pair
 (``python/sglang_ddtree/pair/assets/{target,drafter}``, DFlash block 16) with triton attention
@@ -38,7 +38,7 @@ decode step with a fixed-batch one (``bench_step.py``).
 ``--repeats N`` launches every configuration's server N times, in A B, B A, ... order; each
 repeat's ``x_dflash`` uses that repeat's DFLASH server, and a summary table lists every repeat's
 ratio with their median and minimum. The trained pair's steps are host-bound, so a single
-server's throughput varies up to 2x between runs (RESULTS.md, runs 17-19): compare with
+server's throughput varies up to 2x between runs (RESULTS.md): compare with
 repeats. ``--cprofile-levels`` (with ``--step-timing``) also writes a cProfile table of each
 server's scheduler thread per level (it slows the host: not a speed measurement).
 
@@ -1109,7 +1109,7 @@ def parse_args(argv: list[str] | None):
         type=int,
         default=2,
         help="requests per level = waves x concurrency (at least 32): more waves, longer levels "
-        "(at 2 waves a c >= 8 level of the trained pair lasts ~1-2 s; runs 7 and 11 varied "
+        "(at 2 waves a c >= 8 level of the trained pair lasts ~1-2 s; single runs varied "
         "+-30%% there)",
     )
     ap.add_argument("--target", default=str(PAIR_DIR / "target"))

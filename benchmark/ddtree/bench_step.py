@@ -1,6 +1,6 @@
 """Decode-step cost and accept length in SGLang: no speculation vs DFLASH chain vs DDTREE.
 
-Issue 5 item 1 (step cost) and issue 4 item 6 (accept lengths of the trained pair). For each
+Step cost and accept lengths (of the trained pair). For each
 configuration one ``sgl.Engine`` (triton attention, CUDA graphs on, overlap scheduling on) runs:
 
 - phase ``accept``: all held-out prompts of the trained pair at once, ``--accept-tokens`` new
@@ -28,7 +28,7 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-of issue 5 item 5 in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
+in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
 (``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
 mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``).
 
@@ -243,7 +243,7 @@ def flush_timing(eng, spec) -> None:
 
 
 VARIANTS = {
-    # The DDTREE glue kernels launched one by one: the "before" of issue 5 item 5.
+    # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
     # The one-pass Triton draft top-K (core/topk_triton.py) instead of torch.topk.
     "tritontopk": {DRAFT_TOPK_ENV: "triton"},
@@ -463,7 +463,7 @@ def main() -> None:
         default=None,
         help="8B shape: tokens per prompt (default: 64-128); the attention over the prefix "
         "grows with it. Long prompts are prefilled in chunks, so a large bs needs more "
-        "--step-tokens for all its requests to share decode steps (run 16: bs 64 with 2048 "
+        "--step-tokens for all its requests to share decode steps (bs 64 with 2048 "
         "and 48 measured no step)",
     )
     ap.add_argument("--out", required=True)

@@ -35,7 +35,7 @@ TOPK_ENV = "SGLANG_DDTREE_TOPK"
 DEFAULT_TOPK = 8
 DRAFT_TOPK_ENV = "SGLANG_DDTREE_DRAFT_TOPK"
 DRAFT_TOPK_BACKENDS = ("auto", "torch", "triton")
-# "auto" picks the Triton top-K where the H200 measured it faster (run 14, V = 151,936):
+# "auto" picks the Triton top-K where the H200 measured it faster (V = 151,936):
 # K <= 32 at a large vocabulary. Small vocabularies and K = 64 keep torch.topk.
 TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536

@@ -1,4 +1,4 @@
-"""Issue 3 item 4 on a CUDA machine with sglang 0.5.17: ``pytest -m gpu test/srt``.
+"""The tiny-pair end-to-end checks on a CUDA machine with sglang 0.5.17: ``pytest -m gpu test/srt``.
 
 Runs ``python -m sglang_ddtree.testing.e2e`` once (tiny random Qwen3 target + DFlash drafter,
 triton attention, CUDA graphs on) and checks each part of its summary:

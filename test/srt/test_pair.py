@@ -24,7 +24,7 @@ from sglang_ddtree.pair.tokenizer import (
 )
 
 ASSETS = M.ASSETS_DIR
-SIZE_LIMIT = 16_000_000  # bytes, all shipped files together (issue 4, item 5)
+SIZE_LIMIT = 16_000_000  # bytes, all shipped files together
 # The recorded loss was computed on the GPU in float32 from the same bf16 weights; a CPU float32
 # recomputation differs only by summation order (measured about 1e-6).
 LOSS_TOL = 1e-3

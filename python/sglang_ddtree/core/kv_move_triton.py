@@ -8,8 +8,8 @@ the root (d = 0) never does, nor a path node that is already its depth's slot.
 
 Why not SGLang's `move_accept_tokens_to_target_kvcache`: it moves ``bs x S`` rows whether or
 not they are accepted or already in place, and its copy kernel loads up to 256 slot rows per
-program; on the Qwen3-8B shape that took 0.77 ms per 256 rows (3.1 ms of a 48 ms step at bs 64,
-H200 run 13), while a step with accept length ~3 has ~3 rows per request to move.
+program; on the Qwen3-8B shape that took 0.77 ms per 256 rows (3.1 ms of a 48 ms step at bs 64
+on the H200), while a step with accept length ~3 has ~3 rows per request to move.
 
 Ordering: within a request, depths are copied in increasing order by one program per
 (request, buffer, byte tile). Path node ids grow with depth (parents precede children), so

@@ -81,7 +81,7 @@ def draft_to_tree(
     assert hidden.shape[0] == bs * block_size, (hidden.shape, bs, block_size)
     # One [bs * D, H] x [H, V] GEMM. The strided [bs, D, H] view would make torch.matmul run a
     # batched GEMM that reads the whole LM head once per request (bs x 1.2 GB at Qwen3-8B's
-    # shape: 2.3 ms at bs 8 on the H200, run 9); the reshape copies only bs * D * H elements.
+    # shape: 2.3 ms at bs 8 on the H200); the reshape copies only bs * D * H elements.
     hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :].reshape(bs * depth, -1)
     logits = torch.mm(hs.to(lm_head.dtype), lm_head.T).view(bs, depth, -1)  # [bs, D, V]
     if draft_topk == "torch":

@@ -5,18 +5,18 @@ depth) the K largest logits, sorted descending, minus the row's full-vocabulary 
 
 Why: the torch path upcasts ``[bs, D, V]`` draft logits to float32, runs a radix-select
 ``torch.topk`` over them and a logsumexp, several passes over ``bs x D x V`` values; on the
-Qwen3-8B shape that is ~0.76 ms per step at bs 8 (run 9 profile) and 3.1 ms at bs 64
-(run 13). Here stage 1 reads each bf16 logit once: one program per (row, vocabulary chunk)
+Qwen3-8B shape that is ~0.76 ms per step at bs 8 and 3.1 ms at bs 64 (H200
+profiles). Here stage 1 reads each bf16 logit once: one program per (row, vocabulary chunk)
 keeps the chunk in registers as G groups of GS logits, writes its max and its sum of
 ``exp(x - max)``, picks the K groups with the largest maxima, and takes its top-K from those
 K x GS logits only (K rounds of argmax, lowest vocabulary id first on ties); stage 2 (torch,
 on ``[rows, chunks x K]``) merges the chunks' candidates with one small ``topk`` and their
-partial sums into the logsumexp. (Run 13 measured a first version that ran its K rounds over
+partial sums into the logsumexp. (A first version, measured, that ran its K rounds over
 the whole chunk: 2x faster than torch at K = 16, 1.4-1.8x slower at K = 64.)
 
 `tree.select_candidates` runs it with ``backend="triton"``. The worker's default
 (``SGLANG_DDTREE_DRAFT_TOPK=auto``, `args.draft_topk_backend`) takes it where the H200 measured
-it faster than torch (run 14, V = 151,936: K = 16 2-2.8x, K = 32 1.3x faster) and keeps torch
+it faster than torch (V = 151,936: K = 16 2-2.8x, K = 32 1.3x faster) and keeps torch
 at K = 64 (2-3.7x slower: the K rounds of block-wide reductions dominate) and for small
 vocabularies (not measured).
 """

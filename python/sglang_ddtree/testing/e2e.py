@@ -4,7 +4,7 @@ Run as ``python -m sglang_ddtree.testing.e2e --out DIR [--checks greedy,sampling
 check starts its own ``sgl.Engine``(s) (CUDA graphs on, triton attention) and records numbers in
 ``DIR/e2e_summary.json``; ``test/srt/test_e2e_ddtree.py`` runs this once and asserts on it.
 
-Checks (issue 3, item 4):
+Checks:
 - ``greedy``: DDTREE greedy == no-speculation greedy, token for token, 32 prompts at batch 1, 4,
   16 and 32 (same engine settings, same batching; batch 32 is the default schedule's W = B
   bucket and runs without CUDA graphs, above this engine's graph max of 16).
@@ -14,7 +14,7 @@ Checks (issue 3, item 4):
   which biases acceptance toward the first children) is rejected (p < 0.001).
 - ``accept``: mean accept length of DDTREE >= DFLASH on the same models and prompts.
 - ``server``: see `sglang_ddtree.testing.server_check`.
-- ``adaptive`` (issue 5, item 3): one DDTREE engine with the budget schedule
+- ``adaptive``: one DDTREE engine with the budget schedule
   ``SGLANG_DDTREE_BUDGET_SCHEDULE=1:33,4:17`` (block-8 drafter: W=33 for bs 1..3, W=17 for
   bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W switches
   inside a run): greedy output == no speculation, and every verify step of both widths replayed

@@ -1,4 +1,4 @@
-"""Issue 3 item 4c: ``python -m sglang.launch_server ... --speculative-algorithm DDTREE`` serves
+"""``python -m sglang.launch_server ... --speculative-algorithm DDTREE`` serves
 the OpenAI API with temperature, reports the accept length, answers HTTP 400 for invalid sampling
 parameters, and keeps serving afterwards. Only the standard library talks to the server.
 """
