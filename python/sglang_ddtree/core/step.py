@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from sglang_ddtree.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.core.accept import accept_greedy, accept_sampled
+from sglang_ddtree.core.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays, verify_mask_cells
 from sglang_ddtree.core.sampling import draw_coins, target_probs

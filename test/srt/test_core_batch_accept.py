@@ -2,8 +2,8 @@
 
 import torch
 
-from sglang_ddtree.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.core.accept import AcceptResult
+from sglang_ddtree.core.batch_accept import greedy_rows, merge_accept
 
 
 def _result(bs, n, s, fill):
