@@ -69,3 +69,11 @@ def test_load_case_counts_drops_and_flags_errors(base, monkeypatch):
     monkeypatch.setattr(faults, "prompts", lambda rng, n, lo, hi, v: [[999]] * n)
     bad = faults.case_load(base, random.Random(1), vocab=100)
     assert not bad["ok"] and bad["errors"] > 0
+
+
+def test_greedy_cases_run_against_a_deterministic_server(base):
+    """The stand-in answers every request deterministically, so 'alone' equals 'together'."""
+    rng = random.Random(2)
+    for case in (faults.case_context_limit, faults.case_chunked_prefill, faults.case_radix):
+        res = case(base, rng, vocab=100)
+        assert res["ok"], (case.__name__, res)

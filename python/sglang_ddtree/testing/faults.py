@@ -4,9 +4,10 @@
 context (``CONTEXT``) and a small KV pool (``KV_TOKENS``), so every fault below is reached in
 seconds, then runs each case over HTTP and writes ``DIR/faults_summary.json``:
 
-- ``context_limit``: requests whose prompt plus ``max_new_tokens`` is exactly the context length
-  (and requests with no ``max_new_tokens``, which run to it), alone and 16 at once, greedy and
-  T = 1: every one ends with HTTP 200 within the limit.
+- ``context_limit``: 16 requests whose prompt plus ``max_new_tokens`` is the context length (or
+  with no ``max_new_tokens``, which run to it), greedy and T = 1, at once with 16 short greedy
+  witnesses: HTTP 200, lengths within the limit, and every greedy request equal to its output
+  sent alone (a reservation past the end of a req_to_token row would corrupt a neighbour).
 - ``aborts``: streaming requests dropped by the client after their first chunks.
 - ``retraction``: more long requests at once than the KV pool holds (SGLang retracts and
   re-queues some): every one completes with its full length.
@@ -133,18 +134,35 @@ def _pool(fn, items, workers):
 
 
 def case_context_limit(base, rng, vocab) -> dict:
-    res = []
-    for temp in (0.0, 1.0):
-        lone = prompts(rng, 1, 100, 100, vocab)[0]
-        res.append(generate(base, lone, {"max_new_tokens": CONTEXT - 100, "temperature": temp}))
-        batch = prompts(rng, 16, 40, 300, vocab)
-        reqs = [(p, {"max_new_tokens": CONTEXT - len(p), "temperature": temp}) for p in batch[:8]]
-        reqs += [(p, {"temperature": temp}) for p in batch[8:]]  # no max_new_tokens
-        res += _pool(lambda r: generate(base, *r), reqs, 16)
-    ok = all(code == 200 for code, _ in res)
-    lens = [len(b.get("output_ids", [])) for _, b in res]
-    errors = [str(b)[:200] for code, b in res if code != 200]
-    return {"requests": len(res), "max_output": max(lens), "errors": errors, "ok": ok}
+    """Requests that run to the context limit, next to short greedy "witness" requests.
+
+    Near the limit SGLang's spec-decode reservation (committed + 2 W slots) can pass the end of
+    a request's req_to_token row, and a write past it lands in the neighbouring row, i.e. in
+    another request's KV mapping, silently. So besides HTTP 200 and lengths within the limit,
+    every greedy request here (witnesses and limit requests) must equal its output when sent
+    alone."""
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+    witnesses = [(p, dict(greedy, max_new_tokens=96)) for p in prompts(rng, 16, 20, 60, vocab)]
+    limit = []
+    for i, p in enumerate(prompts(rng, 16, 40, 300, vocab)):
+        sp = {"temperature": 0.0 if i % 2 == 0 else 1.0, "ignore_eos": True}
+        if i % 4 < 2:
+            sp["max_new_tokens"] = CONTEXT - len(p)  # exactly at the limit
+        limit.append((p, sp))  # else no max_new_tokens: SGLang runs it to the limit
+    lone = [generate(base, p, sp) for p, sp in witnesses + limit if sp["temperature"] == 0.0]
+    together = _pool(lambda r: generate(base, *r), witnesses + limit, len(witnesses + limit))
+    together_greedy = [
+        r for r, (_, sp) in zip(together, witnesses + limit) if sp["temperature"] == 0.0
+    ]
+    ids = lambda res: [b.get("output_ids") for _, b in res]  # noqa: E731
+    mism = sum(x != y for x, y in zip(ids(lone), ids(together_greedy)))
+    errors = [str(b)[:200] for code, b in lone + together if code != 200]
+    longest = max(
+        len(p) + len(b.get("output_ids", [])) for (p, _), (_, b) in zip(witnesses + limit, together)
+    )
+    return {"requests": len(together), "greedy_compared": len(lone), "greedy_mismatches": mism,
+            "longest_total": longest, "context": CONTEXT, "errors": errors,
+            "ok": not errors and mism == 0 and longest <= CONTEXT}  # fmt: skip
 
 
 def case_aborts(base, rng, vocab) -> dict:
