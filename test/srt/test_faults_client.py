@@ -43,9 +43,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # bursts of 32-64 connections, as a real server takes them
+    daemon_threads = True
+
+
 @pytest.fixture(scope="module")
 def base():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv = _Server(("127.0.0.1", 0), _Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
