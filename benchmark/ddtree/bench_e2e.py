@@ -168,10 +168,9 @@ def launch_command(
     extra: list[str] | None = None,
 ) -> list[str]:
     """The ``sglang.launch_server`` command of one configuration (CUDA graphs stay on)."""
-    cmd = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", target,
-        "--attention-backend", "triton",  # fa3, the Hopper default, ignores tree masks
+    from sglang_ddtree.serve import launch_command as serve_command
+
+    flags = [
         "--cuda-graph-max-bs-decode", str(max_concurrency),  # 0.5.17 name of --cuda-graph-max-bs
         "--max-running-requests", str(max_concurrency),
         "--mem-fraction-static", str(mem_fraction),
@@ -180,14 +179,10 @@ def launch_command(
         "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
-    if cfg.method != "none":
-        cmd += [
-            "--speculative-algorithm", cfg.method.upper(),
-            "--speculative-draft-model-path", drafter,
-        ]  # fmt: skip
-        if cfg.num_draft_tokens is not None:
-            cmd += ["--speculative-num-draft-tokens", str(cfg.num_draft_tokens)]
-    return cmd + list(extra or [])
+    algorithm = None if cfg.method == "none" else cfg.method.upper()
+    return serve_command(
+        target, drafter, cfg.num_draft_tokens, flags + list(extra or []), algorithm=algorithm
+    )
 
 
 # --------------------------------------------------------------------------- server lifecycle

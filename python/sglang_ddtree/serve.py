@@ -37,15 +37,22 @@ def serving_unavailable() -> str | None:
     return None
 
 
-def launch_command(target: str, draft: str, num_nodes: int | None, extra: list[str]) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", target,
-        "--speculative-algorithm", "DDTREE",
-        "--speculative-draft-model-path", draft,
-    ]  # fmt: skip
-    if num_nodes is not None:
-        cmd += ["--speculative-num-draft-tokens", str(num_nodes)]
+def launch_command(
+    target: str,
+    draft: str | None,
+    num_nodes: int | None,
+    extra: list[str],
+    algorithm: str | None = "DDTREE",
+) -> list[str]:
+    """``python -m sglang.launch_server`` for ``target`` with ``algorithm`` (DDTREE, DFLASH, or
+    None for no speculation; ``draft`` is its drafter, ``num_nodes`` its
+    ``--speculative-num-draft-tokens``), triton attention unless ``extra`` names a backend,
+    then ``extra``. The one launch builder of the server launcher, the checks and benchmarks."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target]
+    if algorithm is not None:
+        cmd += ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", draft]
+        if num_nodes is not None:
+            cmd += ["--speculative-num-draft-tokens", str(num_nodes)]
     if "--attention-backend" not in extra:
         cmd += ["--attention-backend", "triton"]  # fa3, the Hopper default, ignores tree masks
     return cmd + extra

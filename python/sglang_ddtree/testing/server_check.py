@@ -6,38 +6,27 @@ parameters, and keeps serving afterwards. Only the standard library talks to the
 from __future__ import annotations
 
 import os
-import sys
 
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
 
 def launch_cmd(target: str, draft: str, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
+    from sglang_ddtree.serve import launch_command
+
+    return launch_command(
         target,
-        "--speculative-algorithm",
-        "DDTREE",
-        "--speculative-draft-model-path",
         draft,
-        "--attention-backend",
-        "triton",
-        "--mem-fraction-static",
-        "0.25",
-        "--cuda-graph-max-bs-decode",
-        "8",
-        "--max-running-requests",
-        "8",
-        "--context-length",
-        "1024",
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-        "--enable-metrics",
-    ]
+        None,
+        [
+            "--mem-fraction-static", "0.25",
+            "--cuda-graph-max-bs-decode", "8",
+            "--max-running-requests", "8",
+            "--context-length", "1024",
+            "--port", str(port),
+            "--host", "127.0.0.1",
+            "--enable-metrics",
+        ],
+    )  # fmt: skip
 
 
 def check_server(target: str, draft: str, summary: dict, log_dir: str | None = None) -> None:
