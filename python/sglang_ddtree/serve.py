@@ -76,12 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     reason = serving_unavailable()
     if reason is not None:
         print(f"sglang_ddtree.serve: cannot launch a server here: {reason}.", file=sys.stderr)
-        asked = [f"--model-path {args.model_path}"] if args.model_path else []
-        asked += ["--pair"] if args.pair else []
-        asked += [f"--speculative-num-draft-tokens {args.speculative_num_draft_tokens}"] * (
-            args.speculative_num_draft_tokens is not None
-        )
-        asked += extra
+        asked = list(extra)
+        if args.model_path:
+            asked.insert(0, f"--model-path {args.model_path}")
+        if args.pair:
+            asked.append("--pair")
+        if args.speculative_num_draft_tokens is not None:
+            asked.append(f"--speculative-num-draft-tokens {args.speculative_num_draft_tokens}")
         if asked:  # a server was asked for: the demo would silently drop these
             print(
                 f"Not serving {' '.join(asked)}; run this on a CUDA machine with SGLang 0.5.17.",

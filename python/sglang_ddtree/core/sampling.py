@@ -53,10 +53,10 @@ def joint_top_k_top_p_renorm(
     run_start = torch.ones_like(sorted_probs, dtype=torch.bool)
     run_start[:, 1:] = sorted_probs[:, 1:] != sorted_probs[:, :-1]
     first = torch.cummax(torch.where(run_start, rank, 0), dim=-1).values
-    above = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass before each position
-    count_above = first
-    mass_above = torch.gather(above, -1, first)
-    keep = (count_above < k[:, None]) & (mass_above < top_p.float()[:, None])
+    # `first` counts the tokens strictly more probable; the mass before it is theirs.
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    mass_above = torch.gather(before, -1, first)
+    keep = (first < k[:, None]) & (mass_above < top_p.float()[:, None])
     kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
     kept = kept / kept.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, kept)

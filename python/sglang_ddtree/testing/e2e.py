@@ -34,8 +34,6 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from sglang_ddtree.testing.law import chi2_two_sample
-
 NUM_PROMPTS = 32
 GREEDY_NEW_TOKENS = 48
 BATCH_SIZES = (1, 4, 16, 32)  # 32: the default schedule's W = B bucket
@@ -86,7 +84,7 @@ def engine(**kwargs):
         eng.shutdown()
 
 
-def _generate(eng, prompts, params) -> list[dict]:
+def generate(eng, prompts, params) -> list[dict]:
     out = eng.generate(input_ids=prompts, sampling_params=params)
     return out if isinstance(out, list) else [out]
 
@@ -100,7 +98,7 @@ def run_greedy_groups(eng, prompts, batch_sizes) -> tuple[dict, list[float]]:
     for bs in batch_sizes:
         outs = []
         for i in range(0, len(prompts), bs):
-            outs += _generate(eng, prompts[i : i + bs], GREEDY)
+            outs += generate(eng, prompts[i : i + bs], GREEDY)
         res[bs] = [o["output_ids"] for o in outs]
         accept += [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
     return res, accept
@@ -129,9 +127,38 @@ def _sample(eng, prompts, temperature, top_p) -> list[list[list[int]]]:
     }
     per_prompt = []
     for p in prompts:
-        outs = _generate(eng, [p] * SAMPLES_PER_PROMPT, params)
+        outs = generate(eng, [p] * SAMPLES_PER_PROMPT, params)
         per_prompt.append([o["output_ids"] for o in outs])
     return per_prompt
+
+
+def chi2_two_sample(a: list, b: list, min_bin: int = 10) -> tuple[float, int]:
+    """Two-sample chi-squared homogeneity test of two samples of hashable outcomes.
+
+    Outcomes whose pooled count is below ``min_bin`` share one bin. Returns (p, dof); dof 0
+    (one bin) gives p = 1.
+    """
+    from scipy.stats import chi2_contingency
+
+    ca, cb = {}, {}
+    for x in a:
+        ca[x] = ca.get(x, 0) + 1
+    for x in b:
+        cb[x] = cb.get(x, 0) + 1
+    rows, rest = [], [0, 0]
+    for x in set(ca) | set(cb):
+        u, v = ca.get(x, 0), cb.get(x, 0)
+        if u + v >= min_bin:
+            rows.append([u, v])
+        else:
+            rest[0] += u
+            rest[1] += v
+    if sum(rest) > 0:
+        rows.append(rest)
+    if len(rows) < 2:
+        return 1.0, 0
+    stat, p, dof, _ = chi2_contingency(rows, correction=False)
+    return float(p), int(dof)
 
 
 def law_test(ref, other) -> dict:

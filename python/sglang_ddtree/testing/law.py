@@ -40,7 +40,9 @@ import argparse
 import json
 import os
 import time
-from contextlib import contextmanager
+
+from sglang_ddtree.testing.e2e import chi2_two_sample, engine_kwargs, generate
+from sglang_ddtree.testing.e2e import engine as e2e_engine
 
 SAMPLES = 3000
 NEW_TOKENS = 6
@@ -91,44 +93,15 @@ def law_settings() -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------- statistics
-def chi2_two_sample(a: list, b: list, min_bin: int = MIN_BIN) -> tuple[float, int]:
-    """Two-sample chi-squared homogeneity test of two samples of hashable outcomes.
-
-    Outcomes whose pooled count is below ``min_bin`` share one bin. Returns (p, dof); dof 0
-    (one bin) gives p = 1.
-    """
-    from scipy.stats import chi2_contingency
-
-    ca, cb = {}, {}
-    for x in a:
-        ca[x] = ca.get(x, 0) + 1
-    for x in b:
-        cb[x] = cb.get(x, 0) + 1
-    rows, rest = [], [0, 0]
-    for x in set(ca) | set(cb):
-        u, v = ca.get(x, 0), cb.get(x, 0)
-        if u + v >= min_bin:
-            rows.append([u, v])
-        else:
-            rest[0] += u
-            rest[1] += v
-    if sum(rest) > 0:
-        rows.append(rest)
-    if len(rows) < 2:
-        return 1.0, 0
-    stat, p, dof, _ = chi2_contingency(rows, correction=False)
-    return float(p), int(dof)
-
-
 def compare_samples(ref: list[list[int]], other: list[list[int]]) -> dict:
     """Per-position and tuple tests between two lists of completions (token-id lists)."""
     tests = {}
     for pos in range(NEW_TOKENS):
         a = [s[pos] for s in ref if len(s) > pos]
         b = [s[pos] for s in other if len(s) > pos]
-        tests[f"pos{pos + 1}"] = chi2_two_sample(a, b)
+        tests[f"pos{pos + 1}"] = chi2_two_sample(a, b, MIN_BIN)
     tests[f"tuple{TUPLE_LEN}"] = chi2_two_sample(
-        [tuple(s[:TUPLE_LEN]) for s in ref], [tuple(s[:TUPLE_LEN]) for s in other]
+        [tuple(s[:TUPLE_LEN]) for s in ref], [tuple(s[:TUPLE_LEN]) for s in other], MIN_BIN
     )
     pmin = min(p for p, _ in tests.values())
     return {
@@ -155,41 +128,21 @@ def family(results: dict[str, dict], alpha: float = ALPHA) -> dict:
 
 
 # ------------------------------------------------------------------------------- engines
-def engine_kwargs(algo: str | None, dtype: str) -> dict:
+def engine(algo: str | None, dtype: str):
+    """An ``sgl.Engine`` of the trained pair (context manager), without speculation or with
+    ``algo``, at ``dtype``."""
     from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
 
-    kw = dict(
-        model_path=str(TARGET_DIR),
+    kw = engine_kwargs(
+        str(TARGET_DIR),
+        str(DRAFTER_DIR),
+        algo,
         dtype=dtype,
-        attention_backend="triton",
         mem_fraction_static=0.3,
         max_running_requests=MAX_RUNNING,
         cuda_graph_max_bs_decode=MAX_RUNNING,
-        context_length=1024,
-        log_level="warning",
-        random_seed=0,
     )
-    if algo:
-        kw.update(speculative_algorithm=algo, speculative_draft_model_path=str(DRAFTER_DIR))
-    return kw
-
-
-@contextmanager
-def engine(algo: str | None, dtype: str):
-    import sglang as sgl
-
-    t0 = time.time()
-    eng = sgl.Engine(**engine_kwargs(algo, dtype))
-    print(f"[law] {algo or 'no-spec'} {dtype} engine up in {time.time() - t0:.1f}s", flush=True)
-    try:
-        yield eng
-    finally:
-        eng.shutdown()
-
-
-def generate(eng, prompts: list[list[int]], params: list[dict]) -> list[dict]:
-    out = eng.generate(input_ids=prompts, sampling_params=params)
-    return out if isinstance(out, list) else [out]
+    return e2e_engine(**kw)
 
 
 def tokenized_prompts() -> list[list[int]]:
