@@ -75,6 +75,18 @@ class DDTreeShape:
         return max(1, min(self.topk, self.budget, vocab_size))
 
 
+def req_to_token_headroom(max_num_nodes: int, block_size: int) -> int:
+    """Columns a ``req_to_token`` row needs past the context length under DDTREE.
+
+    Each decode step reserves KV up to ``committed + 2 * W`` (DFLASH v2's double buffer for the
+    overlap lag) and the verify writes W nodes after a prefix that may lead the host's committed
+    length by one accepted path; a running request's committed length is below the context
+    length. SGLang's default headroom (``4 + W``) is smaller, so near the context limit the
+    reservation would land in the next request's row. A block of slack covers the lag.
+    """
+    return 2 * int(max_num_nodes) + int(block_size) + 4
+
+
 def default_num_nodes(block_size: int) -> int:
     return 2 * int(block_size) + 1
 

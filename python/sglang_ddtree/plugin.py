@@ -39,6 +39,7 @@ def _register_real() -> None:
         spec_class=DDTreeSpecAlgo,
     )(_worker_factory)
     _register_request_checks()
+    _register_row_headroom()
     from sglang_ddtree import step_timing
 
     step_timing.register_if_enabled()  # benchmarks only: SGLANG_DDTREE_STEP_TIMING=<dir>
@@ -64,6 +65,27 @@ def _validate_request_hook(original_fn, req, *args, **kwargs):
         if msg is not None:
             return msg
     return original_fn(req, *args, **kwargs)
+
+
+def _register_row_headroom() -> None:
+    """Widen ``req_to_token`` rows for DDTREE (see ``args.req_to_token_headroom``)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len",
+        _row_headroom_hook,
+        HookType.AROUND,
+    )
+
+
+def _row_headroom_hook(original_fn, server_args, *args, **kwargs):
+    extra = original_fn(server_args, *args, **kwargs)
+    if server_args.speculative_algorithm != "DDTREE":
+        return extra
+    from sglang_ddtree.args import req_to_token_headroom
+
+    block = server_args.speculative_dflash_block_size or server_args.speculative_num_draft_tokens
+    return max(extra, req_to_token_headroom(server_args.speculative_num_draft_tokens, block))
 
 
 def _register_placeholder(error: BaseException) -> None:

@@ -318,17 +318,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _verify_mask(self, tree: TreeStep, batch, draft_input, w: int) -> torch.Tensor:
         """FULL_MASK bool [>= W * sum(prefix) + bs * W * W], sized from host lengths only.
 
-        Under overlap scheduling SGLang keeps no host ``seq_lens_cpu`` for backends that do not
-        ask for it (triton: ``needs_cpu_seq_lens = False``); then the reserved KV lengths, an
-        upper bound of every prefix (committed + 2 W, capped at the context length), size the
-        buffer. Reading the device lengths instead costs one host sync per step (measured: the GPU
-        idled 1.4 ms of each 9 ms step on the 8B shape at bs 1).
+        The reserved KV lengths (committed + 2 W per request, never clamped: near the context
+        limit a prefix may pass the context length by one accepted path) bound every prefix,
+        also under overlap scheduling, where the host's committed lengths lag the device's by a
+        step. Reading the device lengths instead costs one host sync per step (measured: the
+        GPU idled 1.4 ms of each 9 ms step on the 8B shape at bs 1).
         """
-        if batch.seq_lens_cpu is not None:
+        if draft_input.reserved_seq_lens_cpu is not None:
+            prefix = draft_input.reserved_seq_lens_cpu
+        elif batch.seq_lens_cpu is not None:
             prefix = batch.seq_lens_cpu
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            cap = int(self.model_runner.model_config.context_len)
-            prefix = draft_input.reserved_seq_lens_cpu.clamp(max=cap)
         else:
             raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
         total = verify_mask_numel(w, prefix)

@@ -145,6 +145,46 @@ def test_request_hook_names_ddtree_first():
         dreq.set_active(was)
 
 
+def _max_row_column(ctx: int, w: int, block: int) -> int:
+    """The largest req_to_token column (exclusive) a DDTREE request touches near the context
+    limit: DFLASH v2 reserves ``committed + 2 W`` for every running request (committed below
+    ``ctx``), and the verify writes W nodes after a device prefix that leads the host's committed
+    length by up to one accepted path (depth + 1 <= block tokens)."""
+    worst = 0
+    for committed in range(max(0, ctx - 2 * w - block), ctx):
+        for lead in range(0, min(block, w) + 1):
+            worst = max(worst, committed + 2 * w, committed + lead + w)
+    return worst
+
+
+@pytest.mark.parametrize("w,block", [(9, 8), (17, 16), (33, 16), (65, 16), (33, 8)])
+def test_req_to_token_rows_hold_every_reservation(w, block):
+    """SGLang's default row headroom (4 + W) lets the reservation run into the next row (the
+    check can fail: it does for the default); DDTREE's headroom holds it."""
+    ctx = 512
+    need = _max_row_column(ctx, w, block)
+    assert ctx + 4 + w < need  # the known error is caught
+    assert ctx + dargs.req_to_token_headroom(w, block) >= need
+
+
+def test_row_headroom_hook_only_widens_ddtree():
+    from sglang_ddtree.plugin import _row_headroom_hook
+
+    def original(server_args):
+        return 4 + server_args.speculative_num_draft_tokens
+
+    ddtree = SimpleNamespace(
+        speculative_algorithm="DDTREE", speculative_num_draft_tokens=33,
+        speculative_dflash_block_size=16,
+    )  # fmt: skip
+    dflash = SimpleNamespace(
+        speculative_algorithm="DFLASH", speculative_num_draft_tokens=16,
+        speculative_dflash_block_size=16,
+    )  # fmt: skip
+    assert _row_headroom_hook(original, ddtree) == dargs.req_to_token_headroom(33, 16)
+    assert _row_headroom_hook(original, dflash) == 20
+
+
 def test_tiny_pair_files(tmp_path):
     pytest.importorskip("safetensors")
     pytest.importorskip("tokenizers")

@@ -46,7 +46,7 @@ LOAD_CONCURRENCY = 64
 ABORT_FRACTION = 0.25
 
 
-def launch_cmd(target: str, draft: str, port: int) -> list[str]:
+def launch_cmd(target: str, draft: str, port: int, algorithm: str = "DDTREE") -> list[str]:
     from sglang_ddtree.serve import launch_command
 
     return launch_command(
@@ -63,6 +63,7 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
             "--port", str(port),
             "--host", "127.0.0.1",
         ],
+        algorithm=algorithm,
     )  # fmt: skip
 
 
@@ -244,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument(
+        "--algorithm",
+        default="DDTREE",
+        help="DDTREE, or DFLASH to hold SGLang's own chain to the same cases",
+    )
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
@@ -257,8 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(args.out, "faults_server.log")
-    summary: dict = {"context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK}
-    with launched_server(launch_cmd(target, draft, port), base, log_path, ready=alive):
+    summary: dict = {
+        "algorithm": args.algorithm, "context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK,
+    }  # fmt: skip
+    with launched_server(
+        launch_cmd(target, draft, port, args.algorithm), base, log_path, ready=alive
+    ):
         rng = random.Random(0)
         for name in cases:
             t0 = time.time()
