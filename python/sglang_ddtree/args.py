@@ -228,6 +228,19 @@ def check_server_args(cfg: Any) -> list[str]:
     return errors
 
 
+def check_target(cfg: Any, is_mla: bool) -> list[str]:
+    """Refusals that need the loaded target: among SGLang's MLA backends only triton applies a
+    per-branch tree mask in target verify (flashinfer's MLA path, flashmla, trtllm_mla and
+    cutlass_mla do not)."""
+    backend = target_verify_backend(cfg)
+    if is_mla and backend != "triton":
+        return [
+            f"DDTREE on an MLA target needs the triton attention backend for the tree verify "
+            f"(got {backend!r}); pass --attention-backend triton."
+        ]
+    return []
+
+
 def check_shape(shape: DDTreeShape) -> list[str]:
     """Refusals that need the resolved block size."""
     errors = []

@@ -61,7 +61,9 @@ from sglang_ddtree import requests
 from sglang_ddtree.args import (
     KV_MOVER_ENV,
     DDTreeShape,
+    check_target,
     draft_topk_backend,
+    format_errors,
     read_draft_topk,
     read_kv_mover,
     read_topk,
@@ -225,9 +227,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise ValueError("DDTREE supports --tp-size 1 for now; pass --tp-size 1.")
         if mambaish_config(self.model_runner.model_config) is not None:
             raise ValueError("DDTREE does not support hybrid (Mamba/linear-attention) targets.")
-        if getattr(self.model_runner.model_config, "attention_arch", None) is not None:
-            if "MLA" in str(self.model_runner.model_config.attention_arch):
-                raise ValueError("DDTREE does not support MLA targets.")
+        arch = getattr(self.model_runner.model_config, "attention_arch", None)
+        errors = check_target(self.model_runner.server_args, is_mla="MLA" in str(arch))
+        if errors:
+            raise ValueError(format_errors(errors))
         if not is_dflash_sampling_verify_available():
             raise RuntimeError(
                 "DDTREE needs sgl_kernel.tree_speculative_sampling_target_only (CUDA build)."

@@ -214,6 +214,58 @@ def test_tiny_pair_files(tmp_path):
     assert f"layers.{cfg.draft_layers - 1}.mlp.down_proj.weight" in keys
 
 
+def test_mla_targets_need_triton():
+    assert dargs.check_target(good_cfg(), is_mla=True) == []
+    assert dargs.check_target(good_cfg(attention_backend="flashinfer"), is_mla=False) == []
+    errors = dargs.check_target(good_cfg(attention_backend="flashinfer"), is_mla=True)
+    assert len(errors) == 1 and "--attention-backend triton" in errors[0]
+    errors = dargs.check_target(good_cfg(prefill_attention_backend="flashmla"), is_mla=True)
+    assert "flashmla" in errors[0]
+
+
+def test_tiny_mla_pair_files(tmp_path):
+    """The Kimi-shaped pair: K2.6's MLA head dims, the first layer dense, MoE after it, weight
+    shapes agreeing with the config, and the drafter in the Qwen3 pair's format."""
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    from safetensors import safe_open
+
+    from sglang_ddtree.testing.tiny_models import TinyMLAPairConfig, make_tiny_mla_pair
+
+    m = TinyMLAPairConfig()
+    target, draft = make_tiny_mla_pair(str(tmp_path), m)
+    tcfg = json.load(open(os.path.join(target, "config.json")))
+    assert tcfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (tcfg["kv_lora_rank"], tcfg["qk_nope_head_dim"], tcfg["qk_rope_head_dim"]) == (
+        512, 128, 64
+    )  # fmt: skip
+    assert tcfg["v_head_dim"] == 128 and tcfg["rope_scaling"]["type"] == "yarn"
+    with safe_open(os.path.join(target, "model.safetensors"), "pt") as f:
+        shape = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    n, h = tcfg["num_attention_heads"], tcfg["hidden_size"]
+    qk = tcfg["qk_nope_head_dim"] + tcfg["qk_rope_head_dim"]
+    for i in range(tcfg["num_hidden_layers"]):
+        a = f"model.layers.{i}.self_attn"
+        assert shape[f"{a}.q_b_proj.weight"] == (n * qk, tcfg["q_lora_rank"])
+        assert shape[f"{a}.kv_a_proj_with_mqa.weight"] == (512 + 64, h)
+        assert shape[f"{a}.kv_b_proj.weight"] == (n * (128 + 128), 512)
+        moe = i >= tcfg["first_k_dense_replace"]
+        assert (f"model.layers.{i}.mlp.gate.weight" in shape) == moe
+        if moe:
+            last = tcfg["n_routed_experts"] - 1
+            assert shape[f"model.layers.{i}.mlp.experts.{last}.down_proj.weight"] == (
+                h, tcfg["moe_intermediate_size"]
+            )  # fmt: skip
+            assert f"model.layers.{i}.mlp.gate.e_score_correction_bias" in shape
+            assert f"model.layers.{i}.mlp.shared_experts.up_proj.weight" in shape
+    dcfg = json.load(open(os.path.join(draft, "config.json")))
+    assert dcfg["architectures"] == ["DFlashDraftModel"] and dcfg["hidden_size"] == h
+    assert (dcfg["num_attention_heads"], dcfg["num_key_value_heads"], dcfg["head_dim"]) == (
+        m.draft_heads, m.draft_kv_heads, 128
+    )  # fmt: skip
+    assert max(dcfg["dflash_config"]["target_layer_ids"]) < tcfg["num_hidden_layers"]
+
+
 def _sglang_or_skip():
     try:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: F401

@@ -44,6 +44,7 @@ SAMPLING_CASES = (("T1.0", 1.0, 1.0), ("T0.7_p0.9", 0.7, 0.9))
 ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W >= 8)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
+ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
 
 
 def make_prompts(vocab_lo: int, vocab_hi: int, count: int, seed: int) -> list[list[int]]:
@@ -67,6 +68,7 @@ def engine_kwargs(target: str, draft: str, algo: str | None, **extra) -> dict:
     )
     if algo is not None:
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=draft)
+    kw.update(ENGINE_EXTRA)
     kw.update(extra)
     return kw
 
@@ -355,15 +357,29 @@ def main() -> int:
         help=f"comma-separated subset of {','.join(ALL_CHECKS)}",
     )
     ap.add_argument("--models", default=None, help="existing tiny pair dir (default: make one)")
+    ap.add_argument(
+        "--arch",
+        choices=("qwen3", "mla"),
+        default="qwen3",
+        help="tiny Qwen3 target, or the Kimi-K2.6-shaped MLA + MoE target (tiny_models)",
+    )
+    ap.add_argument("--dtype", default="float32", help="weights and activations of the pair")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    from sglang_ddtree.testing.tiny_models import SPECIALS, TinyPairConfig, make_tiny_pair
+    from sglang_ddtree.testing import tiny_models as tm
 
     models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
-    target, draft = make_tiny_pair(models)
-    cfg = TinyPairConfig()
-    prompts = make_prompts(len(SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
-    summary: dict = {"models": models}
+    if args.arch == "mla":
+        cfg = tm.TinyMLAPairConfig(dtype=args.dtype)
+        target, draft = tm.make_tiny_mla_pair(models, cfg)
+    else:
+        cfg = tm.TinyPairConfig(dtype=args.dtype)
+        target, draft = tm.make_tiny_pair(models, cfg)
+    if args.tp > 1:
+        ENGINE_EXTRA["tp_size"] = args.tp
+    prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
+    summary: dict = {"models": models, "arch": args.arch, "dtype": args.dtype, "tp": args.tp}
     checks = [c for c in args.checks.split(",") if c]
     unknown = set(checks) - set(ALL_CHECKS)
     if unknown:

@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(log_path, errors="replace") as f:
         text = f.read()
     summary["log_traceback"] = "Traceback" in text
-    summary["log_leak"] = "leak" in text.lower()
+    summary["log_leak"] = "leak detected" in text.lower()  # SGLang: "memory leak detected"
     summary["passed"] = (
         all(summary[c]["passed"] for c in cases)
         and summary["serving_after_idle"]

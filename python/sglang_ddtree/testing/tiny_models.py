@@ -1,4 +1,4 @@
-"""Tiny random-weight model pair for end-to-end tests: a Qwen3 target and a DFlash drafter.
+"""Tiny random-weight model pairs for end-to-end tests: a target and a DFlash drafter.
 
 ``make_tiny_pair(out_dir)`` writes two HF-style folders (``config.json``, ``model.safetensors``,
 a locally built character-level tokenizer) that SGLang loads like any checkpoint:
@@ -6,6 +6,13 @@ a locally built character-level tokenizer) that SGLang loads like any checkpoint
 - ``out_dir/target``: ``Qwen3ForCausalLM``, vocabulary ``V`` (default 128), 4 layers.
 - ``out_dir/draft``: ``DFlashDraftModel`` (no embedding / LM head: it borrows the target's),
   with ``dflash_config = {block_size, target_layer_ids, mask_token, mask_token_id}``.
+
+``make_tiny_mla_pair(out_dir)`` writes the same tokenizer with a Kimi-K2.6-shaped pair scaled
+down (``TinyMLAPairConfig``): a ``DeepseekV3ForCausalLM`` target with Kimi K2.6's MLA head dims
+(kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128, YaRN), the first layer dense and the
+rest MoE (a few routed experts, sigmoid scores with a correction bias, top-k, one shared
+expert), and a DFlash drafter of Qwen3 layers with K2.6's drafter head shape (grouped-query
+attention, head dim 128, block 8).
 
 Why acceptance is deep with random weights: both models see a shared "bias channel" ``c`` (a
 constant added to every token embedding), and the target LM head gives a small set of
@@ -219,6 +226,198 @@ def make_tiny_pair(out_dir: str, cfg: TinyPairConfig | None = None) -> tuple[str
     return target_dir, draft_dir
 
 
+@dataclass(frozen=True)
+class TinyMLAPairConfig:
+    """Sizes of the Kimi-shaped tiny pair (K2.6's own value in the comment where scaled)."""
+
+    vocab_size: int = 128
+    hidden_size: int = 256  # 7168
+    target_layers: int = 4  # 61, the first dense
+    first_k_dense: int = 1
+    num_heads: int = 4  # 64
+    q_lora_rank: int = 128  # 1536
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    intermediate_size: int = 512  # dense layer; 18432
+    moe_intermediate_size: int = 128  # 2048
+    n_routed_experts: int = 8  # 384
+    num_experts_per_tok: int = 2  # 8
+    n_shared_experts: int = 1
+    draft_layers: int = 2  # 6
+    draft_heads: int = 8  # 64
+    draft_kv_heads: int = 2  # 8
+    draft_head_dim: int = 128
+    target_layer_ids: tuple[int, ...] = (1, 3)  # (1, 12, 24, 35, 47, 58)
+    block_size: int = 8
+    max_position_embeddings: int = 8192  # 262144 with YaRN factor 64 over 4096
+    num_preferred: int = 4
+    bias_channel_value: float = 3.0
+    preferred_weight: float = 2.0
+    head_std: float = 0.15
+    seed: int = 0
+    dtype: str = "float32"
+
+
+def _mla_target_config(m: TinyMLAPairConfig) -> dict:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "moe_intermediate_size": m.moe_intermediate_size,
+        "num_hidden_layers": m.target_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_heads,
+        "q_lora_rank": m.q_lora_rank,
+        "kv_lora_rank": m.kv_lora_rank,
+        "qk_nope_head_dim": m.qk_nope_head_dim,
+        "qk_rope_head_dim": m.qk_rope_head_dim,
+        "v_head_dim": m.v_head_dim,
+        "n_routed_experts": m.n_routed_experts,
+        "num_experts_per_tok": m.num_experts_per_tok,
+        "n_shared_experts": m.n_shared_experts,
+        "first_k_dense_replace": m.first_k_dense,
+        # SGLang reads these three; transformers' DeepseekV3Config does not write them.
+        "moe_layer_freq": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.827,
+        "hidden_act": "silu",
+        "max_position_embeddings": m.max_position_embeddings,
+        "rope_theta": 50000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": m.max_position_embeddings / 4096,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 1.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": m.dtype,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "initializer_range": 0.02,
+    }
+
+
+def _mla_layer_weights(prefix: str, m: TinyMLAPairConfig, moe: bool, g: torch.Generator) -> dict:
+    h, n = m.hidden_size, m.num_heads
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+
+    def rnd(*shape, std):
+        return torch.randn(*shape, generator=g) * std
+
+    def mlp(pre: str, inter: int) -> dict:
+        return {
+            f"{pre}.gate_proj.weight": rnd(inter, h, std=h**-0.5),
+            f"{pre}.up_proj.weight": rnd(inter, h, std=h**-0.5),
+            f"{pre}.down_proj.weight": rnd(h, inter, std=0.5 * inter**-0.5),
+        }
+
+    a = f"{prefix}.self_attn"
+    w = {
+        f"{prefix}.input_layernorm.weight": torch.ones(h),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
+        f"{a}.q_a_proj.weight": rnd(m.q_lora_rank, h, std=h**-0.5),
+        f"{a}.q_a_layernorm.weight": torch.ones(m.q_lora_rank),
+        f"{a}.q_b_proj.weight": rnd(n * qk, m.q_lora_rank, std=m.q_lora_rank**-0.5),
+        f"{a}.kv_a_proj_with_mqa.weight": rnd(m.kv_lora_rank + m.qk_rope_head_dim, h, std=h**-0.5),
+        f"{a}.kv_a_layernorm.weight": torch.ones(m.kv_lora_rank),
+        f"{a}.kv_b_proj.weight": rnd(
+            n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, std=m.kv_lora_rank**-0.5
+        ),
+        f"{a}.o_proj.weight": rnd(h, n * m.v_head_dim, std=0.5 * (n * m.v_head_dim) ** -0.5),
+    }
+    if not moe:
+        w.update(mlp(f"{prefix}.mlp", m.intermediate_size))
+        return w
+    w[f"{prefix}.mlp.gate.weight"] = rnd(m.n_routed_experts, h, std=h**-0.5)
+    w[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.zeros(m.n_routed_experts)
+    for e in range(m.n_routed_experts):
+        w.update(mlp(f"{prefix}.mlp.experts.{e}", m.moe_intermediate_size))
+    shared = m.moe_intermediate_size * m.n_shared_experts
+    w.update(mlp(f"{prefix}.mlp.shared_experts", shared))
+    return w
+
+
+def make_tiny_mla_pair(out_dir: str, m: TinyMLAPairConfig | None = None) -> tuple[str, str]:
+    """Write the Kimi-shaped target and its drafter under ``out_dir``; return their paths.
+
+    Same tokenizer, bias-channel construction and drafter format as ``make_tiny_pair``.
+    """
+    m = m or TinyMLAPairConfig()
+    if max(m.target_layer_ids) >= m.target_layers:
+        raise ValueError("target_layer_ids must index target layers")
+    # The drafter's Qwen3 layers and the shared tokenizer use the Qwen3 pair's fields.
+    dcfg = TinyPairConfig(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=2 * m.hidden_size,
+        num_heads=m.draft_heads,
+        num_kv_heads=m.draft_kv_heads,
+        head_dim=m.draft_head_dim,
+        target_layers=m.target_layers,
+        draft_layers=m.draft_layers,
+        target_layer_ids=m.target_layer_ids,
+        block_size=m.block_size,
+        max_position_embeddings=m.max_position_embeddings,
+        num_preferred=m.num_preferred,
+        dtype=m.dtype,
+    )
+    g = torch.Generator().manual_seed(m.seed)
+    target_dir, draft_dir = os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
+    vocab = build_tokenizer(target_dir, dcfg)
+    build_tokenizer(draft_dir, dcfg)
+    h, bias_ch = m.hidden_size, 0
+    embed = torch.randn(m.vocab_size, h, generator=g)
+    embed[:, bias_ch] = m.bias_channel_value
+    lm_head = torch.randn(m.vocab_size, h, generator=g) * m.head_std
+    lm_head[:, bias_ch] = 0.0
+    lm_head[preferred_token_ids(dcfg), bias_ch] = m.preferred_weight
+    weights = {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": lm_head,
+    }
+    for i in range(m.target_layers):
+        weights.update(_mla_layer_weights(f"model.layers.{i}", m, i >= m.first_k_dense, g))
+    _save(target_dir, _mla_target_config(m), weights, m.dtype)
+
+    n_ctx = len(m.target_layer_ids)
+    dweights = {
+        "fc.weight": torch.randn(h, n_ctx * h, generator=g) * (n_ctx * h) ** -0.5,
+        "hidden_norm.weight": torch.ones(h),
+        "norm.weight": torch.ones(h),
+    }
+    for i in range(m.draft_layers):
+        dweights.update(_layer_weights(f"layers.{i}", dcfg, g))
+    draft_cfg = {
+        "architectures": ["DFlashDraftModel"],
+        **_common_config(dcfg, m.draft_layers),
+        "block_size": m.block_size,
+        "num_target_layers": m.target_layers,
+        "dflash_config": {
+            "block_size": m.block_size,
+            "target_layer_ids": list(m.target_layer_ids),
+            "mask_token": MASK_TOKEN,
+            "mask_token_id": vocab[MASK_TOKEN],
+        },
+    }
+    _save(draft_dir, draft_cfg, dweights, m.dtype)
+    return target_dir, draft_dir
+
+
 def main() -> None:
     import argparse
 
@@ -227,9 +426,14 @@ def main() -> None:
     p.add_argument("--vocab-size", type=int, default=TinyPairConfig.vocab_size)
     p.add_argument("--block-size", type=int, default=TinyPairConfig.block_size)
     p.add_argument("--dtype", default=TinyPairConfig.dtype)
+    p.add_argument("--arch", choices=("qwen3", "mla"), default="qwen3")
     a = p.parse_args()
-    cfg = TinyPairConfig(vocab_size=a.vocab_size, block_size=a.block_size, dtype=a.dtype)
-    t, d = make_tiny_pair(a.out_dir, cfg)
+    if a.arch == "mla":
+        m = TinyMLAPairConfig(vocab_size=a.vocab_size, block_size=a.block_size, dtype=a.dtype)
+        t, d = make_tiny_mla_pair(a.out_dir, m)
+    else:
+        cfg = TinyPairConfig(vocab_size=a.vocab_size, block_size=a.block_size, dtype=a.dtype)
+        t, d = make_tiny_pair(a.out_dir, cfg)
     print(f"target={t}\ndraft={d}")
 
 
