@@ -72,13 +72,21 @@ from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
 from sglang_ddtree.core.sampling import draw_coins
-from sglang_ddtree.core.step import CommitStep, TreeStep, accept_and_commit, draft_to_tree
+from sglang_ddtree.core.step import (
+    CommitStep,
+    TreeStep,
+    accept_and_commit,
+    draft_shard_candidates,
+    draft_to_tree,
+    gathered_to_tree,
+)
 from sglang_ddtree.cuda_graph import install_target_graph_runner
 from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
 
 logger = logging.getLogger(__name__)
 
 TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
+TEST_RANK_SKEW_ENV = "SGLANG_DDTREE_TEST_RANK_SKEW"
 GRAPH_STATS_ENV = "SGLANG_DDTREE_GRAPH_STATS"
 
 
@@ -181,6 +189,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
+        from sglang.srt.distributed import get_tp_group
+
+        self._tp_group = get_tp_group()
+        self._tp_size = int(self._tp_group.world_size)
+        # The verify coins come from a generator of their own, seeded alike on every rank and
+        # drawn in the same order: under tensor parallelism every rank takes the same sampled
+        # decisions (a check in `_check_ranks_agree` makes any disagreement loud).
+        self._coin_generator = torch.Generator(device=self.device)
+        seed = int(getattr(server_args, "random_seed", 0) or 0)
+        skew = int(os.environ.get(TEST_RANK_SKEW_ENV, "0") or 0)  # tests only
+        self._coin_generator.manual_seed(seed + (skew * self.ps.tp_rank))
+        if skew:
+            logger.warning(
+                "%s=%s: ranks draw DIFFERENT verify coins (tests only).", TEST_RANK_SKEW_ENV, skew
+            )
         vocab = int(self.model_runner.model_config.vocab_size)
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
         self._draft_topk = {  # per W: auto picks by K and vocabulary (args.draft_topk_backend)
@@ -221,10 +244,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _check_supported(self) -> None:
         from sglang.srt.configs.hybrid_arch import mambaish_config
-        from sglang.srt.distributed import get_tp_group
 
-        if get_tp_group().world_size != 1:
-            raise ValueError("DDTREE supports --tp-size 1 for now; pass --tp-size 1.")
         if mambaish_config(self.model_runner.model_config) is not None:
             raise ValueError("DDTREE does not support hybrid (Mamba/linear-attention) targets.")
         arch = getattr(self.model_runner.model_config, "attention_arch", None)
@@ -359,6 +379,32 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 draft_topk=self._draft_topk[w],
             )
 
+        # Tensor parallel: this rank's vocabulary rows of the LM head give its candidates; an
+        # eager all-gather between the two segments; every rank merges the same gathered
+        # tensor into the same tree.
+        def shard_fn(hidden) -> torch.Tensor:
+            rows, start = self._lm_head_shard()
+            return draft_shard_candidates(
+                hidden,
+                rows,
+                vocab_start=start,
+                vocab_size=vocab,
+                block_size=shape.block_size,
+                max_depth=shape.max_depth,
+                topk=self._topk[w],
+            )
+
+        def gathered_tree_fn(gathered, bonus, seq_lens, req_pool_indices) -> TreeStep:
+            return gathered_to_tree(
+                gathered,
+                bonus,
+                seq_lens,
+                req_pool_indices,
+                self.model_runner.req_to_token_pool.req_to_token,
+                budget=shape.budget,
+                topk=self._topk[w],
+            )
+
         def accept_fn(logits, tokens, seq_lens, **rest) -> CommitStep:
             layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
             return accept_and_commit(
@@ -400,6 +446,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 commit_lens=commit_lens,
             )
 
+        if self._tp_size > 1:
+            return {
+                "shard": SegmentGraphs(f"shard_w{w}", shard_fn, enabled=enabled, pool=pool),
+                "tree": SegmentGraphs(f"tree_w{w}", gathered_tree_fn, enabled=enabled, pool=pool),
+                "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, pool=pool),
+                "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, pool=pool),
+            }
         return {
             "tree": SegmentGraphs(f"tree_w{w}", tree_fn, enabled=enabled, pool=pool),
             "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, pool=pool),
@@ -418,7 +471,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
         # The coins are drawn here, eagerly (two launches), and copied in like the sampling
         # parameters: the law then never depends on how captured graphs replay the RNG.
-        coins, final_coins = draw_coins(bs, tree.tokens.shape[1], logits.device)
+        coins, final_coins = draw_coins(
+            bs, tree.tokens.shape[1], logits.device, generator=self._coin_generator
+        )
         copied = {
             "temperatures": sampling_info.temperatures.view(-1),
             "top_ks": sampling_info.top_ks.view(-1),
@@ -428,6 +483,50 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
         static = {"need_top_k": need_k, "need_top_p": need_p}
         return glue["accept"](key and (*key, "sampled", need_k, need_p), bound, copied, static)
+
+    def _lm_head_shard(self) -> tuple[torch.Tensor, int]:
+        """This rank's rows of the target LM head that are real tokens, and the global id of
+        the first: ``([V_shard, H], start)``."""
+        lm_head = self.target_worker.model_runner.model.lm_head
+        shard = getattr(lm_head, "shard_indices", None)
+        if shard is None or int(getattr(shard, "num_added_elements", 0)) != 0:
+            raise RuntimeError("DDTREE under tensor parallelism needs a vocab-parallel LM head.")
+        return lm_head.weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index)
+
+    def _draft_tree_tp(self, glue, key, hidden, draft_input, batch) -> TreeStep:
+        """The tree under tensor parallelism: shard candidates (glue graph), all-gather, merge
+        and build (glue graph)."""
+        packed = glue["shard"](key, bound={"hidden": hidden})
+        gathered = packed.new_empty((self._tp_size, *packed.shape))
+        self._tp_group.all_gather_into_tensor(gathered.view(-1), packed.contiguous().view(-1))
+        return glue["tree"](
+            key,
+            bound={},
+            copied={
+                "gathered": gathered,
+                "bonus": draft_input.bonus_tokens.view(-1),
+                "seq_lens": batch.seq_lens,
+                "req_pool_indices": batch.req_pool_indices,
+            },
+        )
+
+    def _check_ranks_agree(self, tree: TreeStep, commit: CommitStep) -> None:
+        """Tensor parallel: one all-reduce of a fingerprint of the tree and the accepted path;
+        ranks that disagree (which would commit different KV) stop the server with a device
+        assert instead of corrupting it silently. No host sync."""
+        w = tree.tokens.shape[1]
+        weights = torch.arange(1, w + 1, device=tree.tokens.device, dtype=torch.int64)
+        fp = (tree.tokens * weights).sum() * 1_000_003
+        s = commit.next_token_ids.shape[0] // max(tree.tokens.shape[0], 1)
+        fp = fp + (commit.next_token_ids.view(-1, s) * weights[:s]).sum() * 7919
+        fp = fp + (commit.keep_index.to(torch.int64) * weights[:s]).sum()
+        both = torch.stack([fp, -fp])
+        torch.distributed.all_reduce(
+            both, op=torch.distributed.ReduceOp.MAX, group=self._tp_group.device_group
+        )
+        torch._assert_async(
+            both[0] == -both[1], "DDTREE: tensor-parallel ranks built different trees or paths"
+        )
 
     def _target_kv_rows(self):
         """``(data_ptrs, data_strides, max row bytes)`` of the target KV pool for
@@ -497,15 +596,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
         hidden = self._draft_hidden(batch, draft_input, bs, shape)
-        tree: TreeStep = glue["tree"](
-            key,
-            bound={"hidden": hidden},
-            copied={
-                "bonus": draft_input.bonus_tokens.view(-1),
-                "seq_lens": batch.seq_lens,
-                "req_pool_indices": batch.req_pool_indices,
-            },
-        )
+        if self._tp_size > 1:
+            tree = self._draft_tree_tp(glue, key, hidden, draft_input, batch)
+        else:
+            tree: TreeStep = glue["tree"](
+                key,
+                bound={"hidden": hidden},
+                copied={
+                    "bonus": draft_input.bonus_tokens.view(-1),
+                    "seq_lens": batch.seq_lens,
+                    "req_pool_indices": batch.req_pool_indices,
+                },
+            )
 
         # 3) Tree verify on the target.
         verify_input = DFlashVerifyInput(
@@ -540,6 +642,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 4) Accept and plan the commit (glue graph).
         commit: CommitStep = self._accept_and_commit(glue, key, logits, tree, sampling_info)
+        if self._tp_size > 1:
+            self._check_ranks_agree(tree, commit)
         # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV
         # append: the scheduler's seq-lens copy waits on this event, not on the KV moves.
         # A clone: graph outputs are overwritten by the next replay.

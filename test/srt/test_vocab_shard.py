@@ -39,3 +39,46 @@ def test_ties_break_by_token_id_whatever_the_layout():
     logits[..., [2, 5, 9, 11]] = 1.0  # four tied tokens, spread over shards
     outs = [sharded(logits, tp, 3)[1] for tp in (1, 2, 4)]
     assert all(torch.equal(o, torch.tensor([[[2, 5, 9]]])) for o in outs)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_step_halves_build_the_single_rank_tree(tp):
+    """`draft_shard_candidates` on every rank's LM-head rows, stacked as the all-gather would,
+    then `gathered_to_tree`, builds the tree (tokens, layout, verify slots) of `draft_to_tree`
+    on the whole LM head."""
+    from sglang_ddtree.core.step import draft_shard_candidates, draft_to_tree, gathered_to_tree
+
+    gen = torch.Generator().manual_seed(tp)
+    bs, block, hidden_size, vocab, budget, topk = 3, 6, 16, 203, 12, 4
+    hidden = torch.randn(bs * block, hidden_size, generator=gen)
+    lm_head = torch.randn(vocab, hidden_size, generator=gen)
+    bonus = torch.randint(0, vocab, (bs,), generator=gen)
+    seq_lens = torch.tensor([5, 9, 2])
+    pool_rows = torch.tensor([2, 0, 1])
+    req_to_token = torch.arange(3 * 64, dtype=torch.int32).view(3, 64)
+    depth = min(block - 1, budget)
+    want = draft_to_tree(
+        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
+        block_size=block, max_depth=depth, budget=budget, topk=topk,
+    )  # fmt: skip
+    width = -(-vocab // tp)
+    parts = [
+        draft_shard_candidates(
+            hidden,
+            lm_head[r * width : (r + 1) * width],
+            vocab_start=r * width,
+            vocab_size=vocab,
+            block_size=block,
+            max_depth=depth,
+            topk=topk,
+        )  # fmt: skip
+        for r in range(tp)
+    ]
+    got = gathered_to_tree(
+        torch.stack(parts), bonus, seq_lens, pool_rows, req_to_token, budget=budget, topk=topk
+    )
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.verify_loc, want.verify_loc)
+    assert torch.equal(got.mask_cells, want.mask_cells)
+    for name, a, b in zip(want.layout._fields, got.layout, want.layout):
+        assert torch.equal(a, b), name

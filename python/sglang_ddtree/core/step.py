@@ -3,6 +3,10 @@
 ``draft_to_tree``: drafter hidden states -> draft tree -> everything the verify forward needs.
 ``accept_and_commit``: target logits over the tree -> accepted path -> what the step commits.
 
+Under tensor parallelism (the LM head split by vocabulary) ``draft_to_tree`` is two halves
+around one all-gather: ``draft_shard_candidates`` on each rank, ``gathered_to_tree`` on the
+gathered candidates.
+
 Both take and return device tensors only, with shapes fixed by (bs, W, B) and host flags, and
 never read the device from the host, so the worker captures each in a CUDA graph per key
 (`sglang_ddtree.glue_graph`). Terms as in `sglang_ddtree.core.tree` and `.accept`: W = budget +
@@ -21,6 +25,7 @@ from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays, verify_mask_cells
 from sglang_ddtree.core.sampling import draw_coins, target_probs
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
+from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
 
 
 class TreeStep(NamedTuple):
@@ -61,6 +66,22 @@ class CommitStep(NamedTuple):
     new_seq_lens: torch.Tensor
 
 
+def _draft_logits(
+    hidden: torch.Tensor,  # [bs * B, H]
+    lm_head: torch.Tensor,  # [V', H] the LM head, or this rank's vocabulary shard of it
+    bs: int,
+    block_size: int,
+    depth: int,
+) -> torch.Tensor:
+    """Draft logits at the D masked slots: [bs, D, V'] in the LM head's dtype."""
+    assert hidden.shape[0] == bs * block_size, (hidden.shape, bs, block_size)
+    # One [bs * D, H] x [H, V] GEMM. The strided [bs, D, H] view would make torch.matmul run a
+    # batched GEMM that reads the whole LM head once per request (bs x 1.2 GB at Qwen3-8B's
+    # shape: 2.3 ms at bs 8 on the H200); the reshape copies only bs * D * H elements.
+    hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :].reshape(bs * depth, -1)
+    return torch.mm(hs.to(lm_head.dtype), lm_head.T).view(bs, depth, -1)
+
+
 def draft_to_tree(
     hidden: torch.Tensor,  # [bs * B, H] drafter hidden states of the block [root, MASK x D]
     lm_head: torch.Tensor,  # [V, H] the target's LM head (DFlash drafters share it)
@@ -77,16 +98,68 @@ def draft_to_tree(
 ) -> TreeStep:
     """Per-depth top-K of the draft, best-first tree of ``budget`` nodes, verify layout."""
     bs = seq_lens.shape[0]
-    depth = max_depth
-    assert hidden.shape[0] == bs * block_size, (hidden.shape, bs, block_size)
-    # One [bs * D, H] x [H, V] GEMM. The strided [bs, D, H] view would make torch.matmul run a
-    # batched GEMM that reads the whole LM head once per request (bs x 1.2 GB at Qwen3-8B's
-    # shape: 2.3 ms at bs 8 on the H200); the reshape copies only bs * D * H elements.
-    hs = hidden.view(bs, block_size, -1)[:, 1 : 1 + depth, :].reshape(bs * depth, -1)
-    logits = torch.mm(hs.to(lm_head.dtype), lm_head.T).view(bs, depth, -1)  # [bs, D, V]
+    logits = _draft_logits(hidden, lm_head, bs, block_size, max_depth)
     if draft_topk == "torch":
         logits = logits.float()
     cand_lp, cand_tok = select_candidates(logits, topk, normalize=True, backend=draft_topk)
+    return candidates_to_tree(
+        cand_lp, cand_tok, bonus, seq_lens, req_pool_indices, req_to_token, budget=budget
+    )
+
+
+def draft_shard_candidates(
+    hidden: torch.Tensor,  # [bs * B, H]
+    lm_head_shard: torch.Tensor,  # [V_shard, H] this rank's rows of the LM head (no padding)
+    *,
+    vocab_start: int,  # global token id of the shard's first row
+    vocab_size: int,  # V
+    block_size: int,  # B
+    max_depth: int,  # D
+    topk: int,  # candidates per depth
+) -> torch.Tensor:
+    """Tensor parallelism, first half: this rank's draft candidates packed for one all-gather,
+    ``[bs, D, 2K + 1]`` float32 = (log-its [K], token ids [K], logsumexp [1]); token ids are
+    below 2^24, so float32 holds them exactly."""
+    bs = hidden.shape[0] // block_size
+    logits = _draft_logits(hidden, lm_head_shard, bs, block_size, max_depth)
+    values, tokens, lse = shard_candidates(logits, vocab_start, vocab_size, topk)
+    assert vocab_size < 2**24, "token ids must be exact in float32"
+    return torch.cat([values, tokens.float(), lse[..., None]], dim=-1)
+
+
+def gathered_to_tree(
+    gathered: torch.Tensor,  # [tp, bs, D, 2K + 1] float32, every rank's draft_shard_candidates
+    bonus: torch.Tensor,  # [bs] int
+    seq_lens: torch.Tensor,  # [bs] int
+    req_pool_indices: torch.Tensor,  # [bs] int
+    req_to_token: torch.Tensor,  # [pool, max_len] int32
+    *,
+    budget: int,  # W - 1
+    topk: int,  # candidates per depth
+) -> TreeStep:
+    """Tensor parallelism, second half: merge the gathered candidates into the full-vocabulary
+    top-K and build the tree. Every rank merges the same gathered tensor, so every rank builds
+    the same tree bit for bit."""
+    k = (gathered.shape[-1] - 1) // 2
+    values, tokens, lse = gathered[..., :k], gathered[..., k : 2 * k], gathered[..., 2 * k]
+    cand_lp, cand_tok = merge_shard_candidates(values, tokens.to(torch.int64), lse, topk)
+    return candidates_to_tree(
+        cand_lp, cand_tok, bonus, seq_lens, req_pool_indices, req_to_token, budget=budget
+    )
+
+
+def candidates_to_tree(
+    cand_lp: torch.Tensor,  # [bs, D, K] float32 log-probs, sorted per depth
+    cand_tok: torch.Tensor,  # [bs, D, K] int64
+    bonus: torch.Tensor,  # [bs] int, the root token of each tree
+    seq_lens: torch.Tensor,  # [bs] int, committed tokens per request
+    req_pool_indices: torch.Tensor,  # [bs] int, rows of req_to_token
+    req_to_token: torch.Tensor,  # [pool, max_len] int32, KV slot of each position
+    *,
+    budget: int,  # W - 1
+) -> TreeStep:
+    """Best-first tree of ``budget`` nodes from per-depth candidates, and the verify layout."""
+    depth = cand_lp.shape[1]
     prefix = seq_lens.to(torch.int64)
     tree = build_tree_from_candidates(cand_lp, cand_tok, bonus.view(-1).to(torch.int64), budget)
     layout = tree_to_retrieve_arrays(tree, prefix, max_depth=depth)
