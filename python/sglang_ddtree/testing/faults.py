@@ -44,9 +44,12 @@ MAX_RUNNING = 32
 LOAD_REQUESTS = 512
 LOAD_CONCURRENCY = 64
 ABORT_FRACTION = 0.25
+_LOAD = {"concurrency": LOAD_CONCURRENCY}  # --concurrency
 
 
-def launch_cmd(target: str, draft: str, port: int, algorithm: str = "DDTREE") -> list[str]:
+def launch_cmd(
+    target: str, draft: str, port: int, algorithm: str = "DDTREE", tp: int = 1
+) -> list[str]:
     from sglang_ddtree.serve import launch_command
 
     return launch_command(
@@ -62,6 +65,7 @@ def launch_cmd(target: str, draft: str, port: int, algorithm: str = "DDTREE") ->
             "--mem-fraction-static", "0.3",
             "--port", str(port),
             "--host", "127.0.0.1",
+            "--tp-size", str(tp),
         ],
         algorithm=algorithm,
     )  # fmt: skip
@@ -221,7 +225,7 @@ def case_load(base, rng, vocab) -> dict:
         drop = rng.randint(1, 4) if rng.random() < ABORT_FRACTION else None
         items.append((p, sp, drop))
     t0 = time.time()
-    got = _pool(lambda r: stream(base, *r), items, LOAD_CONCURRENCY)
+    got = _pool(lambda r: stream(base, *r), items, _LOAD["concurrency"])
     kept = [(g, it) for g, it in zip(got, items) if not g["dropped"]]
     bad = [g for g, _ in kept if g["status"] != 200 or g["error"] or not g["finish"]]
     short = [g for g, it in kept if g["tokens"] != it[1]["max_new_tokens"]
@@ -250,24 +254,32 @@ def main(argv: list[str] | None = None) -> int:
         default="DDTREE",
         help="DDTREE, or DFLASH to hold SGLang's own chain to the same cases",
     )
+    ap.add_argument("--arch", choices=("qwen3", "mla"), default="qwen3", help="tiny pair")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
+    ap.add_argument(
+        "--concurrency", type=int, default=_LOAD["concurrency"], help="load: requests in flight"
+    )
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
-    from sglang_ddtree.testing.tiny_models import TinyPairConfig, make_tiny_pair
+    from sglang_ddtree.testing import tiny_models as tm
 
+    _LOAD["concurrency"] = args.concurrency
     os.makedirs(args.out, exist_ok=True)
-    target, draft = make_tiny_pair(tempfile.mkdtemp(prefix="ddtree_faults_"))
-    vocab = TinyPairConfig().vocab_size
+    make = tm.make_tiny_mla_pair if args.arch == "mla" else tm.make_tiny_pair
+    target, draft = make(tempfile.mkdtemp(prefix="ddtree_faults_"))
+    vocab = tm.TinyPairConfig().vocab_size
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(args.out, "faults_server.log")
     summary: dict = {
-        "algorithm": args.algorithm, "context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK,
+        "algorithm": args.algorithm, "arch": args.arch, "tp": args.tp,
+        "concurrency": args.concurrency, "context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK,
     }  # fmt: skip
     with launched_server(
-        launch_cmd(target, draft, port, args.algorithm), base, log_path, ready=alive
+        launch_cmd(target, draft, port, args.algorithm, args.tp), base, log_path, ready=alive
     ):
         rng = random.Random(0)
         for name in cases:
