@@ -249,7 +249,7 @@ class TinyMLAPairConfig:
     draft_heads: int = 8  # 64
     draft_kv_heads: int = 2  # 8
     draft_head_dim: int = 128
-    target_layer_ids: tuple[int, ...] = (1, 3)  # (1, 12, 24, 35, 47, 58)
+    target_layer_ids: tuple[int, ...] = (1, 2)  # (1, 12, 24, 35, 47, 58) of 61
     block_size: int = 8
     max_position_embeddings: int = 8192  # 262144 with YaRN factor 64 over 4096
     num_preferred: int = 4
@@ -357,8 +357,9 @@ def make_tiny_mla_pair(out_dir: str, m: TinyMLAPairConfig | None = None) -> tupl
     Same tokenizer, bias-channel construction and drafter format as ``make_tiny_pair``.
     """
     m = m or TinyMLAPairConfig()
-    if max(m.target_layer_ids) >= m.target_layers:
-        raise ValueError("target_layer_ids must index target layers")
+    if max(m.target_layer_ids) >= m.target_layers - 1:
+        # SGLang's DeepSeek model captures a layer's output at the next layer's input.
+        raise ValueError("target_layer_ids must index target layers before the last")
     # The drafter's Qwen3 layers and the shared tokenizer use the Qwen3 pair's fields.
     dcfg = TinyPairConfig(
         vocab_size=m.vocab_size,
