@@ -363,23 +363,36 @@ def main() -> int:
         default="qwen3",
         help="tiny Qwen3 target, or the Kimi-K2.6-shaped MLA + MoE target (tiny_models)",
     )
-    ap.add_argument("--dtype", default="float32", help="weights and activations of the pair")
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        help="weights and engine dtype (default: float32 weights, which SGLang's dtype 'auto' "
+        "runs in float16)",
+    )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     from sglang_ddtree.testing import tiny_models as tm
 
     models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
+    weights = args.dtype or "float32"
     if args.arch == "mla":
-        cfg = tm.TinyMLAPairConfig(dtype=args.dtype)
+        cfg = tm.TinyMLAPairConfig(dtype=weights)
         target, draft = tm.make_tiny_mla_pair(models, cfg)
     else:
-        cfg = tm.TinyPairConfig(dtype=args.dtype)
+        cfg = tm.TinyPairConfig(dtype=weights)
         target, draft = tm.make_tiny_pair(models, cfg)
+    if args.dtype:
+        ENGINE_EXTRA["dtype"] = args.dtype
     if args.tp > 1:
         ENGINE_EXTRA["tp_size"] = args.tp
     prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
-    summary: dict = {"models": models, "arch": args.arch, "dtype": args.dtype, "tp": args.tp}
+    summary: dict = {
+        "models": models,
+        "arch": args.arch,
+        "dtype": args.dtype or "auto",
+        "tp": args.tp,
+    }
     checks = [c for c in args.checks.split(",") if c]
     unknown = set(checks) - set(ALL_CHECKS)
     if unknown:

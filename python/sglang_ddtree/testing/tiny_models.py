@@ -22,8 +22,9 @@ random part of the weights still makes the target's choice among them depend on 
 (so a wrong tree mask, position or KV commit changes the output). A draft top-K with
 ``K >= num_preferred`` then covers the target's next token at most depths.
 
-float32 by default: with random weights near-ties between logits are common, and bf16 rounding
-differences between the verify kernels and plain decode would flip greedy argmaxes.
+Weights are saved in float32 by default, which SGLang's ``dtype="auto"`` runs in float16 (pass
+``dtype`` to run float32): with random weights near-ties between logits are common, and bf16
+rounding differences between the verify kernels and plain decode would flip greedy argmaxes.
 """
 
 from __future__ import annotations
