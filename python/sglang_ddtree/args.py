@@ -5,7 +5,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 - ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``.
 - ``--speculative-num-draft-tokens W``: a FIXED budget: tree nodes verified per request, root
   included (tree budget = W - 1), at every batch size. Must be >= the drafter block size.
-- ``SGLANG_DDTREE_BUDGET_SCHEDULE`` (env): an ADAPTIVE budget, W per running batch size, as
+- ``--speculative-ddtree-budget-schedule`` (or the env var ``SGLANG_DDTREE_BUDGET_SCHEDULE``,
+  for ``sgl.Engine``): an ADAPTIVE budget, W per running batch size, as
   ``min_bs:W`` pairs, e.g. ``1:65,8:33,32:17`` (bs 1..7 -> W=65, 8..31 -> 33, >= 32 -> 17).
   Thresholds start at 1 and increase; every W >= the drafter block size. Setting it together
   with ``--speculative-num-draft-tokens`` is refused (ambiguous). With neither,
@@ -13,8 +14,9 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
   ``speculative_num_draft_tokens`` becomes the schedule's largest W (it sizes KV reservations and
   the verify buffers); each bucket gets its own target-verify CUDA graphs (``cuda_graph.py``).
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
-- ``SGLANG_DDTREE_TOPK`` (env): candidates per depth K (default 8); the worker uses
-  ``min(K, W - 1, vocab)``.
+- ``--speculative-ddtree-topk`` (or the env var ``SGLANG_DDTREE_TOPK``): candidates per depth K
+  (default 8); the worker uses ``min(K, W - 1, vocab)``. A flag and its env var both set to
+  different values are refused (ambiguous).
 - ``SGLANG_DDTREE_DRAFT_TOPK`` (env): how the per-depth top-K is computed: ``auto`` (default:
   ``triton`` where the H200 measured it faster, see `draft_topk_backend`), ``torch`` or
   ``triton`` (`sglang_ddtree.core.topk_triton`).
@@ -91,10 +93,45 @@ def default_num_nodes(block_size: int) -> int:
     return 2 * int(block_size) + 1
 
 
-def read_topk(environ: Mapping[str, str] | None = None) -> int:
-    """Parse ``SGLANG_DDTREE_TOPK``; raise ValueError with the fix on a bad value."""
+# Server flags: ServerArgs fields in SGLang's tree; added to SGLang's parser by the plugin.
+BUDGET_FLAG = "speculative_ddtree_budget_schedule"
+TOPK_FLAG = "speculative_ddtree_topk"
+FLAG_FIELDS = (BUDGET_FLAG, TOPK_FLAG)
+
+
+def add_cli_flags(parser) -> None:
+    """DDTREE's server flags, on an ``argparse`` parser (SGLang's ``ServerArgs.add_cli_args``)."""
+    parser.add_argument(
+        "--speculative-ddtree-budget-schedule",
+        dest=BUDGET_FLAG,
+        type=str,
+        default=None,
+        help="DDTREE: tree nodes verified per request (root included) by running batch size, "
+        "as min_bs:W pairs, e.g. 1:33,4:17,32:16. Default: 1:2B+1,4:B+1,32:B for drafter block B.",
+    )
+    parser.add_argument(
+        "--speculative-ddtree-topk",
+        dest=TOPK_FLAG,
+        type=int,
+        default=None,
+        help=f"DDTREE: draft candidates per depth (default {DEFAULT_TOPK}).",
+    )
+
+
+def read_topk(environ: Mapping[str, str] | None = None, flag: int | None = None) -> int:
+    """K from ``--speculative-ddtree-topk`` (``flag``) or ``SGLANG_DDTREE_TOPK``; ValueError with
+    the fix on a bad value or on both set differently."""
     env = os.environ if environ is None else environ
     raw = env.get(TOPK_ENV, "").strip()
+    if flag is not None:
+        if int(flag) < 1:
+            raise ValueError(f"--speculative-ddtree-topk {flag} must be >= 1; pass e.g. 8.")
+        if raw and raw != str(int(flag)):
+            raise ValueError(
+                f"--speculative-ddtree-topk {flag} and {TOPK_ENV}={raw!r} disagree; "
+                f"unset {TOPK_ENV}."
+            )
+        return int(flag)
     if not raw:
         return DEFAULT_TOPK
     try:
@@ -222,7 +259,7 @@ def check_server_args(cfg: Any) -> list[str]:
             f"{TOPK_ENV} for candidates per depth."
         )
     try:
-        read_topk()
+        read_topk(flag=_get(cfg, TOPK_FLAG))
     except ValueError as e:
         errors.append(str(e))
     return errors

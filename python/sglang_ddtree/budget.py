@@ -173,22 +173,38 @@ def read_schedule_env(environ: Mapping[str, str]) -> BudgetSchedule | None:
     return BudgetSchedule.parse(raw) if raw else None
 
 
+SCHEDULE_FLAG = "--speculative-ddtree-budget-schedule"
+
+
 def resolve_schedule(
-    environ: Mapping[str, str], explicit_num_nodes: int | None, block_size: int
+    environ: Mapping[str, str],
+    explicit_num_nodes: int | None,
+    block_size: int,
+    flag: str | None = None,
 ) -> BudgetSchedule:
-    """The schedule from the env var, an explicit ``--speculative-num-draft-tokens``, or the
-    default; ValueError (saying what to pass) when both are given or W < B somewhere.
+    """The schedule from ``--speculative-ddtree-budget-schedule`` (``flag``) or the env var, an
+    explicit ``--speculative-num-draft-tokens``, or the default; ValueError (saying what to
+    pass) when two disagree or W < B somewhere.
 
     The W >= B check of a fixed W is ``args.check_shape``'s (the caller runs it); this function
-    checks env and default schedules.
+    checks given and default schedules.
     """
     env_schedule = read_schedule_env(environ)
-    if env_schedule is not None and explicit_num_nodes is not None:
+    given, source, undo = env_schedule, f"{SCHEDULE_ENV}=", f"unset {SCHEDULE_ENV}"
+    if flag is not None and flag.strip():
+        given, source, undo = BudgetSchedule.parse(flag.strip()), f"{SCHEDULE_FLAG} ", "drop it"
+        if env_schedule is not None and str(env_schedule) != str(given):
+            raise ValueError(
+                f"{SCHEDULE_FLAG} {str(given)!r} and {SCHEDULE_ENV}={str(env_schedule)!r} "
+                f"disagree; unset {SCHEDULE_ENV}."
+            )
+    if given is not None and explicit_num_nodes is not None:
         raise ValueError(
             f"DDTREE budget is ambiguous: --speculative-num-draft-tokens {explicit_num_nodes} "
-            f"fixes W, {SCHEDULE_ENV}={str(env_schedule)!r} makes it adaptive. Pass only one: "
-            f"drop --speculative-num-draft-tokens, or unset {SCHEDULE_ENV}."
+            f"fixes W, {source}{str(given)!r} makes it adaptive. Pass only one: "
+            f"drop --speculative-num-draft-tokens, or {undo}."
         )
+    env_schedule = given
     if explicit_num_nodes is not None:
         return BudgetSchedule.fixed(int(explicit_num_nodes))
     schedule = env_schedule if env_schedule is not None else default_schedule(block_size)

@@ -40,6 +40,7 @@ def _register_real() -> None:
     )(_worker_factory)
     _register_request_checks()
     _register_row_headroom()
+    _register_server_flags()
     from sglang_ddtree import step_timing
 
     step_timing.register_if_enabled()  # benchmarks only: SGLANG_DDTREE_STEP_TIMING=<dir>
@@ -86,6 +87,57 @@ def _row_headroom_hook(original_fn, server_args, *args, **kwargs):
 
     block = server_args.speculative_dflash_block_size or server_args.speculative_num_draft_tokens
     return max(extra, req_to_token_headroom(server_args.speculative_num_draft_tokens, block))
+
+
+def _register_server_flags() -> None:
+    """``--speculative-ddtree-budget-schedule`` and ``--speculative-ddtree-topk`` on SGLang's
+    command line (``launch_server`` and ``sglang serve`` load plugins before parsing). The
+    plugin API has no server-argument hook, so SGLang's parser gets the flags by an AROUND hook
+    on ``ServerArgs.add_cli_args``, and ``ServerArgs.from_cli_args`` (which keeps only dataclass
+    fields) hands their values on as attributes of the ServerArgs: class attributes while
+    ``__post_init__`` resolves the speculative arguments, instance attributes afterwards (they
+    travel with the pickled args to the scheduler processes). In SGLang's tree they are fields."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_ddtree.args import FLAG_FIELDS
+
+    for field in FLAG_FIELDS:
+        if not hasattr(ServerArgs, field):
+            setattr(ServerArgs, field, None)  # sgl.Engine(...) and old pickles: unset
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs.add_cli_args", _add_cli_args_hook, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs.from_cli_args", _from_cli_args_hook, HookType.AROUND
+    )
+
+
+def _add_cli_args_hook(original_fn, parser, *args, **kwargs):
+    out = original_fn(parser, *args, **kwargs)
+    from sglang_ddtree.args import add_cli_flags
+
+    add_cli_flags(parser)
+    return out
+
+
+def _from_cli_args_hook(original_fn, cls, namespace, *args, **kwargs):
+    from sglang_ddtree.args import FLAG_FIELDS
+
+    values = {f: getattr(namespace, f, None) for f in FLAG_FIELDS}
+    for field, value in values.items():
+        setattr(cls, field, value)
+    try:
+        server_args = original_fn(cls, namespace, *args, **kwargs)
+    finally:
+        for field in FLAG_FIELDS:
+            setattr(cls, field, None)
+    for field, value in values.items():
+        setattr(server_args, field, value)
+    given = [f"--{f.replace('_', '-')}" for f, v in values.items() if v is not None]
+    if given and server_args.speculative_algorithm != "DDTREE":
+        raise ValueError(f"{', '.join(given)} need --speculative-algorithm DDTREE.")
+    return server_args
 
 
 def _register_placeholder(error: BaseException) -> None:

@@ -117,12 +117,14 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
             server_args.speculative_num_draft_tokens = user_nodes
             raise
         block = int(server_args.speculative_num_draft_tokens)
-        schedule = budget.resolve_schedule(os.environ, user_nodes, block)
+        flag = getattr(server_args, dargs.BUDGET_FLAG, None)
+        schedule = budget.resolve_schedule(os.environ, user_nodes, block, flag)
         nodes = schedule.max_num_nodes
         server_args.speculative_dflash_block_size = block
         server_args.speculative_num_draft_tokens = nodes
         server_args._ddtree_budget_schedule = str(schedule)
-        shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=dargs.read_topk())
+        topk = dargs.read_topk(flag=getattr(server_args, dargs.TOPK_FLAG, None))
+        shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=topk)
         dargs.read_draft_topk()  # bad values fail here, at launch
         dargs.read_kv_mover()
         errors = dargs.check_shape(shape)

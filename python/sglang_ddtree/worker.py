@@ -60,6 +60,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 from sglang_ddtree import requests
 from sglang_ddtree.args import (
     KV_MOVER_ENV,
+    TOPK_FLAG,
     DDTreeShape,
     check_target,
     draft_topk_backend,
@@ -171,7 +172,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if block is None:
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
         schedule = schedule_from_args(server_args)
-        topk = read_topk()
+        topk = read_topk(flag=getattr(server_args, TOPK_FLAG, None))
         draft_topk = read_draft_topk()
         kv_mover = read_kv_mover()
         shapes = {

@@ -266,6 +266,62 @@ def test_tiny_mla_pair_files(tmp_path):
     assert max(dcfg["dflash_config"]["target_layer_ids"]) < tcfg["num_hidden_layers"]
 
 
+def test_server_flags_parse_and_reach_the_server_args():
+    """The plugin's hooks put DDTREE's flags on SGLang's parser and hand their values to the
+    ServerArgs, during ``__post_init__`` (where the speculative arguments are resolved) and
+    after it; a flag without DDTREE is refused."""
+    import argparse
+
+    from sglang_ddtree.plugin import _add_cli_args_hook, _from_cli_args_hook
+
+    seen = {}
+
+    class FakeServerArgs:  # SGLang's dataclass keeps only its own fields
+        speculative_ddtree_budget_schedule = None
+        speculative_ddtree_topk = None
+
+        def __init__(self, speculative_algorithm):
+            self.speculative_algorithm = speculative_algorithm
+            seen["during_post_init"] = (
+                self.speculative_ddtree_budget_schedule, self.speculative_ddtree_topk
+            )  # fmt: skip
+
+    def add_cli_args(parser):
+        parser.add_argument("--speculative-algorithm")
+
+    def from_cli_args(cls, ns):
+        return cls(speculative_algorithm=ns.speculative_algorithm)
+
+    parser = argparse.ArgumentParser()
+    _add_cli_args_hook(add_cli_args, parser)
+    argv = ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget-schedule",
+            "1:33,4:17", "--speculative-ddtree-topk", "6"]  # fmt: skip
+    sa = _from_cli_args_hook(from_cli_args, FakeServerArgs, parser.parse_args(argv))
+    assert seen["during_post_init"] == ("1:33,4:17", 6)
+    assert (sa.speculative_ddtree_budget_schedule, sa.speculative_ddtree_topk) == ("1:33,4:17", 6)
+    assert FakeServerArgs.speculative_ddtree_topk is None  # no leak into later ServerArgs
+    ns = parser.parse_args(["--speculative-algorithm", "DFLASH", "--speculative-ddtree-topk", "6"])
+    with pytest.raises(ValueError, match="need --speculative-algorithm DDTREE"):
+        _from_cli_args_hook(from_cli_args, FakeServerArgs, ns)
+
+
+def test_flags_win_over_nothing_and_refuse_a_disagreeing_env():
+    assert dargs.read_topk({}, flag=5) == 5
+    assert dargs.read_topk({dargs.TOPK_ENV: "5"}, flag=5) == 5
+    with pytest.raises(ValueError, match="disagree"):
+        dargs.read_topk({dargs.TOPK_ENV: "4"}, flag=5)
+    with pytest.raises(ValueError, match=">= 1"):
+        dargs.read_topk({}, flag=0)
+    got = budget.resolve_schedule({}, None, 8, flag="1:33,4:17")
+    assert str(got) == str(budget.BudgetSchedule.parse("1:33,4:17"))
+    with pytest.raises(ValueError, match="disagree"):
+        budget.resolve_schedule({budget.SCHEDULE_ENV: "1:17"}, None, 8, flag="1:33")
+    with pytest.raises(ValueError, match="ambiguous"):
+        budget.resolve_schedule({}, 17, 8, flag="1:33")
+    with pytest.raises(ValueError):
+        budget.resolve_schedule({}, None, 8, flag="1:4")  # W < B
+
+
 def _sglang_or_skip():
     try:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: F401
