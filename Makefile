@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-serve run test test-gpu lint format bench demo train-pair
+.PHONY: install install-serve run test test-gpu lint format bench demo train-pair upstream-patch
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
@@ -27,8 +27,9 @@ test-gpu:
 	$(PYTHON) -m pytest test/srt -m gpu -v
 
 lint:
-	$(PYTHON) -m ruff check python test benchmark
-	$(PYTHON) -m ruff format --check python/sglang_ddtree/core python/sglang_ddtree/demo.py benchmark test/srt
+	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py
+	$(PYTHON) -m ruff format --check python/sglang_ddtree/core python/sglang_ddtree/demo.py benchmark test/srt \
+		upstream/generate.py upstream/smoke_in_tree.py
 
 format:
 	$(PYTHON) -m ruff format python test benchmark
@@ -47,6 +48,11 @@ bench-step:
 bench-e2e:
 	$(PYTHON) benchmark/ddtree/bench_e2e.py --out bench_out --configs none,dflash,ddtree-adaptive \
 		--waves 8 --max-tokens 128 --repeats 2 --step-timing
+
+# The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md).
+# Pristine SGLang sources: SGLANG_SRC=DIR, an installed sglang 0.5.17, or pip download (cached).
+upstream-patch:
+	$(PYTHON) upstream/generate.py $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
 
 demo:
 	$(PYTHON) -m sglang_ddtree.demo

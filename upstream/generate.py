@@ -1,0 +1,633 @@
+"""Generate ``upstream/sglang-ddtree.patch``: DDTREE in-tree for SGLang (``git apply`` at the root
+of an SGLang checkout of the pinned version).
+
+    python upstream/generate.py                      # writes upstream/sglang-ddtree.patch
+    python upstream/generate.py --out /tmp/x.patch   # somewhere else
+    python upstream/generate.py --sglang-src DIR     # pristine sources: DIR/sglang or DIR itself
+    python upstream/generate.py --apply-check 0.5.23 # does the committed patch apply to 0.5.23?
+
+Method: the pristine SGLang files the patch edits are committed into a temporary git repository
+at their repository paths (``python/sglang/...``); then the new files (this repository's modules,
+mapped by ``MODULE_MAP`` with their ``sglang_ddtree`` imports rewritten; tests and docs from
+``upstream/templates/``) and the anchored edits (``EDITS``) are written, and ``git diff`` of the
+two trees is the patch. The output depends only on the inputs (pinned pristine file hashes, fixed
+git options, sorted paths), so CI regenerates it and compares byte for byte.
+
+Pristine sources, first found: ``--sglang-src``; ``$SGLANG_DDTREE_SGLANG_SRC``; an installed
+``sglang`` of the pinned version; a wheel cached under ``.upstream-cache/``; else
+``pip download sglang==<version> --no-deps`` into that cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PKG_DIR = REPO / "python" / "sglang_ddtree"
+UPSTREAM_DIR = REPO / "upstream"
+TEMPLATES = UPSTREAM_DIR / "templates"
+PATCH_PATH = UPSTREAM_DIR / "sglang-ddtree.patch"
+CACHE_DIR = REPO / ".upstream-cache"
+SGLANG_VERSION = "0.5.17"
+SPEC = "python/sglang/srt/speculative"
+
+# --- the mapping: plugin module -> file in SGLang's tree (one entry per module) ----------------
+MODULE_MAP = {
+    # The pure algorithm: a subpackage, one file per module.
+    "sglang_ddtree.core": f"{SPEC}/ddtree/__init__.py",
+    "sglang_ddtree.core.accept": f"{SPEC}/ddtree/accept.py",
+    "sglang_ddtree.core.batch_accept": f"{SPEC}/ddtree/batch_accept.py",
+    "sglang_ddtree.core.commit": f"{SPEC}/ddtree/commit.py",
+    "sglang_ddtree.core.kv_move_triton": f"{SPEC}/ddtree/kv_move_triton.py",
+    "sglang_ddtree.core.layout": f"{SPEC}/ddtree/layout.py",
+    "sglang_ddtree.core.layout_triton": f"{SPEC}/ddtree/layout_triton.py",
+    "sglang_ddtree.core.sampling": f"{SPEC}/ddtree/sampling.py",
+    "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
+    "sglang_ddtree.core.topk_triton": f"{SPEC}/ddtree/topk_triton.py",
+    "sglang_ddtree.core.tree": f"{SPEC}/ddtree/tree.py",
+    "sglang_ddtree.core.tree_triton": f"{SPEC}/ddtree/tree_triton.py",
+    "sglang_ddtree.core.vocab_shard": f"{SPEC}/ddtree/vocab_shard.py",
+    # The SGLang integration, named like SGLang's other algorithms (dflash_worker_v2.py, ...).
+    "sglang_ddtree.worker": f"{SPEC}/ddtree_worker_v2.py",
+    "sglang_ddtree.cuda_graph": f"{SPEC}/ddtree_cuda_graph_runner.py",
+    "sglang_ddtree.glue_graph": f"{SPEC}/ddtree_glue_graph.py",
+    "sglang_ddtree.spec_algo": f"{SPEC}/ddtree_spec.py",
+    "sglang_ddtree.args": f"{SPEC}/ddtree_args.py",
+    "sglang_ddtree.budget": f"{SPEC}/ddtree_budget.py",
+    "sglang_ddtree.requests": f"{SPEC}/ddtree_requests.py",
+}
+
+# Modules that stay out of SGLang (a module or a package prefix). Every module of the package
+# is either mapped or listed here, so a new module forces a decision.
+NOT_UPSTREAM = {
+    "sglang_ddtree": "package marker (version only)",
+    "sglang_ddtree.plugin": "entry point; in-tree registration is the spec_info.py edit",
+    "sglang_ddtree.serve": "launcher tooling",
+    "sglang_ddtree.demo": "CPU demo",
+    "sglang_ddtree.step_timing": "benchmark instrumentation",
+    "sglang_ddtree.pair": "the shipped trained model pair and its training",
+    "sglang_ddtree.testing": "this repository's GPU checks",
+}
+
+# Mentions (in docstrings and comments) of modules that do not go upstream, and what they become.
+TEXT_REWRITES = {
+    "sglang_ddtree.plugin": "sglang.srt.speculative.spec_info",
+}
+
+# New files that are not modules: (template, path in SGLang's tree).
+TEMPLATE_FILES = [
+    ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
+    ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
+    ("ddtree.md", "docs/advanced_features/ddtree.md"),
+]
+
+# sha256 of every pristine SGLang file the patch edits, at SGLANG_VERSION.
+PRISTINE_SHA256 = {
+    "python/sglang/srt/arg_groups/speculative_hook.py": (
+        "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
+    ),
+    "python/sglang/srt/mem_cache/allocation_sizing.py": (
+        "1f3d920a3dca48f0e0598f32b8432f1b6b51db16dcac86fdf35922e0391eb1e3"
+    ),
+    "python/sglang/srt/server_args.py": (
+        "79d9bbb61b429574e31e7a7e319831fcd129a83a475e6ffe2b7e8a5e8eb06b0f"
+    ),
+    "python/sglang/srt/speculative/dflash_utils.py": (
+        "c432efd27a08689cb32008506bc68956cf7689450cb947337f0770dae432e6a5"
+    ),
+    "python/sglang/srt/speculative/spec_info.py": (
+        "1435f9d2ba846f813ca7f50ca2dbb90564b60006ecddfd3a852dc8ac6fb25506"
+    ),
+}
+
+
+# --- the hand-written edits of existing SGLang files: anchored insertions -----------------------
+class Edit:
+    """Insert ``text`` before or after ``anchor``, which must occur exactly once in ``path``."""
+
+    def __init__(self, path: str, anchor: str, text: str, where: str = "after"):
+        assert where in ("before", "after")
+        self.path, self.anchor, self.text, self.where = path, anchor, text, where
+
+    def apply(self, source: str) -> str:
+        count = source.count(self.anchor)
+        if count != 1:
+            raise SystemExit(
+                f"generate.py: anchor for {self.path} found {count} times (need exactly 1); "
+                f"SGLang changed there. Anchor:\n{self.anchor}"
+            )
+        i = source.index(self.anchor)
+        j = i if self.where == "before" else i + len(self.anchor)
+        return source[:j] + self.text + source[j:]
+
+
+EDITS = [
+    # 1. Registration, next to the built-ins (after the SpeculativeAlgorithm enum).
+    Edit(
+        "python/sglang/srt/speculative/spec_info.py",
+        "class SpecInputType(IntEnum):\n",
+        '''def _ddtree_worker_factory(server_args: ServerArgs):
+    from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
+
+    return DDTreeWorkerV2
+
+
+def _register_ddtree() -> None:
+    """DDTREE: tree verification over a DFLASH drafter. A DFLASH-family algorithm whose
+    predicates live in a ``CustomSpecAlgo`` subclass (``ddtree_spec.DDTreeSpecAlgo``), so it
+    is registered through the same registry as plugin algorithms."""
+    from sglang.srt.speculative.ddtree_args import ALGORITHM_NAME
+    from sglang.srt.speculative.ddtree_spec import DDTreeSpecAlgo, validate_server_args
+
+    if _get_registered_spec(ALGORITHM_NAME) is not None:
+        return
+    SpeculativeAlgorithm.register(
+        ALGORITHM_NAME,
+        supports_overlap=True,
+        validate_server_args=validate_server_args,
+        spec_class=DDTreeSpecAlgo,
+    )(_ddtree_worker_factory)
+
+
+_register_ddtree()
+
+
+''',
+        where="before",
+    ),
+    # 2. Per-request refusals (HTTP 400), where the scheduler checks DFLASH-family requests.
+    Edit(
+        "python/sglang/srt/speculative/dflash_utils.py",
+        "def validate_dflash_request(req: Req, enable_overlap: bool) -> Optional[str]:\n",
+        """    # DDTREE refuses more sampling options than DFLASH; its messages name DDTREE.
+    from sglang.srt.speculative import ddtree_requests
+
+    if ddtree_requests.ddtree_active():
+        error_msg = ddtree_requests.refuse_request(req)
+        if error_msg is not None:
+            return error_msg
+
+""",
+    ),
+    # 3. req_to_token row headroom.
+    Edit(
+        "python/sglang/srt/mem_cache/allocation_sizing.py",
+        "            get_alloc_reserve_per_decode(server_args) + server_args.page_size - 1,\n"
+        "        )\n",
+        """    if server_args.speculative_algorithm == "DDTREE":
+        # 2 W + B + 4 columns past the context; see ddtree_args.req_to_token_headroom.
+        from sglang.srt.speculative.ddtree_args import req_to_token_headroom
+
+        block = (
+            server_args.speculative_dflash_block_size
+            or server_args.speculative_num_draft_tokens
+        )
+        extra = max(
+            extra,
+            req_to_token_headroom(server_args.speculative_num_draft_tokens, block),
+        )
+""",
+    ),
+    # 4. Server flags: dataclass fields (SGLang derives the argparse flags from them) ...
+    Edit(
+        "python/sglang/srt/server_args.py",
+        """    speculative_dflash_block_size: A[
+        Optional[int],
+        "DFLASH only. Block size (verify window length). Alias of --speculative-num-draft-tokens for DFLASH.",
+        NS("spec"),
+    ] = None
+""",
+        """    speculative_ddtree_budget_schedule: A[
+        Optional[str],
+        "DDTREE only. Adaptive tree budget: tree nodes verified per request (root included) by running batch size, as comma-separated min_batch_size:num_nodes pairs, e.g. '1:65,8:33,32:17' (bs 1-7 verify 65 nodes, 8-31 33, 32+ 17). Thresholds start at 1 and increase; every value must be >= the drafter block size B. Exclusive with --speculative-num-draft-tokens (a fixed budget). Default: 1:2B+1,4:B+1,32:B.",
+        NS("spec"),
+    ] = None
+    speculative_ddtree_topk: A[
+        Optional[int],
+        "DDTREE only. Draft candidates per tree depth (default 8), capped by the tree budget and the vocabulary size.",
+        NS("spec"),
+    ] = None
+""",
+    ),
+    # 5. ... which the DDTREE modules read from the server args; they mean nothing without DDTREE.
+    Edit(
+        "python/sglang/srt/arg_groups/speculative_hook.py",
+        "    algo = None\n    if server_args.speculative_algorithm is not None:\n",
+        """    if server_args.speculative_algorithm != "DDTREE" and (
+        server_args.speculative_ddtree_budget_schedule is not None
+        or server_args.speculative_ddtree_topk is not None
+    ):
+        raise ValueError(
+            "--speculative-ddtree-budget-schedule and --speculative-ddtree-topk need "
+            "--speculative-algorithm DDTREE."
+        )
+
+""",
+        where="before",
+    ),
+]
+
+
+# --- pristine sources -----------------------------------------------------------------------
+class Source:
+    """Read-only access to pristine SGLang files by repository path (``python/sglang/...``)."""
+
+    def __init__(self, where: Path, label: str):
+        self.where, self.label = Path(where), label
+        self._zip = zipfile.ZipFile(self.where) if self.where.suffix == ".whl" else None
+
+    def read(self, repo_path: str) -> bytes:
+        assert repo_path.startswith("python/sglang/"), repo_path
+        rel = repo_path[len("python/") :]  # sglang/...
+        if self._zip is not None:
+            return self._zip.read(rel)
+        return (self.where / rel).read_bytes()
+
+    def version(self) -> str | None:
+        if self._zip is not None:
+            names = [n for n in self._zip.namelist() if n.endswith(".dist-info/METADATA")]
+            for n in names:
+                if n.startswith("sglang-"):
+                    for line in self._zip.read(n).decode().splitlines():
+                        if line.startswith("Version:"):
+                            return line.split(":", 1)[1].strip()
+            return None
+        text = (self.where / "sglang" / "_version.py").read_text()
+        m = re.search(r"""__version__\s*=\s*version\s*=\s*['"]([^'"]+)""", text) or re.search(
+            r"""version\s*=\s*['"]([^'"]+)""", text
+        )
+        return m.group(1) if m else None
+
+
+def _as_source_root(path: Path) -> Path | None:
+    """DIR holding ``sglang/srt`` (DIR given as the parent or as the package itself)."""
+    path = Path(path)
+    if (path / "sglang" / "srt").is_dir():
+        return path
+    if (path / "srt").is_dir() and path.name == "sglang":
+        return path.parent
+    return None
+
+
+def _cached_wheel(version: str) -> Path | None:
+    wheels = sorted((CACHE_DIR / f"sglang-{version}").glob(f"sglang-{version}-*.whl"))
+    return wheels[0] if wheels else None
+
+
+def download_wheel(version: str) -> Path:
+    """``pip download sglang==<version> --no-deps`` into the cache (any wheel of the release)."""
+    dest = CACHE_DIR / f"sglang-{version}"
+    dest.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", f"sglang=={version}", "--no-deps"]
+    base += ["--only-binary=:all:", "-q", "-d", str(dest)]
+    attempts = [
+        base + ["--python-version", "3.12", "--platform", "manylinux_2_34_x86_64"],
+        base,
+    ]
+    errors = []
+    for cmd in attempts:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheel = _cached_wheel(version)
+        if wheel is not None:
+            return wheel
+        errors.append(f"$ {' '.join(cmd)}\n{r.stderr.strip()[-2000:]}")
+    raise RuntimeError(f"could not download sglang=={version}:\n" + "\n".join(errors))
+
+
+def find_source(
+    explicit: str | None = None, version: str = SGLANG_VERSION, download: bool = True
+) -> Source:
+    """Pristine SGLang sources of ``version`` (see the module docstring for the order)."""
+    for label, cand in (("--sglang-src", explicit), ("$SGLANG_DDTREE_SGLANG_SRC", None)):
+        if label.startswith("$"):
+            cand = os.environ.get("SGLANG_DDTREE_SGLANG_SRC")
+        if not cand:
+            continue
+        p = Path(cand)
+        if p.suffix == ".whl" and p.is_file():
+            return Source(p, f"{label} {p}")
+        root = _as_source_root(p)
+        if root is None:
+            raise SystemExit(f"generate.py: {label} {cand}: no sglang/srt there")
+        return Source(root, f"{label} {root}")
+    try:
+        if importlib.metadata.version("sglang") == version:
+            spec = importlib.util.find_spec("sglang")
+            if spec is not None and spec.submodule_search_locations:
+                root = Path(list(spec.submodule_search_locations)[0]).parent
+                return Source(root, f"installed sglang {version} at {root}")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    wheel = _cached_wheel(version)
+    if wheel is None and download:
+        wheel = download_wheel(version)
+    if wheel is None:
+        raise RuntimeError(f"no pristine sglang {version} sources found")
+    return Source(wheel, f"wheel {wheel.name}")
+
+
+# --- module discovery, import checks and rewriting ------------------------------------------
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG_DIR.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def in_tree_name(repo_path: str) -> str:
+    parts = repo_path[len("python/") : -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _excluded(mod: str) -> bool:
+    return any(mod == ex or mod.startswith(ex + ".") for ex in NOT_UPSTREAM)
+
+
+def check_coverage() -> None:
+    """Every module of the package is mapped or excluded; every mapped module exists."""
+    mods = {module_name(p) for p in PKG_DIR.rglob("*.py")}
+    unknown = sorted(m for m in mods if m not in MODULE_MAP and not _excluded(m))
+    missing = sorted(m for m in MODULE_MAP if m not in mods)
+    if unknown or missing:
+        raise SystemExit(
+            "generate.py: MODULE_MAP is out of date.\n"
+            + "".join(
+                f"  unmapped module (map it or add it to NOT_UPSTREAM): {m}\n" for m in unknown
+            )
+            + "".join(f"  mapped module not found: {m}\n" for m in missing)
+        )
+
+
+def _module_file(mod: str) -> Path | None:
+    base = PKG_DIR.parent.joinpath(*mod.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def ddtree_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, imported module)`` for every ``sglang_ddtree`` import of a file (nested ones too).
+    ``from sglang_ddtree import X`` imports module ``sglang_ddtree.X`` when X is a module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "sglang_ddtree":
+                    out.append((node.lineno, a.name))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != "sglang_ddtree":
+                continue
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.append((node.lineno, sub if _module_file(sub) else node.module))
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            out.append((node.lineno, "<relative import>"))
+    return sorted(set(out))
+
+
+def check_imports() -> None:
+    """Fail loudly, listing them, when a mapped module imports an unmapped module."""
+    bad = []
+    for mod in sorted(MODULE_MAP):
+        path = _module_file(mod)
+        for line, imported in ddtree_imports(path):
+            if imported not in MODULE_MAP:
+                why = NOT_UPSTREAM.get(imported, "not in MODULE_MAP")
+                rel = path.relative_to(REPO)
+                bad.append(f"  {rel}:{line}: imports {imported} ({why})")
+    if bad:
+        raise SystemExit(
+            "generate.py: mapped modules import modules that do not go upstream:\n" + "\n".join(bad)
+        )
+
+
+_DOTTED = re.compile(r"\bsglang_ddtree(?:\.[A-Za-z_]\w*)*")
+_FROM_PKG = re.compile(r"^(\s*)from sglang_ddtree import (\w+)(?: as (\w+))?[ \t]*$", re.M)
+
+
+def _rewrite_dotted(m: re.Match) -> str:
+    parts = m.group(0).split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        rest = parts[n:]
+        if prefix in MODULE_MAP:
+            return ".".join([in_tree_name(MODULE_MAP[prefix]), *rest])
+        if prefix in TEXT_REWRITES:
+            return ".".join([TEXT_REWRITES[prefix], *rest])
+    return m.group(0)  # left for the final check to report
+
+
+def rewrite(text: str, origin: str) -> str:
+    def from_pkg(m: re.Match) -> str:
+        indent, name, alias = m.groups()
+        target = in_tree_name(MODULE_MAP[f"sglang_ddtree.{name}"])
+        parent, leaf = target.rsplit(".", 1)
+        bound = alias or name
+        return f"{indent}from {parent} import {leaf}" + ("" if leaf == bound else f" as {bound}")
+
+    text = _FROM_PKG.sub(from_pkg, text)
+    text = _DOTTED.sub(_rewrite_dotted, text)
+    left = sorted({m.group(0) for m in _DOTTED.finditer(text)})
+    if left:
+        raise SystemExit(
+            f"generate.py: {origin}: references left after rewriting: {left}; map them "
+            "(MODULE_MAP) or give them a TEXT_REWRITES entry."
+        )
+    return text
+
+
+def _algorithm_name() -> str:
+    tree = ast.parse((PKG_DIR / "args.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "ALGORITHM_NAME" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise SystemExit("generate.py: ALGORITHM_NAME not found in args.py")
+
+
+def render_template(name: str) -> str:
+    text = (TEMPLATES / name).read_text()
+    subs = {"@@ALGORITHM@@": _algorithm_name(), "@@SGLANG_VERSION@@": SGLANG_VERSION}
+    for key, value in subs.items():
+        text = text.replace(key, value)
+    left = sorted(set(re.findall(r"@@\w+@@", text)))
+    if left:
+        raise SystemExit(f"generate.py: template {name}: unknown placeholders {left}")
+    return text
+
+
+def new_files() -> dict[str, str]:
+    files = {}
+    for mod, target in sorted(MODULE_MAP.items()):
+        path = _module_file(mod)
+        files[target] = rewrite(path.read_text(), str(path.relative_to(REPO)))
+    for template, target in TEMPLATE_FILES:
+        files[target] = render_template(template)
+    return files
+
+
+def edited_files(src: Source, check_hashes: bool = True) -> dict[str, tuple[bytes, str]]:
+    """``{path: (pristine bytes, edited text)}`` for the files the patch edits."""
+    paths = sorted({e.path for e in EDITS})
+    if check_hashes and sorted(PRISTINE_SHA256) != paths:
+        raise SystemExit(f"generate.py: PRISTINE_SHA256 must list exactly {paths}")
+    out = {}
+    for path in paths:
+        data = src.read(path)
+        digest = hashlib.sha256(data).hexdigest()
+        if check_hashes and digest != PRISTINE_SHA256[path]:
+            raise SystemExit(
+                f"generate.py: {path} from {src.label} is not pristine SGLang {SGLANG_VERSION} "
+                f"(sha256 {digest}, want {PRISTINE_SHA256[path]})."
+            )
+        text = data.decode()
+        for e in EDITS:
+            if e.path == path:
+                text = e.apply(text)
+        out[path] = (data, text)
+    return out
+
+
+# --- git --------------------------------------------------------------------------------------
+def _git_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME="generate",
+        GIT_AUTHOR_EMAIL="generate@localhost",
+        GIT_COMMITTER_NAME="generate",
+        GIT_COMMITTER_EMAIL="generate@localhost",
+        GIT_AUTHOR_DATE="2000-01-01T00:00:00Z",
+        GIT_COMMITTER_DATE="2000-01-01T00:00:00Z",
+        LC_ALL="C",
+    )
+    return env
+
+
+def git(cwd: Path, *args: str) -> bytes:
+    r = subprocess.run(["git", *args], cwd=cwd, env=_git_env(), capture_output=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed:\n{r.stderr.decode()}")
+    return r.stdout
+
+
+def _write(root: Path, rel: str, data: bytes) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    p.chmod(0o644)
+
+
+DIFF_ARGS = (
+    "-c", "core.autocrlf=false", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
+    "-c", "diff.renames=false", "-c", "diff.algorithm=myers", "-c", "core.quotePath=true",
+)  # fmt: skip
+
+
+def build_patch(src: Source) -> bytes:
+    check_coverage()
+    check_imports()
+    edits = edited_files(src)
+    added = new_files()
+    clash = sorted(set(added) & set(edits))
+    if clash:
+        raise SystemExit(f"generate.py: paths both added and edited: {clash}")
+    with tempfile.TemporaryDirectory(prefix="ddtree-upstream-") as tmp:
+        root = Path(tmp)
+        git(root, "init", "-q")
+        for path, (data, _) in sorted(edits.items()):
+            _write(root, path, data)
+        git(root, "add", "-A")
+        git(root, *DIFF_ARGS, "commit", "-q", "-m", f"pristine sglang {SGLANG_VERSION}")
+        for path, (_, text) in sorted(edits.items()):
+            _write(root, path, text.encode())
+        for path, text in sorted(added.items()):
+            _write(root, path, text.encode())
+        git(root, "add", "-A")
+        return git(
+            root, *DIFF_ARGS, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
+            "--full-index", "-U3", "--src-prefix=a/", "--dst-prefix=b/",
+        )  # fmt: skip
+
+
+def apply_check(patch: Path, src: Source) -> tuple[bool, str]:
+    """``git apply --check`` of ``patch`` against ``src``'s versions of the files it edits."""
+    text = patch.read_text()
+    edited = sorted(
+        set(re.findall(r"^--- a/(\S+)$", text, re.M))
+        & set(re.findall(r"^\+\+\+ b/(\S+)$", text, re.M))
+    )
+    with tempfile.TemporaryDirectory(prefix="ddtree-apply-") as tmp:
+        root = Path(tmp)
+        missing = []
+        for path in edited:
+            try:
+                _write(root, path, src.read(path))
+            except (KeyError, FileNotFoundError):
+                missing.append(path)
+        r = subprocess.run(
+            ["git", "apply", "--check", "-v", str(patch.resolve())],
+            cwd=root,
+            env=_git_env(),
+            capture_output=True,
+            text=True,
+        )
+        report = (r.stdout + r.stderr).strip()
+        if missing:
+            report += "\nmissing in this version: " + ", ".join(missing)
+        return r.returncode == 0, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=PATCH_PATH)
+    ap.add_argument("--sglang-src", help="pristine SGLang: DIR/sglang, the sglang dir, or a .whl")
+    ap.add_argument("--no-download", action="store_true", help="never run pip download")
+    ap.add_argument(
+        "--apply-check",
+        metavar="VERSION",
+        help="instead of generating: git apply --check the committed patch against that version",
+    )
+    ap.add_argument("--print-hashes", action="store_true", help="sha256 of the pristine files")
+    args = ap.parse_args(argv)
+
+    if args.apply_check:
+        src = find_source(args.sglang_src, version=args.apply_check, download=not args.no_download)
+        ok, report = apply_check(PATCH_PATH, src)
+        print(f"{PATCH_PATH.name} against sglang {args.apply_check} ({src.label}):")
+        print(report)
+        print("APPLIES" if ok else "DOES NOT APPLY")
+        return 0 if ok else 1
+
+    src = find_source(args.sglang_src, download=not args.no_download)
+    if args.print_hashes:
+        for path in sorted({e.path for e in EDITS}):
+            print(f'    "{path}": "{hashlib.sha256(src.read(path)).hexdigest()}",')
+        return 0
+    patch = build_patch(src)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(patch)
+    print(f"wrote {args.out} ({len(patch)} bytes) from {src.label}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

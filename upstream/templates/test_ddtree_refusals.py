@@ -1,0 +1,102 @@
+"""@@ALGORITHM@@ refuses the request options whose exact law over a tree it does not implement:
+HTTP 400 naming @@ALGORITHM@@, and the server keeps serving.
+
+Generated from sglang-ddtree's upstream/templates/test_ddtree_refusals.py.
+"""
+
+import unittest
+
+import requests
+
+from sglang.srt.utils import kill_process_tree
+from sglang.test.ci.ci_register import register_cuda_ci
+from sglang.test.test_utils import (
+    DEFAULT_DRAFT_MODEL_DFLASH,
+    DEFAULT_TARGET_MODEL_DFLASH,
+    DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
+    DEFAULT_URL_FOR_TEST,
+    CustomTestCase,
+    popen_launch_server,
+)
+
+register_cuda_ci(est_time=200, stage="base-b", runner_config="1-gpu-small")
+
+REFUSED = {
+    "min_p": ({"min_p": 0.1}, {}),
+    "min_new_tokens": ({"min_new_tokens": 4}, {}),
+    "frequency_penalty": ({"frequency_penalty": 0.5}, {}),
+    "presence_penalty": ({"presence_penalty": 0.5}, {}),
+    "repetition_penalty": ({"repetition_penalty": 1.2}, {}),
+    "regex": ({"regex": "[0-9]+"}, {}),
+    "logprobs": ({}, {"return_logprob": True}),
+}
+
+
+class TestDDTreeRefusals(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.base_url = DEFAULT_URL_FOR_TEST
+        cls.process = popen_launch_server(
+            DEFAULT_TARGET_MODEL_DFLASH,
+            cls.base_url,
+            timeout=DEFAULT_TIMEOUT_FOR_SERVER_LAUNCH,
+            other_args=[
+                "--trust-remote-code",
+                "--attention-backend",
+                "triton",
+                "--page-size",
+                "1",
+                "--mem-fraction-static",
+                "0.7",
+                "--speculative-algorithm",
+                "@@ALGORITHM@@",
+                "--speculative-draft-model-path",
+                DEFAULT_DRAFT_MODEL_DFLASH,
+            ],
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        kill_process_tree(cls.process.pid)
+
+    def _post(self, sampling_params, extra):
+        return requests.post(
+            self.base_url + "/generate",
+            json={
+                "text": "The capital of France is",
+                "sampling_params": {"temperature": 0, "max_new_tokens": 8, **sampling_params},
+                **extra,
+            },
+            timeout=120,
+        )
+
+    def test_refused_options_return_400(self):
+        for name, (sampling_params, extra) in REFUSED.items():
+            with self.subTest(option=name):
+                res = self._post(sampling_params, extra)
+                self.assertEqual(res.status_code, 400, res.text)
+                self.assertIn("@@ALGORITHM@@", res.text)
+        # Still serving, and accepted options still work.
+        for params in ({}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 1}):
+            res = self._post(params, {})
+            self.assertEqual(res.status_code, 200, res.text)
+        self.assertIsNone(self.process.poll())
+
+    def test_bad_flag_refused_at_launch(self):
+        from sglang.srt.server_args import prepare_server_args
+
+        with self.assertRaisesRegex(ValueError, "speculative-ddtree"):
+            prepare_server_args(
+                [
+                    "--model-path",
+                    DEFAULT_TARGET_MODEL_DFLASH,
+                    "--speculative-algorithm",
+                    "EAGLE",
+                    "--speculative-ddtree-topk",
+                    "4",
+                ]
+            )
+
+
+if __name__ == "__main__":
+    unittest.main()
