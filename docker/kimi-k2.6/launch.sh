@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Serve Kimi K2.6 with DDTREE speculative decoding and its DFlash drafter (README.md beside this).
+#
+#   HW=h200 bash docker/kimi-k2.6/launch.sh            # 8x H200 (141 GB each)
+#   HW=b300 PORT=8000 bash docker/kimi-k2.6/launch.sh  # 8x B300 (288 GB each)
+#   DRY_RUN=1 bash docker/kimi-k2.6/launch.sh          # print the command, one argument a line
+#
+# Env: MODEL (default moonshotai/Kimi-K2.6), DRAFT (default z-lab/Kimi-K2.6-DFlash), HW (h200 |
+# b300, default h200), PORT (default 30000), MEM_FRACTION_STATIC (overrides the HW default).
+# Extra arguments are passed on to sglang.launch_server unchanged.
+set -euo pipefail
+
+MODEL="${MODEL:-moonshotai/Kimi-K2.6}"
+DRAFT="${DRAFT:-z-lab/Kimi-K2.6-DFlash}"
+HW="${HW:-h200}"
+PORT="${PORT:-30000}"
+
+# Fraction of each GPU's memory for weights + KV cache. Starting points, not tuned values: at
+# TP 8 each GPU holds roughly 75 GB of weights, the rest of the fraction becomes KV cache, and
+# what is left outside it holds activations, CUDA graphs and the triton MLA kernel's buffers.
+# Lower it on out-of-memory at startup or under load.
+case "$HW" in
+  h200) default_mem=0.85 ;;  # 141 GB a GPU
+  b300) default_mem=0.9 ;;   # 288 GB a GPU
+  *)
+    echo "launch.sh: HW must be h200 or b300, not '$HW'" >&2
+    exit 2
+    ;;
+esac
+MEM="${MEM_FRACTION_STATIC:-$default_mem}"
+
+# DDTREE needs page size 1 and the triton attention backend: among SGLang's MLA backends only
+# triton applies the per-branch tree mask in target verify (flashmla, trtllm_mla and cutlass_mla
+# cannot). No --speculative-num-draft-tokens: DDTREE's default adaptive tree budget applies.
+cmd=(
+  python3 -m sglang.launch_server
+  --model-path "$MODEL"
+  --speculative-algorithm DDTREE
+  --speculative-draft-model-path "$DRAFT"
+  --tp 8
+  --attention-backend triton
+  --page-size 1
+  --mem-fraction-static "$MEM"
+  --trust-remote-code
+  --reasoning-parser kimi_k2
+  --tool-call-parser kimi_k2
+  --host 0.0.0.0
+  --port "$PORT"
+  "$@"
+)
+
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  printf '%s\n' "${cmd[@]}"
+  exit 0
+fi
+exec "${cmd[@]}"
