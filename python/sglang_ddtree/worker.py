@@ -70,11 +70,11 @@ from sglang_ddtree.args import (
     read_topk,
 )
 from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
+from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import (
-    CommitStep,
     TreeStep,
     accept_and_commit,
     draft_shard_candidates,
@@ -406,7 +406,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 topk=self._topk[w],
             )
 
-        def accept_fn(logits, tokens, seq_lens, **rest) -> CommitStep:
+        def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
             layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
             return accept_and_commit(
                 logits,
@@ -511,7 +511,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             },
         )
 
-    def _check_ranks_agree(self, tree: TreeStep, commit: CommitStep) -> None:
+    def _check_ranks_agree(self, tree: TreeStep, commit: CommitPlan) -> None:
         """Tensor parallel: one all-reduce of a fingerprint of the tree and the accepted path;
         ranks that disagree (which would commit different KV) stop the server with a device
         assert instead of corrupting it silently. No host sync."""
@@ -642,7 +642,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
 
         # 4) Accept and plan the commit (glue graph).
-        commit: CommitStep = self._accept_and_commit(glue, key, logits, tree, sampling_info)
+        commit: CommitPlan = self._accept_and_commit(glue, key, logits, tree, sampling_info)
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
         # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV

@@ -16,20 +16,24 @@ from sglang_ddtree.core.accept import AcceptResult
 
 
 class CommitPlan(NamedTuple):
-    """What one decode step commits, per request (S = accept_index width).
+    """What one decode step commits, per request (S = accept_index width, N nodes per request).
 
-    out_tokens:   [bs, S] int64. Emitted tokens: accepted draft tokens, then the bonus; -1 pad.
-    keep_index:   [bs, S] int64. Global node ids (b * N + i) whose target KV is kept, root
-                  first, in path order; -1 pad. Row j's KV belongs at position prefix_len + j.
-    keep_nodes:   [bs, S] int64. The same nodes as slots within the request (i); -1 pad.
-    commit_lens:  [bs] int64. accept_length + 1 (= emitted tokens = kept KV slots).
-    bonus:        [bs] int64. The last emitted token: the next step's root.
-    new_seq_lens: [bs] int64. prefix_lens + commit_lens.
+    out_tokens:     [bs, S] int64. Emitted tokens: accepted draft tokens, then the bonus; -1 pad.
+    next_token_ids: [bs * S] int64. ``out_tokens`` flattened with pads 0 (SGLang's layout).
+    keep_index:     [bs, S] int64. Global node ids (b * N + i) whose target KV is kept, root
+                    first, in path order; -1 pad. Row j's KV belongs at position prefix_len + j.
+    keep_nodes:     [bs, S] int64. The same nodes as slots within the request (i); -1 pad.
+    accept_length:  [bs] int32. Accepted draft nodes (root and bonus excluded).
+    commit_lens:    [bs] int32. accept_length + 1 (= emitted tokens = kept KV slots).
+    bonus:          [bs] int64. The last emitted token: the next step's root.
+    new_seq_lens:   [bs] int64. prefix_lens + commit_lens.
     """
 
     out_tokens: torch.Tensor
+    next_token_ids: torch.Tensor
     keep_index: torch.Tensor
     keep_nodes: torch.Tensor
+    accept_length: torch.Tensor
     commit_lens: torch.Tensor
     bonus: torch.Tensor
     new_seq_lens: torch.Tensor
@@ -49,7 +53,17 @@ def commit_accepted(
     out_tokens = torch.where(present, result.predict.to(torch.int64)[keep_index.clamp(min=0)], -1)
     rows = torch.arange(bs, device=keep_index.device)
     keep_nodes = torch.where(present, keep_index - rows[:, None] * num_nodes, -1)
-    commit_lens = result.accept_length.to(torch.int64) + 1
-    bonus = out_tokens[rows, commit_lens - 1]
+    accept_length = result.accept_length.to(torch.int32)
+    commit_lens = accept_length + 1
+    bonus = out_tokens[rows, commit_lens.to(torch.int64) - 1]
     new_seq_lens = prefix_lens.to(torch.int64) + commit_lens
-    return CommitPlan(out_tokens, keep_index, keep_nodes, commit_lens, bonus, new_seq_lens)
+    return CommitPlan(
+        out_tokens=out_tokens,
+        next_token_ids=out_tokens.clamp(min=0).reshape(-1),
+        keep_index=keep_index,
+        keep_nodes=keep_nodes,
+        accept_length=accept_length,
+        commit_lens=commit_lens,
+        bonus=bonus,
+        new_seq_lens=new_seq_lens,
+    )

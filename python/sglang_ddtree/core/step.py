@@ -21,7 +21,7 @@ import torch
 
 from sglang_ddtree.core.accept import accept_greedy, accept_sampled
 from sglang_ddtree.core.batch_accept import greedy_rows, merge_accept
-from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.commit import CommitPlan, commit_accepted
 from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays, verify_mask_cells
 from sglang_ddtree.core.sampling import draw_coins, target_probs
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
@@ -45,25 +45,6 @@ class TreeStep(NamedTuple):
     mask_cells: torch.Tensor
     seq_lens: torch.Tensor
     req_pool_indices: torch.Tensor
-
-
-class CommitStep(NamedTuple):
-    """What the step commits, per request (see `sglang_ddtree.core.commit.CommitPlan`).
-
-    next_token_ids: [bs * S] int64. Emitted tokens (accepted drafts, then the bonus); pads 0.
-    keep_index:     [bs, S] int64. Global node ids whose target KV is kept, in path order; -1.
-    accept_length:  [bs] int32. Accepted draft nodes (root and bonus excluded).
-    commit_lens:    [bs] int32. accept_length + 1.
-    bonus:          [bs] int64. The next step's root token.
-    new_seq_lens:   [bs] int64. seq_lens + commit_lens.
-    """
-
-    next_token_ids: torch.Tensor
-    keep_index: torch.Tensor
-    accept_length: torch.Tensor
-    commit_lens: torch.Tensor
-    bonus: torch.Tensor
-    new_seq_lens: torch.Tensor
 
 
 def _draft_logits(
@@ -191,7 +172,7 @@ def accept_and_commit(
     coins: torch.Tensor | None = None,  # [bs, W] float32 uniforms; None: drawn here
     final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
     coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
-) -> CommitStep:
+) -> CommitPlan:
     """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
     bs, w = tokens.shape
     assert logits.shape[0] == bs * w, (logits.shape, bs, w)
@@ -214,12 +195,4 @@ def accept_and_commit(
             coins = coins * coin_scale
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, accept_width)
         result = merge_accept(result, sampled, greedy_rows(top_ks), w)
-    plan = commit_accepted(result, seq_lens.to(torch.int64), w)
-    return CommitStep(
-        next_token_ids=plan.out_tokens.clamp(min=0).reshape(-1),
-        keep_index=plan.keep_index,
-        accept_length=result.accept_length,
-        commit_lens=plan.commit_lens.to(torch.int32),
-        bonus=plan.bonus,
-        new_seq_lens=plan.new_seq_lens,
-    )
+    return commit_accepted(result, seq_lens.to(torch.int64), w)
