@@ -59,19 +59,23 @@ MODULE_MAP = {
     "sglang_ddtree.core.tree_triton": f"{SPEC}/ddtree/tree_triton.py",
     "sglang_ddtree.core.vocab_shard": f"{SPEC}/ddtree/vocab_shard.py",
     # The SGLang integration, named like SGLang's other algorithms (dflash_worker_v2.py, ...).
-    "sglang_ddtree.worker": f"{SPEC}/ddtree_worker_v2.py",
-    "sglang_ddtree.cuda_graph": f"{SPEC}/ddtree_cuda_graph_runner.py",
-    "sglang_ddtree.glue_graph": f"{SPEC}/ddtree_glue_graph.py",
-    "sglang_ddtree.spec_algo": f"{SPEC}/ddtree_spec.py",
-    "sglang_ddtree.args": f"{SPEC}/ddtree_args.py",
-    "sglang_ddtree.budget": f"{SPEC}/ddtree_budget.py",
-    "sglang_ddtree.requests": f"{SPEC}/ddtree_requests.py",
+    "sglang_ddtree.srt.ddtree_worker_v2": f"{SPEC}/ddtree_worker_v2.py",
+    "sglang_ddtree.srt.ddtree_cuda_graph_runner": f"{SPEC}/ddtree_cuda_graph_runner.py",
+    "sglang_ddtree.srt.ddtree_glue_graph": f"{SPEC}/ddtree_glue_graph.py",
+    "sglang_ddtree.srt.ddtree_spec": f"{SPEC}/ddtree_spec.py",
+    "sglang_ddtree.srt.ddtree_args": f"{SPEC}/ddtree_args.py",
+    "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
+    "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
 }
 
 # Modules that stay out of SGLang (a module or a package prefix). Every module of the package
 # is either mapped or listed here, so a new module forces a decision.
-NOT_UPSTREAM = {
+# Package markers stay out too, matched exactly (a prefix match would cover every module).
+PACKAGE_MARKERS = {
     "sglang_ddtree": "package marker (version only)",
+    "sglang_ddtree.srt": "package marker (its modules are mapped one by one)",
+}
+NOT_UPSTREAM = {
     "sglang_ddtree.plugin": "entry point; in-tree registration is the spec_info.py edit",
     "sglang_ddtree.serve": "launcher tooling",
     "sglang_ddtree.demo": "CPU demo",
@@ -83,6 +87,7 @@ NOT_UPSTREAM = {
 # Mentions (in docstrings and comments) of modules that do not go upstream, and what they become.
 TEXT_REWRITES = {
     "sglang_ddtree.plugin": "sglang.srt.speculative.spec_info",
+    "sglang_ddtree.srt": "sglang.srt.speculative",  # ``from sglang_ddtree.srt import ddtree_x``
 }
 
 # New files that are not modules: (template, path in SGLang's tree).
@@ -354,6 +359,8 @@ def in_tree_name(repo_path: str) -> str:
 
 
 def _excluded(mod: str) -> bool:
+    if mod in PACKAGE_MARKERS:
+        return True
     return any(mod == ex or mod.startswith(ex + ".") for ex in NOT_UPSTREAM)
 
 
@@ -453,13 +460,13 @@ def rewrite(text: str, origin: str) -> str:
 
 
 def _algorithm_name() -> str:
-    tree = ast.parse((PKG_DIR / "args.py").read_text())
+    tree = ast.parse((PKG_DIR / "srt" / "ddtree_args.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "ALGORITHM_NAME" for t in node.targets
         ):
             return ast.literal_eval(node.value)
-    raise SystemExit("generate.py: ALGORITHM_NAME not found in args.py")
+    raise SystemExit("generate.py: ALGORITHM_NAME not found in srt/ddtree_args.py")
 
 
 def render_template(name: str) -> str:

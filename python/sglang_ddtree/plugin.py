@@ -13,6 +13,7 @@ by SGLang and lost the same way.
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ _register_error: BaseException | None = None
 
 
 def _worker_factory(server_args):
-    from sglang_ddtree.worker import DDTreeWorkerV2
+    from sglang_ddtree.srt.ddtree_worker_v2 import DDTreeWorkerV2
 
     return DDTreeWorkerV2
 
@@ -29,8 +30,8 @@ def _worker_factory(server_args):
 def _register_real() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_ddtree.args import ALGORITHM_NAME
-    from sglang_ddtree.spec_algo import DDTreeSpecAlgo, validate_server_args
+    from sglang_ddtree.srt.ddtree_args import ALGORITHM_NAME
+    from sglang_ddtree.srt.ddtree_spec import DDTreeSpecAlgo, validate_server_args
 
     SpeculativeAlgorithm.register(
         ALGORITHM_NAME,
@@ -41,9 +42,11 @@ def _register_real() -> None:
     _register_request_checks()
     _register_row_headroom()
     _register_server_flags()
-    from sglang_ddtree import step_timing
+    # Benchmark instrument, loaded only when a benchmark asks for it (never on a plain start).
+    if os.environ.get("SGLANG_DDTREE_STEP_TIMING"):
+        from sglang_ddtree import step_timing
 
-    step_timing.register_if_enabled()  # benchmarks only: SGLANG_DDTREE_STEP_TIMING=<dir>
+        step_timing.register_if_enabled()
 
 
 def _register_request_checks() -> None:
@@ -58,7 +61,7 @@ def _register_request_checks() -> None:
 
 
 def _validate_request_hook(original_fn, req, *args, **kwargs):
-    from sglang_ddtree import requests
+    from sglang_ddtree.srt import ddtree_requests as requests
 
     # DDTREE's refusals first, so their messages name DDTREE (not DFLASH).
     if requests.ddtree_active():
@@ -69,7 +72,7 @@ def _validate_request_hook(original_fn, req, *args, **kwargs):
 
 
 def _register_row_headroom() -> None:
-    """Widen ``req_to_token`` rows for DDTREE (see ``args.req_to_token_headroom``)."""
+    """Widen ``req_to_token`` rows for DDTREE (see ``ddtree_args.req_to_token_headroom``)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(
@@ -83,7 +86,7 @@ def _row_headroom_hook(original_fn, server_args, *args, **kwargs):
     extra = original_fn(server_args, *args, **kwargs)
     if server_args.speculative_algorithm != "DDTREE":
         return extra
-    from sglang_ddtree.args import req_to_token_headroom
+    from sglang_ddtree.srt.ddtree_args import req_to_token_headroom
 
     block = server_args.speculative_dflash_block_size or server_args.speculative_num_draft_tokens
     return max(extra, req_to_token_headroom(server_args.speculative_num_draft_tokens, block))
@@ -100,7 +103,7 @@ def _register_server_flags() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_ddtree.args import FLAG_FIELDS
+    from sglang_ddtree.srt.ddtree_args import FLAG_FIELDS
 
     for field in FLAG_FIELDS:
         if not hasattr(ServerArgs, field):
@@ -115,14 +118,14 @@ def _register_server_flags() -> None:
 
 def _add_cli_args_hook(original_fn, parser, *args, **kwargs):
     out = original_fn(parser, *args, **kwargs)
-    from sglang_ddtree.args import add_cli_flags
+    from sglang_ddtree.srt.ddtree_args import add_cli_flags
 
     add_cli_flags(parser)
     return out
 
 
 def _from_cli_args_hook(original_fn, cls, namespace, *args, **kwargs):
-    from sglang_ddtree.args import FLAG_FIELDS
+    from sglang_ddtree.srt.ddtree_args import FLAG_FIELDS
 
     values = {f: getattr(namespace, f, None) for f in FLAG_FIELDS}
     for field, value in values.items():

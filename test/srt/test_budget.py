@@ -1,4 +1,4 @@
-"""CPU tests of the adaptive tree budget (`sglang_ddtree.budget`): parsing, refusals, bucket
+"""CPU tests of the adaptive tree budget (`sglang_ddtree.srt.ddtree_budget`): parsing, refusals, bucket
 lookup, the capture plan handed to the graph runner, and resolution from flags / env."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ddtree import args as dargs
-from sglang_ddtree.budget import (
+from sglang_ddtree.srt import ddtree_args as dargs
+from sglang_ddtree.srt.ddtree_budget import (
     SCHEDULE_ENV,
     BudgetSchedule,
     capture_union,

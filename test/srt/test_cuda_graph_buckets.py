@@ -1,4 +1,4 @@
-"""CPU test of the per-bucket target-verify graph runner (`sglang_ddtree.cuda_graph`) against a
+"""CPU test of the per-bucket target-verify graph runner (`sglang_ddtree.srt.ddtree_cuda_graph_runner`) against a
 stand-in for SGLang 0.5.17's ``DecodeCudaGraphRunner``.
 
 The stand-in keeps only the control flow the DDTREE runner relies on, as read from
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_ddtree.budget import BudgetSchedule
+from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
 
 SGLANG_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
 
@@ -87,7 +87,7 @@ class FakeDecodeCudaGraphRunner:
 
 @pytest.fixture
 def cuda_graph_mod(monkeypatch):
-    """``sglang_ddtree/cuda_graph.py`` loaded against the stand-in (SGLang not needed)."""
+    """``sglang_ddtree/srt/ddtree_cuda_graph_runner.py`` loaded against the stand-in (SGLang not needed)."""
     for name in ("sglang", "sglang.srt", "sglang.srt.model_executor"):
         if name not in sys.modules:
             monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
@@ -101,7 +101,9 @@ def cuda_graph_mod(monkeypatch):
     monkeypatch.setitem(sys.modules, f"{prefix}.shape_key", keys)
     import sglang_ddtree
 
-    path = os.path.join(os.path.dirname(sglang_ddtree.__file__), "cuda_graph.py")
+    path = os.path.join(
+        os.path.dirname(sglang_ddtree.__file__), "srt", "ddtree_cuda_graph_runner.py"
+    )
     spec = importlib.util.spec_from_file_location("ddtree_cuda_graph_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,4 +1,4 @@
-"""Glue CUDA graphs (sglang_ddtree.glue_graph) and the step halves they capture (core.step).
+"""Glue CUDA graphs (sglang_ddtree.srt.ddtree_glue_graph) and the step halves they capture (core.step).
 
 CPU: the step halves equal their parts; SegmentGraphs runs CPU tensors eagerly. GPU (``gpu``
 marker): a replay follows new copied inputs, recaptures when a bound input moves, runs a
@@ -18,7 +18,7 @@ from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import flatten_verify_mask, scatter_verify_mask
 from sglang_ddtree.core.step import accept_and_commit, draft_to_tree
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
-from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 
 HAS_CUDA = torch.cuda.is_available()
 ALL = 1 << 30  # SGLang's top_k for "no top-k" (TOP_K_ALL); top_k 1 marks a greedy row
@@ -175,7 +175,7 @@ def test_cpu_tensors_run_eagerly():
 
 def test_output_nests_are_mapped_and_copied():
     """Outputs are allocated outside the graph pool by structure (NamedTuples inside tuples)."""
-    from sglang_ddtree.glue_graph import _copy_tensors, _map_tensors
+    from sglang_ddtree.srt.ddtree_glue_graph import _copy_tensors, _map_tensors
 
     tree, layout, prefix, logits, s = _random_tree(2, 5, 11, 4)
     src = (accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s), layout, None)

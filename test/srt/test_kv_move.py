@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ddtree.args import KV_MOVER_ENV, read_kv_mover
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
+from sglang_ddtree.srt.ddtree_args import KV_MOVER_ENV, read_kv_mover
 
 
 def random_case(bs: int, budget: int, depth: int, vocab: int, seed: int, device="cpu"):

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_ddtree import args as dargs
-from sglang_ddtree import budget
-from sglang_ddtree import requests as dreq
+from sglang_ddtree.srt import ddtree_args as dargs
+from sglang_ddtree.srt import ddtree_budget as budget
+from sglang_ddtree.srt import ddtree_requests as dreq
 
 
 def good_cfg(**kw):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ddtree.args import DRAFT_TOPK_ENV, draft_topk_backend, read_draft_topk
 from sglang_ddtree.core.tree import select_candidates
+from sglang_ddtree.srt.ddtree_args import DRAFT_TOPK_ENV, draft_topk_backend, read_draft_topk
 
 # (bs, depth, vocab, K, block): 4 chunks with a partial last one; K == block; block > vocab.
 CASES = [(2, 3, 1000, 8, 256), (1, 2, 128, 64, 64), (1, 1, 300, 5, 512), (3, 4, 4096, 16, 1024)]

@@ -19,7 +19,7 @@ Checks:
   bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W switches
   inside a run): greedy output == no speculation, and every verify step of both widths replayed
   a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch),
-  and every glue segment (tree, accept, KV; ``glue_graph.py``) replayed its graph on every step
+  and every glue segment (tree, accept, KV; ``srt/ddtree_glue_graph.py``) replayed its graph on every step
   except the one that captured it, with no capture failure. Run only it with
   ``--checks adaptive``.
 """
@@ -206,7 +206,7 @@ def _greedy_summary(base: dict, tree: dict) -> dict:
 
 def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
     """Greedy equality per group size, and CUDA graphs for every verify step of every W."""
-    from sglang_ddtree.budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
 
     rows = {
         str(bs): _compare_outputs(base_outputs[bs], got["outputs"][bs])
@@ -286,8 +286,8 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
     if want_g or want_s or want_a:
         phase("ddtree", "DDTREE", both)
     if want_ad:
-        from sglang_ddtree.budget import SCHEDULE_ENV
-        from sglang_ddtree.worker import GRAPH_STATS_ENV
+        from sglang_ddtree.srt.ddtree_budget import SCHEDULE_ENV
+        from sglang_ddtree.srt.ddtree_worker_v2 import GRAPH_STATS_ENV
 
         stats_path = os.path.join(tempfile.mkdtemp(prefix="ddtree_graphs_"), "graph_stats.json")
         os.environ[SCHEDULE_ENV] = ADAPTIVE_SCHEDULE

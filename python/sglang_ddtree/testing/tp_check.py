@@ -27,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", choices=("qwen3", "mla"), default="mla")
     args = ap.parse_args(argv)
     from sglang_ddtree.serve import launch_command
+    from sglang_ddtree.srt.ddtree_worker_v2 import TEST_RANK_SKEW_ENV
     from sglang_ddtree.testing import tiny_models as tm
-    from sglang_ddtree.worker import TEST_RANK_SKEW_ENV
 
     os.makedirs(args.out, exist_ok=True)
     models = tempfile.mkdtemp(prefix="ddtree_tp_")

@@ -6,7 +6,7 @@ Terms:
 - ``bs``: requests in one decode step (``len(batch.seq_lens)``, a host int).
 - ``W``: tree nodes verified per request, root included (tree budget = W - 1). A fixed W is what
   ``--speculative-num-draft-tokens`` sets.
-- ``B``: drafter block size. Every W must be >= B (``args.check_shape``): SGLang's KV reservation
+- ``B``: drafter block size. Every W must be >= B (``ddtree_args.check_shape``): SGLang's KV reservation
   of ``2 * W`` slots per request must cover one drafter block plus one commit. W = B verifies
   as many tokens as the DFLASH chain does (B - 1 draft nodes, arranged as a tree).
 - bucket: a maximal range of bs with one W. A schedule ``"1:65,8:33,32:17"`` has thresholds
@@ -186,7 +186,7 @@ def resolve_schedule(
     explicit ``--speculative-num-draft-tokens``, or the default; ValueError (saying what to
     pass) when two disagree or W < B somewhere.
 
-    The W >= B check of a fixed W is ``args.check_shape``'s (the caller runs it); this function
+    The W >= B check of a fixed W is ``ddtree_args.check_shape``'s (the caller runs it); this function
     checks given and default schedules.
     """
     env_schedule = read_schedule_env(environ)

@@ -15,8 +15,8 @@ S = max depth + 1), all on device with no host synchronization:
    accepted path rebuilt from the target hidden states; outputs and the next draft input.
 
 W follows the running batch size: ``budget_schedule.num_nodes_for(bs)`` (a host int, from
-``len(batch.seq_lens)``) picks the step's `DDTreeShape` (``sglang_ddtree.budget``); the target
-verify replays that bucket's CUDA graphs (``cuda_graph.py``). Eager verify steps that had a graph
+``len(batch.seq_lens)``) picks the step's `DDTreeShape` (``sglang_ddtree.srt.ddtree_budget``); the target
+verify replays that bucket's CUDA graphs (``ddtree_cuda_graph_runner``). Eager verify steps that had a graph
 are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS`` for tests).
 
 Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree``), step 4
@@ -57,19 +57,6 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
 
-from sglang_ddtree import requests
-from sglang_ddtree.args import (
-    KV_MOVER_ENV,
-    TOPK_FLAG,
-    DDTreeShape,
-    check_target,
-    draft_topk_backend,
-    format_errors,
-    read_draft_topk,
-    read_kv_mover,
-    read_topk,
-)
-from sglang_ddtree.budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
@@ -81,8 +68,21 @@ from sglang_ddtree.core.step import (
     draft_to_tree,
     gathered_to_tree,
 )
-from sglang_ddtree.cuda_graph import install_target_graph_runner
-from sglang_ddtree.glue_graph import SegmentGraphs, glue_graphs_enabled
+from sglang_ddtree.srt import ddtree_requests as requests
+from sglang_ddtree.srt.ddtree_args import (
+    KV_MOVER_ENV,
+    TOPK_FLAG,
+    DDTreeShape,
+    check_target,
+    draft_topk_backend,
+    format_errors,
+    read_draft_topk,
+    read_kv_mover,
+    read_topk,
+)
+from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
+from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
         vocab = int(self.model_runner.model_config.vocab_size)
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
-        self._draft_topk = {  # per W: auto picks by K and vocabulary (args.draft_topk_backend)
+        self._draft_topk = {  # per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend)
             w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
         }
         self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)

@@ -12,7 +12,7 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
   with ``--speculative-num-draft-tokens`` is refused (ambiguous). With neither,
   ``budget.default_schedule(B)`` applies (``1:2B+1,4:B+1,32:B``). SGLang's
   ``speculative_num_draft_tokens`` becomes the schedule's largest W (it sizes KV reservations and
-  the verify buffers); each bucket gets its own target-verify CUDA graphs (``cuda_graph.py``).
+  the verify buffers); each bucket gets its own target-verify CUDA graphs (``ddtree_cuda_graph_runner``).
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
 - ``--speculative-ddtree-topk`` (or the env var ``SGLANG_DDTREE_TOPK``): candidates per depth K
   (default 8); the worker uses ``min(K, W - 1, vocab)``. A flag and its env var both set to

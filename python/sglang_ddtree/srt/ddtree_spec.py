@@ -5,7 +5,7 @@ DDTREE is a member of the DFlash family (same drafter, same aux-hidden capture, 
 pool), so ``is_dflash_family()`` is True. It adds the three methods the runtime calls but
 ``CustomSpecAlgo`` lacks (``carries_draft_hidden_states``, ``create_future_map``,
 ``need_topk``), resolves DFLASH's server-arg defaults by calling SGLang's ``_handle_dflash``,
-resolves the tree budget schedule (``sglang_ddtree.budget``), and gives the target verify the
+resolves the tree budget schedule (``sglang_ddtree.srt.ddtree_budget``), and gives the target verify the
 schedule's largest W tokens per request and the drafter B.
 """
 
@@ -16,8 +16,8 @@ import os
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_ddtree import args as dargs
-from sglang_ddtree import budget
+from sglang_ddtree.srt import ddtree_args as dargs
+from sglang_ddtree.srt import ddtree_budget as budget
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ tree verify would then silently attend causally. The runner below captures the t
 TARGET_VERIFY graphs with the runner's static all-True mask buffer, so the backend's replay path
 copies each step's tree mask in. The drafter's graphs are untouched (its block is B wide, fixed).
 
-Budget buckets (``sglang_ddtree.budget``). The verify width W depends on the batch size: bucket
+Budget buckets (``sglang_ddtree.srt.ddtree_budget``). The verify width W depends on the batch size: bucket
 i of the schedule captures ITS batch sizes (``BudgetSchedule.buckets``: SGLang's capture sizes
 inside the bucket plus the bucket's top) at ITS W. Design: ONE runner whose width
 ``captured_req_width`` is a function of bs, rather than one runner per bucket:
@@ -30,7 +30,7 @@ bucket during capture; the graph key carries it (``variant_label`` ``"w<W>"``), 
 width without a graph fails loudly (KeyError) instead of running the wrong one. A verify whose
 per-request width differs from the schedule's W for its bs falls back to eager in SGLang; this
 runner counts those (``width_mismatches``) and logs them, and the worker counts every eager
-verify step that had a graph (``graph_stats`` in ``worker.py``).
+verify step that had a graph (``graph_stats`` in ``ddtree_worker_v2``).
 
 Cost: the static input buffers and the shared logits buffer are sized ``max_bs * max W`` (as a
 fixed-W engine at the largest W would be), although no captured shape needs more than
@@ -49,7 +49,7 @@ import logging
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.shape_key import ShapeKey
 
-from sglang_ddtree.budget import BudgetSchedule, capture_union
+from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, capture_union
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,11 @@
+"""The SGLang integration of DDTREE, one file per file of SGLang's tree
+(``python/sglang/srt/speculative/ddtree_*.py``; ``upstream/generate.py`` maps them):
+
+- ``ddtree_worker_v2``: ``DDTreeWorkerV2``, the spec-v2 worker (draft tree, tree verify,
+  accept, commit).
+- ``ddtree_cuda_graph_runner``: the target-verify CUDA graphs, one set per budget bucket.
+- ``ddtree_glue_graph``: CUDA graphs of the step's pure-tensor glue segments.
+- ``ddtree_spec``: ``DDTreeSpecAlgo`` and the server-argument checks.
+- ``ddtree_args``, ``ddtree_budget``, ``ddtree_requests``: options and startup checks, the
+  adaptive budget schedule, per-request refusals (plain Python).
+"""
