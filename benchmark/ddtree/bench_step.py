@@ -65,8 +65,13 @@ import sys
 import tempfile
 import time
 
-from sglang_ddtree.args import DRAFT_TOPK_BACKENDS, DRAFT_TOPK_ENV, KV_MOVER_ENV, KV_MOVERS
-from sglang_ddtree.glue_graph import GLUE_GRAPHS_ENV
+from sglang_ddtree.srt.ddtree_args import (
+    DRAFT_TOPK_BACKENDS,
+    DRAFT_TOPK_ENV,
+    KV_MOVER_ENV,
+    KV_MOVERS,
+)
+from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
     SYNC_TRACE_ENV,
