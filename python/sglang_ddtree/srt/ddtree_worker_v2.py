@@ -15,16 +15,22 @@ S = max depth + 1), all on device with no host synchronization:
    accepted path rebuilt from the target hidden states; outputs and the next draft input.
 
 W follows the running batch size: ``budget_schedule.num_nodes_for(bs)`` (a host int, from
-``len(batch.seq_lens)``) picks the step's `DDTreeShape` (``sglang_ddtree.srt.ddtree_budget``); the target
-verify replays that bucket's CUDA graphs (``ddtree_cuda_graph_runner``). Eager verify steps that had a graph
-are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS`` for tests).
+``len(batch.seq_lens)``) picks the step's `DDTreeShape` (``ddtree_budget``); the target verify
+replays that bucket's CUDA graphs (``ddtree_cuda_graph_runner``). Eager verify steps that had a
+graph are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS`` for
+tests).
 
 Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree``), step 4
 (``core.step.accept_and_commit``) and step 5 (KV moves + drafter-KV append) are each captured
-per (bs, W, sampling mode) and replayed (``glue_graph.SegmentGraphs``), so a step is five graph
-replays (two SGLang forwards, three glue segments) plus a few launches instead of ~100 eager
-kernels around two replays. ``SGLANG_DDTREE_GLUE_GRAPHS=0``
-turns this off; outputs that outlive the step are cloned.
+per (bs, W, sampling mode) and replayed (``ddtree_glue_graph.SegmentGraphs``), so a step is five
+graph replays (two SGLang forwards, three glue segments) plus a few launches instead of ~100
+eager kernels around two replays. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns this off; outputs that
+outlive the step are cloned.
+
+Tensor parallelism: step 2 splits around one all-gather (each rank's draft top-K over its
+vocabulary rows of the LM head, then the same merge and tree on every rank), the verify coins
+come from a generator seeded alike on every rank, and one fingerprint all-reduce per step stops
+the server (device assert) if ranks ever built different trees or paths.
 
 Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
 server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block
@@ -207,7 +213,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
         vocab = int(self.model_runner.model_config.vocab_size)
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
-        self._draft_topk = {  # per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend)
+        # Per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend).
+        self._draft_topk = {
             w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
         }
         self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)
