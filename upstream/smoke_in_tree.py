@@ -22,6 +22,7 @@ def main() -> int:
     import sglang.srt.speculative.spec_info as spec_info
     from sglang.srt.speculative.spec_registry import get_spec
 
+    from sglang_ddtree.testing.e2e import engine_kwargs
     from sglang_ddtree.testing.tiny_models import make_tiny_pair
 
     plugins = [e.name for e in importlib.metadata.entry_points(group="sglang.srt.plugins")]
@@ -32,16 +33,7 @@ def main() -> int:
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 120) for _ in range(rng.randrange(6, 40))] for _ in range(16)]
     greedy = {"temperature": 0.0, "max_new_tokens": 32, "ignore_eos": True}
-    base = dict(
-        model_path=target,
-        attention_backend="triton",
-        mem_fraction_static=0.25,
-        cuda_graph_max_bs_decode=16,
-        max_running_requests=16,
-        context_length=1024,
-        log_level="warning",
-        random_seed=0,
-    )
+    base = engine_kwargs(target, None, None)  # the e2e checks' engine settings
     eng = sgl.Engine(**base)
     ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=greedy)]
     eng.shutdown()

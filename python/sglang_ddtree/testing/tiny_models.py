@@ -173,36 +173,26 @@ def preferred_token_ids(cfg: TinyPairConfig) -> list[int]:
     return list(range(first, first + cfg.num_preferred))
 
 
-def make_tiny_pair(out_dir: str, cfg: TinyPairConfig | None = None) -> tuple[str, str]:
-    """Write the target and draft folders under ``out_dir``; return ``(target, draft)`` paths.
-
-    Deterministic for a given ``cfg`` (seeded CPU generator). Takes well under a second.
-    """
-    cfg = cfg or TinyPairConfig()
-    if max(cfg.target_layer_ids) >= cfg.target_layers:
-        raise ValueError("target_layer_ids must index target layers")
-    g = torch.Generator().manual_seed(cfg.seed)
-    target_dir, draft_dir = os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
-    vocab = build_tokenizer(target_dir, cfg)
-    build_tokenizer(draft_dir, cfg)
+def _biased_head(cfg: TinyPairConfig, g: torch.Generator) -> dict:
+    """Target embeddings carrying a constant on the bias channel, and an LM head that rewards
+    it for a few preferred tokens (see the module docstring)."""
     h, bias_ch = cfg.hidden_size, 0
-
-    # Target: embeddings carry a constant on the bias channel; the LM head rewards it for a few
-    # preferred tokens (see the module docstring).
     embed = torch.randn(cfg.vocab_size, h, generator=g)
     embed[:, bias_ch] = cfg.bias_channel_value
     lm_head = torch.randn(cfg.vocab_size, h, generator=g) * cfg.head_std
     lm_head[:, bias_ch] = 0.0
     lm_head[preferred_token_ids(cfg), bias_ch] = cfg.preferred_weight
-    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(h)}
-    weights["lm_head.weight"] = lm_head
-    for i in range(cfg.target_layers):
-        weights.update(_layer_weights(f"model.layers.{i}", cfg, g))
-    target_cfg = {"architectures": ["Qwen3ForCausalLM"], **_common_config(cfg, cfg.target_layers)}
-    _save(target_dir, target_cfg, weights, cfg.dtype)
+    return {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": torch.ones(h),
+        "lm_head.weight": lm_head,
+    }
 
-    # Drafter: DFlash layers + context projection; its final norm keeps the bias channel.
-    n_ctx = len(cfg.target_layer_ids)
+
+def _write_drafter(draft_dir: str, cfg: TinyPairConfig, mask_id: int, g: torch.Generator) -> None:
+    """The DFlash drafter: Qwen3 layers + context projection; its final norm keeps the bias
+    channel."""
+    h, n_ctx = cfg.hidden_size, len(cfg.target_layer_ids)
     dweights = {
         "fc.weight": torch.randn(h, n_ctx * h, generator=g) * (n_ctx * h) ** -0.5,
         "hidden_norm.weight": torch.ones(h),
@@ -210,7 +200,6 @@ def make_tiny_pair(out_dir: str, cfg: TinyPairConfig | None = None) -> tuple[str
     }
     for i in range(cfg.draft_layers):
         dweights.update(_layer_weights(f"layers.{i}", cfg, g))
-    mask_id = vocab[MASK_TOKEN]
     draft_cfg = {
         "architectures": ["DFlashDraftModel"],
         **_common_config(cfg, cfg.draft_layers),
@@ -224,6 +213,26 @@ def make_tiny_pair(out_dir: str, cfg: TinyPairConfig | None = None) -> tuple[str
         },
     }
     _save(draft_dir, draft_cfg, dweights, cfg.dtype)
+
+
+def make_tiny_pair(out_dir: str, cfg: TinyPairConfig | None = None) -> tuple[str, str]:
+    """Write the target and draft folders under ``out_dir``; return ``(target, draft)`` paths.
+
+    Deterministic for a given ``cfg`` (seeded CPU generator). Takes well under a second.
+    """
+    cfg = cfg or TinyPairConfig()
+    if max(cfg.target_layer_ids) >= cfg.target_layers:
+        raise ValueError("target_layer_ids must index target layers")
+    g = torch.Generator().manual_seed(cfg.seed)
+    target_dir, draft_dir = os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
+    vocab = build_tokenizer(target_dir, cfg)
+    build_tokenizer(draft_dir, cfg)
+    weights = _biased_head(cfg, g)
+    for i in range(cfg.target_layers):
+        weights.update(_layer_weights(f"model.layers.{i}", cfg, g))
+    target_cfg = {"architectures": ["Qwen3ForCausalLM"], **_common_config(cfg, cfg.target_layers)}
+    _save(target_dir, target_cfg, weights, cfg.dtype)
+    _write_drafter(draft_dir, cfg, vocab[MASK_TOKEN], g)
     return target_dir, draft_dir
 
 
@@ -375,48 +384,20 @@ def make_tiny_mla_pair(out_dir: str, m: TinyMLAPairConfig | None = None) -> tupl
         block_size=m.block_size,
         max_position_embeddings=m.max_position_embeddings,
         num_preferred=m.num_preferred,
+        bias_channel_value=m.bias_channel_value,
+        preferred_weight=m.preferred_weight,
+        head_std=m.head_std,
         dtype=m.dtype,
     )
     g = torch.Generator().manual_seed(m.seed)
     target_dir, draft_dir = os.path.join(out_dir, "target"), os.path.join(out_dir, "draft")
     vocab = build_tokenizer(target_dir, dcfg)
     build_tokenizer(draft_dir, dcfg)
-    h, bias_ch = m.hidden_size, 0
-    embed = torch.randn(m.vocab_size, h, generator=g)
-    embed[:, bias_ch] = m.bias_channel_value
-    lm_head = torch.randn(m.vocab_size, h, generator=g) * m.head_std
-    lm_head[:, bias_ch] = 0.0
-    lm_head[preferred_token_ids(dcfg), bias_ch] = m.preferred_weight
-    weights = {
-        "model.embed_tokens.weight": embed,
-        "model.norm.weight": torch.ones(h),
-        "lm_head.weight": lm_head,
-    }
+    weights = _biased_head(dcfg, g)
     for i in range(m.target_layers):
         weights.update(_mla_layer_weights(f"model.layers.{i}", m, i >= m.first_k_dense, g))
     _save(target_dir, _mla_target_config(m), weights, m.dtype)
-
-    n_ctx = len(m.target_layer_ids)
-    dweights = {
-        "fc.weight": torch.randn(h, n_ctx * h, generator=g) * (n_ctx * h) ** -0.5,
-        "hidden_norm.weight": torch.ones(h),
-        "norm.weight": torch.ones(h),
-    }
-    for i in range(m.draft_layers):
-        dweights.update(_layer_weights(f"layers.{i}", dcfg, g))
-    draft_cfg = {
-        "architectures": ["DFlashDraftModel"],
-        **_common_config(dcfg, m.draft_layers),
-        "block_size": m.block_size,
-        "num_target_layers": m.target_layers,
-        "dflash_config": {
-            "block_size": m.block_size,
-            "target_layer_ids": list(m.target_layer_ids),
-            "mask_token": MASK_TOKEN,
-            "mask_token_id": vocab[MASK_TOKEN],
-        },
-    }
-    _save(draft_dir, draft_cfg, dweights, m.dtype)
+    _write_drafter(draft_dir, dcfg, vocab[MASK_TOKEN], g)
     return target_dir, draft_dir
 
 
