@@ -1,7 +1,8 @@
 """DDTREE's output law against SGLang's non-speculative server, on the shipped trained pair.
 
-``python -m sglang_ddtree.testing.law --out DIR [--dtype float16] [--parts law,greedy,params]``
-starts ``sgl.Engine``s of the trained pair (triton attention, CUDA graphs on), one without
+``python -m sglang_ddtree.testing.law --out DIR [--dtype float16] [--parts law,greedy,params]
+[--arch mla] [--tp N]`` starts ``sgl.Engine``s of the trained pair (or, with ``--arch mla``,
+of the Kimi-shaped MLA + MoE tiny pair and random prompts) (triton attention, CUDA graphs on), one without
 speculation and one with DDTREE (default adaptive budget), and writes ``DIR/law_<dtype>.json``.
 
 Parts:
@@ -128,14 +129,26 @@ def family(results: dict[str, dict], alpha: float = ALPHA) -> dict:
 
 
 # ------------------------------------------------------------------------------- engines
-def engine(algo: str | None, dtype: str):
-    """An ``sgl.Engine`` of the trained pair (context manager), without speculation or with
-    ``algo``, at ``dtype``."""
+# The model pair under test: the shipped trained pair unless main() sets another
+# (``--arch mla``: the Kimi-shaped tiny pair of ``testing.tiny_models``, with its prompts).
+_PAIR: dict = {}
+
+
+def _pair_dirs() -> tuple[str, str]:
+    if _PAIR:
+        return _PAIR["target"], _PAIR["draft"]
     from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
 
+    return str(TARGET_DIR), str(DRAFTER_DIR)
+
+
+def engine(algo: str | None, dtype: str):
+    """An ``sgl.Engine`` of the pair under test (context manager), without speculation or with
+    ``algo``, at ``dtype``."""
+    target, draft = _pair_dirs()
     kw = engine_kwargs(
-        str(TARGET_DIR),
-        str(DRAFTER_DIR),
+        target,
+        draft,
         algo,
         dtype=dtype,
         mem_fraction_static=0.3,
@@ -146,7 +159,10 @@ def engine(algo: str | None, dtype: str):
 
 
 def tokenized_prompts() -> list[list[int]]:
-    """The held-out snippets, each cut at 1, 3/4, 1/2 and 1/4 of its tokens (min 8)."""
+    """The held-out snippets, each cut at 1, 3/4, 1/2 and 1/4 of its tokens (min 8); for
+    another pair, its own prompts."""
+    if _PAIR:
+        return _PAIR["prompts"]
     from tokenizers import Tokenizer
 
     from sglang_ddtree.pair import TARGET_DIR, heldout_prompts
@@ -431,7 +447,28 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="DIR with every side saved by an earlier run: summarize it again, no engine",
     )
+    ap.add_argument(
+        "--arch",
+        choices=("pair", "mla"),
+        default="pair",
+        help="the shipped trained pair, or the Kimi-shaped MLA + MoE tiny pair",
+    )
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     args = ap.parse_args(argv)
+    if args.arch == "mla":
+        import tempfile
+
+        from sglang_ddtree.testing import tiny_models as tm
+        from sglang_ddtree.testing.e2e import make_prompts
+
+        target, draft = tm.make_tiny_mla_pair(tempfile.mkdtemp(prefix="ddtree_law_"))
+        vocab = tm.TinyMLAPairConfig().vocab_size
+        prompts = make_prompts(len(tm.SPECIALS), vocab, GREEDY_PROMPTS, seed=1)
+        _PAIR.update(target=target, draft=draft, prompts=prompts)
+    if args.tp > 1:
+        from sglang_ddtree.testing import e2e
+
+        e2e.ENGINE_EXTRA["tp_size"] = args.tp
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
