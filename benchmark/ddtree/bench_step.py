@@ -23,6 +23,12 @@ Models (``--model``):
   1/9/17/25/33), random weights (``load_format=dummy``: step cost does not depend on weight
   values); random token-id prompts. Phase ``accept`` is meaningless there and skipped.
 
+- ``kimi``: Kimi K2.6's layer shapes (DeepSeek-V3: MLA with kv_lora_rank 512 / qk 128+64 / v 128,
+  64 heads, hidden 7168, 384 routed experts top-8 of size 2048 + 1 shared, vocab 163,840, YaRN),
+  ``--kimi-layers`` layers (the first dense), routed experts in bf16 (not K2.6's INT4), with a
+  drafter of the K2.6 DFlash drafter's shape (6 Qwen3 layers, 64 / 8 heads, block 8); random
+  weights; ``--tp`` GPUs. Configurations ``dflash`` (the block-8 chain) and ``ddtree-N``.
+
 Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num-draft-tokens``
 = block 16); ``dflash-b8`` (8B shape only: the chain with a block-8 drafter of the same shape);
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
@@ -37,6 +43,11 @@ Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown t
 configuration that fails is recorded with its error and the run goes on; none is started after
 ``--deadline-s``.
 
+Phase ``experts`` (``--phases experts``, alone: CUDA graphs off): per batch size, the distinct
+routed experts each MoE layer's top-k selects in one forward of the target, from the verify
+forwards (``bs x W`` tokens; W = 1 without speculation); random weights route near uniformly,
+which spreads tokens over more experts than a trained router does.
+
 Diagnostics (``sglang_ddtree.step_timing``; files copied to ``<out>/profile_<model>_<config>/``,
 one per step run in run order): ``--torch-profile-skip N`` (torch profiler tables of 20 decode
 steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (host time),
@@ -50,6 +61,8 @@ H200 (through the ``run`` tool, ``carry: [".gpu"]``, after the README's bundle s
     python3 benchmark/ddtree/bench_step.py --model pair --phases accept,step --out $OUT
     python3 benchmark/ddtree/bench_step.py --model 8b --configs none,dflash,ddtree-32,ddtree-64 \\
         --out $OUT
+    python3 benchmark/ddtree/bench_step.py --model kimi --tp 2 --batch-sizes 1 4 16 64 --out $OUT
+    python3 benchmark/ddtree/bench_step.py --model kimi --tp 2 --phases experts --out $OUT
 """
 
 from __future__ import annotations
@@ -74,8 +87,10 @@ from sglang_ddtree.srt.ddtree_args import (
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
+    EXPERT_COUNT_ENV,
     SYNC_TRACE_ENV,
     TORCH_PROFILE_ENV,
+    read_expert_counts,
     read_steps,
 )
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
@@ -83,6 +98,7 @@ from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
     "8b": "none,dflash,dflash-b8,ddtree,ddtree-32,ddtree-64",
+    "kimi": "none,dflash,ddtree-8,ddtree-16,ddtree-32,ddtree-64",
 }
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
 # --temps may also name T1 without top-p (no top-p renorm pass: isolates its cost).
@@ -139,7 +155,107 @@ DFLASH_8B_B8 = {
 }
 
 
-def model_spec(name: str, workdir: str, prompt_len: int | None = None) -> dict:
+# Kimi K2.6 (DeepSeek-V3 architecture; its config.json) and its DFlash drafter's shape.
+KIMI_K26 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 163840,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 384,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.827,
+    "hidden_act": "silu",
+    "max_position_embeddings": 262144,
+    "rope_theta": 50000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 64.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 163584,
+    "eos_token_id": 163586,
+}
+KIMI_DFLASH = {
+    **{
+        k: QWEN3_8B[k]
+        for k in ("attention_bias", "attention_dropout", "hidden_act", "rms_norm_eps")
+    },
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "vocab_size": 163840,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 6,
+    "max_window_layers": 6,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 262144,
+    "rope_theta": 50000.0,
+    "rope_scaling": KIMI_K26["rope_scaling"],
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "block_size": 8,
+    "dflash_config": {"block_size": 8, "mask_token_id": 163838},
+}
+KIMI_CONTEXT_LAYERS = 6  # K2.6's drafter reads 6 target layers
+
+
+def kimi_configs(layers: int) -> tuple[dict, dict]:
+    """The target cut to ``layers`` layers (the first dense) and the drafter, its six context
+    layers spread over the target's layers before the last (SGLang captures a layer's output at
+    the next layer's input)."""
+    if layers < KIMI_CONTEXT_LAYERS + 3:
+        raise SystemExit(f"--kimi-layers must be >= {KIMI_CONTEXT_LAYERS + 3}")
+    # K2.6's own spacing: 1 + round(i * (L - 4) / 5) gives [1, 12, 24, 35, 47, 58] at L = 61.
+    n = KIMI_CONTEXT_LAYERS
+    ids = [1 + round(i * (layers - 4) / (n - 1)) for i in range(n)]
+    target = {**KIMI_K26, "num_hidden_layers": layers}
+    drafter = {
+        **KIMI_DFLASH,
+        "num_target_layers": layers,
+        "dflash_config": {**KIMI_DFLASH["dflash_config"], "target_layer_ids": ids},
+    }
+    return target, drafter
+
+
+def _write_configs(pairs) -> None:
+    for path, cfg in pairs:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+
+
+def model_spec(
+    name: str, workdir: str, prompt_len: int | None = None, kimi_layers: int = 9
+) -> dict:
     """Paths and engine settings of one model family. ``prompt_len`` (8B shape only): every
     prompt has that many tokens instead of 64-128."""
     if name == "pair":
@@ -155,10 +271,7 @@ def model_spec(name: str, workdir: str, prompt_len: int | None = None) -> dict:
     if name == "8b":
         target, drafter = os.path.join(workdir, "qwen3-8b"), os.path.join(workdir, "dflash-8b")
         drafter_b8 = os.path.join(workdir, "dflash-8b-b8")
-        for path, cfg in ((target, QWEN3_8B), (drafter, DFLASH_8B), (drafter_b8, DFLASH_8B_B8)):
-            os.makedirs(path, exist_ok=True)
-            with open(os.path.join(path, "config.json"), "w") as f:
-                json.dump(cfg, f, indent=1)
+        _write_configs(((target, QWEN3_8B), (drafter, DFLASH_8B), (drafter_b8, DFLASH_8B_B8)))
         rng = random.Random(0)
         lengths = [prompt_len or rng.randint(64, 128) for _ in range(64)]
         prompts = [[rng.randrange(1000, 150000) for _ in range(n)] for n in lengths]
@@ -176,10 +289,53 @@ def model_spec(name: str, workdir: str, prompt_len: int | None = None) -> dict:
                 "skip_tokenizer_init": True,
             },
         }
-    raise SystemExit(f"unknown --model {name!r}: pair or 8b")
+    if name == "kimi":
+        target, drafter = os.path.join(workdir, "kimi-k2.6"), os.path.join(workdir, "dflash-kimi")
+        _write_configs(zip((target, drafter), kimi_configs(kimi_layers)))
+        rng = random.Random(0)
+        # >= 256 tokens: no prefill forward has as few tokens as a verify (bs x W <= 64 x 65).
+        prompts = [[rng.randrange(1000, 160000) for _ in range(256)] for _ in range(64)]
+        return {
+            "target": target,
+            "drafter": drafter,
+            "block": 8,
+            "prompts": prompts,
+            "engine": {
+                "mem_fraction_static": 0.85,
+                "context_length": 4096,
+                "load_format": "dummy",
+                "skip_tokenizer_init": True,
+            },
+        }
+    raise SystemExit(f"unknown --model {name!r}: pair, 8b or kimi")
 
 
-def engine_kwargs(spec: dict, config: str, max_bs: int) -> dict:
+def verify_tokens_per_request(spec: dict, config: str) -> int:
+    """W: tokens each request puts through the target's forward in one decode step."""
+    base = config.split("+")[0]
+    if base == "none":
+        return 1
+    if base.startswith("ddtree-"):
+        return int(base.split("-", 1)[1]) + 1
+    if base == "dflash":
+        return spec["block"]
+    if base == "dflash-b8":
+        return 8
+    raise SystemExit(f"--phases experts needs a fixed W: none, dflash or ddtree-N, not {config!r}")
+
+
+def expert_stats(counts: list[tuple[int, int]], tokens: int) -> dict:
+    """Distinct routed experts per MoE layer call over the calls with ``tokens`` tokens."""
+    got = [d for t, d in counts if t == tokens]
+    return {
+        "tokens": tokens,
+        "calls": len(got),
+        "median": statistics.median(got) if got else None,
+        "max": max(got) if got else None,
+    }
+
+
+def engine_kwargs(spec: dict, config: str, max_bs: int, tp: int = 1, graphs: bool = True) -> dict:
     kw = dict(
         model_path=spec["target"],
         attention_backend="triton",
@@ -189,6 +345,10 @@ def engine_kwargs(spec: dict, config: str, max_bs: int) -> dict:
         random_seed=0,
         **spec["engine"],
     )
+    if tp > 1:
+        kw["tp_size"] = tp
+    if not graphs:
+        kw["disable_cuda_graph"] = True
     if config == "none":
         return kw
     kw.update(speculative_draft_model_path=spec["drafter"])
@@ -288,8 +448,14 @@ def run_config(spec, config, args, timing_dir) -> dict:
     row = {"config": config, "accept": {}, "step": []}
     base, variant_env = split_variant(config)
     os.environ.update(variant_env)
+    counting = "experts" in args.phases
+    if counting:  # graphs off: the counter runs at every MoE call
+        os.environ[EXPERT_COUNT_ENV] = str(KIMI_K26["n_routed_experts"])
+    else:
+        os.environ.pop(EXPERT_COUNT_ENV, None)
     t_start = time.monotonic()
-    eng = sgl.Engine(**engine_kwargs(spec, base, max(args.batch_sizes)))
+    kw = engine_kwargs(spec, base, max(args.batch_sizes), tp=args.tp, graphs=not counting)
+    eng = sgl.Engine(**kw)
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)
     print(f"[bench_step] {config}: engine up in {row['engine_up_s']} s", flush=True)
     try:
@@ -315,6 +481,15 @@ def run_config(spec, config, args, timing_dir) -> dict:
                     "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
                 }
                 print(f"[bench_step] {config} accept {tname}: {row['accept'][tname]}", flush=True)
+        if counting:
+            w = verify_tokens_per_request(spec, config)
+            row["experts"] = []
+            for bs in args.batch_sizes:
+                prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(bs)]
+                generate(eng, prompts, {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0})
+                counts = read_expert_counts(timing_dir)
+                row["experts"].append({"bs": bs, "w": w, **expert_stats(counts, bs * w)})
+                print(f"[bench_step] {config} experts: {row['experts'][-1]}", flush=True)
         if "step" in args.phases:
             windows = []
             for bs in args.batch_sizes:
@@ -433,9 +608,11 @@ def gpu_name() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="pair", choices=("pair", "8b"))
+    ap.add_argument("--model", default="pair", choices=("pair", "8b", "kimi"))
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
+    ap.add_argument("--kimi-layers", type=int, default=9, help="kimi: target layers (K2.6 has 61)")
     ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
-    ap.add_argument("--phases", default="step", help="comma list of: accept, step")
+    ap.add_argument("--phases", default="step", help="comma list of: accept, step; or experts")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--accept-tokens", type=int, default=256)
     ap.add_argument("--step-tokens", type=int, default=128)
@@ -485,10 +662,14 @@ def main() -> None:
         raise SystemExit(f"unknown --temps {unknown}; known: {list(ALL_TEMPS)}")
     args.temps = [(t, ALL_TEMPS[t]) for t in args.temps.split(",")]
     args.phases = set(args.phases.split(","))
+    if not args.phases <= {"accept", "step", "experts"}:
+        raise SystemExit(f"unknown --phases {sorted(args.phases)}; accept, step or experts")
+    if "experts" in args.phases and len(args.phases) > 1:
+        raise SystemExit("--phases experts runs alone (its engines run without CUDA graphs)")
     os.makedirs(args.out, exist_ok=True)
     t_begin = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="bench_step_")
-    spec = model_spec(args.model, workdir, args.prompt_len)
+    spec = model_spec(args.model, workdir, args.prompt_len, args.kimi_layers)
     result = {
         "model": args.model,
         "command": " ".join(sys.argv),

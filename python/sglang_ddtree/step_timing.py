@@ -31,6 +31,9 @@ summed device time per decode step), which shows whether a step is GPU-bound or 
 synchronization inside a decode batch: torch's sync debug mode (``.item()``, device-to-host
 copies, ...) and explicit ``Stream`` / ``Event`` / device synchronizes. Unique stacks with their
 counts go to ``<dir>/syncs.<pid>.txt``, rewritten at every non-decode batch.
+``SGLANG_DDTREE_EXPERT_COUNT=<E>`` (with the above; CUDA graphs off) counts the distinct routed
+experts (ids below E) of every MoE top-k call and appends ``<tokens> <distinct>`` lines to
+``<dir>/experts.<pid>.txt``: what an MoE layer reads per forward (one host sync per call).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ TORCH_PROFILE_STEPS = 20
 WINDOW = "window"  # SGLANG_DDTREE_CPROFILE value: profile while WINDOW_FILE exists
 WINDOW_FILE = "cprofile.window"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+EXPERT_COUNT_ENV = "SGLANG_DDTREE_EXPERT_COUNT"
+TOPK_TARGET = "sglang.srt.layers.moe.topk.TopK.forward_cuda"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
 
@@ -352,13 +357,48 @@ def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
     return result
 
 
+def distinct_routed_experts(topk_ids, num_routed: int) -> int:
+    """Distinct routed experts in ``topk_ids`` [tokens, k] (ids in [0, num_routed); a fused
+    shared expert's id and -1 padding are not routed experts). Reads the device."""
+    import torch
+
+    flat = topk_ids.reshape(-1)
+    return int(torch.unique(flat[(flat >= 0) & (flat < num_routed)]).numel())
+
+
+def _topk_hook(original_fn, topk, *args, **kwargs):
+    import torch
+
+    out = original_fn(topk, *args, **kwargs)
+    ids = getattr(out, "topk_ids", None)
+    if ids is not None and not torch.cuda.is_current_stream_capturing():
+        n = distinct_routed_experts(ids, int(os.environ[EXPERT_COUNT_ENV]))
+        with open(os.path.join(os.environ[ENV], f"experts.{os.getpid()}.txt"), "a") as f:
+            f.write(f"{ids.shape[0]} {n}\n")
+    return out
+
+
+def read_expert_counts(out_dir: str) -> list[tuple[int, int]]:
+    """Every ``(tokens, distinct routed experts)`` MoE top-k call written under ``out_dir``."""
+    rows = []
+    for name in sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []:
+        if name.startswith("experts.") and name.endswith(".txt"):
+            with open(os.path.join(out_dir, name)) as f:
+                rows += [tuple(int(x) for x in line.split()) for line in f if line.strip()]
+    return rows
+
+
 def register_if_enabled() -> bool:
-    """Install the ``run_batch`` hook when ``SGLANG_DDTREE_STEP_TIMING`` is set."""
+    """Install the ``run_batch`` hook when ``SGLANG_DDTREE_STEP_TIMING`` is set (and the MoE
+    top-k counter when ``SGLANG_DDTREE_EXPERT_COUNT`` is set too)."""
     if not os.environ.get(ENV):
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, _run_batch_hook, HookType.AROUND)
+    if os.environ.get(EXPERT_COUNT_ENV):
+        os.makedirs(os.environ[ENV], exist_ok=True)
+        HookRegistry.register(TOPK_TARGET, _topk_hook, HookType.AROUND)
     return True
 
 
