@@ -41,15 +41,15 @@ def test_ties_break_by_token_id_whatever_the_layout():
     assert all(torch.equal(o, torch.tensor([[[2, 5, 9]]])) for o in outs)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_tensor_parallel_step_halves_build_the_single_rank_tree(tp):
+@pytest.mark.parametrize("tp,vocab,topk", [(2, 203, 4), (4, 203, 4), (8, 20, 4)])
+def test_tensor_parallel_step_halves_build_the_single_rank_tree(tp, vocab, topk):
     """`draft_shard_candidates` on every rank's LM-head rows, stacked as the all-gather would,
     then `gathered_to_tree`, builds the tree (tokens, layout, verify slots) of `draft_to_tree`
     on the whole LM head."""
     from sglang_ddtree.core.step import draft_shard_candidates, draft_to_tree, gathered_to_tree
 
     gen = torch.Generator().manual_seed(tp)
-    bs, block, hidden_size, vocab, budget, topk = 3, 6, 16, 203, 12, 4
+    bs, block, hidden_size, budget = 3, 6, 16, 12
     hidden = torch.randn(bs * block, hidden_size, generator=gen)
     lm_head = torch.randn(vocab, hidden_size, generator=gen)
     bonus = torch.randint(0, vocab, (bs,), generator=gen)
@@ -74,6 +74,9 @@ def test_tensor_parallel_step_halves_build_the_single_rank_tree(tp):
         )  # fmt: skip
         for r in range(tp)
     ]
+    # Every rank packs K candidates, also where its shard is narrower (tp 8 over 20 tokens:
+    # shards of 3 tokens, then 2, then none).
+    assert len({p.shape for p in parts}) == 1 and parts[0].shape[-1] == 2 * topk + 1
     got = gathered_to_tree(
         torch.stack(parts), bonus, seq_lens, pool_rows, req_to_token, budget=budget, topk=topk
     )

@@ -105,6 +105,10 @@ def draft_shard_candidates(
     logits = _draft_logits(hidden, lm_head_shard, bs, block_size, max_depth)
     values, tokens, lse = shard_candidates(logits, vocab_start, vocab_size, topk)
     assert vocab_size < 2**24, "token ids must be exact in float32"
+    short = topk - values.shape[-1]
+    if short > 0:  # a shard narrower than K: pad to K, so every rank gathers the same width
+        values = torch.nn.functional.pad(values, (0, short), value=float("-inf"))
+        tokens = torch.nn.functional.pad(tokens, (0, short), value=0)
     return torch.cat([values, tokens.float(), lse[..., None]], dim=-1)
 
 
