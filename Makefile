@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-serve run test test-gpu lint format bench demo train-pair upstream-patch
+.PHONY: install install-serve run test test-gpu lint format bench bench-serving demo train-pair upstream-patch
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
@@ -48,6 +48,11 @@ bench-step:
 bench-e2e:
 	$(PYTHON) benchmark/ddtree/bench_e2e.py --out bench_out --configs none,dflash,ddtree-adaptive \
 		--waves 8 --max-tokens 128 --repeats 2 --step-timing
+
+# Serving with SGLang's own client (sglang.benchmark.serving): none / DFLASH / DDTREE servers in
+# alternating order, 3 repeats, c = 1/8/32/64, T = 0 and T = 1 / top_p 0.95; resumable (--out).
+bench-serving:
+	$(PYTHON) benchmark/ddtree/bench_serving.py --out bench_out
 
 # The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md).
 # Pristine SGLang sources: SGLANG_SRC=DIR, an installed sglang 0.5.17, or pip download (cached).

@@ -1,7 +1,9 @@
 """Benchmarks on a machine that cannot run them: a message and a non-zero exit, not a
 traceback or a row of failures with exit code 0."""
 
+import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,3 +70,54 @@ def test_expert_stats(load_benchmark):
     got = mod.expert_stats([(66, 40), (66, 44), (256, 200), (66, 42)], 66)
     assert got == {"tokens": 66, "calls": 3, "median": 42, "max": 44}
     assert mod.expert_stats([], 9)["calls"] == 0
+
+
+def test_bench_serving_pieces(load_benchmark, tmp_path):
+    """The serving driver: SGLang's client command, its output, alternating server order, and
+    medians / ranges / the DDTREE-over-DFLASH ratio per cell."""
+    mod = load_benchmark("bench_serving")
+    args = SimpleNamespace(prompts_per_level=4, input_len=128, output_len=128)
+    cmd = mod.client_cmd("http://h:1", "/m", "T1_p0.95", 8, args, "/o.jsonl")
+    assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
+    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    assert flags["--dataset-name"] == "random-ids" and flags["--max-concurrency"] == "8"
+    assert flags["--num-prompts"] == "32" and flags["--temperature"] == "1.0"
+    assert flags["--top-p"] == "0.95" and flags["--random-output-len"] == "128"
+    out = tmp_path / "o.jsonl"
+    out.write_text(
+        json.dumps({"output_throughput": 5.0})
+        + "\n"
+        + json.dumps({"output_throughput": 7.5})
+        + "\n"
+    )
+    assert mod.read_throughput(str(out)) == 7.5
+    assert mod.order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert mod.order(["a", "b", "c"], 1) == ["c", "b", "a"]
+    runs = [
+        {"repeat": r, "config": cfg, "cells": {"T0": {"1": tps}}}
+        for r, (cfg, tps) in enumerate(
+            [("dflash", 100.0), ("ddtree", 150.0), ("dflash", 110.0), ("ddtree", 130.0),
+             ("dflash", 90.0), ("ddtree", 140.0)]
+        )
+    ]  # fmt: skip
+    summary = mod.summarize({"runs": runs})
+    cell = summary["T0"]["1"]
+    assert cell["dflash"] == {"median": 100.0, "min": 90.0, "max": 110.0, "n": 3}
+    assert cell["ddtree/dflash"] == pytest.approx(1.4)
+    md = mod.markdown(summary, ["none", "dflash", "ddtree"])
+    assert "| 1 | - | 100 (90-110, n=3) | 140 (130-150, n=3) | 1.40 |" in md
+    stub = mod.datasets_stub(str(tmp_path))
+    if stub is not None:  # HF datasets missing here: the stub package is importable
+        assert (tmp_path / "stub" / "datasets" / "__init__.py").exists()
+
+
+def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
+    from sglang_ddtree.serve import serving_unavailable
+
+    if serving_unavailable() is None:
+        pytest.skip("this machine runs SGLang servers")
+    mod = load_benchmark("bench_serving")
+    assert mod.main(["--out", str(tmp_path)]) == 2
+    assert "launches SGLang servers on a GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(tmp_path), "--configs", "eagle"])
