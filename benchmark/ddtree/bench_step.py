@@ -335,7 +335,14 @@ def expert_stats(counts: list[tuple[int, int]], tokens: int) -> dict:
     }
 
 
-def engine_kwargs(spec: dict, config: str, max_bs: int, tp: int = 1, graphs: bool = True) -> dict:
+def engine_kwargs(
+    spec: dict,
+    config: str,
+    max_bs: int,
+    tp: int = 1,
+    graphs: bool = True,
+    custom_all_reduce: bool = True,
+) -> dict:
     kw = dict(
         model_path=spec["target"],
         attention_backend="triton",
@@ -347,6 +354,7 @@ def engine_kwargs(spec: dict, config: str, max_bs: int, tp: int = 1, graphs: boo
     )
     if tp > 1:
         kw["tp_size"] = tp
+        kw["disable_custom_all_reduce"] = not custom_all_reduce
     if not graphs:
         kw["disable_cuda_graph"] = True
     if config == "none":
@@ -454,7 +462,14 @@ def run_config(spec, config, args, timing_dir) -> dict:
     else:
         os.environ.pop(EXPERT_COUNT_ENV, None)
     t_start = time.monotonic()
-    kw = engine_kwargs(spec, base, max(args.batch_sizes), tp=args.tp, graphs=not counting)
+    kw = engine_kwargs(
+        spec,
+        base,
+        max(args.batch_sizes),
+        tp=args.tp,
+        graphs=not counting,
+        custom_all_reduce=not args.disable_custom_all_reduce,
+    )
     eng = sgl.Engine(**kw)
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)
     print(f"[bench_step] {config}: engine up in {row['engine_up_s']} s", flush=True)
@@ -610,6 +625,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="pair", choices=("pair", "8b", "kimi"))
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
+    ap.add_argument(
+        "--disable-custom-all-reduce",
+        action="store_true",
+        help="tp > 1: NCCL's all-reduce instead of SGLang's custom one",
+    )
     ap.add_argument("--kimi-layers", type=int, default=9, help="kimi: target layers (K2.6 has 61)")
     ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
     ap.add_argument("--phases", default="step", help="comma list of: accept, step; or experts")

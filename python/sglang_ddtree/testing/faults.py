@@ -66,6 +66,7 @@ def launch_cmd(
             "--port", str(port),
             "--host", "127.0.0.1",
             "--tp-size", str(tp),
+            *(["--disable-custom-all-reduce"] if tp > 1 else []),  # as e2e.TP_CHECK_ENGINE
         ],
         algorithm=algorithm,
     )  # fmt: skip

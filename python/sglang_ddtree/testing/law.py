@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tp > 1:
         from sglang_ddtree.testing import e2e
 
-        e2e.ENGINE_EXTRA["tp_size"] = args.tp
+        e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]

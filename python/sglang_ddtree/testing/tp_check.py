@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     extra = ["--tp-size", str(args.tp), "--mem-fraction-static", "0.3", "--port", str(port)]
+    extra += ["--disable-custom-all-reduce"]  # as e2e.TP_CHECK_ENGINE
     extra += ["--host", "127.0.0.1", "--context-length", "1024", "--cuda-graph-max-bs-decode", "8"]
     log_path = os.path.join(args.out, "tp_check_server.log")
     os.environ[TEST_RANK_SKEW_ENV] = "1"
