@@ -3,6 +3,8 @@
 
 - ``ddtree_worker_v2``: ``DDTreeWorkerV2``, the spec-v2 worker (draft tree, tree verify,
   accept, commit).
+- ``ddtree_info``: ``DDTreeVerifyInput``, the tree verify and its accept decision (greedy and
+  sampled requests in one pass).
 - ``ddtree_cuda_graph_runner``: the target-verify CUDA graphs, one set per budget bucket.
 - ``ddtree_glue_graph``: CUDA graphs of the step's pure-tensor glue segments.
 - ``ddtree_spec``: ``DDTreeSpecAlgo`` and the server-argument checks.

@@ -53,7 +53,6 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import (
     apply_dflash_verify_logits_adjustments,
@@ -65,8 +64,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
-from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
-from sglang_ddtree.core.sampling import draw_coins
+from sglang_ddtree.core.layout import TreeLayout
 from sglang_ddtree.core.step import (
     TreeStep,
     accept_and_commit,
@@ -89,6 +87,7 @@ from sglang_ddtree.srt.ddtree_args import (
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
+from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 
 logger = logging.getLogger(__name__)
 
@@ -346,24 +345,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the drafter returned no hidden states.")
         return hidden
 
-    def _verify_mask(self, tree: TreeStep, batch, draft_input, w: int) -> torch.Tensor:
-        """FULL_MASK bool [>= W * sum(prefix) + bs * W * W], sized from host lengths only.
-
-        The reserved KV lengths (committed + 2 W per request, never clamped: near the context
-        limit a prefix may pass the context length by one accepted path) bound every prefix,
-        also under overlap scheduling, where the host's committed lengths lag the device's by a
-        step. Reading the device lengths instead costs one host sync per step (measured: the
-        GPU idled 1.4 ms of each 9 ms step on the 8B shape at bs 1).
-        """
-        if draft_input.reserved_seq_lens_cpu is not None:
-            prefix = draft_input.reserved_seq_lens_cpu
-        elif batch.seq_lens_cpu is not None:
-            prefix = batch.seq_lens_cpu
-        else:
-            raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
-        total = verify_mask_numel(w, prefix)
-        return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
-
     # ------------------------------------------------------------------------------------------
     # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).
     def _build_glue(self, shape: DDTreeShape, enabled: bool, pool) -> dict[str, SegmentGraphs]:
@@ -466,31 +447,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, pool=pool),
             "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, pool=pool),
         }
-
-    def _accept_and_commit(self, glue, key, logits, tree: TreeStep, sampling_info):
-        """The accept segment; its key adds the sampling mode to ``key`` (None: eager)."""
-        bs = tree.tokens.shape[0]
-        bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
-        bound.update(tree.layout._asdict())
-        if sampling_info is None or sampling_info.is_all_greedy:
-            return glue["accept"](key and (*key, "greedy"), bound)
-        # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
-        need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
-        need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
-        # The coins are drawn here, eagerly (two launches), and copied in like the sampling
-        # parameters: the law then never depends on how captured graphs replay the RNG.
-        coins, final_coins = draw_coins(
-            bs, tree.tokens.shape[1], logits.device, generator=self._coin_generator
-        )
-        copied = {
-            "temperatures": sampling_info.temperatures.view(-1),
-            "top_ks": sampling_info.top_ks.view(-1),
-            "top_ps": sampling_info.top_ps.view(-1),
-            "coins": coins,
-            "final_coins": final_coins,
-        }
-        static = {"need_top_k": need_k, "need_top_p": need_p}
-        return glue["accept"](key and (*key, "sampled", need_k, need_p), bound, copied, static)
 
     def _lm_head_shard(self) -> tuple[torch.Tensor, int]:
         """This rank's rows of the target LM head that are real tokens, and the global id of
@@ -618,13 +574,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
         # 3) Tree verify on the target.
-        verify_input = DFlashVerifyInput(
-            draft_token=tree.tokens.reshape(-1),
-            positions=tree.layout.positions.reshape(-1),
-            draft_token_num=w,
-            custom_mask=self._verify_mask(tree, batch, draft_input, w),
-            capture_hidden_mode=CaptureHiddenMode.FULL,
-        )
+        verify_input = DDTreeVerifyInput.from_tree(tree, batch, draft_input)
         # A copy: the batch keeps out_cache_loc past this step; the graph output is reused.
         batch.out_cache_loc = tree.verify_loc.clone()
         sampling_info = batch.sampling_info
@@ -649,7 +599,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
 
         # 4) Accept and plan the commit (glue graph).
-        commit: CommitPlan = self._accept_and_commit(glue, key, logits, tree, sampling_info)
+        commit: CommitPlan = verify_input.verify(
+            logits, sampling_info, glue["accept"], key, self._coin_generator
+        )
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
         # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV
