@@ -56,6 +56,7 @@ MODULE_MAP = {
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
     "sglang_ddtree.core.topk_triton": f"{SPEC}/ddtree/topk_triton.py",
     "sglang_ddtree.core.tree": f"{SPEC}/ddtree/tree.py",
+    "sglang_ddtree.core.tree_attention": f"{SPEC}/ddtree/tree_attention.py",
     "sglang_ddtree.core.tree_triton": f"{SPEC}/ddtree/tree_triton.py",
     "sglang_ddtree.core.vocab_shard": f"{SPEC}/ddtree/vocab_shard.py",
     # The SGLang integration, named like SGLang's other algorithms (dflash_worker_v2.py, ...).

@@ -1,0 +1,232 @@
+"""Tree-verify attention in two parts merged by log-sum-exp.
+
+Terms: ``bs`` requests, ``W`` tree nodes each (node 0 the root), ``Hq`` query heads over ``Hkv``
+KV heads (``G = Hq / Hkv`` queries share a KV head), key width ``D``, value width ``Dv``. The KV
+cache is slot-addressed (page size 1): request ``b``'s cached prefix is the slots
+``kv_indices[kv_indptr[b] : kv_indptr[b + 1]]``, its nodes' KV (written by this verify) the
+slots ``node_loc[b * W : (b + 1) * W]``. Node ``i`` attends the whole prefix and the nodes ``j``
+with ``tree_mask[b, i, j]`` (its ancestors and itself).
+
+A custom-mask extend kernel reads the prefix once per query row and masks every cell. Here:
+
+- the prefix part (``_prefix_attention_kernel``): all ``W x G`` query rows of a request and KV
+  head against the prefix, with no mask, so each prefix tile is read once for all of them (a
+  multi-query decode);
+- the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block;
+- the merge: ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's
+  log-sum-exp (natural log) of its scaled scores (``merge_attention_states``; sgl_kernel's
+  ``merge_state`` computes the same).
+
+``tree_attention_reference`` is the plain-torch twin over the same inputs. The worker does not
+call these yet: wiring them into the triton backend's target verify, and tiling the key width
+for MLA's 576-wide keys, come with the GPU measurements.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU machines without triton: the reference still works
+    triton = None
+
+
+def tree_attention_reference(
+    q: torch.Tensor,  # [bs * W, Hq, D]
+    k_buffer: torch.Tensor,  # [slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [slots, Hkv, Dv]
+    kv_indptr: torch.Tensor,  # [bs + 1] int, prefix offsets into kv_indices
+    kv_indices: torch.Tensor,  # [sum(prefix)] int, prefix KV slots
+    node_loc: torch.Tensor,  # [bs * W] int, the nodes' KV slots
+    tree_mask: torch.Tensor,  # [bs, W, W] bool, ancestor-or-self
+    sm_scale: float,
+) -> torch.Tensor:
+    """[bs * W, Hq, Dv] in q's dtype: softmax over [prefix ; allowed nodes], float32 math."""
+    bs, w, _ = tree_mask.shape
+    hq, hkv = q.shape[1], k_buffer.shape[1]
+    out = torch.empty(q.shape[0], hq, v_buffer.shape[-1], dtype=q.dtype, device=q.device)
+    heads = torch.arange(hq, device=q.device) // (hq // hkv)
+    for b in range(bs):
+        pre = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+        slots = torch.cat([pre, node_loc[b * w : (b + 1) * w].long()])
+        k = k_buffer[slots][:, heads].float()  # [P + W, Hq, D]
+        v = v_buffer[slots][:, heads].float()
+        qb = q[b * w : (b + 1) * w].float()  # [W, Hq, D]
+        scores = torch.einsum("ihd,jhd->hij", qb, k) * sm_scale  # [Hq, W, P + W]
+        allowed = torch.cat(
+            [torch.ones(w, len(pre), dtype=torch.bool, device=q.device), tree_mask[b]], dim=1
+        )
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[b * w : (b + 1) * w] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+def merge_attention_states(
+    o1: torch.Tensor,  # [N, H, Dv] normalized output of part 1
+    lse1: torch.Tensor,  # [N, H] float32, its log-sum-exp; -inf where it saw no key
+    o2: torch.Tensor,  # [N, H, Dv]
+    lse2: torch.Tensor,  # [N, H] float32, finite
+) -> torch.Tensor:
+    """The attention output over both parts' keys, [N, H, Dv] in o2's dtype."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    out = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]
+    return out.to(o2.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _prefix_attention_kernel(
+        Q, K, V, KvIndptr, KvIndices, Out, Lse,
+        sm_scale,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_ot, stride_oh, stride_lt,
+        W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        hkv = tl.program_id(1)
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # node * G + head in group
+        row_ok = rows < W * G
+        token = b * W + rows // G
+        head = hkv * G + rows % G
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        q = tl.load(
+            Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            mask=row_ok[:, None] & (offs_d[None, :] < D),
+            other=0.0,
+        )
+        start = tl.load(KvIndptr + b)
+        length = tl.load(KvIndptr + b + 1) - start
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        for n0 in range(0, length, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < length
+            slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
+            k = tl.load(
+                K + slot[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :],
+                mask=n_ok[:, None] & (offs_d[None, :] < D),
+                other=0.0,
+            )
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale  # [BLOCK_M, BLOCK_N]
+            s = tl.where(n_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            v = tl.load(
+                V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
+                mask=n_ok[:, None] & (offs_dv[None, :] < DV),
+                other=0.0,
+            )
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(
+            Out + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+        )
+        tl.store(Lse + token * stride_lt + head, lse, mask=row_ok)
+
+    @triton.jit
+    def _tree_attention_kernel(
+        Q, K, V, NodeLoc, Mask, Out, Lse,
+        sm_scale,
+        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        stride_ot, stride_oh, stride_lt,
+        W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+        BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        head = tl.program_id(1)
+        hkv = head // G
+        offs_w = tl.arange(0, BLOCK_W)
+        w_ok = offs_w < W
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        token = b * W + offs_w
+        q = tl.load(
+            Q + token[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+            mask=w_ok[:, None] & (offs_d[None, :] < D),
+            other=0.0,
+        )
+        slot = tl.load(NodeLoc + token, mask=w_ok, other=0).to(tl.int64)
+        k = tl.load(
+            K + slot[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :],
+            mask=w_ok[:, None] & (offs_d[None, :] < D),
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale  # [BLOCK_W, BLOCK_W]
+        allowed = tl.load(
+            Mask + b * W * W + offs_w[:, None] * W + offs_w[None, :],
+            mask=w_ok[:, None] & w_ok[None, :],
+            other=0,
+        )
+        s = tl.where(allowed != 0, s, float("-inf"))
+        m = tl.max(s, 1)
+        m = tl.where(w_ok, m, 0.0)  # padded rows: no allowed key
+        p = tl.exp(s - m[:, None])
+        l_sum = tl.sum(p, 1)
+        v = tl.load(
+            V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
+            mask=w_ok[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
+        out = tl.dot(p.to(v.dtype), v).to(tl.float32) / tl.where(w_ok, l_sum, 1.0)[:, None]
+        tl.store(
+            Out + token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=w_ok[:, None] & (offs_dv[None, :] < DV),
+        )
+        lse = m + tl.log(tl.where(w_ok, l_sum, 1.0))
+        tl.store(Lse + token * stride_lt + head, lse, mask=w_ok)
+
+
+def tree_attention(
+    q: torch.Tensor,  # [bs * W, Hq, D]
+    k_buffer: torch.Tensor,  # [slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [slots, Hkv, Dv] (may be a view of k_buffer, as in MLA)
+    kv_indptr: torch.Tensor,  # [bs + 1] int
+    kv_indices: torch.Tensor,  # [sum(prefix)] int
+    node_loc: torch.Tensor,  # [bs * W] int
+    tree_mask: torch.Tensor,  # [bs, W, W] bool
+    sm_scale: float,
+) -> torch.Tensor:
+    """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
+    merge. No host sync: every size it launches with comes from tensor shapes."""
+    bs, w, _ = tree_mask.shape
+    n, hq, d = q.shape
+    hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
+    assert n == bs * w and hq % hkv == 0 and node_loc.numel() == n
+    assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
+    g = hq // hkv
+    mask = tree_mask.to(torch.int8).contiguous()
+    block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
+    outs, lses = [], []
+    for _ in range(2):
+        outs.append(torch.empty(n, hq, dv, dtype=q.dtype, device=q.device))
+        lses.append(torch.empty(n, hq, dtype=torch.float32, device=q.device))
+    strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+               v_buffer.stride(0), v_buffer.stride(1), outs[0].stride(0), outs[0].stride(1),
+               lses[0].stride(0))  # fmt: skip
+    block_m = 16 if w * g <= 16 else 32
+    _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m))](
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, outs[0], lses[0], sm_scale, *strides,
+        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32, BLOCK_D=block_d, BLOCK_DV=block_dv,
+    )  # fmt: skip
+    _tree_attention_kernel[(bs, hq)](
+        q, k_buffer, v_buffer, node_loc, mask, outs[1], lses[1], sm_scale, *strides,
+        W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
+        BLOCK_D=block_d, BLOCK_DV=block_dv,
+    )  # fmt: skip
+    return merge_attention_states(outs[0], lses[0], outs[1], lses[1])
