@@ -77,6 +77,7 @@ cases = [
     dict(bs=3, w=7, hq=4, hkv=2, d=24, dv=20, prefix=[5, 0, 37], seed=1),  # grouped heads
     dict(bs=2, w=5, hq=4, hkv=1, d=40, dv=32, prefix=[9, 40], seed=2, mla=True),  # MLA-like
     dict(bs=1, w=17, hq=2, hkv=2, d=16, dv=16, prefix=[70], seed=3),  # W > 16, 3 prefix tiles
+    dict(bs=2, w=9, hq=4, hkv=1, d=144, dv=128, prefix=[33, 2], seed=4, mla=True),  # 3 key tiles
 ]
 for case in cases:
     args, scale = random_case(**case)

@@ -86,7 +86,7 @@ if triton is not None:
         stride_ot, stride_oh, stride_lt,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         hkv = tl.program_id(1)
@@ -94,13 +94,9 @@ if triton is not None:
         row_ok = rows < W * G
         token = b * W + rows // G
         head = hkv * G + rows % G
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_dk = tl.arange(0, BLOCK_DK)
         offs_dv = tl.arange(0, BLOCK_DV)
-        q = tl.load(
-            Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-            mask=row_ok[:, None] & (offs_d[None, :] < D),
-            other=0.0,
-        )
+        q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         start = tl.load(KvIndptr + b)
         length = tl.load(KvIndptr + b + 1) - start
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -110,13 +106,22 @@ if triton is not None:
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < length
             slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
-            k = tl.load(
-                K + slot[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :],
-                mask=n_ok[:, None] & (offs_d[None, :] < D),
-                other=0.0,
-            )
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale  # [BLOCK_M, BLOCK_N]
-            s = tl.where(n_ok[None, :], s, float("-inf"))
+            k_rows = K + slot[:, None] * stride_kt + hkv * stride_kh
+            s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for t in tl.static_range(D_TILES):  # scores over the key width in tiles
+                d_ok = (t * BLOCK_DK + offs_dk) < D
+                q = tl.load(
+                    q_rows + t * BLOCK_DK + offs_dk[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )
+                k = tl.load(
+                    k_rows + t * BLOCK_DK + offs_dk[None, :],
+                    mask=n_ok[:, None] & d_ok[None, :],
+                    other=0.0,
+                )
+                s += tl.dot(q, tl.trans(k)).to(tl.float32)
+            s = tl.where(n_ok[None, :], s * sm_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
@@ -145,28 +150,33 @@ if triton is not None:
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_ot, stride_oh, stride_lt,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-        BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         head = tl.program_id(1)
         hkv = head // G
         offs_w = tl.arange(0, BLOCK_W)
         w_ok = offs_w < W
-        offs_d = tl.arange(0, BLOCK_D)
+        offs_dk = tl.arange(0, BLOCK_DK)
         offs_dv = tl.arange(0, BLOCK_DV)
         token = b * W + offs_w
-        q = tl.load(
-            Q + token[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-            mask=w_ok[:, None] & (offs_d[None, :] < D),
-            other=0.0,
-        )
         slot = tl.load(NodeLoc + token, mask=w_ok, other=0).to(tl.int64)
-        k = tl.load(
-            K + slot[:, None] * stride_kt + hkv * stride_kh + offs_d[None, :],
-            mask=w_ok[:, None] & (offs_d[None, :] < D),
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * sm_scale  # [BLOCK_W, BLOCK_W]
+        s = tl.zeros([BLOCK_W, BLOCK_W], tl.float32)
+        for t in tl.static_range(D_TILES):  # scores over the key width in tiles
+            d_ok = (t * BLOCK_DK + offs_dk) < D
+            q = tl.load(
+                Q + token[:, None] * stride_qt + head * stride_qh + t * BLOCK_DK + offs_dk[None, :],
+                mask=w_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )
+            k = tl.load(
+                K + slot[:, None] * stride_kt + hkv * stride_kh + t * BLOCK_DK + offs_dk[None, :],
+                mask=w_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )
+            s += tl.dot(q, tl.trans(k)).to(tl.float32)
+        s = s * sm_scale  # [BLOCK_W, BLOCK_W]
         allowed = tl.load(
             Mask + b * W * W + offs_w[:, None] * W + offs_w[None, :],
             mask=w_ok[:, None] & w_ok[None, :],
@@ -211,7 +221,11 @@ def tree_attention(
     assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
     g = hq // hkv
     mask = tree_mask.to(torch.int8).contiguous()
-    block_d, block_dv = max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
+    # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
+    # MLA's latent), so the prefix is read once per request, KV head and row block.
+    block_dk = min(64, max(16, triton.next_power_of_2(d)))
+    d_tiles = triton.cdiv(d, block_dk)
+    block_dv = max(16, triton.next_power_of_2(dv))
     outs, lses = [], []
     for _ in range(2):
         outs.append(torch.empty(n, hq, dv, dtype=q.dtype, device=q.device))
@@ -222,11 +236,12 @@ def tree_attention(
     block_m = 16 if w * g <= 16 else 32
     _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m))](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, outs[0], lses[0], sm_scale, *strides,
-        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
+        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv,
     )  # fmt: skip
     _tree_attention_kernel[(bs, hq)](
         q, k_buffer, v_buffer, node_loc, mask, outs[1], lses[1], sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
-        BLOCK_D=block_d, BLOCK_DV=block_dv,
+        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv,
     )  # fmt: skip
     return merge_attention_states(outs[0], lses[0], outs[1], lses[1])
