@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-serve run test test-gpu lint format bench bench-serving demo train-pair upstream-patch
+.PHONY: install install-serve run test test-gpu test-gpu-core lint format bench bench-serving demo train-pair upstream-patch
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
@@ -25,6 +25,12 @@ test:
 
 test-gpu:
 	$(PYTHON) -m pytest test/srt -m gpu -v
+
+# The gpu tests without the two long server checks (the law against the non-speculative server,
+# faults and load): the kernels, CUDA graphs and the tiny-pair end-to-end suite, ~6 minutes.
+test-gpu-core:
+	$(PYTHON) -m pytest test/srt -m gpu -v --ignore test/srt/test_law_vs_nospec.py \
+		--ignore test/srt/test_faults_e2e.py
 
 lint:
 	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py
