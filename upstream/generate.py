@@ -62,6 +62,7 @@ MODULE_MAP = {
     # The SGLang integration, named like SGLang's other algorithms (dflash_worker_v2.py, ...).
     "sglang_ddtree.srt.ddtree_worker_v2": f"{SPEC}/ddtree_worker_v2.py",
     "sglang_ddtree.srt.ddtree_info": f"{SPEC}/ddtree_info.py",
+    "sglang_ddtree.srt.ddtree_utils": f"{SPEC}/ddtree_utils.py",
     "sglang_ddtree.srt.ddtree_cuda_graph_runner": f"{SPEC}/ddtree_cuda_graph_runner.py",
     "sglang_ddtree.srt.ddtree_glue_graph": f"{SPEC}/ddtree_glue_graph.py",
     "sglang_ddtree.srt.ddtree_spec": f"{SPEC}/ddtree_spec.py",

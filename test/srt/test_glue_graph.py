@@ -365,3 +365,72 @@ def test_step_halves_graph_equals_eager(bs):
         for name, a, b in zip(got._fields, got, ref):
             assert torch.equal(a, b), (step, name)
     assert tree_seg.counts["graph"] == 11 and acc_seg.counts["graph"] == 11
+
+
+def test_accept_tree_greedy_and_sampled_dispatch():
+    """``ddtree_utils.accept_tree`` (the worker's accept decision) through an eager accept
+    segment equals ``accept_and_commit`` directly: all-greedy batches (no sampling info) take
+    the greedy walk; mixed batches draw their coins from the given generator."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.core.sampling import draw_coins
+    from sglang_ddtree.core.step import draft_to_tree
+    from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn
+
+    bs, block, hid, vocab, budget = 3, 6, 16, 40, 10
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(
+        bs, block, hid, vocab, "cpu", seed=7
+    )
+    tree = draft_to_tree(
+        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
+        block_size=block, max_depth=block - 1, budget=budget, topk=4,
+    )  # fmt: skip
+    w, s = budget + 1, block
+    logits = torch.randn(bs * w, vocab, generator=torch.Generator().manual_seed(1))
+    graphs = SegmentGraphs("accept", make_accept_fn(s), enabled=False)
+    args = (logits, tree.tokens, tree.layout, tree.seq_lens)
+
+    got = accept_tree(tree, logits, None, graphs, None, None)
+    want = accept_and_commit(*args, accept_width=s)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+    info = SimpleNamespace(
+        is_all_greedy=False, need_top_k_sampling=True, need_top_p_sampling=True,
+        temperatures=torch.tensor([1.0, 0.7, 1.0]), top_ks=torch.tensor([ALL, 1, 20]),
+        top_ps=torch.tensor([0.95, 1.0, 1.0]),
+    )  # fmt: skip
+    got = accept_tree(tree, logits, info, graphs, None, torch.Generator().manual_seed(5))
+    coins, final = draw_coins(bs, w, "cpu", generator=torch.Generator().manual_seed(5))
+    want = accept_and_commit(
+        *args, accept_width=s, temperatures=info.temperatures, top_ks=info.top_ks,
+        top_ps=info.top_ps, coins=coins, final_coins=final,
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    greedy = accept_and_commit(*args, accept_width=s)
+    assert torch.equal(got.accept_length[1], greedy.accept_length[1])  # top_k 1: greedy row
+
+
+def test_verify_mask_is_sized_from_host_lengths():
+    """The mask buffer holds every prefix the device may see: the reserved lengths first (they
+    bound the device's under overlap), else the committed ones; neither is an error."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.core.layout import verify_mask_numel
+    from sglang_ddtree.core.step import draft_to_tree
+    from sglang_ddtree.srt.ddtree_utils import verify_mask
+
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(2, 4, 8, 30, "cpu", 3)
+    tree = draft_to_tree(
+        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
+        block_size=4, max_depth=3, budget=6, topk=3,
+    )  # fmt: skip
+    reserved = seq_lens.cpu() + 14
+    batch = SimpleNamespace(seq_lens_cpu=seq_lens.cpu())
+    mask = verify_mask(tree, batch, SimpleNamespace(reserved_seq_lens_cpu=reserved), 7)
+    assert mask.numel() == verify_mask_numel(7, reserved) > verify_mask_numel(7, seq_lens.cpu())
+    mask = verify_mask(tree, batch, SimpleNamespace(reserved_seq_lens_cpu=None), 7)
+    assert mask.numel() == verify_mask_numel(7, seq_lens.cpu())
+    with pytest.raises(RuntimeError, match="host sequence lengths"):
+        verify_mask(
+            tree, SimpleNamespace(seq_lens_cpu=None), SimpleNamespace(reserved_seq_lens_cpu=None), 7
+        )

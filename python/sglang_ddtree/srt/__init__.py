@@ -5,6 +5,7 @@
   accept, commit).
 - ``ddtree_info``: ``DDTreeVerifyInput``, the tree verify and its accept decision (greedy and
   sampled requests in one pass).
+- ``ddtree_utils``: the verify mask's buffer and the accept decision (no SGLang import).
 - ``ddtree_cuda_graph_runner``: the target-verify CUDA graphs, one set per budget bucket.
 - ``ddtree_glue_graph``: CUDA graphs of the step's pure-tensor glue segments.
 - ``ddtree_spec``: ``DDTreeSpecAlgo`` and the server-argument checks.

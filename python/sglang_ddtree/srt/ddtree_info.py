@@ -5,7 +5,7 @@ with W tree nodes per request and the ancestor-only custom mask in place of DFLA
 block; ``verify`` then takes the target's logits over the nodes to the accepted path, the bonus
 token and the commit plan: greedy requests by the tree walk, sampled ones by target-only tree
 sampling (``core.step.accept_and_commit``, one pass for a mixed batch), through the step's
-captured accept graph.
+captured accept graph (``ddtree_utils``).
 """
 
 from __future__ import annotations
@@ -17,27 +17,8 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 from sglang_ddtree.core.commit import CommitPlan
-from sglang_ddtree.core.layout import scatter_verify_mask, verify_mask_numel
-from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import TreeStep
-
-
-def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Tensor:
-    """FULL_MASK bool [>= W * sum(prefix) + bs * W * W], sized from host lengths only.
-
-    The reserved KV lengths (committed + 2 W per request, never clamped: near the context limit
-    a prefix may pass the context length by one accepted path) bound every prefix, also under
-    overlap scheduling, where the host's committed lengths lag the device's by a step. Reading
-    the device lengths instead would cost one host sync per step.
-    """
-    if draft_input.reserved_seq_lens_cpu is not None:
-        prefix = draft_input.reserved_seq_lens_cpu
-    elif batch.seq_lens_cpu is not None:
-        prefix = batch.seq_lens_cpu
-    else:
-        raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
-    total = verify_mask_numel(num_nodes, prefix)
-    return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
+from sglang_ddtree.srt.ddtree_utils import accept_tree, verify_mask
 
 
 @dataclass
@@ -67,25 +48,5 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         key,  # its graph key (bs,), or None to run eagerly
         coin_generator: torch.Generator,
     ) -> CommitPlan:
-        """Accept per request and plan the commit; the key adds the sampling mode."""
-        tree = self.tree
-        bs, w = tree.tokens.shape
-        bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
-        bound.update(tree.layout._asdict())
-        if sampling_info is None or sampling_info.is_all_greedy:
-            return accept_graphs(key and (*key, "greedy"), bound)
-        # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
-        need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
-        need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
-        # The coins are drawn here, eagerly (two launches), and copied in like the sampling
-        # parameters: the law then never depends on how captured graphs replay the RNG.
-        coins, final_coins = draw_coins(bs, w, logits.device, generator=coin_generator)
-        copied = {
-            "temperatures": sampling_info.temperatures.view(-1),
-            "top_ks": sampling_info.top_ks.view(-1),
-            "top_ps": sampling_info.top_ps.view(-1),
-            "coins": coins,
-            "final_coins": final_coins,
-        }
-        static = {"need_top_k": need_k, "need_top_p": need_p}
-        return accept_graphs(key and (*key, "sampled", need_k, need_p), bound, copied, static)
+        """Accept per request and plan the commit (``ddtree_utils.accept_tree``)."""
+        return accept_tree(self.tree, logits, sampling_info, accept_graphs, key, coin_generator)

@@ -64,10 +64,8 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
-from sglang_ddtree.core.layout import TreeLayout
 from sglang_ddtree.core.step import (
     TreeStep,
-    accept_and_commit,
     draft_shard_candidates,
     draft_to_tree,
     gathered_to_tree,
@@ -88,6 +86,7 @@ from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.srt.ddtree_utils import make_accept_fn
 
 logger = logging.getLogger(__name__)
 
@@ -394,17 +393,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 topk=self._topk[w],
             )
 
-        def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
-            layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
-            return accept_and_commit(
-                logits,
-                tokens,
-                layout,
-                seq_lens,
-                accept_width=s,
-                coin_scale=self._test_coin_scale,
-                **rest,
-            )
+        accept_fn = make_accept_fn(s, coin_scale=self._test_coin_scale)
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
             # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the

@@ -1,0 +1,79 @@
+"""DDTREE verify helpers that need no SGLang import (as ``dflash_utils.py`` holds DFLASH's):
+the verify mask's buffer, the accept segment's function, and the accept decision of one step
+(greedy and sampled requests in one pass) through that segment's captured graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from sglang_ddtree.core.commit import CommitPlan
+from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
+from sglang_ddtree.core.sampling import draw_coins
+from sglang_ddtree.core.step import TreeStep, accept_and_commit
+
+
+def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Tensor:
+    """FULL_MASK bool [>= W * sum(prefix) + bs * W * W], sized from host lengths only.
+
+    The reserved KV lengths (committed + 2 W per request, never clamped: near the context limit
+    a prefix may pass the context length by one accepted path) bound every prefix, also under
+    overlap scheduling, where the host's committed lengths lag the device's by a step. Reading
+    the device lengths instead would cost one host sync per step.
+    """
+    if draft_input.reserved_seq_lens_cpu is not None:
+        prefix = draft_input.reserved_seq_lens_cpu
+    elif batch.seq_lens_cpu is not None:
+        prefix = batch.seq_lens_cpu
+    else:
+        raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
+    total = verify_mask_numel(num_nodes, prefix)
+    return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
+
+
+def make_accept_fn(accept_width: int, coin_scale: float = 1.0) -> Callable[..., CommitPlan]:
+    """The accept segment's function: ``core.step.accept_and_commit`` over the flattened layout
+    fields (a glue graph binds tensors by name). ``coin_scale`` != 1: a deliberately wrong law
+    (tests only)."""
+
+    def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
+        layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
+        return accept_and_commit(
+            logits, tokens, layout, seq_lens, accept_width=accept_width,
+            coin_scale=coin_scale, **rest,
+        )  # fmt: skip
+
+    return accept_fn
+
+
+def accept_tree(
+    tree: TreeStep,
+    logits: torch.Tensor,  # [bs * W, V] target logits at every node (penalties applied)
+    sampling_info,  # SGLang's SamplingBatchInfo, or None (every request greedy)
+    accept_graphs,  # ddtree_glue_graph.SegmentGraphs over make_accept_fn's function
+    key,  # its graph key (bs,), or None to run eagerly
+    coin_generator: torch.Generator | None,
+) -> CommitPlan:
+    """Accept per request and plan the commit; the graph key adds the sampling mode."""
+    bs, w = tree.tokens.shape
+    bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
+    bound.update(tree.layout._asdict())
+    if sampling_info is None or sampling_info.is_all_greedy:
+        return accept_graphs(key and (*key, "greedy"), bound)
+    # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
+    need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
+    need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
+    # The coins are drawn here, eagerly (two launches), and copied in like the sampling
+    # parameters: the law then never depends on how captured graphs replay the RNG.
+    coins, final_coins = draw_coins(bs, w, logits.device, generator=coin_generator)
+    copied = {
+        "temperatures": sampling_info.temperatures.view(-1),
+        "top_ks": sampling_info.top_ks.view(-1),
+        "top_ps": sampling_info.top_ps.view(-1),
+        "coins": coins,
+        "final_coins": final_coins,
+    }
+    static = {"need_top_k": need_k, "need_top_p": need_p}
+    return accept_graphs(key and (*key, "sampled", need_k, need_p), bound, copied, static)
