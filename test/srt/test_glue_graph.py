@@ -434,3 +434,33 @@ def test_verify_mask_is_sized_from_host_lengths():
         verify_mask(
             tree, SimpleNamespace(seq_lens_cpu=None), SimpleNamespace(reserved_seq_lens_cpu=None), 7
         )
+
+
+def test_rank_fingerprint_detects_any_disagreement():
+    """Two simulated ranks: an all-reduce MAX of their fingerprints says they agree exactly
+    when their trees and accepted paths are equal, also for a one-token difference and for
+    differences that a plain sum would cancel."""
+    from sglang_ddtree.srt.ddtree_utils import rank_fingerprint, ranks_agree
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 163840, (4, 17), generator=g)
+    path = torch.randint(0, 163840, (4 * 8,), generator=g)
+    keep = torch.randint(-1, 68, (4, 8), generator=g)
+
+    def agree(a, b):
+        return bool(ranks_agree(torch.maximum(rank_fingerprint(*a), rank_fingerprint(*b))))
+
+    same = (tokens, path, keep)
+    assert agree(same, (tokens.clone(), path.clone(), keep.clone()))
+    one = path.clone()
+    one[5] += 1
+    assert not agree(same, (tokens, one, keep))
+    swapped = keep.clone()
+    swapped[0, 1], swapped[0, 2] = keep[0, 2], keep[0, 1]  # same sum, other order
+    assert bool((swapped != keep).any()) == (int(keep[0, 1]) != int(keep[0, 2]))
+    if int(keep[0, 1]) != int(keep[0, 2]):
+        assert not agree(same, (tokens, path, swapped))
+    cancel = tokens.clone()
+    cancel[0, 0] += 3
+    cancel[1, 0] -= 3  # sums unchanged
+    assert not agree(same, (cancel, path, keep))

@@ -1,6 +1,7 @@
 """DDTREE verify helpers that need no SGLang import (as ``dflash_utils.py`` holds DFLASH's):
-the verify mask's buffer, the accept segment's function, and the accept decision of one step
-(greedy and sampled requests in one pass) through that segment's captured graphs.
+the verify mask's buffer, the accept segment's function, the accept decision of one step
+(greedy and sampled requests in one pass) through that segment's captured graphs, and the
+fingerprint by which tensor-parallel ranks check that they took the same decision.
 """
 
 from __future__ import annotations
@@ -77,3 +78,29 @@ def accept_tree(
     }
     static = {"need_top_k": need_k, "need_top_p": need_p}
     return accept_graphs(key and (*key, "sampled", need_k, need_p), bound, copied, static)
+
+
+_FINGERPRINT_SEED = 0x5EED
+_fingerprint_weights: dict = {}
+
+
+def rank_fingerprint(*tensors: torch.Tensor) -> torch.Tensor:
+    """``[h, -h]`` int64, ``h`` a random linear hash (int64, wrapping) of the tensors' integer
+    contents: equal inputs give equal ``h`` on every rank (the weights come from one seeded
+    device generator), a changed element changes it but with chance ~2^-64. An all-reduce MAX
+    of it leaves ``[max h, -min h]``: the ranks agree iff ``ranks_agree`` of that is true."""
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
+    key = (flat.device, flat.numel())
+    if key not in _fingerprint_weights:
+        gen = torch.Generator(device=flat.device).manual_seed(_FINGERPRINT_SEED)
+        _fingerprint_weights[key] = torch.randint(
+            -(2**62), 2**62, (flat.numel(),), generator=gen, device=flat.device
+        )
+    h = (flat * _fingerprint_weights[key]).sum()
+    return torch.stack([h, -h])
+
+
+def ranks_agree(reduced: torch.Tensor) -> torch.Tensor:
+    """Bool scalar: every rank's fingerprint was the same (``reduced``: ``rank_fingerprint``
+    after an all-reduce MAX across ranks)."""
+    return reduced[0] == -reduced[1]

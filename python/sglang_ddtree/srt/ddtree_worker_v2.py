@@ -86,7 +86,7 @@ from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
-from sglang_ddtree.srt.ddtree_utils import make_accept_fn
+from sglang_ddtree.srt.ddtree_utils import make_accept_fn, rank_fingerprint, ranks_agree
 
 logger = logging.getLogger(__name__)
 
@@ -467,18 +467,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """Tensor parallel: one all-reduce of a fingerprint of the tree and the accepted path;
         ranks that disagree (which would commit different KV) stop the server with a device
         assert instead of corrupting it silently. No host sync."""
-        w = tree.tokens.shape[1]
-        weights = torch.arange(1, w + 1, device=tree.tokens.device, dtype=torch.int64)
-        fp = (tree.tokens * weights).sum() * 1_000_003
-        s = commit.next_token_ids.shape[0] // max(tree.tokens.shape[0], 1)
-        fp = fp + (commit.next_token_ids.view(-1, s) * weights[:s]).sum() * 7919
-        fp = fp + (commit.keep_index.to(torch.int64) * weights[:s]).sum()
-        both = torch.stack([fp, -fp])
+        both = rank_fingerprint(tree.tokens, commit.next_token_ids, commit.keep_index)
         torch.distributed.all_reduce(
             both, op=torch.distributed.ReduceOp.MAX, group=self._tp_group.device_group
         )
         torch._assert_async(
-            both[0] == -both[1], "DDTREE: tensor-parallel ranks built different trees or paths"
+            ranks_agree(both), "DDTREE: tensor-parallel ranks built different trees or paths"
         )
 
     def _target_kv_rows(self):
