@@ -5,11 +5,16 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-serve run test test-gpu test-gpu-core lint format bench bench-serving demo train-pair upstream-patch
+.PHONY: install install-plugin install-serve run test test-gpu test-gpu-core lint format bench bench-serving demo train-pair upstream-patch
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[test]"
+
+# The plugin alone on a machine that already has SGLang 0.5.17 (the serving image, the GPU runs):
+# the same install step everywhere, editable, no dependency touched.
+install-plugin:
+	$(PIP) install --no-deps --no-build-isolation -e .
 
 # GPU host with network: SGLang 0.5.17 and its CUDA stack.
 install-serve:
