@@ -82,3 +82,19 @@ def test_greedy_cases_run_against_a_deterministic_server(base):
     for case in (faults.case_context_limit, faults.case_chunked_prefill, faults.case_radix):
         res = case(base, rng, vocab=100)
         assert res["ok"], (case.__name__, res)
+
+
+def test_launch_commands_of_the_checks():
+    """The fault check's server: DDTREE (or DFLASH), its small context and KV pool, and at
+    tp > 1 the tensor-parallel size with NCCL's all-reduce."""
+    from sglang_ddtree.testing import faults
+
+    one = faults.launch_cmd("/t", "/d", 1234)
+    flags = dict(zip(one[3::2], one[4::2]))
+    assert flags["--speculative-algorithm"] == "DDTREE" and flags["--tp-size"] == "1"
+    assert flags["--context-length"] == str(faults.CONTEXT)
+    assert "--disable-custom-all-reduce" not in one
+    two = faults.launch_cmd("/t", "/d", 1234, algorithm="DFLASH", tp=2)
+    assert "--disable-custom-all-reduce" in two
+    flags = dict(zip(two[3::2], two[4::2]))
+    assert flags["--speculative-algorithm"] == "DFLASH" and flags["--tp-size"] == "2"
