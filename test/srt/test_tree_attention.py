@@ -85,6 +85,20 @@ for case in cases:
     want = tree_attention_reference(*args, scale)
     err = (got - want).abs().max().item()
     assert err < 1e-4, (case, err)
+# The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
+from sglang_ddtree.core.layout import flatten_verify_mask
+for case in cases:
+    args, scale = random_case(**case)
+    q, k, v, indptr, indices, loc, mask = args
+    prefix = indptr[1:] - indptr[:-1]
+    w = mask.shape[1]
+    sizes = (prefix + w) * w
+    mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)])
+    full = flatten_verify_mask(mask, prefix, int(sizes.sum()))
+    got = tree_attention(q, k, v, indptr, indices, loc, None, scale, full_mask=full,
+                         mask_indptr=mask_indptr, num_nodes=w)
+    err = (got - tree_attention_reference(*args, scale)).abs().max().item()
+    assert err < 1e-4, (case, "full mask", err)
 # The check can fail: the same kernels without the ancestor mask (every node sees every node)
 # are far from the reference.
 args, scale = random_case(**cases[0])
@@ -113,3 +127,68 @@ def test_tree_attention_on_gpu_bf16(mla):
     got = tree_attention(*args, scale)
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+_HOOK_CHECK = """
+import torch
+from types import SimpleNamespace
+from test_tree_attention import random_case
+from sglang_ddtree.core.layout import flatten_verify_mask
+from sglang_ddtree.core.tree_attention import tree_attention_reference
+from sglang_ddtree.srt import ddtree_requests
+from sglang_ddtree.srt.ddtree_attention_hook import forward_extend_hook
+
+args, scale = random_case(bs=2, w=5, hq=4, hkv=2, d=16, dv=16, prefix=[6, 11], seed=9)
+q, k_buf, v_buf, indptr, indices, loc, mask = args
+prefix = indptr[1:] - indptr[:-1]
+sizes = (prefix + 5) * 5
+md = SimpleNamespace(kv_indptr=indptr, kv_indices=indices, mask_indptr=torch.cat(
+    [torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]),
+    custom_mask=flatten_verify_mask(mask, prefix, int(sizes.sum())), swa_out_cache_loc=None)
+backend = SimpleNamespace(forward_metadata=md, page_size=1, dcp_size=1, _translate_kv_loc=None)
+layer = SimpleNamespace(layer_id=0, tp_q_head_num=4, qk_head_dim=16, v_head_dim=16,
+                        scaling=scale, k_scale=None, sliding_window_size=-1, logit_cap=0,
+                        is_cross_attention=False, xai_temperature_len=-1)
+want_k, want_v = k_buf.clone(), v_buf.clone()
+new_k, new_v = k_buf[loc].clone(), v_buf[loc].clone()  # this step's nodes, written by the hook
+k_buf[loc] = 0.0
+v_buf[loc] = 0.0
+class Pool:
+    def set_kv_buffer(self, layer, loc, k, v):
+        k_buf[loc] = k
+        v_buf[loc] = v
+    def get_key_buffer(self, i):
+        return k_buf
+    def get_value_buffer(self, i):
+        return v_buf
+fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True),
+                     token_to_kv_pool=Pool(), out_cache_loc=loc, batch_size=2)
+calls = []
+original = lambda *a, **kw: calls.append(a) or "original"
+ddtree_requests.set_active(True)
+out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_v, layer, fb)
+want = tree_attention_reference(q, want_k, want_v, indptr, indices, loc, mask, scale)
+assert not calls and out.shape == (10, 64)
+assert (out.view(10, 4, 16) - want).abs().max() < 1e-4
+assert torch.equal(k_buf, want_k)  # the nodes' KV was saved first
+# Not a DDTREE verify: the backend's own kernel runs.
+layer.logit_cap = 30.0
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+layer.logit_cap = 0
+ddtree_requests.set_active(False)
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+print("interpreted attention hook OK")
+"""
+
+
+def test_attention_hook_interpreted(run_interpreted):
+    """The backend hook: on a DDTREE verify it saves the nodes' KV, then returns the split
+    attention over the backend's own metadata (the reference's result); otherwise it calls the
+    backend's kernel."""
+    run_interpreted(_HOOK_CHECK, "interpreted attention hook OK")
+
+
+def test_attention_switch_is_off_by_default():
+    from sglang_ddtree.srt.ddtree_attention_hook import ENV, enabled
+
+    assert not enabled({}) and not enabled({ENV: "0"}) and enabled({ENV: "1"})

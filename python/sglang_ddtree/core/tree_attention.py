@@ -145,13 +145,13 @@ if triton is not None:
 
     @triton.jit
     def _tree_attention_kernel(
-        Q, K, V, NodeLoc, Mask, Out, Lse,
+        Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, Out, Lse,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_ot, stride_oh, stride_lt,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr,
-        BLOCK_DV: tl.constexpr,
+        BLOCK_DV: tl.constexpr, FULL_MASK: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         head = tl.program_id(1)
@@ -177,11 +177,13 @@ if triton is not None:
             )
             s += tl.dot(q, tl.trans(k)).to(tl.float32)
         s = s * sm_scale  # [BLOCK_W, BLOCK_W]
-        allowed = tl.load(
-            Mask + b * W * W + offs_w[:, None] * W + offs_w[None, :],
-            mask=w_ok[:, None] & w_ok[None, :],
-            other=0,
-        )
+        if FULL_MASK:  # SGLang's verify mask: per request W rows of (prefix + W) columns
+            prefix = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
+            cell = tl.load(MaskIndptr + b) + offs_w[:, None] * (prefix + W) + prefix
+            cell = cell + offs_w[None, :]
+        else:
+            cell = b * W * W + offs_w[:, None] * W + offs_w[None, :]
+        allowed = tl.load(Mask + cell, mask=w_ok[:, None] & w_ok[None, :], other=0)
         s = tl.where(allowed != 0, s, float("-inf"))
         m = tl.max(s, 1)
         m = tl.where(w_ok, m, 0.0)  # padded rows: no allowed key
@@ -209,18 +211,31 @@ def tree_attention(
     kv_indptr: torch.Tensor,  # [bs + 1] int
     kv_indices: torch.Tensor,  # [sum(prefix)] int
     node_loc: torch.Tensor,  # [bs * W] int
-    tree_mask: torch.Tensor,  # [bs, W, W] bool
+    tree_mask: torch.Tensor | None,  # [bs, W, W] bool; or None with the two below
     sm_scale: float,
+    *,
+    full_mask: torch.Tensor | None = None,  # SGLang's verify mask (FULL_MASK layout), bool
+    mask_indptr: torch.Tensor | None = None,  # [bs + 1] int, its per-request offsets
+    num_nodes: int | None = None,  # W, with full_mask
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
-    merge. No host sync: every size it launches with comes from tensor shapes."""
-    bs, w, _ = tree_mask.shape
+    merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
+    ``full_mask`` (request b's W rows of prefix + W columns at ``mask_indptr[b]``; the prefix
+    columns are all True in a DDTREE verify, so only the last W are read). No host sync: every
+    size it launches with comes from tensor shapes and host ints."""
     n, hq, d = q.shape
+    if tree_mask is not None:
+        bs, w, _ = tree_mask.shape
+        mask = tree_mask.to(torch.int8).contiguous()
+    else:
+        assert full_mask is not None and mask_indptr is not None and num_nodes is not None
+        w = int(num_nodes)
+        bs = n // w
+        mask = full_mask
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
     assert n == bs * w and hq % hkv == 0 and node_loc.numel() == n
     assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
     g = hq // hkv
-    mask = tree_mask.to(torch.int8).contiguous()
     # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
     # MLA's latent), so the prefix is read once per request, KV head and row block.
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
@@ -240,8 +255,10 @@ def tree_attention(
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv,
     )  # fmt: skip
     _tree_attention_kernel[(bs, hq)](
-        q, k_buffer, v_buffer, node_loc, mask, outs[1], lses[1], sm_scale, *strides,
+        q, k_buffer, v_buffer, node_loc, mask,
+        mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
+        outs[1], lses[1], sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
-        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv,
+        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv, FULL_MASK=tree_mask is None,
     )  # fmt: skip
     return merge_attention_states(outs[0], lses[0], outs[1], lses[1])
