@@ -17,9 +17,9 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   log-sum-exp (natural log) of its scaled scores (``merge_attention_states``; sgl_kernel's
   ``merge_state`` computes the same).
 
-``tree_attention_reference`` is the plain-torch twin over the same inputs. The worker does not
-call these yet: wiring them into the triton backend's target verify, and tiling the key width
-for MLA's 576-wide keys, come with the GPU measurements.
+``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
+runs ``tree_attention`` only under the measurement switch ``SGLANG_DDTREE_TREE_ATTENTION=1``
+(``srt/ddtree_attention_hook.py``), until its exactness and speed are measured on the GPU.
 """
 
 from __future__ import annotations
