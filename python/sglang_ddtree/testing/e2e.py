@@ -45,8 +45,8 @@ ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
-# Tensor-parallel checks use NCCL's all-reduce: on the two-GPU test machine a tp 2 engine did not
-# finish starting within 200 s after SGLang's custom all-reduce set up its symmetric memory.
+# Tensor-parallel checks use NCCL's all-reduce: they check DDTREE's ranks, not SGLang's custom
+# all-reduce (why: RESULTS.md, "Kimi K2.6 shape").
 TP_CHECK_ENGINE = {"disable_custom_all_reduce": True}
 
 
