@@ -44,7 +44,6 @@ MAX_RUNNING = 32
 LOAD_REQUESTS = 512
 LOAD_CONCURRENCY = 64
 ABORT_FRACTION = 0.25
-_LOAD = {"concurrency": LOAD_CONCURRENCY}  # --concurrency
 
 
 def launch_cmd(
@@ -226,7 +225,7 @@ def case_load(base, rng, vocab) -> dict:
         drop = rng.randint(1, 4) if rng.random() < ABORT_FRACTION else None
         items.append((p, sp, drop))
     t0 = time.time()
-    got = _pool(lambda r: stream(base, *r), items, _LOAD["concurrency"])
+    got = _pool(lambda r: stream(base, *r), items, LOAD_CONCURRENCY)
     kept = [(g, it) for g, it in zip(got, items) if not g["dropped"]]
     bad = [g for g, _ in kept if g["status"] != 200 or g["error"] or not g["finish"]]
     short = [g for g, it in kept if g["tokens"] != it[1]["max_new_tokens"]
@@ -247,6 +246,7 @@ CASES = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    global LOAD_CONCURRENCY
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cases", default=",".join(CASES))
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", choices=("qwen3", "mla"), default="qwen3", help="tiny pair")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
     ap.add_argument(
-        "--concurrency", type=int, default=_LOAD["concurrency"], help="load: requests in flight"
+        "--concurrency", type=int, default=LOAD_CONCURRENCY, help="load: requests in flight"
     )
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
     from sglang_ddtree.testing import tiny_models as tm
 
-    _LOAD["concurrency"] = args.concurrency
+    LOAD_CONCURRENCY = args.concurrency
     os.makedirs(args.out, exist_ok=True)
     make = tm.make_tiny_mla_pair if args.arch == "mla" else tm.make_tiny_pair
     target, draft = make(tempfile.mkdtemp(prefix="ddtree_faults_"))
