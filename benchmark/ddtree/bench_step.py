@@ -68,6 +68,7 @@ H200 (through the ``run`` tool, ``carry: [".gpu"]``, after the README's bundle s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -94,6 +95,7 @@ from sglang_ddtree.step_timing import (
     read_steps,
 )
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
+from sglang_ddtree.testing import tiny_models
 
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
@@ -155,52 +157,8 @@ DFLASH_8B_B8 = {
 }
 
 
-# Kimi K2.6 (DeepSeek-V3 architecture; its config.json) and its DFlash drafter's shape.
-KIMI_K26 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "vocab_size": 163840,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 8,
-    "n_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    "moe_layer_freq": 1,
-    "topk_method": "noaux_tc",
-    "scoring_func": "sigmoid",
-    "n_group": 1,
-    "topk_group": 1,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.827,
-    "hidden_act": "silu",
-    "max_position_embeddings": 262144,
-    "rope_theta": 50000.0,
-    "rope_scaling": {
-        "type": "yarn",
-        "factor": 64.0,
-        "original_max_position_embeddings": 4096,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
-    "rms_norm_eps": 1e-6,
-    "attention_bias": False,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "bos_token_id": 163584,
-    "eos_token_id": 163586,
-}
+# Kimi K2.6's target (``testing.tiny_models.KIMI_K26``, its config.json) and its DFlash
+# drafter's shape.
 KIMI_DFLASH = {
     **{
         k: QWEN3_8B[k]
@@ -218,7 +176,7 @@ KIMI_DFLASH = {
     "head_dim": 128,
     "max_position_embeddings": 262144,
     "rope_theta": 50000.0,
-    "rope_scaling": KIMI_K26["rope_scaling"],
+    "rope_scaling": tiny_models.mla_target_config(tiny_models.KIMI_K26)["rope_scaling"],
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "use_sliding_window": False,
@@ -237,7 +195,9 @@ def kimi_configs(layers: int) -> tuple[dict, dict]:
     # K2.6's own spacing: 1 + round(i * (L - 4) / 5) gives [1, 12, 24, 35, 47, 58] at L = 61.
     n = KIMI_CONTEXT_LAYERS
     ids = [1 + round(i * (layers - 4) / (n - 1)) for i in range(n)]
-    target = {**KIMI_K26, "num_hidden_layers": layers}
+    target = tiny_models.mla_target_config(
+        dataclasses.replace(tiny_models.KIMI_K26, target_layers=layers)
+    )
     drafter = {
         **KIMI_DFLASH,
         "num_target_layers": layers,
@@ -458,7 +418,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
     os.environ.update(variant_env)
     counting = "experts" in args.phases
     if counting:  # graphs off: the counter runs at every MoE call
-        os.environ[EXPERT_COUNT_ENV] = str(KIMI_K26["n_routed_experts"])
+        os.environ[EXPERT_COUNT_ENV] = str(tiny_models.KIMI_K26.n_routed_experts)
     else:
         os.environ.pop(EXPERT_COUNT_ENV, None)
     t_start = time.monotonic()

@@ -268,9 +268,32 @@ class TinyMLAPairConfig:
     head_std: float = 0.15
     seed: int = 0
     dtype: str = "float32"
+    yarn_beta_fast: float = 1.0  # 32
+    bos_token_id: int = 0  # 163584
+    eos_token_id: int = 0  # 163586
 
 
-def _mla_target_config(m: TinyMLAPairConfig) -> dict:
+# Kimi K2.6's own target shape (its config.json), for step-cost benchmarks with dummy weights.
+KIMI_K26 = TinyMLAPairConfig(
+    vocab_size=163840,
+    hidden_size=7168,
+    target_layers=61,
+    num_heads=64,
+    q_lora_rank=1536,
+    intermediate_size=18432,
+    moe_intermediate_size=2048,
+    n_routed_experts=384,
+    num_experts_per_tok=8,
+    max_position_embeddings=262144,
+    yarn_beta_fast=32.0,
+    bos_token_id=163584,
+    eos_token_id=163586,
+    dtype="bfloat16",
+)
+
+
+def mla_target_config(m: TinyMLAPairConfig) -> dict:
+    """The target's ``config.json`` (DeepSeek-V3 architecture, as SGLang reads it)."""
     return {
         "architectures": ["DeepseekV3ForCausalLM"],
         "model_type": "deepseek_v3",
@@ -305,7 +328,7 @@ def _mla_target_config(m: TinyMLAPairConfig) -> dict:
             "type": "yarn",
             "factor": m.max_position_embeddings / 4096,
             "original_max_position_embeddings": 4096,
-            "beta_fast": 1.0,
+            "beta_fast": m.yarn_beta_fast,
             "beta_slow": 1.0,
             "mscale": 1.0,
             "mscale_all_dim": 1.0,
@@ -315,8 +338,8 @@ def _mla_target_config(m: TinyMLAPairConfig) -> dict:
         "attention_dropout": 0.0,
         "tie_word_embeddings": False,
         "torch_dtype": m.dtype,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
+        "bos_token_id": m.bos_token_id,
+        "eos_token_id": m.eos_token_id,
         "initializer_range": 0.02,
     }
 
@@ -396,7 +419,7 @@ def make_tiny_mla_pair(out_dir: str, m: TinyMLAPairConfig | None = None) -> tupl
     weights = _biased_head(dcfg, g)
     for i in range(m.target_layers):
         weights.update(_mla_layer_weights(f"model.layers.{i}", m, i >= m.first_k_dense, g))
-    _save(target_dir, _mla_target_config(m), weights, m.dtype)
+    _save(target_dir, mla_target_config(m), weights, m.dtype)
     _write_drafter(draft_dir, dcfg, vocab[MASK_TOKEN], g)
     return target_dir, draft_dir
 
