@@ -4,17 +4,43 @@ Run with SGLang 0.5.17 patched by ``upstream/sglang-ddtree.patch`` first on ``PY
 ``python/`` after it (for ``sglang_ddtree.testing.tiny_models`` only; the plugin's entry point
 (``ddtree``) is not installed, so DDTREE must come from the in-tree registration). On the tiny random pair:
 greedy DDTREE (in-tree flags ``speculative_ddtree_budget_schedule`` / ``_topk``) equals greedy
-without speculation; a refused option (min_p) aborts with a message naming DDTREE; a bad flag
-value is refused at launch. Prints one JSON summary line; exit status 0 when all hold.
+without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CASES``: per
+position two-sample chi-squared tests of ``e2e.law_test``, 4 prompts x 256 samples x 24 tokens a
+side, Bonferroni-combined, p > 0.001), and the deliberately wrong coins of the worker's test
+switch are rejected at p < 0.001 with the same samples (the test can fail); a refused option
+(min_p) aborts with a message naming DDTREE; a bad flag value is refused at launch. Prints one
+JSON summary line; exit status 0 when all hold.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import random
 import sys
 import tempfile
+
+# Sampled settings: SGLang's joint top-k / top-p law at a temperature below and at 1.
+LAW_CASES = {
+    "T1.0": {"temperature": 1.0},
+    "T0.7_k20_p0.9": {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
+}
+LAW_PROMPTS = 4
+LAW_SAMPLES = 256
+LAW_TOKENS = 24  # e2e.SAMPLE_NEW_TOKENS, the positions law_test reads
+LAW_ALPHA = 1e-3
+COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"  # the worker's wrong-law test switch
+
+
+def sample(eng, prompts: list[list[int]], params: dict) -> list[list[list[int]]]:
+    """[prompt][sample] output ids: LAW_SAMPLES completions of LAW_TOKENS tokens per prompt."""
+    params = dict(params, max_new_tokens=LAW_TOKENS, ignore_eos=True)
+    out = []
+    for p in prompts:
+        outs = eng.generate(input_ids=[p] * LAW_SAMPLES, sampling_params=params)
+        out.append([o["output_ids"] for o in outs])
+    return out
 
 
 def main() -> int:
@@ -22,7 +48,7 @@ def main() -> int:
     import sglang.srt.speculative.spec_info as spec_info
     from sglang.srt.speculative.spec_registry import get_spec
 
-    from sglang_ddtree.testing.e2e import engine_kwargs
+    from sglang_ddtree.testing.e2e import engine_kwargs, law_test
     from sglang_ddtree.testing.tiny_models import make_tiny_pair
 
     plugins = [e.name for e in importlib.metadata.entry_points(group="sglang.srt.plugins")]
@@ -36,15 +62,18 @@ def main() -> int:
     base = engine_kwargs(target, None, None)  # the e2e checks' engine settings
     eng = sgl.Engine(**base)
     ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=greedy)]
+    law_prompts = prompts[:LAW_PROMPTS]
+    ref_samples = {name: sample(eng, law_prompts, p) for name, p in LAW_CASES.items()}
     eng.shutdown()
-    eng = sgl.Engine(
-        **base,
+    in_tree = dict(
         speculative_algorithm="DDTREE",
         speculative_draft_model_path=draft,
         speculative_ddtree_budget_schedule="1:33,4:17",
         speculative_ddtree_topk=4,
     )
+    eng = sgl.Engine(**base, **in_tree)
     outs = eng.generate(input_ids=prompts, sampling_params=greedy)
+    law = {n: law_test(ref_samples[n], sample(eng, law_prompts, p)) for n, p in LAW_CASES.items()}
     one = [eng.generate(input_ids=p, sampling_params=greedy) for p in prompts[:4]]
     try:
         refused = eng.generate(input_ids=prompts[0], sampling_params={**greedy, "min_p": 0.1})
@@ -59,6 +88,16 @@ def main() -> int:
     summary["greedy_mismatches_single"] = sum(a != b["output_ids"] for a, b in zip(ref[:4], one))
     summary["accept_length"] = round(tokens / max(verify, 1), 3)
     summary["refusal"] = refused
+    os.environ[COIN_SCALE_ENV] = "0.5"  # read by the scheduler process at launch
+    try:
+        eng = sgl.Engine(**base, **in_tree)
+        law["wrong_coins_T1.0"] = law_test(
+            ref_samples["T1.0"], sample(eng, law_prompts, {"temperature": 1.0})
+        )
+        eng.shutdown()
+    finally:
+        os.environ.pop(COIN_SCALE_ENV, None)
+    summary["law"] = law
     try:
         sgl.Engine(**base, speculative_algorithm="DDTREE", speculative_draft_model_path=draft,
                    speculative_ddtree_budget_schedule="4:17")  # fmt: skip
@@ -71,6 +110,8 @@ def main() -> int:
         and summary["greedy_mismatches_batched"] == 0
         and summary["greedy_mismatches_single"] == 0
         and summary["accept_length"] > 1.0
+        and all(law[n]["p_combined"] > LAW_ALPHA for n in LAW_CASES)
+        and law["wrong_coins_T1.0"]["p_combined"] < LAW_ALPHA
         and "DDTREE" in json.dumps(summary["refusal"])
         and "threshold must be 1" in summary["bad_flag"]
     )
