@@ -141,7 +141,8 @@ def _from_cli_args_hook(original_fn, cls, namespace, *args, **kwargs):
         for field in FLAG_FIELDS:
             setattr(cls, field, None)
     for field, value in values.items():
-        setattr(server_args, field, value)
+        # ServerArgs is read-only once resolved (a bare setattr raises); these are not its fields.
+        object.__setattr__(server_args, field, value)
     given = [f"--{f.replace('_', '-')}" for f, v in values.items() if v is not None]
     if given and server_args.speculative_algorithm != "DDTREE":
         raise ValueError(f"{', '.join(given)} need --speculative-algorithm DDTREE.")

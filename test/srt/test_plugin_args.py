@@ -285,6 +285,12 @@ def test_server_flags_parse_and_reach_the_server_args():
             seen["during_post_init"] = (
                 self.speculative_ddtree_budget_schedule, self.speculative_ddtree_topk
             )  # fmt: skip
+            self._resolved = True
+
+        def __setattr__(self, name, value):  # as SGLang 0.5.17: read-only once resolved
+            if not name.startswith("_") and getattr(self, "_resolved", False):
+                raise AttributeError(f"server_args.{name} assigned after resolution")
+            object.__setattr__(self, name, value)
 
     def add_cli_args(parser):
         parser.add_argument("--speculative-algorithm")
