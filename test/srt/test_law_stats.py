@@ -67,3 +67,18 @@ def test_law_settings_cover_every_pairing_and_temperature():
     assert temps == set(law.TEMPERATURES)
     assert set(law.MIXED) <= set(s) and set(law.CALIBRATION) <= set(s)
     assert any("logit_bias" in v for v in s.values()) and any(v.get("n", 1) > 1 for v in s.values())
+
+
+def test_margin_at_differences_reads_the_first_differing_position():
+    """The margin reported for a differing output is the non-speculative margin at the first
+    position where the outputs part, and the share counts positions with margins that small."""
+    ref = {
+        "greedy_batch": [[1, 2, 3, 4], [5, 6, 7, 8]],
+        "greedy_margin_ids": [[1, 2, 3, 4], [5, 6, 7, 8]],
+        "greedy_margin": [[2.0, 0.01, 3.0, 1.0], [4.0, 5.0, 6.0, 0.5]],
+    }
+    got = law.margin_at_differences(ref, [[1, 2, 9, 9], [5, 6, 7, 8]])
+    assert got["margins_at_first_difference"] == [3.0]
+    assert got["share_of_positions_at_or_below_worst"] == 5 / 8
+    assert got["logprob_run_equals_batch"]
+    assert law.margin_at_differences(ref, ref["greedy_batch"])["margins_at_first_difference"] == []

@@ -20,8 +20,9 @@ Parts:
   power; a family of ``CALIBRATION`` settings, Bonferroni within it).
 - ``greedy``: ``GREEDY_PROMPTS`` prompts (the 64 held-out snippets cut at four lengths), greedy:
   the non-speculative server in one batch and one by one (its own noise floor: bf16 near-ties
-  flip argmaxes between batch shapes), DDTREE in one batch; mismatch counts and the position of
-  the first difference.
+  flip argmaxes between batch shapes), DDTREE in one batch; mismatch counts, the position of
+  the first difference, and the non-speculative server's top-2 logit margin there (a near-tie,
+  or a real difference?).
 - ``params``: greedy requests with stop strings, stop token ids, EOS (``ignore_eos`` off),
   ``max_new_tokens`` that ends inside an accepted path, ``n = 3``: DDTREE equals the
   non-speculative server request by request (text, ids, finish reason).
@@ -182,6 +183,45 @@ def _ids(outs: list[dict]) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
 
+def top2_margins(eng, prompts: list[list[int]]) -> tuple[list[list[float]], list[list[int]]]:
+    """The batch greedy run again with SGLang's top-2 logprobs: per prompt and position, the
+    margin top1 - top2 (nats, the raw logits' gap), and the output ids (to check that this run
+    equals the plain batch run)."""
+    outs = eng.generate(
+        input_ids=prompts,
+        sampling_params=[GREEDY] * len(prompts),
+        return_logprob=True,
+        top_logprobs_num=2,
+    )
+    margins = []
+    for o in outs:
+        tops = o["meta_info"]["output_top_logprobs"]
+        margins.append([t[0][0] - t[1][0] if len(t) > 1 else float("inf") for t in tops])
+    return margins, _ids(outs)
+
+
+def margin_at_differences(ref: dict, other: list[list[int]]) -> dict:
+    """Where ``other`` first differs from the non-speculative batch output, the non-speculative
+    top-2 margin there, against the margins of every position (is each difference a near-tie?)."""
+    import statistics
+
+    margins, ids = ref["greedy_margin"], ref["greedy_margin_ids"]
+    at, allm = [], [m for row in margins for m in row if m != float("inf")]
+    for m, x, y in zip(margins, ids, other):
+        i = next((k for k in range(min(len(x), len(y))) if x[k] != y[k]), None)
+        if i is not None and i < len(m):
+            at.append(round(m[i], 5))
+    worst = max(at) if at else 0.0
+    return {
+        "margins_at_first_difference": sorted(at),
+        "median_margin_all_positions": round(statistics.median(allm), 4) if allm else None,
+        "share_of_positions_at_or_below_worst": (
+            round(sum(x <= worst for x in allm) / len(allm), 4) if allm and at else 0.0
+        ),
+        "logprob_run_equals_batch": ids == ref["greedy_batch"],
+    }
+
+
 def first_differences(a: list[list[int]], b: list[list[int]]) -> dict:
     """Prompts whose outputs differ, and where each first differs (0-based token index)."""
     pos = []
@@ -307,6 +347,7 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
         raw["greedy_accept"] = [o["meta_info"].get("spec_accept_length", 1.0) for o in outs]
         if reference:
             raw["greedy_single"] = [generate(eng, [p], [GREEDY])[0]["output_ids"] for p in gp]
+            raw["greedy_margin"], raw["greedy_margin_ids"] = top2_margins(eng, gp)
     if "params" in parts:
         ps = prompts[:32]
         raw["params"] = {}
@@ -382,6 +423,9 @@ def summarize_greedy(ref: dict, tree: dict) -> dict:
         "p_excess_over_floor": p_excess,
         "within_noise_floor": a <= b or p_excess > ALPHA,
         "spec_mean_accept_length": sum(acc) / len(acc),
+        "near_ties": margin_at_differences(ref, tree["greedy_batch"])
+        if "greedy_margin" in ref
+        else None,
     }
 
 
