@@ -82,3 +82,8 @@ def test_margin_at_differences_reads_the_first_differing_position():
     assert got["share_of_positions_at_or_below_worst"] == 5 / 8
     assert got["logprob_run_equals_batch"]
     assert law.margin_at_differences(ref, ref["greedy_batch"])["margins_at_first_difference"] == []
+    # A logprob run that left the batch run's path before the difference gives no margin.
+    ref["greedy_margin_ids"] = [[1, 7, 7, 7], [5, 6, 7, 8]]
+    got = law.margin_at_differences(ref, [[1, 2, 9, 9], [5, 6, 7, 8]])
+    assert got["margins_at_first_difference"] == [] and got["differences_without_a_margin"] == 1
+    assert not got["logprob_run_equals_batch"]

@@ -206,14 +206,19 @@ def margin_at_differences(ref: dict, other: list[list[int]]) -> dict:
     import statistics
 
     margins, ids = ref["greedy_margin"], ref["greedy_margin_ids"]
-    at, allm = [], [m for row in margins for m in row if m != float("inf")]
-    for m, x, y in zip(margins, ids, other):
-        i = next((k for k in range(min(len(x), len(y))) if x[k] != y[k]), None)
-        if i is not None and i < len(m):
+    at, unaligned, allm = [], 0, [m for row in margins for m in row if m != float("inf")]
+    for m, x, b, y in zip(margins, ids, ref["greedy_batch"], other):
+        i = next((k for k in range(min(len(b), len(y))) if b[k] != y[k]), None)
+        if i is None:
+            continue
+        if i < len(m) and x[: i + 1] == b[: i + 1]:  # the logprob run took the same path
             at.append(round(m[i], 5))
+        else:
+            unaligned += 1
     worst = max(at) if at else 0.0
     return {
         "margins_at_first_difference": sorted(at),
+        "differences_without_a_margin": unaligned,
         "median_margin_all_positions": round(statistics.median(allm), 4) if allm else None,
         "share_of_positions_at_or_below_worst": (
             round(sum(x <= worst for x in allm) / len(allm), 4) if allm and at else 0.0
