@@ -96,5 +96,6 @@ def test_launch_commands_of_the_checks():
     assert "--disable-custom-all-reduce" not in one
     two = faults.launch_cmd("/t", "/d", 1234, algorithm="DFLASH", tp=2)
     assert "--disable-custom-all-reduce" in two
+    assert "--enforce-disable-flashinfer-allreduce-fusion" in two
     flags = dict(zip(two[3::2], two[4::2]))
     assert flags["--speculative-algorithm"] == "DFLASH" and flags["--tp-size"] == "2"

@@ -45,9 +45,18 @@ ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
-# Tensor-parallel checks use NCCL's all-reduce: they check DDTREE's ranks, not SGLang's custom
-# all-reduce (why: RESULTS.md, "Kimi K2.6 shape").
-TP_CHECK_ENGINE = {"disable_custom_all_reduce": True}
+# Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
+# custom all-reduce or FlashInfer's all-reduce fusion, whose setup never finished on the test
+# hosts (RESULTS.md, "Kimi K2.6 shape").
+TP_CHECK_ENGINE = {
+    "disable_custom_all_reduce": True,
+    "enforce_disable_flashinfer_allreduce_fusion": True,
+}
+
+
+def tp_check_cli() -> list[str]:
+    """`TP_CHECK_ENGINE` as ``launch_server`` flags."""
+    return [f"--{k.replace('_', '-')}" for k, v in TP_CHECK_ENGINE.items() if v is True]
 
 
 def make_prompts(vocab_lo: int, vocab_hi: int, count: int, seed: int) -> list[list[int]]:
@@ -362,9 +371,10 @@ def main() -> int:
     ap.add_argument("--models", default=None, help="existing tiny pair dir (default: make one)")
     ap.add_argument(
         "--arch",
-        choices=("qwen3", "mla"),
+        choices=("qwen3", "mla", "mla-dense"),
         default="qwen3",
-        help="tiny Qwen3 target, or the Kimi-K2.6-shaped MLA + MoE target (tiny_models)",
+        help="tiny Qwen3 target, the Kimi-K2.6-shaped MLA + MoE target, or that target with "
+        "dense layers only (tiny_models)",
     )
     ap.add_argument(
         "--dtype",
@@ -379,8 +389,8 @@ def main() -> int:
 
     models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
     weights = args.dtype or "float32"
-    if args.arch == "mla":
-        cfg = tm.TinyMLAPairConfig(dtype=weights)
+    if args.arch.startswith("mla"):
+        cfg = tm.mla_pair_config(args.arch, dtype=weights)
         target, draft = tm.make_tiny_mla_pair(models, cfg)
     else:
         cfg = tm.TinyPairConfig(dtype=weights)

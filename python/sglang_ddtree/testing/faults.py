@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
 CONTEXT = 512
@@ -65,7 +66,7 @@ def launch_cmd(
             "--port", str(port),
             "--host", "127.0.0.1",
             "--tp-size", str(tp),
-            *(["--disable-custom-all-reduce"] if tp > 1 else []),  # as e2e.TP_CHECK_ENGINE
+            *(tp_check_cli() if tp > 1 else []),
         ],
         algorithm=algorithm,
     )  # fmt: skip

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 
+from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     extra = ["--tp-size", str(args.tp), "--mem-fraction-static", "0.3", "--port", str(port)]
-    extra += ["--disable-custom-all-reduce"]  # as e2e.TP_CHECK_ENGINE
+    extra += tp_check_cli()
     extra += ["--host", "127.0.0.1", "--context-length", "1024", "--cuda-graph-max-bs-decode", "8"]
     log_path = os.path.join(args.out, "tp_check_server.log")
     os.environ[TEST_RANK_SKEW_ENV] = "1"
