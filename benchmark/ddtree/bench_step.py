@@ -96,6 +96,7 @@ from sglang_ddtree.step_timing import (
 )
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 from sglang_ddtree.testing import tiny_models
+from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE
 
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
@@ -186,15 +187,24 @@ KIMI_DFLASH = {
 KIMI_CONTEXT_LAYERS = 6  # K2.6's drafter reads 6 target layers
 
 
+# bf16 at tp 2, per GPU: 17.1 GB a MoE layer (384 experts x 3 x 7168 x 2048, halved), about
+# 8.7 GB for the dense layer, the vocab-parallel embedding and LM head, and the drafter. Seven
+# layers (six MoE) take ~111 GB, under the 0.85 x 141 GB static share; eight do not fit.
+KIMI_TP2_LAYERS = 7
+
+
 def kimi_configs(layers: int) -> tuple[dict, dict]:
     """The target cut to ``layers`` layers (the first dense) and the drafter, its six context
     layers spread over the target's layers before the last (SGLang captures a layer's output at
     the next layer's input)."""
-    if layers < KIMI_CONTEXT_LAYERS + 3:
-        raise SystemExit(f"--kimi-layers must be >= {KIMI_CONTEXT_LAYERS + 3}")
-    # K2.6's own spacing: 1 + round(i * (L - 4) / 5) gives [1, 12, 24, 35, 47, 58] at L = 61.
     n = KIMI_CONTEXT_LAYERS
+    if layers < n + 1:
+        raise SystemExit(f"--kimi-layers must be >= {n + 1} (six distinct context layers)")
+    # K2.6's own spacing: 1 + round(i * (L - 4) / 5) gives [1, 12, 24, 35, 47, 58] at L = 61;
+    # where it repeats a layer (few layers), an even spread over layers 0 .. L - 2.
     ids = [1 + round(i * (layers - 4) / (n - 1)) for i in range(n)]
+    if len(set(ids)) < n:
+        ids = [round(i * (layers - 2) / (n - 1)) for i in range(n)]
     target = tiny_models.mla_target_config(
         dataclasses.replace(tiny_models.KIMI_K26, target_layers=layers)
     )
@@ -214,7 +224,7 @@ def _write_configs(pairs) -> None:
 
 
 def model_spec(
-    name: str, workdir: str, prompt_len: int | None = None, kimi_layers: int = 9
+    name: str, workdir: str, prompt_len: int | None = None, kimi_layers: int = KIMI_TP2_LAYERS
 ) -> dict:
     """Paths and engine settings of one model family. ``prompt_len`` (8B shape only): every
     prompt has that many tokens instead of 64-128."""
@@ -301,7 +311,7 @@ def engine_kwargs(
     max_bs: int,
     tp: int = 1,
     graphs: bool = True,
-    custom_all_reduce: bool = True,
+    plain_all_reduce: bool = False,
 ) -> dict:
     kw = dict(
         model_path=spec["target"],
@@ -314,7 +324,8 @@ def engine_kwargs(
     )
     if tp > 1:
         kw["tp_size"] = tp
-        kw["disable_custom_all_reduce"] = not custom_all_reduce
+        if plain_all_reduce:
+            kw.update(TP_CHECK_ENGINE)
     if not graphs:
         kw["disable_cuda_graph"] = True
     if config == "none":
@@ -428,7 +439,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
         max(args.batch_sizes),
         tp=args.tp,
         graphs=not counting,
-        custom_all_reduce=not args.disable_custom_all_reduce,
+        plain_all_reduce=args.plain_all_reduce,
     )
     eng = sgl.Engine(**kw)
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)
@@ -586,11 +597,17 @@ def main() -> None:
     ap.add_argument("--model", default="pair", choices=("pair", "8b", "kimi"))
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     ap.add_argument(
-        "--disable-custom-all-reduce",
+        "--plain-all-reduce",
         action="store_true",
-        help="tp > 1: NCCL's all-reduce instead of SGLang's custom one",
+        help="tp > 1: NCCL's all-reduce, without SGLang's custom all-reduce or FlashInfer's "
+        "all-reduce fusion (testing.e2e.TP_CHECK_ENGINE)",
     )
-    ap.add_argument("--kimi-layers", type=int, default=9, help="kimi: target layers (K2.6 has 61)")
+    ap.add_argument(
+        "--kimi-layers",
+        type=int,
+        default=KIMI_TP2_LAYERS,
+        help="kimi: target layers (K2.6 has 61; the default fits two H200s in bf16)",
+    )
     ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
     ap.add_argument("--phases", default="step", help="comma list of: accept, step; or experts")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])

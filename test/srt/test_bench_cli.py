@@ -33,17 +33,18 @@ def test_kimi_shape_configs(load_benchmark, tmp_path):
     """bench_step's Kimi K2.6 shape: the target is K2.6's config cut to N layers, the drafter
     reads six distinct layers before the last, and each config's verify width is known."""
     mod = load_benchmark("bench_step")
-    for layers in (9, 12, 61):
+    for layers in (mod.KIMI_TP2_LAYERS, 9, 12, 61):
         target, drafter = mod.kimi_configs(layers)
         ids = drafter["dflash_config"]["target_layer_ids"]
         assert target["num_hidden_layers"] == layers and drafter["num_target_layers"] == layers
-        assert len(set(ids)) == 6 and min(ids) >= 1 and max(ids) <= layers - 2
+        assert len(set(ids)) == 6 and min(ids) >= 0 and max(ids) <= layers - 2
         assert (target["kv_lora_rank"], target["n_routed_experts"], target["vocab_size"]) == (
             512, 384, 163840
         )  # fmt: skip
     assert mod.kimi_configs(61)[1]["dflash_config"]["target_layer_ids"] == [1, 12, 24, 35, 47, 58]
+    assert mod.kimi_configs(7)[1]["dflash_config"]["target_layer_ids"] == [0, 1, 2, 3, 4, 5]
     with pytest.raises(SystemExit):
-        mod.kimi_configs(8)
+        mod.kimi_configs(6)
     spec = mod.model_spec("kimi", str(tmp_path), kimi_layers=9)
     assert spec["block"] == 8 and min(len(p) for p in spec["prompts"]) == 256
     w = {c: mod.verify_tokens_per_request(spec, c) for c in ("none", "dflash", "ddtree-32")}
