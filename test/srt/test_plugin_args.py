@@ -389,3 +389,22 @@ def test_server_args_resolution(tmp_path, monkeypatch):
         ServerArgs(attention_backend="fa3", **kw)
     with pytest.raises(ValueError, match="--speculative-num-draft-tokens 17"):
         ServerArgs(attention_backend="triton", speculative_num_draft_tokens=4, **kw)
+
+
+def test_dense_mla_control_pair(tmp_path):
+    """``mla-dense``: the Kimi-shaped pair with every target layer dense (no expert weights),
+    everything else as the MoE pair."""
+    from sglang_ddtree.testing import tiny_models as tm
+
+    moe, dense = tm.mla_pair_config("mla"), tm.mla_pair_config("mla-dense")
+    assert dense.first_k_dense == dense.target_layers and moe.first_k_dense == 1
+    target, _ = tm.make_tiny_mla_pair(str(tmp_path), dense)
+    with open(os.path.join(target, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["first_k_dense_replace"] == cfg["num_hidden_layers"] == dense.target_layers
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(target, "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if ".experts." in k]
+    with pytest.raises(ValueError):
+        tm.mla_pair_config("qwen3")

@@ -498,20 +498,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--arch",
-        choices=("pair", "mla"),
+        choices=("pair", "mla", "mla-dense"),
         default="pair",
-        help="the shipped trained pair, or the Kimi-shaped MLA + MoE tiny pair",
+        help="the shipped trained pair, the Kimi-shaped MLA + MoE tiny pair, or that pair with "
+        "dense layers only",
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     args = ap.parse_args(argv)
-    if args.arch == "mla":
+    if args.arch.startswith("mla"):
         import tempfile
 
         from sglang_ddtree.testing import tiny_models as tm
         from sglang_ddtree.testing.e2e import make_prompts
 
-        target, draft = tm.make_tiny_mla_pair(tempfile.mkdtemp(prefix="ddtree_law_"))
-        vocab = tm.TinyMLAPairConfig().vocab_size
+        cfg = tm.mla_pair_config(args.arch)
+        target, draft = tm.make_tiny_mla_pair(tempfile.mkdtemp(prefix="ddtree_law_"), cfg)
+        vocab = cfg.vocab_size
         prompts = make_prompts(len(tm.SPECIALS), vocab, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
     if args.tp > 1:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -382,6 +382,15 @@ def _mla_layer_weights(prefix: str, m: TinyMLAPairConfig, moe: bool, g: torch.Ge
     shared = m.moe_intermediate_size * m.n_shared_experts
     w.update(mlp(f"{prefix}.mlp.shared_experts", shared))
     return w
+
+
+def mla_pair_config(arch: str, **kw) -> TinyMLAPairConfig:
+    """``mla``: the Kimi-shaped pair; ``mla-dense``: the same with every target layer dense (no
+    MoE), the control that separates MLA tree verify from expert routing."""
+    if arch not in ("mla", "mla-dense"):
+        raise ValueError(f"unknown MLA pair {arch!r}: mla or mla-dense")
+    m = TinyMLAPairConfig(**kw)
+    return replace(m, first_k_dense=m.target_layers) if arch == "mla-dense" else m
 
 
 def make_tiny_mla_pair(out_dir: str, m: TinyMLAPairConfig | None = None) -> tuple[str, str]:
