@@ -36,3 +36,17 @@ def test_a_server_asked_for_without_gpu_fails_naming_what_it_drops(capsys):
     assert serve.main(["--model-path", "/m", "--draft-model-path", "/d", "--port", "9"]) == 2
     err = capsys.readouterr().err
     assert "Not serving --model-path /m --port 9" in err
+
+
+def test_server_check_launches_with_ddtree_flags():
+    """The server check's launch line carries DDTREE's flags through SGLang's CLI, and the log
+    lines it looks for are the ones those values produce."""
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.testing import server_check
+
+    cmd = server_check.launch_cmd("/t", "/d", 1234)
+    value = {f: cmd[cmd.index(f) + 1] for f in server_check.FLAGS[::2]}
+    assert value["--speculative-ddtree-budget-schedule"] == "1:33,4:17"
+    assert value["--speculative-ddtree-topk"] == "6"
+    schedule = str(BudgetSchedule.parse(value["--speculative-ddtree-budget-schedule"]))
+    assert server_check.FLAGS_IN_LOG[0] == f"budget schedule {schedule}"

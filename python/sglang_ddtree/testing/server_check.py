@@ -1,6 +1,7 @@
 """``python -m sglang.launch_server ... --speculative-algorithm DDTREE`` serves
 the OpenAI API with temperature, reports the accept length, answers HTTP 400 for invalid sampling
-parameters, and keeps serving afterwards. Only the standard library talks to the server.
+parameters, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
+line, reach the worker (its start-up log line). Only the standard library talks to the server.
 """
 
 from __future__ import annotations
@@ -8,6 +9,11 @@ from __future__ import annotations
 import os
 
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
+
+# DDTREE's server flags, off their defaults (the tiny drafter's block is 8), and what the
+# worker's start-up line must then say: the schedule, and K = 6 at both widths.
+FLAGS = ["--speculative-ddtree-budget-schedule", "1:33,4:17", "--speculative-ddtree-topk", "6"]
+FLAGS_IN_LOG = ("budget schedule 1:33,4:17", "K={17: 6, 33: 6}")
 
 
 def launch_cmd(target: str, draft: str, port: int) -> list[str]:
@@ -25,6 +31,7 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
             "--port", str(port),
             "--host", "127.0.0.1",
             "--enable-metrics",
+            *FLAGS,
         ],
     )  # fmt: skip
 
@@ -36,6 +43,9 @@ def check_server(target: str, draft: str, summary: dict, log_dir: str | None = N
     res: dict = {"log": log_path}
     with launched_server(launch_cmd(target, draft, port), base, log_path):
         res.update(_exercise(base))
+    with open(log_path, errors="replace") as f:
+        log = f.read()
+    res["ok_flags_reach_the_worker"] = all(s in log for s in FLAGS_IN_LOG)
     res["passed"] = all(v is True for k, v in res.items() if k.startswith("ok_"))
     summary["server"] = res
 
