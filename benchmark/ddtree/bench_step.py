@@ -294,14 +294,26 @@ def verify_tokens_per_request(spec: dict, config: str) -> int:
     raise SystemExit(f"--phases experts needs a fixed W: none, dflash or ddtree-N, not {config!r}")
 
 
+def uniform_distinct_experts(tokens: int, experts: int, top_k: int) -> float:
+    """Expected distinct experts when each of ``tokens`` tokens picks ``top_k`` of ``experts``
+    uniformly at random: the spread of an untrained router, an upper reference for a trained
+    one, whose tokens share experts more (same-sequence tokens most of all)."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
 def expert_stats(counts: list[tuple[int, int]], tokens: int) -> dict:
-    """Distinct routed experts per MoE layer call over the calls with ``tokens`` tokens."""
+    """Distinct routed experts per MoE layer call over the calls with ``tokens`` tokens, next to
+    the uniform-routing expectation for K2.6's 384 experts, top-8."""
     got = [d for t, d in counts if t == tokens]
+    m = tiny_models.KIMI_K26
     return {
         "tokens": tokens,
         "calls": len(got),
         "median": statistics.median(got) if got else None,
         "max": max(got) if got else None,
+        "uniform": round(
+            uniform_distinct_experts(tokens, m.n_routed_experts, m.num_experts_per_tok), 1
+        ),
     }
 
 

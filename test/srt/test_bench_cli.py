@@ -69,8 +69,21 @@ def test_expert_counter(tmp_path):
 def test_expert_stats(load_benchmark):
     mod = load_benchmark("bench_step")
     got = mod.expert_stats([(66, 40), (66, 44), (256, 200), (66, 42)], 66)
-    assert got == {"tokens": 66, "calls": 3, "median": 42, "max": 44}
+    assert {k: got[k] for k in ("tokens", "calls", "median", "max")} == {
+        "tokens": 66, "calls": 3, "median": 42, "max": 44
+    }  # fmt: skip
     assert mod.expert_stats([], 9)["calls"] == 0
+    # Uniform routing: one token touches exactly top_k experts; many tokens approach all.
+    assert mod.uniform_distinct_experts(1, 384, 8) == pytest.approx(8.0)
+    assert mod.uniform_distinct_experts(9, 384, 8) < 72 < mod.uniform_distinct_experts(65, 384, 8)
+    assert mod.uniform_distinct_experts(10_000, 384, 8) == pytest.approx(384.0)
+    # Against a simulation of uniform picks (2,000 draws of 33 tokens): within 1 %.
+    gen = torch.Generator().manual_seed(0)
+    sim = [
+        len({e for _ in range(33) for e in torch.randperm(384, generator=gen)[:8].tolist()})
+        for _ in range(2000)
+    ]
+    assert sum(sim) / len(sim) == pytest.approx(mod.uniform_distinct_experts(33, 384, 8), rel=0.01)
 
 
 def test_bench_serving_pieces(load_benchmark, tmp_path):
