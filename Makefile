@@ -54,12 +54,6 @@ bench-step:
 	$(PYTHON) benchmark/ddtree/bench_step.py --model pair --phases accept,step --out bench_out
 	$(PYTHON) benchmark/ddtree/bench_step.py --model 8b --out bench_out
 
-# The serving tables of record (RESULTS.md): both temperatures, 8 waves a level, every
-# server twice in alternating order (one server's speed varies between runs on the tiny pair).
-bench-e2e:
-	$(PYTHON) benchmark/ddtree/bench_e2e.py --out bench_out --configs none,dflash,ddtree-adaptive \
-		--waves 8 --max-tokens 128 --repeats 2 --step-timing
-
 # Serving with SGLang's own client (sglang.benchmark.serving): none / DFLASH / DDTREE servers in
 # alternating order, 3 repeats, c = 1/8/32/64, T = 0 and T = 1 / top_p 0.95; resumable (--out).
 bench-serving:

@@ -22,8 +22,8 @@ ends at the next non-decode batch or batch-size change; each segment is written 
 ``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
 ``SGLANG_DDTREE_CPROFILE=window`` instead profiles everything the scheduler thread does (all
 batches and the host work between them) while the file ``<dir>/cprofile.window`` exists, and
-writes ``<dir>/cprofile_window.<pid>.<k>.txt`` when it disappears (``bench_e2e.py
---cprofile-levels`` creates it for the length of each level).
+writes ``<dir>/cprofile_window.<pid>.<k>.txt`` when it disappears (a benchmark
+driver creates it for the length of one measurement).
 ``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
 activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
 summed device time per decode step), which shows whether a step is GPU-bound or launch-bound.

@@ -127,7 +127,7 @@ def test_profile_segments_hold_one_batch_size(tmp_path):
 
 
 def test_window_profile_covers_batches_while_the_file_exists(tmp_path):
-    """bench_e2e --cprofile-levels: one table per window, every batch mode inside it counted,
+    """The window profile: one table per window, every batch mode inside it counted,
     nothing profiled outside it."""
     prof = WindowProfiler(str(tmp_path))
     window = tmp_path / step_timing.WINDOW_FILE
