@@ -7,7 +7,7 @@ CUDA graphs and overlap on), warmed up through every concurrency level, then mea
 (temperature, concurrency): output tokens/s, the client's own ``output_throughput``.
 
 Results accumulate in ``OUT/bench_serving.json``: a rerun with the same ``--out`` skips the
-measured (repeat, configuration) pairs, so a run can span several GPU sessions.
+measured (repeat, configuration) pairs, so one measurement can be split over several invocations.
 ``OUT/bench_serving.md`` has the median and range per cell and the DDTREE / DFLASH ratio of
 the medians.
 

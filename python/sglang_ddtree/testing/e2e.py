@@ -46,8 +46,7 @@ ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
 # Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
-# custom all-reduce or FlashInfer's all-reduce fusion, whose setup never finished on the test
-# hosts (RESULTS.md, "Kimi K2.6 shape").
+# custom all-reduce or FlashInfer's all-reduce fusion (why: RESULTS.md, "Kimi K2.6 shape").
 TP_CHECK_ENGINE = {
     "disable_custom_all_reduce": True,
     "enforce_disable_flashinfer_allreduce_fusion": True,
