@@ -393,12 +393,12 @@ def test_server_args_resolution(tmp_path, monkeypatch):
 
 def test_dense_mla_control_pair(tmp_path):
     """``mla-dense``: the Kimi-shaped pair with every target layer dense (no expert weights),
-    everything else as the MoE pair."""
+    everything else as the MoE pair; ``make_pair`` knows the three tiny pairs and no other."""
     from sglang_ddtree.testing import tiny_models as tm
 
-    moe, dense = tm.mla_pair_config("mla"), tm.mla_pair_config("mla-dense")
+    _, _, moe = tm.make_pair("mla", str(tmp_path / "moe"))
+    target, _, dense = tm.make_pair("mla-dense", str(tmp_path / "dense"))
     assert dense.first_k_dense == dense.target_layers and moe.first_k_dense == 1
-    target, _ = tm.make_tiny_mla_pair(str(tmp_path), dense)
     with open(os.path.join(target, "config.json")) as f:
         cfg = json.load(f)
     assert cfg["first_k_dense_replace"] == cfg["num_hidden_layers"] == dense.target_layers
@@ -406,5 +406,7 @@ def test_dense_mla_control_pair(tmp_path):
 
     with safe_open(os.path.join(target, "model.safetensors"), "pt") as f:
         assert not [k for k in f.keys() if ".experts." in k]
+    _, _, qwen = tm.make_pair("qwen3", str(tmp_path / "qwen3"))
+    assert isinstance(qwen, tm.TinyPairConfig)
     with pytest.raises(ValueError):
-        tm.mla_pair_config("qwen3")
+        tm.make_pair("mla-moe", str(tmp_path / "bad"))

@@ -34,6 +34,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+from sglang_ddtree.testing import tiny_models
+
 NUM_PROMPTS = 32
 GREEDY_NEW_TOKENS = 48
 BATCH_SIZES = (1, 4, 16, 32)  # 32: the default schedule's W = B bucket
@@ -370,7 +372,7 @@ def main() -> int:
     ap.add_argument("--models", default=None, help="existing tiny pair dir (default: make one)")
     ap.add_argument(
         "--arch",
-        choices=("qwen3", "mla", "mla-dense"),
+        choices=tiny_models.TINY_ARCHS,
         default="qwen3",
         help="tiny Qwen3 target, the Kimi-K2.6-shaped MLA + MoE target, or that target with "
         "dense layers only (tiny_models)",
@@ -384,21 +386,15 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    from sglang_ddtree.testing import tiny_models as tm
 
     models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
     weights = args.dtype or "float32"
-    if args.arch.startswith("mla"):
-        cfg = tm.mla_pair_config(args.arch, dtype=weights)
-        target, draft = tm.make_tiny_mla_pair(models, cfg)
-    else:
-        cfg = tm.TinyPairConfig(dtype=weights)
-        target, draft = tm.make_tiny_pair(models, cfg)
+    target, draft, cfg = tiny_models.make_pair(args.arch, models, weights)
     if args.dtype:
         ENGINE_EXTRA["dtype"] = args.dtype
     if args.tp > 1:
         ENGINE_EXTRA.update(tp_size=args.tp, **TP_CHECK_ENGINE)
-    prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
+    prompts = make_prompts(len(tiny_models.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     summary: dict = {
         "models": models,
         "arch": args.arch,

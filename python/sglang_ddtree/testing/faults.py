@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         default="DDTREE",
         help="DDTREE, or DFLASH to hold SGLang's own chain to the same cases",
     )
-    ap.add_argument("--arch", choices=("qwen3", "mla"), default="qwen3", help="tiny pair")
+    ap.add_argument("--arch", choices=tiny_models.TINY_ARCHS, default="qwen3", help="tiny pair")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the server")
     ap.add_argument(
         "--concurrency", type=int, default=LOAD_CONCURRENCY, help="load: requests in flight"
@@ -266,13 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(cases) - set(CASES)
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
-    from sglang_ddtree.testing import tiny_models as tm
 
     LOAD_CONCURRENCY = args.concurrency
     os.makedirs(args.out, exist_ok=True)
-    make = tm.make_tiny_mla_pair if args.arch == "mla" else tm.make_tiny_pair
-    target, draft = make(tempfile.mkdtemp(prefix="ddtree_faults_"))
-    vocab = tm.TinyPairConfig().vocab_size
+    target, draft, cfg = tiny_models.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_faults_"))
+    vocab = cfg.vocab_size
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(args.out, "faults_server.log")

@@ -511,10 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_ddtree.testing import tiny_models as tm
         from sglang_ddtree.testing.e2e import make_prompts
 
-        cfg = tm.mla_pair_config(args.arch)
-        target, draft = tm.make_tiny_mla_pair(tempfile.mkdtemp(prefix="ddtree_law_"), cfg)
-        vocab = cfg.vocab_size
-        prompts = make_prompts(len(tm.SPECIALS), vocab, GREEDY_PROMPTS, seed=1)
+        target, draft, cfg = tm.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_law_"))
+        prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
     if args.tp > 1:
         from sglang_ddtree.testing import e2e

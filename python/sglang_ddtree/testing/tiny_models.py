@@ -384,13 +384,25 @@ def _mla_layer_weights(prefix: str, m: TinyMLAPairConfig, moe: bool, g: torch.Ge
     return w
 
 
-def mla_pair_config(arch: str, **kw) -> TinyMLAPairConfig:
-    """``mla``: the Kimi-shaped pair; ``mla-dense``: the same with every target layer dense (no
-    MoE), the control that separates MLA tree verify from expert routing."""
-    if arch not in ("mla", "mla-dense"):
-        raise ValueError(f"unknown MLA pair {arch!r}: mla or mla-dense")
-    m = TinyMLAPairConfig(**kw)
-    return replace(m, first_k_dense=m.target_layers) if arch == "mla-dense" else m
+# The tiny pairs the checks can run on (``--arch``).
+TINY_ARCHS = ("qwen3", "mla", "mla-dense")
+
+
+def make_pair(
+    arch: str, out_dir: str, dtype: str = "float32"
+) -> tuple[str, str, TinyPairConfig | TinyMLAPairConfig]:
+    """(target dir, drafter dir, config) of one tiny pair: ``qwen3``; ``mla``, the Kimi-shaped
+    MLA + MoE pair; ``mla-dense``, that pair with every target layer dense (no MoE), the
+    control that separates MLA tree verify from expert routing."""
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny pair {arch!r}: one of {', '.join(TINY_ARCHS)}")
+    if arch == "qwen3":
+        cfg = TinyPairConfig(dtype=dtype)
+        return (*make_tiny_pair(out_dir, cfg), cfg)
+    m = TinyMLAPairConfig(dtype=dtype)
+    if arch == "mla-dense":
+        m = replace(m, first_k_dense=m.target_layers)
+    return (*make_tiny_mla_pair(out_dir, m), m)
 
 
 def make_tiny_mla_pair(out_dir: str, m: TinyMLAPairConfig | None = None) -> tuple[str, str]:

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 
+from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
@@ -25,16 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--arch", choices=("qwen3", "mla"), default="mla")
+    ap.add_argument("--arch", choices=tiny_models.TINY_ARCHS, default="mla")
     args = ap.parse_args(argv)
     from sglang_ddtree.serve import launch_command
     from sglang_ddtree.srt.ddtree_worker_v2 import TEST_RANK_SKEW_ENV
-    from sglang_ddtree.testing import tiny_models as tm
 
     os.makedirs(args.out, exist_ok=True)
     models = tempfile.mkdtemp(prefix="ddtree_tp_")
-    make = tm.make_tiny_mla_pair if args.arch == "mla" else tm.make_tiny_pair
-    target, draft = make(models)
+    target, draft, _ = tiny_models.make_pair(args.arch, models)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     extra = ["--tp-size", str(args.tp), "--mem-fraction-static", "0.3", "--port", str(port)]
