@@ -4,12 +4,13 @@ Run with SGLang 0.5.17 patched by ``upstream/sglang-ddtree.patch`` first on ``PY
 ``python/`` after it (for ``sglang_ddtree.testing.tiny_models`` only; the plugin's entry point
 (``ddtree``) is not installed, so DDTREE must come from the in-tree registration). On the tiny random pair:
 greedy DDTREE (in-tree flags ``speculative_ddtree_budget_schedule`` / ``_topk``) equals greedy
-without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CASES``: per
-position two-sample chi-squared tests of ``e2e.law_test``, 4 prompts x 256 samples x 24 tokens a
-side, Bonferroni-combined, p > 0.001), and the deliberately wrong coins of the worker's test
-switch are rejected at p < 0.001 with the same samples (the test can fail); a refused option
-(min_p) aborts with a message naming DDTREE; a bad flag value is refused at launch. Prints one
-JSON summary line; exit status 0 when all hold.
+without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CASES``:
+per-position two-sample chi-squared tests of ``e2e.law_test`` over ``e2e.sample_completions``,
+4 prompts x 256 samples x 24 tokens a side, Bonferroni-combined, p > 0.001), and the
+deliberately wrong coins of the in-tree worker's test switch are rejected at p < 0.001 with the
+same samples (the test can fail); a refused option (min_p) aborts with a message naming DDTREE;
+a bad flag value is refused at launch. Prints one JSON summary line; exit status 0 when all
+hold.
 """
 
 from __future__ import annotations
@@ -27,20 +28,10 @@ LAW_CASES = {
     "T0.7_k20_p0.9": {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
 }
 LAW_PROMPTS = 4
-LAW_SAMPLES = 256
-LAW_TOKENS = 24  # e2e.SAMPLE_NEW_TOKENS, the positions law_test reads
 LAW_ALPHA = 1e-3
-COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"  # the worker's wrong-law test switch
-
-
-def sample(eng, prompts: list[list[int]], params: dict) -> list[list[list[int]]]:
-    """[prompt][sample] output ids: LAW_SAMPLES completions of LAW_TOKENS tokens per prompt."""
-    params = dict(params, max_new_tokens=LAW_TOKENS, ignore_eos=True)
-    out = []
-    for p in prompts:
-        outs = eng.generate(input_ids=[p] * LAW_SAMPLES, sampling_params=params)
-        out.append([o["output_ids"] for o in outs])
-    return out
+# The in-tree worker's wrong-law test switch (its TEST_COIN_SCALE_ENV; the name, so that the
+# smoke imports no worker module before the engine starts).
+TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
 
 
 def main() -> int:
@@ -48,7 +39,7 @@ def main() -> int:
     import sglang.srt.speculative.spec_info as spec_info
     from sglang.srt.speculative.spec_registry import get_spec
 
-    from sglang_ddtree.testing.e2e import engine_kwargs, law_test
+    from sglang_ddtree.testing.e2e import engine_kwargs, law_test, sample_completions
     from sglang_ddtree.testing.tiny_models import make_tiny_pair
 
     plugins = [e.name for e in importlib.metadata.entry_points(group="sglang.srt.plugins")]
@@ -64,7 +55,7 @@ def main() -> int:
     eng = sgl.Engine(**base)
     ref = [o["output_ids"] for o in eng.generate(input_ids=prompts, sampling_params=greedy)]
     law_prompts = prompts[:LAW_PROMPTS]
-    ref_samples = {name: sample(eng, law_prompts, p) for name, p in LAW_CASES.items()}
+    ref_samples = {name: sample_completions(eng, law_prompts, p) for name, p in LAW_CASES.items()}
     eng.shutdown()
     in_tree = dict(
         speculative_algorithm="DDTREE",
@@ -74,7 +65,10 @@ def main() -> int:
     )
     eng = sgl.Engine(**base, **in_tree)
     outs = eng.generate(input_ids=prompts, sampling_params=greedy)
-    law = {n: law_test(ref_samples[n], sample(eng, law_prompts, p)) for n, p in LAW_CASES.items()}
+    law = {
+        n: law_test(ref_samples[n], sample_completions(eng, law_prompts, p))
+        for n, p in LAW_CASES.items()
+    }
     one = [eng.generate(input_ids=p, sampling_params=greedy) for p in prompts[:4]]
     try:
         refused = eng.generate(input_ids=prompts[0], sampling_params={**greedy, "min_p": 0.1})
@@ -97,15 +91,15 @@ def main() -> int:
         summary["bad_flag"] = f"{type(e).__name__}: {e}"[:300]
     summary["law"] = law
     print("SMOKE-PART " + json.dumps(summary), flush=True)  # kept if a later engine stalls
-    os.environ[COIN_SCALE_ENV] = "0.5"  # read by the scheduler process at launch
+    os.environ[TEST_COIN_SCALE_ENV] = "0.5"  # read by the scheduler process at launch
     try:
         eng = sgl.Engine(**base, **in_tree)
         law["wrong_coins_T1.0"] = law_test(
-            ref_samples["T1.0"], sample(eng, law_prompts, {"temperature": 1.0})
+            ref_samples["T1.0"], sample_completions(eng, law_prompts, {"temperature": 1.0})
         )
         eng.shutdown()
     finally:
-        os.environ.pop(COIN_SCALE_ENV, None)
+        os.environ.pop(TEST_COIN_SCALE_ENV, None)
     ok = (
         "ddtree" not in plugins
         and summary["registered"] == "DDTreeSpecAlgo"

@@ -133,13 +133,10 @@ def run_greedy_batches(eng, prompts) -> dict:
     return {"outputs": res, "accept_lengths": accept}
 
 
-def _sample(eng, prompts, temperature, top_p) -> list[list[list[int]]]:
-    params = {
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_new_tokens": SAMPLE_NEW_TOKENS,
-        "ignore_eos": True,
-    }
+def sample_completions(eng, prompts, params: dict) -> list[list[list[int]]]:
+    """[prompt][sample] output ids: SAMPLES_PER_PROMPT completions of SAMPLE_NEW_TOKENS tokens
+    per prompt under the sampling ``params`` (the samples ``law_test`` compares)."""
+    params = dict(params, max_new_tokens=SAMPLE_NEW_TOKENS, ignore_eos=True)
     per_prompt = []
     for p in prompts:
         outs = generate(eng, [p] * SAMPLES_PER_PROMPT, params)
@@ -287,7 +284,10 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
         if want_g or (want_a and algo_is_tree[0]):
             out["greedy"] = run_greedy_batches(eng, prompts)
         if want_s:
-            out["samples"] = {n: _sample(eng, sp, t, p) for n, t, p in SAMPLING_CASES}
+            out["samples"] = {
+                n: sample_completions(eng, sp, {"temperature": t, "top_p": p})
+                for n, t, p in SAMPLING_CASES
+            }
         if want_ad and not algo_is_tree[0]:
             out["adaptive"] = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)[0]
         return out
@@ -315,7 +315,11 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
     if want_s:
         os.environ["SGLANG_DDTREE_TEST_COIN_SCALE"] = "0.5"
         name, t, p = SAMPLING_CASES[0]
-        phase("wrong", "DDTREE", lambda eng: _sample(eng, sp, t, p))
+        phase(
+            "wrong",
+            "DDTREE",
+            lambda eng: sample_completions(eng, sp, {"temperature": t, "top_p": p}),
+        )
         os.environ.pop("SGLANG_DDTREE_TEST_COIN_SCALE", None)
 
     def err(*keys):
