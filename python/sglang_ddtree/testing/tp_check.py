@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                     answers.append({"status": code, "tokens": len(body.get("output_ids", []))})
                 except OSError as e:
                     answers.append({"error": f"{type(e).__name__}: {e}"})
+                if answers[-1].get("tokens") != 64:
+                    break  # the ranks stopped: later requests would only wait out their timeouts
     except RuntimeError as e:
         summary["launch_error"] = str(e)
     finally:
