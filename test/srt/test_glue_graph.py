@@ -367,6 +367,53 @@ def test_step_halves_graph_equals_eager(bs):
     assert tree_seg.counts["graph"] == 11 and acc_seg.counts["graph"] == 11
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kv_keys_on_mode", [True, False])
+def test_kv_segment_keeps_its_graph_when_batches_switch_mode(kv_keys_on_mode):
+    """The worker's accept segment has one graph per mode (greedy, sampled), each with its own
+    outputs, and the KV segment binds those outputs. Batches of one size that alternate
+    greedy / sampled (mixed traffic) must replay the KV graph, not recapture it every step and
+    then give up on it: the KV key carries ``accept_mode``. The old key (size only) is the
+    calibration: it recaptures, then goes eager."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_utils import accept_mode
+
+    acc = SegmentGraphs("accept", lambda x, scale: x * scale)
+    kv = SegmentGraphs("kv", lambda keep: keep.sum(), pure=False)
+    x = torch.randn(8, device="cuda")
+    greedy = SimpleNamespace(is_all_greedy=True)
+    sampled = SimpleNamespace(
+        is_all_greedy=False, need_top_k_sampling=False, need_top_p_sampling=True
+    )
+    for step in range(12):
+        info = greedy if step % 2 == 0 else sampled
+        mode = accept_mode(info)
+        keep = acc((8, *mode), {"x": x}, static={"scale": 1.0 if mode == ("greedy",) else 2.0})
+        kv((8, *mode) if kv_keys_on_mode else (8,), {"keep": keep})
+    if kv_keys_on_mode:
+        assert kv.counts["recaptures"] == 0 and kv.counts["captures"] == 2
+        assert kv.counts["graph"] == 10 and not kv.eager_keys
+    else:
+        assert kv.counts["recaptures"] > 0 and kv.eager_keys == {(8,)}
+
+
+def test_accept_mode_names_every_host_branch():
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_utils import accept_mode
+
+    assert accept_mode(None) == ("greedy",)
+    assert accept_mode(SimpleNamespace(is_all_greedy=True)) == ("greedy",)
+    modes = {
+        accept_mode(SimpleNamespace(is_all_greedy=False, need_top_k_sampling=k,
+                                    need_top_p_sampling=p))
+        for k in (False, True) for p in (False, True)
+    }  # fmt: skip
+    assert len(modes) == 4 and all(m[0] == "sampled" for m in modes)
+
+
 def test_accept_tree_greedy_and_sampled_dispatch():
     """``ddtree_utils.accept_tree`` (the worker's accept decision) through an eager accept
     segment equals ``accept_and_commit`` directly: all-greedy batches (no sampling info) take

@@ -61,11 +61,10 @@ def accept_tree(
     bs, w = tree.tokens.shape
     bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
     bound.update(tree.layout._asdict())
-    if sampling_info is None or sampling_info.is_all_greedy:
-        return accept_graphs(key and (*key, "greedy"), bound)
-    # SGLang's host flags: skip a renorm pass over [bs * W, V] that no request needs.
-    need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
-    need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
+    mode = accept_mode(sampling_info)
+    if mode == ("greedy",):
+        return accept_graphs(key and (*key, *mode), bound)
+    _, need_k, need_p = mode
     # The coins are drawn here, eagerly (two launches), and copied in like the sampling
     # parameters: the law then never depends on how captured graphs replay the RNG.
     coins, final_coins = draw_coins(bs, w, logits.device, generator=coin_generator)
@@ -77,7 +76,19 @@ def accept_tree(
         "final_coins": final_coins,
     }
     static = {"need_top_k": need_k, "need_top_p": need_p}
-    return accept_graphs(key and (*key, "sampled", need_k, need_p), bound, copied, static)
+    return accept_graphs(key and (*key, *mode), bound, copied, static)
+
+
+def accept_mode(sampling_info) -> tuple:
+    """The accept segment's host branch: ``("greedy",)`` or ``("sampled", need_top_k,
+    need_top_p)`` (SGLang's host flags: a renorm pass over ``[bs * W, V]`` that no request
+    needs is skipped). Each mode is its own accept graph with its own outputs, so a segment
+    that binds those outputs (the KV commit) keys on the mode too."""
+    if sampling_info is None or sampling_info.is_all_greedy:
+        return ("greedy",)
+    need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
+    need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
+    return ("sampled", need_k, need_p)
 
 
 _FINGERPRINT_SEED = 0x5EED

@@ -86,7 +86,12 @@ from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
-from sglang_ddtree.srt.ddtree_utils import make_accept_fn, rank_fingerprint, ranks_agree
+from sglang_ddtree.srt.ddtree_utils import (
+    accept_mode,
+    make_accept_fn,
+    rank_fingerprint,
+    ranks_agree,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -595,9 +600,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             on_publish(new_seq_lens)
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path
-        #    (glue graph).
+        #    (glue graph). It binds the accept graph's outputs, so it keys on the accept mode:
+        #    batches that switch between greedy and sampled would otherwise move them every step.
         glue["kv"](
-            key,
+            key and (*key, *accept_mode(sampling_info)),
             bound={
                 "hidden": target_hidden,
                 "keep_index": commit.keep_index,

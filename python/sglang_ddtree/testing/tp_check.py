@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--arch", choices=tiny_models.TINY_ARCHS, default="mla")
+    ap.add_argument(
+        "--mem-fraction-static",
+        default="0.3",
+        help="the server's share of GPU memory (higher when another engine already holds some)",
+    )
     args = ap.parse_args(argv)
     from sglang_ddtree.serve import launch_command
     from sglang_ddtree.srt.ddtree_worker_v2 import TEST_RANK_SKEW_ENV
@@ -36,7 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     target, draft, _ = tiny_models.make_pair(args.arch, models)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    extra = ["--tp-size", str(args.tp), "--mem-fraction-static", "0.3", "--port", str(port)]
+    extra = [
+        "--tp-size",
+        str(args.tp),
+        "--mem-fraction-static",
+        args.mem_fraction_static,
+        "--port",
+        str(port),
+    ]
     extra += tp_check_cli()
     extra += ["--host", "127.0.0.1", "--context-length", "1024", "--cuda-graph-max-bs-decode", "8"]
     log_path = os.path.join(args.out, "tp_check_server.log")
