@@ -12,7 +12,10 @@ the backend unchanged. Off by default until its exactness and speed are measured
 
 from __future__ import annotations
 
+import logging
 import os
+
+logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DDTREE_TREE_ATTENTION"
 TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
@@ -56,6 +59,9 @@ def _handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
     )
 
 
+_announced: list = []
+
+
 def forward_extend_hook(
     original_fn, backend, q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs
 ):
@@ -63,6 +69,9 @@ def forward_extend_hook(
         return original_fn(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
     from sglang_ddtree.core.tree_attention import tree_attention
 
+    if not _announced:  # once per process: the switch reached a verify, not only the import
+        _announced.append(True)
+        logger.warning("DDTREE: tree-verify attention through core.tree_attention (%s=1).", ENV)
     pool = forward_batch.token_to_kv_pool
     if save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
