@@ -145,7 +145,6 @@ sizes = (prefix + 5) * 5
 md = SimpleNamespace(kv_indptr=indptr, kv_indices=indices, mask_indptr=torch.cat(
     [torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)]),
     custom_mask=flatten_verify_mask(mask, prefix, int(sizes.sum())), swa_out_cache_loc=None)
-backend = SimpleNamespace(forward_metadata=md, page_size=1, dcp_size=1, _translate_kv_loc=None)
 layer = SimpleNamespace(layer_id=0, tp_q_head_num=4, qk_head_dim=16, v_head_dim=16,
                         scaling=scale, k_scale=None, sliding_window_size=-1, logit_cap=0,
                         is_cross_attention=False, xai_temperature_len=-1)
@@ -161,8 +160,11 @@ class Pool:
         return k_buf
     def get_value_buffer(self, i):
         return v_buf
+# As in SGLang 0.5.17: the KV pool is the backend's (ForwardBatch has no token_to_kv_pool).
+backend = SimpleNamespace(forward_metadata=md, page_size=1, dcp_size=1, _translate_kv_loc=None,
+                          use_mla=False, token_to_kv_pool=Pool())
 fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True),
-                     token_to_kv_pool=Pool(), out_cache_loc=loc, batch_size=2)
+                     out_cache_loc=loc, batch_size=2)
 calls = []
 original = lambda *a, **kw: calls.append(a) or "original"
 ddtree_requests.set_active(True)
@@ -175,6 +177,9 @@ assert torch.equal(k_buf, want_k)  # the nodes' KV was saved first
 layer.logit_cap = 30.0
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
 layer.logit_cap = 0
+backend.use_mla = True  # MLA's latent cache: the backend's own kernel
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+backend.use_mla = False
 ddtree_requests.set_active(False)
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
 print("interpreted attention hook OK")

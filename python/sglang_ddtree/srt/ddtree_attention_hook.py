@@ -46,6 +46,8 @@ def _handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
         and md is not None
         and getattr(md, "custom_mask", None) is not None
         and getattr(md, "mask_indptr", None) is not None
+        and getattr(backend, "token_to_kv_pool", None) is not None
+        and not getattr(backend, "use_mla", False)  # MLA's latent cache: not this kernel
         and getattr(backend, "page_size", 1) == 1
         and getattr(backend, "dcp_size", 1) == 1
         and getattr(backend, "_translate_kv_loc", None) is None  # unified pools
@@ -72,7 +74,7 @@ def forward_extend_hook(
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
         logger.warning("DDTREE: tree-verify attention through core.tree_attention (%s=1).", ENV)
-    pool = forward_batch.token_to_kv_pool
+    pool = backend.token_to_kv_pool  # the backend's pool, as its own extend writes it
     if save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
     md = backend.forward_metadata
