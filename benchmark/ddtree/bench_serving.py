@@ -2,9 +2,13 @@
 
 For each repeat (configurations in alternating order: forward on even repeats, reversed on odd
 ones) one server per configuration is launched (``serve.launch_command``: triton attention,
-CUDA graphs and overlap on), warmed up through every concurrency level, then measured with
-``python -m sglang.benchmark.serving --backend sglang --dataset-name random-ids`` per
-(temperature, concurrency): output tokens/s, the client's own ``output_throughput``.
+CUDA graphs and overlap on), warmed up through every (temperature, concurrency) cell, then
+measured with SGLang's client (``sglang.benchmark.serving --backend sglang --dataset-name
+random-ids``) per cell: output tokens/s, the client's own ``output_throughput``. The client's
+cells run in one Python process per phase (``CLIENT_LOOP`` calls its ``cli_main`` per cell), so
+its import is paid twice per server, not once per cell. DDTREE glue graphs a server captured
+during the measured phase (its log's "captured key" lines after the warm-up) are recorded per
+server: a capture while measuring delays that step.
 
 Results accumulate in ``OUT/bench_serving.json``: a rerun with the same ``--out`` skips the
 measured (repeat, configuration) pairs, so one measurement can be split over several invocations.
@@ -33,11 +37,23 @@ CONFIGS = {"none": None, "dflash": "DFLASH", "ddtree": "DDTREE"}
 TEMPS = {"T0": (0.0, 1.0), "T1_p0.95": (1.0, 0.95)}
 
 
-def client_cmd(base_url: str, model: str, temp: str, concurrency: int, args, out_file: str):
-    """One ``sglang.benchmark.serving`` run: ``max(--prompts-per-level x c, 32)`` requests of
-    ``--input-len`` random token ids and ``--output-len`` output tokens, ``c`` in flight."""
+# One process runs many client cells: argv lists in sys.argv[1] (JSON), one cli_main each.
+CLIENT_LOOP = """import json, sys
+from sglang.benchmark.serving import cli_main
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["sglang.benchmark.serving", *argv]
+    cli_main()
+"""
+CAPTURE_LINE = ": captured key "  # ddtree_glue_graph logs one such line per glue-graph capture
+
+
+def client_cmd(base_url: str, model: str, temp: str, concurrency: int, args, out_file: str,
+               num: int | None = None):  # fmt: skip
+    """One ``sglang.benchmark.serving`` run: ``num`` (default ``max(--prompts-per-level x c,
+    32)``) requests of ``--input-len`` random token ids and ``--output-len`` output tokens,
+    ``c`` in flight."""
     temperature, top_p = TEMPS[temp]
-    num = max(args.prompts_per_level * concurrency, 32)
+    num = num or max(args.prompts_per_level * concurrency, 32)
     return [
         sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
         "--base-url", base_url, "--model", model, "--tokenizer", model,
@@ -61,6 +77,21 @@ def datasets_stub(workdir: str) -> str | None:
         with open(os.path.join(path, "datasets", "__init__.py"), "w") as f:
             f.write("def load_dataset(*args, **kwargs):\n    raise ImportError('stub')\n")
         return path
+
+
+def run_client_cells(cmds: list[list[str]], env: dict) -> None:
+    """Run ``client_cmd`` command lines in one client process (``CLIENT_LOOP``)."""
+    argvs = [cmd[3:] for cmd in cmds]  # after [python, -m, sglang.benchmark.serving]
+    proc = subprocess.run([sys.executable, "-c", CLIENT_LOOP, json.dumps(argvs)], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"the benchmark client failed: {proc.stderr[-2000:]}")
+
+
+def count_captures(log_path: str) -> int:
+    """Glue-graph captures a server has logged so far."""
+    with open(log_path, errors="replace") as f:
+        return sum(CAPTURE_LINE in line and "glue graph" in line for line in f)
 
 
 def read_throughput(path: str) -> float:
@@ -119,6 +150,15 @@ def markdown(summary: dict, configs: list[str]) -> str:
     return "\n".join(lines)
 
 
+def captures_line(runs: list[dict]) -> str:
+    """Per configuration, the glue-graph captures each server made while being measured."""
+    by_config: dict = {}
+    for run in runs:
+        by_config.setdefault(run["config"], []).append(run.get("captures_measured"))
+    shown = "; ".join(f"{cfg} {counts}" for cfg, counts in by_config.items())
+    return f"Glue-graph captures while measuring, per server: {shown}.\n"
+
+
 def measure(config: str, args, workdir: str, stub: str | None) -> dict:
     """Launch one server, warm it up, and measure every (temperature, concurrency)."""
     from sglang_ddtree.serve import launch_command
@@ -137,21 +177,27 @@ def measure(config: str, args, workdir: str, stub: str | None) -> dict:
     log = os.path.join(args.out, f"server_{config}_{int(time.time())}.log")
     cells: dict = {}
     with launched_server(cmd, base, log, timeout=600):
-        for c in args.concurrency:  # warm-up: every batch size this server will meet
-            warm = os.path.join(workdir, "warmup.jsonl")
-            subprocess.run(client_cmd(base, args.model_path, "T0", c, args, warm), env=env,
-                           check=True, capture_output=True)  # fmt: skip
-        for temp in args.temps:
-            for c in args.concurrency:
-                out_file = os.path.join(workdir, f"{config}_{temp}_{c}.jsonl")
-                proc = subprocess.run(client_cmd(base, args.model_path, temp, c, args, out_file),
-                                      env=env, capture_output=True, text=True)  # fmt: skip
-                if proc.returncode != 0:
-                    raise RuntimeError(f"client failed at {temp} c={c}: {proc.stderr[-2000:]}")
-                tps = read_throughput(out_file)
-                cells.setdefault(temp, {})[str(c)] = tps
-                print(f"[bench_serving] {config} {temp} c={c}: {tps:.1f} tok/s", flush=True)
-    return cells
+        # Warm-up: every (temperature, concurrency) cell once, so each batch size and sampling
+        # mode the measurement meets has met the server before.
+        warm = os.path.join(workdir, "warmup.jsonl")
+        run_client_cells([client_cmd(base, args.model_path, temp, c, args, warm, num=2 * c)
+                          for temp in args.temps for c in args.concurrency], env)  # fmt: skip
+        captured_in_warmup = count_captures(log)
+        files = {(temp, c): os.path.join(workdir, f"{config}_{temp}_{c}.jsonl")
+                 for temp in args.temps for c in args.concurrency}  # fmt: skip
+        for path in files.values():
+            if os.path.exists(path):
+                os.remove(path)
+        run_client_cells([client_cmd(base, args.model_path, temp, c, args, path)
+                          for (temp, c), path in files.items()], env)  # fmt: skip
+        captures = count_captures(log) - captured_in_warmup
+    for (temp, c), path in files.items():
+        tps = read_throughput(path)
+        cells.setdefault(temp, {})[str(c)] = tps
+        print(f"[bench_serving] {config} {temp} c={c}: {tps:.1f} tok/s", flush=True)
+    print(f"[bench_serving] {config}: {captured_in_warmup} glue-graph captures in the warm-up, "
+          f"{captures} while measuring", flush=True)  # fmt: skip
+    return {"cells": cells, "captures_warmup": captured_in_warmup, "captures_measured": captures}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,14 +248,14 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - t0 > args.deadline_s:
                 print(f"[bench_serving] deadline: not started {config} repeat {repeat}")
                 continue
-            cells = measure(config, args, workdir, stub)
-            results["runs"].append({"repeat": repeat, "config": config, "cells": cells})
+            measured = measure(config, args, workdir, stub)
+            results["runs"].append({"repeat": repeat, "config": config, **measured})
             with open(path, "w") as f:
                 json.dump(results, f, indent=1)
     results["summary"] = summarize(results)
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
-    md = markdown(results["summary"], configs)
+    md = markdown(results["summary"], configs) + captures_line(results["runs"])
     with open(os.path.join(args.out, "bench_serving.md"), "w") as f:
         f.write(md + "\n")
     print(md)

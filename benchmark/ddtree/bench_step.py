@@ -36,7 +36,8 @@ budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
 in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
 (``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
-mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``).
+mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+treeattn`` runs the target's
+tree-verify attention through ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=1``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -85,6 +86,7 @@ from sglang_ddtree.srt.ddtree_args import (
     KV_MOVER_ENV,
     KV_MOVERS,
 )
+from sglang_ddtree.srt.ddtree_attention_hook import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
@@ -406,12 +408,15 @@ VARIANTS = {
     "torchtopk": {DRAFT_TOPK_ENV: "torch"},
     # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
     "sglangkv": {KV_MOVER_ENV: "sglang"},
+    # The target's tree-verify attention split into prefix + ancestor block (core/tree_attention.py).
+    "treeattn": {TREE_ATTENTION_ENV: "1"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
     DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
+    TREE_ATTENTION_ENV: "0",
 }
 
 

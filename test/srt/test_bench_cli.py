@@ -2,6 +2,7 @@
 traceback or a row of failures with exit code 0."""
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -120,6 +121,38 @@ def test_bench_serving_pieces(load_benchmark, tmp_path):
     assert cell["ddtree/dflash"] == pytest.approx(1.4)
     md = mod.markdown(summary, ["none", "dflash", "ddtree"])
     assert "| 1 | - | 100 (90-110, n=3) | 140 (130-150, n=3) | 1.40 |" in md
+    # Warm-up cells take an explicit request count; the client loop gets the argv after -m.
+    warm = mod.client_cmd("http://h:1", "/m", "T0", 8, args, "/w", num=16)
+    assert warm[warm.index("--num-prompts") + 1] == "16"
+    # One client process runs every cell: a stand-in sglang.benchmark.serving records its argv.
+    fake = tmp_path / "fake" / "sglang" / "benchmark"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    seen = tmp_path / "argv.jsonl"
+    (fake / "serving.py").write_text(
+        "import json, sys\n"
+        "def cli_main():\n"
+        f"    open({str(seen)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    mod.run_client_cells([cmd, warm], env)
+    lines = [json.loads(x) for x in seen.read_text().splitlines()]
+    assert lines == [
+        ["sglang.benchmark.serving", *cmd[3:]],
+        ["sglang.benchmark.serving", *warm[3:]],
+    ]
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[INFO] DDTREE glue graph tree_w33: captured key (4,).\n"
+        "[INFO] DDTREE glue graph accept_w33: captured key (4, 'greedy').\n"
+        "[INFO] captured key of something else\n"
+    )
+    assert mod.count_captures(str(log)) == 2
+    runs = [dict(run, captures_measured=i % 2) for i, run in enumerate(runs)]
+    assert mod.captures_line(runs) == (
+        "Glue-graph captures while measuring, per server: dflash [0, 0, 0]; ddtree [1, 1, 1].\n"
+    )
     stub = mod.datasets_stub(str(tmp_path))
     if stub is not None:  # HF datasets missing here: the stub package is importable
         assert (tmp_path / "stub" / "datasets" / "__init__.py").exists()

@@ -189,15 +189,18 @@ def test_output_nests_are_mapped_and_copied():
 # ---------------------------------------------------------------------------------- GPU ----
 @pytest.mark.gpu
 @needs_cuda
-def test_replay_follows_copied_inputs_and_recaptures_moved_bound():
+def test_replay_follows_copied_inputs_and_recaptures_moved_bound(caplog):
     seg = SegmentGraphs("t", lambda x, y: (x * 2 + y).sum(-1, keepdim=True) + y)
     x = torch.randn(4, 8, device="cuda")
-    for _ in range(5):
-        y = torch.randn(4, 1, device="cuda")  # a new tensor every step: copied, not bound
-        x.normal_()  # bound: same memory, new content
-        out = seg((4,), {"x": x}, {"y": y})
-        assert torch.allclose(out, (x * 2 + y).sum(-1, keepdim=True) + y)
+    with caplog.at_level(logging.INFO, logger="sglang_ddtree.srt.ddtree_glue_graph"):
+        for _ in range(5):
+            y = torch.randn(4, 1, device="cuda")  # a new tensor every step: copied, not bound
+            x.normal_()  # bound: same memory, new content
+            out = seg((4,), {"x": x}, {"y": y})
+            assert torch.allclose(out, (x * 2 + y).sum(-1, keepdim=True) + y)
     assert seg.counts["captures"] == 1 and seg.counts["graph"] == 4
+    # Every capture is logged (a server's log shows captures made while serving).
+    assert caplog.text.count("glue graph t: captured key (4,)") == 1
     assert seg.counts["capture_ms"] > 0.0
     x2 = torch.randn(4, 8, device="cuda")  # the bound input moved: capture again
     out = seg((4,), {"x": x2}, {"y": y})

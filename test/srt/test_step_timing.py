@@ -237,17 +237,19 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, topk, kv = (
+    glue, topk, kv, attn = (
         "SGLANG_DDTREE_GLUE_GRAPHS",
         "SGLANG_DDTREE_DRAFT_TOPK",
         "SGLANG_DDTREE_KV_MOVER",
+        "SGLANG_DDTREE_TREE_ATTENTION",
     )
-    default = {glue: "1", topk: "auto", kv: "ddtree"}  # the worker's defaults, explicit
+    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "0"}  # the worker's defaults
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
     assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
+    assert bench.split_variant("ddtree-64+treeattn") == ("ddtree-64", {**default, attn: "1"})
     assert bench.split_variant("dflash") == ("dflash", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")

@@ -203,6 +203,8 @@ class SegmentGraphs:
         finally:
             torch.cuda.current_stream().wait_stream(stream)
         self.counts["captures"] += 1
+        # One line per capture: a capture while serving costs that request a step's delay.
+        logger.info("DDTREE glue graph %s: captured key %s.", self.name, key)
         entry = _Entry(graph, dict(bound), buffers, out_buffers)
         self.entries[key] = entry
         if not self.pure:
