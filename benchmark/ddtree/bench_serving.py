@@ -17,6 +17,7 @@ the medians.
 
     python benchmark/ddtree/bench_serving.py --out DIR       # the trained pair, 3 repeats
     python benchmark/ddtree/bench_serving.py --model-path T --draft-model-path D --out DIR
+    python benchmark/ddtree/bench_serving.py --server-args "--disable-prefill-cuda-graph" --out DIR
 
 ``sglang.benchmark.serving`` imports HF ``datasets`` for its MMMU dataset only; where it is not
 installed a stub on the client's ``PYTHONPATH`` lets ``random-ids`` run.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -169,14 +171,17 @@ def measure(config: str, args, workdir: str, stub: str | None) -> dict:
     top = max(args.concurrency)
     extra = ["--port", str(port), "--host", "127.0.0.1", "--mem-fraction-static", "0.5",
              "--max-running-requests", str(top), "--cuda-graph-max-bs-decode", str(top),
-             "--context-length", str(2 * (args.input_len + args.output_len) + 256)]  # fmt: skip
+             "--context-length", str(2 * (args.input_len + args.output_len) + 256),
+             *shlex.split(args.server_args)]  # fmt: skip
     cmd = launch_command(args.model_path, args.draft_model_path, None, extra, CONFIGS[config])
     env = dict(os.environ)
     if stub:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [stub, env.get("PYTHONPATH")]))
     log = os.path.join(args.out, f"server_{config}_{int(time.time())}.log")
     cells: dict = {}
+    t0 = time.monotonic()
     with launched_server(cmd, base, log, timeout=600):
+        startup_s = round(time.monotonic() - t0, 1)
         # Warm-up: every (temperature, concurrency) cell once, so each batch size and sampling
         # mode the measurement meets has met the server before.
         warm = os.path.join(workdir, "warmup.jsonl")
@@ -197,7 +202,12 @@ def measure(config: str, args, workdir: str, stub: str | None) -> dict:
         print(f"[bench_serving] {config} {temp} c={c}: {tps:.1f} tok/s", flush=True)
     print(f"[bench_serving] {config}: {captured_in_warmup} glue-graph captures in the warm-up, "
           f"{captures} while measuring", flush=True)  # fmt: skip
-    return {"cells": cells, "captures_warmup": captured_in_warmup, "captures_measured": captures}
+    return {
+        "cells": cells,
+        "startup_s": startup_s,
+        "captures_warmup": captured_in_warmup,
+        "captures_measured": captures,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts-per-level", type=int, default=4, help="requests per level / c")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument(
+        "--server-args", default="", help="more launch_server flags, the same for every server"
+    )
     ap.add_argument("--deadline-s", type=float, default=540, help="start no server after this")
     args = ap.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
