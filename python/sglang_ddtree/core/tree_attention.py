@@ -12,10 +12,11 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
 - the prefix part (``_prefix_attention_kernel``): all ``W x G`` query rows of a request and KV
   head against the prefix, with no mask, so each prefix tile is read once for all of them (a
   multi-query decode);
-- the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block;
-- the merge: ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's
-  log-sum-exp (natural log) of its scaled scores (``merge_attention_states``; sgl_kernel's
-  ``merge_state`` computes the same).
+- the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block, and in its epilogue
+  the merge ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's log-sum-exp
+  (natural log) of its scaled scores (``merge_attention_states`` is its torch twin). The prefix
+  part's output stays float32 until the merge; two launches per layer, as many as the merge
+  alone took as separate torch kernels.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
 runs ``tree_attention`` only under the measurement switch ``SGLANG_DDTREE_TREE_ATTENTION=1``
@@ -145,7 +146,7 @@ if triton is not None:
 
     @triton.jit
     def _tree_attention_kernel(
-        Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, Out, Lse,
+        Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, O1, Lse1, Out,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         stride_ot, stride_oh, stride_lt,
@@ -194,14 +195,18 @@ if triton is not None:
             mask=w_ok[:, None] & (offs_dv[None, :] < DV),
             other=0.0,
         )
-        out = tl.dot(p.to(v.dtype), v).to(tl.float32) / tl.where(w_ok, l_sum, 1.0)[:, None]
-        tl.store(
-            Out + token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=w_ok[:, None] & (offs_dv[None, :] < DV),
-        )
-        lse = m + tl.log(tl.where(w_ok, l_sum, 1.0))
-        tl.store(Lse + token * stride_lt + head, lse, mask=w_ok)
+        out2 = tl.dot(p.to(v.dtype), v).to(tl.float32) / tl.where(w_ok, l_sum, 1.0)[:, None]
+        lse2 = m + tl.log(tl.where(w_ok, l_sum, 1.0))
+        # Merge with the prefix part (its lse is -inf for an empty prefix: weight 0).
+        out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
+        out_ok = w_ok[:, None] & (offs_dv[None, :] < DV)
+        o1 = tl.load(O1 + out_offs, mask=out_ok, other=0.0)
+        lse1 = tl.load(Lse1 + token * stride_lt + head, mask=w_ok, other=float("-inf"))
+        top = tl.maximum(lse1, lse2)
+        w1 = tl.exp(lse1 - top)
+        w2 = tl.exp(lse2 - top)
+        out = (o1 * w1[:, None] + out2 * w2[:, None]) / (w1 + w2)[:, None]
+        tl.store(Out + out_offs, out.to(Out.dtype.element_ty), mask=out_ok)
 
 
 def tree_attention(
@@ -241,24 +246,24 @@ def tree_attention(
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
     d_tiles = triton.cdiv(d, block_dk)
     block_dv = max(16, triton.next_power_of_2(dv))
-    outs, lses = [], []
-    for _ in range(2):
-        outs.append(torch.empty(n, hq, dv, dtype=q.dtype, device=q.device))
-        lses.append(torch.empty(n, hq, dtype=torch.float32, device=q.device))
+    o1 = torch.empty(n, hq, dv, dtype=torch.float32, device=q.device)  # prefix part
+    lse1 = torch.empty(n, hq, dtype=torch.float32, device=q.device)
+    out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
+    assert out.stride() == o1.stride()  # the kernels address both with o1's strides
     strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-               v_buffer.stride(0), v_buffer.stride(1), outs[0].stride(0), outs[0].stride(1),
-               lses[0].stride(0))  # fmt: skip
+               v_buffer.stride(0), v_buffer.stride(1), o1.stride(0), o1.stride(1),
+               lse1.stride(0))  # fmt: skip
     block_m = 16 if w * g <= 16 else 32
     _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m))](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, outs[0], lses[0], sm_scale, *strides,
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv,
     )  # fmt: skip
     _tree_attention_kernel[(bs, hq)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
-        outs[1], lses[1], sm_scale, *strides,
+        o1, lse1, out, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv, FULL_MASK=tree_mask is None,
     )  # fmt: skip
-    return merge_attention_states(outs[0], lses[0], outs[1], lses[1])
+    return out
