@@ -17,7 +17,7 @@ the medians.
 
     python benchmark/ddtree/bench_serving.py --out DIR       # the trained pair, 3 repeats
     python benchmark/ddtree/bench_serving.py --model-path T --draft-model-path D --out DIR
-    python benchmark/ddtree/bench_serving.py --server-args "--disable-prefill-cuda-graph" --out DIR
+    python benchmark/ddtree/bench_serving.py --server-args=--disable-prefill-cuda-graph --out DIR
 
 ``sglang.benchmark.serving`` imports HF ``datasets`` for its MMMU dataset only; where it is not
 installed a stub on the client's ``PYTHONPATH`` lets ``random-ids`` run.
@@ -223,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument(
-        "--server-args", default="", help="more launch_server flags, the same for every server"
+        "--server-args",
+        default="",
+        help="more launch_server flags for every server (--server-args='--flag value')",
     )
     ap.add_argument("--deadline-s", type=float, default=540, help="start no server after this")
     args = ap.parse_args(argv)

@@ -166,5 +166,15 @@ def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
     mod = load_benchmark("bench_serving")
     assert mod.main(["--out", str(tmp_path)]) == 2
     assert "launches SGLang servers on a GPU" in capsys.readouterr().err
+    # Server flags that start with dashes pass in the --server-args=... form.
+    assert mod.main(["--out", str(tmp_path), "--server-args=--disable-prefill-cuda-graph"]) == 2
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path), "--configs", "eagle"])
+
+
+def test_bench_tree_attention_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    mod = load_benchmark("bench_tree_attention")
+    assert mod.main(["--out", str(tmp_path)]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""Tree-verify attention of one layer: SGLang's triton extend kernel with the verify mask (what a
+DDTREE verify runs today) against ``core.tree_attention`` (prefix part + ancestor block, merged).
+
+Per (bs, W, prefix length): random bf16 queries and KV, random trees (each node's parent an
+earlier node), SGLang's FULL_MASK verify mask. Each kernel call is captured in a CUDA graph and
+replayed ``--iters`` times between CUDA events (microseconds per call, i.e. per layer). Both
+outputs are compared with the float32 masked reference (``tree_attention_reference``): the
+largest absolute error of each, so a difference between the two is read against their own
+rounding.
+
+    python benchmark/ddtree/bench_tree_attention.py --out DIR          # Qwen3-8B's heads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+
+def random_verify(bs, w, prefix, hq, hkv, d, seed):
+    """bf16 inputs of one verify layer on the GPU; returns a dict of tensors and host ints."""
+    from sglang_ddtree.core.layout import flatten_verify_mask
+
+    g = torch.Generator().manual_seed(seed)
+    slots = bs * (prefix + w) + 8
+    perm = torch.randperm(slots, generator=g)
+    kv_indptr = torch.arange(bs + 1) * prefix
+    kv_indices = perm[: bs * prefix]
+    node_loc = perm[bs * prefix : bs * (prefix + w)]
+    mask = torch.zeros(bs, w, w, dtype=torch.bool)
+    mask[:, 0, 0] = True
+    for i in range(1, w):  # each node: its parent's ancestors and itself
+        parent = torch.randint(0, i, (bs,), generator=g)
+        mask[:, i] = mask[torch.arange(bs), parent]
+        mask[:, i, i] = True
+    prefix_lens = torch.full((bs,), prefix)
+    sizes = (prefix_lens + w) * w
+    mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)])
+    t = dict(
+        q=torch.randn(bs * w, hq, d, generator=g),
+        k=torch.randn(slots, hkv, d, generator=g),
+        v=torch.randn(slots, hkv, d, generator=g),
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        node_loc=node_loc,
+        mask=mask,
+        full_mask=flatten_verify_mask(mask, prefix_lens, int(sizes.sum())),
+        mask_indptr=mask_indptr,
+        qo_indptr=torch.arange(bs + 1) * w,
+    )
+    t = {k: v.cuda() for k, v in t.items()}
+    for name in ("q", "k", "v"):
+        t[name] = t[name].to(torch.bfloat16)
+    for name in ("kv_indptr", "kv_indices", "node_loc", "mask_indptr", "qo_indptr"):
+        t[name] = t[name].to(torch.int32 if name != "mask_indptr" else torch.int64)
+    return t
+
+
+def graph_us(fn, iters: int) -> float:
+    """Microseconds per call of ``fn`` replayed from a CUDA graph."""
+    fn()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def measure(bs, w, prefix, hq, hkv, d, iters, seed=0) -> dict:
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
+
+    t = random_verify(bs, w, prefix, hq, hkv, d, seed)
+    scale = d**-0.5
+    k_ext, v_ext = t["k"][t["node_loc"].long()], t["v"][t["node_loc"].long()]
+    out_ext = torch.empty_like(t["q"])
+
+    def extend():
+        extend_attention_fwd(
+            t["q"], k_ext, v_ext, out_ext, t["k"], t["v"], t["qo_indptr"], t["kv_indptr"],
+            t["kv_indices"], t["full_mask"], False, t["mask_indptr"], w, 1.0, 1.0, scale,
+        )  # fmt: skip
+
+    res = {}
+
+    def split():
+        res["out"] = tree_attention(
+            t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
+            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
+        )  # fmt: skip
+
+    row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
+    row["split_us"] = graph_us(split, iters)
+    want = tree_attention_reference(
+        t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
+    ).float()
+    row["extend_max_err"] = (out_ext.float() - want).abs().max().item()
+    row["split_max_err"] = (res["out"].float() - want).abs().max().item()
+    row["split_vs_extend_max"] = (res["out"].float() - out_ext.float()).abs().max().item()
+    row["ratio"] = row["split_us"] / row["extend_us"]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--widths", type=int, nargs="+", default=[17, 33, 65])
+    ap.add_argument("--prefixes", type=int, nargs="+", default=[128, 1024])
+    ap.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], help="Hq Hkv D")
+    ap.add_argument("--iters", type=int, default=200)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_tree_attention.py times CUDA kernels: no CUDA GPU here.", file=sys.stderr)
+        return 2
+    hq, hkv, d = args.heads
+    rows = []
+    for bs in args.batch_sizes:
+        for w in args.widths:
+            for prefix in args.prefixes:
+                row = measure(bs, w, prefix, hq, hkv, d, args.iters)
+                rows.append(row)
+                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                  for k, v in row.items()}), flush=True)  # fmt: skip
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_tree_attention.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), "heads": args.heads, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
