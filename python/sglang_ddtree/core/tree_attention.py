@@ -15,12 +15,12 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
 - the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block, and in its epilogue
   the merge ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's log-sum-exp
   (natural log) of its scaled scores (``merge_attention_states`` is its torch twin). The prefix
-  part's output stays float32 until the merge; two launches per layer, as many as the merge
-  alone took as separate torch kernels.
+  part's output stays float32 until the merge. Two launches per layer: a merge in separate
+  torch kernels (a dozen per layer) cost more than the split saved.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
 runs ``tree_attention`` only under the measurement switch ``SGLANG_DDTREE_TREE_ATTENTION=1``
-(``srt/ddtree_attention_hook.py``), until its exactness and speed are measured on the GPU.
+(``srt/ddtree_attention_hook.py``), until the full law and fault suites have run with it on.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ TARGET_VERIFY batch with a custom mask while a DDTREE worker runs in the process
 backend's own metadata: the prefix's ``kv_indptr`` / ``kv_indices``, the verify mask and its
 ``mask_indptr``, so a captured CUDA graph replays it with each step's values. Anything else
 (the drafter's block, prefill, sinks, sliding windows, logit caps, scaled KV, paged KV) goes to
-the backend unchanged. Off by default until its exactness and speed are measured on the GPU.
+the backend unchanged. Off by default until the full law and fault suites have run with it on.
 """
 
 from __future__ import annotations
