@@ -60,15 +60,20 @@ def _cuda_and_sglang_missing() -> str | None:
     return None
 
 
-def _run_gpu_check(out_dir: str, module: str, args: list[str], summary: str, timeout: int):
+def _run_gpu_check(
+    out_dir: str, module: str, args: list[str], summary: str, timeout: int, env=None
+):
     """Run ``python -m module --out out_dir *args`` (an end-to-end check that starts SGLang
-    servers) and return its JSON summary ``out_dir/summary``; skip without CUDA or SGLang.
-    The module's output is kept in ``out_dir/<name>_stdout.log``."""
+    servers; ``env``: variables added to this process's) and return its JSON summary
+    ``out_dir/summary``; skip without CUDA or SGLang. The module's output is kept in
+    ``out_dir/<name>_stdout.log``."""
     why = _cuda_and_sglang_missing()
     if why:
         pytest.skip(why)
     cmd = [sys.executable, "-m", module, "--out", out_dir, *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {}))
+    )
     with open(os.path.join(out_dir, f"{module.rsplit('.', 1)[-1]}_stdout.log"), "w") as f:
         f.write(proc.stdout + proc.stderr)
     path = os.path.join(out_dir, summary)
