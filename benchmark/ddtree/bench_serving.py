@@ -49,15 +49,15 @@ for argv in json.loads(sys.argv[1]):
 CAPTURE_LINE = ": captured key "  # ddtree_glue_graph logs one such line per glue-graph capture
 
 
-def client_cmd(base_url: str, model: str, temp: str, concurrency: int, args, out_file: str,
-               num: int | None = None):  # fmt: skip
-    """One ``sglang.benchmark.serving`` run: ``num`` (default ``max(--prompts-per-level x c,
+def client_argv(base_url: str, model: str, temp: str, concurrency: int, args, out_file: str,
+                num: int | None = None) -> list[str]:  # fmt: skip
+    """The arguments of one ``sglang.benchmark.serving`` run: ``num`` (default ``max(--prompts-per-level x c,
     32)``) requests of ``--input-len`` random token ids and ``--output-len`` output tokens,
     ``c`` in flight."""
     temperature, top_p = TEMPS[temp]
     num = num or max(args.prompts_per_level * concurrency, 32)
     return [
-        sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
+        "--backend", "sglang",
         "--base-url", base_url, "--model", model, "--tokenizer", model,
         "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
@@ -81,9 +81,8 @@ def datasets_stub(workdir: str) -> str | None:
         return path
 
 
-def run_client_cells(cmds: list[list[str]], env: dict) -> None:
-    """Run ``client_cmd`` command lines in one client process (``CLIENT_LOOP``)."""
-    argvs = [cmd[3:] for cmd in cmds]  # after [python, -m, sglang.benchmark.serving]
+def run_client_cells(argvs: list[list[str]], env: dict) -> None:
+    """Run ``client_argv`` cells in one client process (``CLIENT_LOOP``)."""
     proc = subprocess.run([sys.executable, "-c", CLIENT_LOOP, json.dumps(argvs)], env=env,
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
@@ -185,7 +184,7 @@ def measure(config: str, args, workdir: str, stub: str | None) -> dict:
         # Warm-up: every (temperature, concurrency) cell once, so each batch size and sampling
         # mode the measurement meets has met the server before.
         warm = os.path.join(workdir, "warmup.jsonl")
-        run_client_cells([client_cmd(base, args.model_path, temp, c, args, warm, num=2 * c)
+        run_client_cells([client_argv(base, args.model_path, temp, c, args, warm, num=2 * c)
                           for temp in args.temps for c in args.concurrency], env)  # fmt: skip
         captured_in_warmup = count_captures(log)
         files = {(temp, c): os.path.join(workdir, f"{config}_{temp}_{c}.jsonl")
@@ -193,7 +192,7 @@ def measure(config: str, args, workdir: str, stub: str | None) -> dict:
         for path in files.values():
             if os.path.exists(path):
                 os.remove(path)
-        run_client_cells([client_cmd(base, args.model_path, temp, c, args, path)
+        run_client_cells([client_argv(base, args.model_path, temp, c, args, path)
                           for (temp, c), path in files.items()], env)  # fmt: skip
         captures = count_captures(log) - captured_in_warmup
     for (temp, c), path in files.items():

@@ -92,9 +92,9 @@ def test_bench_serving_pieces(load_benchmark, tmp_path):
     medians / ranges / the DDTREE-over-DFLASH ratio per cell."""
     mod = load_benchmark("bench_serving")
     args = SimpleNamespace(prompts_per_level=4, input_len=128, output_len=128)
-    cmd = mod.client_cmd("http://h:1", "/m", "T1_p0.95", 8, args, "/o.jsonl")
-    assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
-    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    cmd = mod.client_argv("http://h:1", "/m", "T1_p0.95", 8, args, "/o.jsonl")
+    assert cmd[:2] == ["--backend", "sglang"]
+    flags = dict(zip(cmd[::2], cmd[1::2]))
     assert flags["--dataset-name"] == "random-ids" and flags["--max-concurrency"] == "8"
     assert flags["--num-prompts"] == "32" and flags["--temperature"] == "1.0"
     assert flags["--top-p"] == "0.95" and flags["--random-output-len"] == "128"
@@ -122,7 +122,7 @@ def test_bench_serving_pieces(load_benchmark, tmp_path):
     md = mod.markdown(summary, ["none", "dflash", "ddtree"])
     assert "| 1 | - | 100 (90-110, n=3) | 140 (130-150, n=3) | 1.40 |" in md
     # Warm-up cells take an explicit request count; the client loop gets the argv after -m.
-    warm = mod.client_cmd("http://h:1", "/m", "T0", 8, args, "/w", num=16)
+    warm = mod.client_argv("http://h:1", "/m", "T0", 8, args, "/w", num=16)
     assert warm[warm.index("--num-prompts") + 1] == "16"
     # One client process runs every cell: a stand-in sglang.benchmark.serving records its argv.
     fake = tmp_path / "fake" / "sglang" / "benchmark"
@@ -139,8 +139,8 @@ def test_bench_serving_pieces(load_benchmark, tmp_path):
     mod.run_client_cells([cmd, warm], env)
     lines = [json.loads(x) for x in seen.read_text().splitlines()]
     assert lines == [
-        ["sglang.benchmark.serving", *cmd[3:]],
-        ["sglang.benchmark.serving", *warm[3:]],
+        ["sglang.benchmark.serving", *cmd],
+        ["sglang.benchmark.serving", *warm],
     ]
     log = tmp_path / "server.log"
     log.write_text(
