@@ -514,3 +514,46 @@ def test_rank_fingerprint_detects_any_disagreement():
     cancel[0, 0] += 3
     cancel[1, 0] -= 3  # sums unchanged
     assert not agree(same, (cancel, path, keep))
+
+
+def test_startup_modes_are_every_accept_mode():
+    """The startup dummy steps cover each accept-graph mode once, with placeholders that the
+    worker's own mode function reads as that mode."""
+    from sglang_ddtree.srt.ddtree_glue_warmup import (
+        accept_modes,
+        dummy_sampling_info,
+        glue_at_startup_enabled,
+    )
+    from sglang_ddtree.srt.ddtree_utils import accept_mode
+
+    modes = accept_modes()
+    assert len(set(modes)) == len(modes) == 5
+    for mode in modes:
+        info = dummy_sampling_info(mode, 3, "cpu")
+        assert accept_mode(info) == mode
+        if info is not None:
+            assert info.temperatures.shape == (3, 1) and info.top_ks.dtype == torch.int32
+    assert not glue_at_startup_enabled({})
+    assert glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "1"})
+
+
+def test_adaptive_check_fails_on_a_capture_while_serving():
+    """The e2e adaptive check with glue graphs captured at startup: the segments serving used
+    replay, and one capture after startup fails the check."""
+    from sglang_ddtree.testing import e2e
+
+    def seg(graph, eager, captures):
+        return {"graph": graph, "eager": eager, "captures": captures, "capture_failures": 0}
+
+    outputs = {bs: [[1, 2]] * bs for bs in e2e.ADAPTIVE_BATCH_SIZES}
+    widths = {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}}
+    startup = {"glue": {"tree_w33": seg(0, 3, 3), "accept_w33": seg(0, 5, 5)}}
+    stats = {"by_width": widths, "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE,
+             "glue": {"tree_w33": seg(10, 3, 3), "accept_w33": seg(0, 5, 5)}}  # fmt: skip
+    got = {"outputs": outputs, "accept": [2.0], "stats": stats, "startup_stats": startup}
+    ok = e2e._adaptive_summary(outputs, got)
+    assert ok["passed"] and ok["glue_captures_while_serving"] == 0
+    assert list(ok["glue_graphs_ok"]) == ["tree_w33"]  # the unserved sampled mode is not judged
+    stats["glue"]["tree_w33"] = seg(10, 4, 4)  # one more capture after startup
+    bad = e2e._adaptive_summary(outputs, got)
+    assert not bad["passed"] and bad["glue_captures_while_serving"] == 1

@@ -85,6 +85,7 @@ from sglang_ddtree.srt.ddtree_args import (
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
+from sglang_ddtree.srt.ddtree_glue_warmup import capture_glue_at_startup, glue_at_startup_enabled
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_utils import (
     accept_mode,
@@ -232,6 +233,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # One memory pool for every glue graph: they replay one at a time on one stream.
         # Off with SGLang's graphs too: their outputs are the glue graphs' bound inputs.
         glue_on = glue_graphs_enabled(os.environ) and not server_args.disable_cuda_graph
+        self._glue_on = glue_on
         pool = torch.cuda.graph_pool_handle() if glue_on else None
         self._glue = {w: self._build_glue(s, glue_on, pool) for w, s in shapes.items()}
         self.graph_stats.glue_segments = [seg for g in self._glue.values() for seg in g.values()]
@@ -248,6 +250,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 shape.accept_width,
                 "on" if glue_on else "off",
             )
+
+    def init_cuda_graphs(self):
+        """DFLASH's drafter graphs (the target's are captured before this), then, with
+        ``SGLANG_DDTREE_GLUE_AT_STARTUP=1``, every glue graph (``ddtree_glue_warmup``)."""
+        super().init_cuda_graphs()
+        if self._glue_on and glue_at_startup_enabled(os.environ):
+            capture_glue_at_startup(self)
 
     def shape_for(self, bs: int) -> DDTreeShape:
         """The step shape for ``bs`` requests (host int; no device read)."""

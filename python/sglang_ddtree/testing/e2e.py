@@ -20,7 +20,8 @@ Checks:
   inside a run): greedy output == no speculation, and every verify step of both widths replayed
   a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch),
   and every glue segment (tree, accept, KV; ``srt/ddtree_glue_graph.py``) replayed its graph on every step
-  except the one that captured it, with no capture failure. Run only it with
+  except the one that captured it, with no capture failure; with
+  ``SGLANG_DDTREE_GLUE_AT_STARTUP=1`` also no glue capture after startup. Run only it with
   ``--checks adaptive``.
 """
 
@@ -232,33 +233,59 @@ def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
         graphs[str(w)] = row.get("graph", 0) > 0 and row.get("eager", 1) == 0
     # Glue graphs: every used segment replays, never fails to capture, and runs eagerly only
     # on its capture steps.
+    # With glue graphs captured at startup, judge what serving added (startup touched every
+    # segment, also the sampled modes this greedy check never serves).
+    startup_glue = (got.get("startup_stats") or {}).get("glue", {})
+    served = {
+        name: {k: c[k] - startup_glue.get(name, {}).get(k, 0) for k in ("graph", "eager",
+               "captures", "capture_failures")}
+        for name, c in stats.get("glue", {}).items()
+    }  # fmt: skip
     glue = {
         name: c["graph"] > 0 and c["capture_failures"] == 0 and c["eager"] == c["captures"]
-        for name, c in stats.get("glue", {}).items()
+        for name, c in served.items()
         if c["graph"] + c["eager"] > 0
     }
     greedy_ok = all(r["mismatches"] == 0 for r in rows.values())
     graphs_ok = all(graphs.values()) and stats.get("width_mismatches", 1) == 0
     graphs_ok = graphs_ok and bool(glue) and all(glue.values())
+    # Glue graphs captured at startup: serving must capture none.
+    startup = got.get("startup_stats")
+    serving_captures = None
+    if startup is not None:
+        serving_captures = _total_captures(stats) - _total_captures(startup)
+        graphs_ok = graphs_ok and serving_captures == 0 and _total_captures(startup) > 0
     return {
         "schedule": ADAPTIVE_SCHEDULE,
         "by_batch": rows,
         "graphs_per_width_ok": graphs,
         "glue_graphs_ok": glue,
         "graph_stats": stats,
+        "glue_captures_while_serving": serving_captures,
         "ddtree_mean_accept_length": sum(got["accept"]) / max(len(got["accept"]), 1),
         "passed": greedy_ok and graphs_ok and stats.get("schedule") == ADAPTIVE_SCHEDULE,
     }
 
 
+def _read_stats(stats_path):
+    if not os.path.exists(stats_path):
+        return None
+    with open(stats_path) as f:
+        return json.load(f)
+
+
+def _total_captures(stats: dict) -> int:
+    return sum(c["captures"] for c in stats.get("glue", {}).values())
+
+
 def _run_adaptive(eng, prompts, stats_path) -> dict:
+    # Written by the scheduler process after every verify step, and after the glue graphs
+    # captured at startup (SGLANG_DDTREE_GLUE_AT_STARTUP=1): then it exists before any request.
+    startup = _read_stats(stats_path)
     outputs, accept = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)
-    stats = None
-    if os.path.exists(stats_path):  # written by the scheduler process after every verify step
-        with open(stats_path) as f:
-            stats = json.load(f)
+    stats = _read_stats(stats_path)
     print(f"[e2e] adaptive graph stats: {json.dumps(stats)}", flush=True)
-    return {"outputs": outputs, "accept": accept, "stats": stats}
+    return {"outputs": outputs, "accept": accept, "stats": stats, "startup_stats": startup}
 
 
 def run_checks(target, draft, prompts, checks, summary) -> None:

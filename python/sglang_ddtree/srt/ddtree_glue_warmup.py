@@ -1,0 +1,156 @@
+"""Glue CUDA graphs captured at startup (``SGLANG_DDTREE_GLUE_AT_STARTUP=1``).
+
+Without it, ``SegmentGraphs`` captures a glue segment the first time a server meets each key
+(batch size, W, accept mode), so the first requests of each batch size pay captures while
+serving. Here the worker runs one dummy decode step per batch size that SGLang's graphs serve
+and per accept mode, right after SGLang captured the target and drafter graphs: every glue
+graph the server will replay is then captured before the first request.
+
+A dummy step is a real step on placeholder inputs: request row 0 of ``req_to_token`` (all zero
+at startup) with one cached token, so every KV write (the drafter block, the verify nodes, the
+accepted-KV move, the drafter-KV append) lands in slot 0, SGLang's padding slot, which its own
+graph captures write too. The drafter and the target verify replay SGLang's graphs, so the glue
+graphs bind the same static outputs a live step binds. The verify logits are zeroed before the
+dummy accepts (defined values: uniform rows), and the coins come from the worker's generator,
+drawn alike on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+GLUE_AT_STARTUP_ENV = "SGLANG_DDTREE_GLUE_AT_STARTUP"
+ALL = 1 << 30  # SGLang's top_k for "no top-k"
+
+
+def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
+    return environ.get(GLUE_AT_STARTUP_ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def accept_modes() -> list[tuple]:
+    """Every accept-graph mode (``ddtree_utils.accept_mode``): greedy and the four sampled ones."""
+    return [("greedy",)] + [("sampled", k, p) for k in (False, True) for p in (False, True)]
+
+
+def dummy_sampling_info(mode: tuple, bs: int, device) -> SimpleNamespace | None:
+    """The fields of SGLang's SamplingBatchInfo that DDTREE's accept reads, for ``mode``, with
+    SGLang's dtypes (temperatures [bs, 1] float32, top_ks [bs] int32, top_ps [bs] float32)."""
+    if mode == ("greedy",):
+        return None
+    _, need_k, need_p = mode
+    return SimpleNamespace(
+        is_all_greedy=False,
+        need_top_k_sampling=need_k,
+        need_top_p_sampling=need_p,
+        temperatures=torch.ones(bs, 1, dtype=torch.float32, device=device),
+        top_ks=torch.full((bs,), 20 if need_k else ALL, dtype=torch.int32, device=device),
+        top_ps=torch.full((bs,), 0.9 if need_p else 1.0, dtype=torch.float32, device=device),
+    )
+
+
+def capture_glue_at_startup(worker) -> dict:
+    """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
+    captured); returns {"batch_sizes", "captures", "seconds"}."""
+    runner = worker.target_worker.model_runner.decode_cuda_graph_runner
+    max_bs = int(getattr(runner, "max_bs", 0) or 0)
+    sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
+    before = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments)
+    t0 = time.perf_counter()
+    for bs in sizes:
+        _dummy_step(worker, bs)
+    torch.cuda.synchronize()
+    captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
+    info = {"batch_sizes": len(sizes), "captures": captures,
+            "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    worker.graph_stats.flush()  # the counts before any request (tests compare against them)
+    if worker.ps.tp_rank == 0:
+        logger.info("DDTREE glue graphs captured at startup: %s", info)
+    return info
+
+
+def _dummy_step(worker, bs: int) -> None:
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardBatch,
+        ForwardMode,
+    )
+
+    from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
+    from sglang_ddtree.srt.ddtree_utils import accept_mode
+
+    device = worker.device
+    shape = worker.shape_for(bs)
+    w = shape.num_nodes
+    glue = worker._glue[w]
+    key = (bs,)
+    batch = SimpleNamespace(
+        seq_lens=torch.ones(bs, dtype=torch.int64, device=device),
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=device),
+        seq_lens_cpu=torch.ones(bs, dtype=torch.int64),
+        seq_lens_sum=bs,
+    )
+    draft_input = SimpleNamespace(
+        bonus_tokens=torch.zeros(bs, dtype=torch.int64, device=device),
+        reserved_seq_lens_cpu=None,
+        reserved_seq_lens_sum=None,
+    )
+    hidden = worker._draft_hidden(batch, draft_input, bs, shape)
+    if worker._tp_size > 1:
+        tree = worker._draft_tree_tp(glue, key, hidden, draft_input, batch)
+    else:
+        tree = glue["tree"](
+            key,
+            bound={"hidden": hidden},
+            copied={
+                "bonus": draft_input.bonus_tokens,
+                "seq_lens": batch.seq_lens,
+                "req_pool_indices": batch.req_pool_indices,
+            },
+        )
+    verify_input = DDTreeVerifyInput.from_tree(tree, batch, draft_input)
+    seq_lens_cpu, seq_lens_sum = worker._host_seq_lens(batch, draft_input, w)
+    target_runner = worker.target_worker.model_runner
+    forward_batch = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        input_ids=tree.tokens.reshape(-1),
+        req_pool_indices=batch.req_pool_indices,
+        seq_lens=batch.seq_lens,
+        out_cache_loc=tree.verify_loc,
+        seq_lens_sum=seq_lens_sum,
+        seq_lens_cpu=seq_lens_cpu,
+        positions=tree.layout.positions.reshape(-1),
+        spec_algorithm=target_runner.spec_algorithm,
+        spec_info=verify_input,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+    )
+    with torch.inference_mode():
+        out = target_runner.forward(forward_batch)
+    logits = out.logits_output.next_token_logits
+    target_hidden = out.logits_output.hidden_states
+    logits.zero_()
+    for mode in accept_modes():
+        sampling_info = dummy_sampling_info(mode, bs, device)
+        commit = verify_input.verify(
+            logits, sampling_info, glue["accept"], key, worker._coin_generator
+        )
+        assert accept_mode(sampling_info) == mode
+        glue["kv"](
+            (*key, *mode),
+            bound={
+                "hidden": target_hidden,
+                "keep_index": commit.keep_index,
+                "accept_length": commit.accept_length,
+                "commit_lens": commit.commit_lens,
+                "verify_loc": tree.verify_loc,
+                "seq_lens": tree.seq_lens,
+                "pool_idx": tree.req_pool_indices,
+            },
+        )
