@@ -65,6 +65,7 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_utils": f"{SPEC}/ddtree_utils.py",
     "sglang_ddtree.srt.ddtree_cuda_graph_runner": f"{SPEC}/ddtree_cuda_graph_runner.py",
     "sglang_ddtree.srt.ddtree_glue_graph": f"{SPEC}/ddtree_glue_graph.py",
+    "sglang_ddtree.srt.ddtree_glue_warmup": f"{SPEC}/ddtree_glue_warmup.py",
     "sglang_ddtree.srt.ddtree_spec": f"{SPEC}/ddtree_spec.py",
     "sglang_ddtree.srt.ddtree_args": f"{SPEC}/ddtree_args.py",
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
