@@ -557,3 +557,16 @@ def test_adaptive_check_fails_on_a_capture_while_serving():
     stats["glue"]["tree_w33"] = seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
+
+
+def test_largest_keys_cover_each_width_at_its_largest_batch():
+    """The glue memory held before the KV pool is sized is measured at these keys: for each W
+    the largest batch size it serves within SGLang's graph range."""
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_glue_warmup import largest_keys
+
+    schedule = BudgetSchedule.parse("1:33,4:17,32:16")
+    assert largest_keys(schedule, 64) == [(3, 33), (31, 17), (64, 16)]
+    assert largest_keys(schedule, 8) == [(3, 33), (8, 17)]  # the bs >= 32 bucket: no graphs
+    assert largest_keys(schedule, 1) == [(1, 33)]
+    assert largest_keys(BudgetSchedule.fixed(65), 16) == [(16, 65)]

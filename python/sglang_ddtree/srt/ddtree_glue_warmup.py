@@ -13,6 +13,15 @@ graph captures write too. The drafter and the target verify replay SGLang's grap
 graphs bind the same static outputs a live step binds. The verify logits are zeroed before the
 dummy accepts (defined values: uniform rows), and the coins come from the worker's generator,
 drawn alike on every rank.
+
+Memory: SGLang sizes the KV pool from the free memory left after the worker's constructor, and
+captures graphs afterwards from what the pool left over. So the constructor measures the glue
+graphs' working set (``glue_working_set``: the tree and sampled-accept segments run eagerly on
+placeholders at the largest batch size each W serves; the sampled accept's ``[bs * W, V]``
+float32 buffers dominate it) and holds that many bytes (``GlueReserve``) while the pool is
+sized; they are handed back just before the glue graphs are captured, which then keep them for
+good (one graph memory pool; each replay reuses its buffers). The KV segment's working set is
+``O(bs * S * hidden)`` and is not reserved.
 """
 
 from __future__ import annotations
@@ -23,6 +32,14 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 
 import torch
+
+from sglang_ddtree.core.sampling import draw_coins
+from sglang_ddtree.core.step import (
+    accept_and_commit,
+    draft_shard_candidates,
+    draft_to_tree,
+    gathered_to_tree,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +72,89 @@ def dummy_sampling_info(mode: tuple, bs: int, device) -> SimpleNamespace | None:
     )
 
 
+def largest_keys(schedule, max_bs: int) -> list[tuple[int, int]]:
+    """``(bs, W)`` for each W of ``schedule`` (a ``BudgetSchedule``): the largest batch size
+    up to ``max_bs`` that W serves. Buckets that start above ``max_bs`` are left out."""
+    keys = {}
+    for bs in range(1, int(max_bs) + 1):
+        keys[schedule.num_nodes_for(bs)] = bs
+    return sorted((bs, w) for w, bs in keys.items())
+
+
+def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int]]:
+    """Peak bytes the draft-tree and sampled-accept segments allocate over one step at their
+    largest key, and that key ``(bs, W)``. Runs them eagerly on placeholders (drafter hidden
+    states and target logits count as SGLang's buffers, not the glue's); no KV pool needed."""
+    device = worker.device
+    vocab = int(worker.model_runner.model_config.vocab_size)
+    lm_head = worker.target_worker.model_runner.model.lm_head.weight
+    best, best_key = 0, (0, 0)
+    for bs, w in largest_keys(worker.budget_schedule, max_bs):
+        shape = worker.ddtree_shapes[w]
+        b, s = shape.block_size, shape.accept_width
+        hidden = torch.zeros(bs * b, lm_head.shape[1], dtype=lm_head.dtype, device=device)
+        logits = torch.zeros(bs * w, vocab, dtype=torch.float32, device=device)
+        zeros = torch.zeros(bs, dtype=torch.int64, device=device)
+        req_to_token = torch.zeros(1, w + 1, dtype=torch.int32, device=device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        if worker._tp_size > 1:
+            rows, start = worker._lm_head_shard()
+            packed = draft_shard_candidates(
+                hidden, rows, vocab_start=start, vocab_size=vocab, block_size=b,
+                max_depth=shape.max_depth, topk=worker._topk[w],
+            )  # fmt: skip
+            gathered = packed[None].expand(worker._tp_size, *packed.shape).contiguous()
+            del packed
+            tree = gathered_to_tree(
+                gathered, zeros, zeros, zeros, req_to_token, budget=shape.budget,
+                topk=worker._topk[w],
+            )  # fmt: skip
+        else:
+            tree = draft_to_tree(
+                hidden, lm_head[:vocab], zeros, zeros, zeros, req_to_token,
+                block_size=b, max_depth=shape.max_depth, budget=shape.budget,
+                topk=worker._topk[w], draft_topk=worker._draft_topk[w],
+            )  # fmt: skip
+        coins, final_coins = draw_coins(bs, w, device)
+        info = dummy_sampling_info(("sampled", True, True), bs, device)
+        accept_and_commit(
+            logits, tree.tokens, tree.layout, zeros, accept_width=s,
+            temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
+            coins=coins, final_coins=final_coins,
+        )  # fmt: skip
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        if peak > best:
+            best, best_key = peak, (bs, w)
+        del hidden, logits, tree, coins, final_coins
+    torch.cuda.empty_cache()  # the placeholders' blocks must not count as used
+    return int(best), best_key
+
+
+class GlueReserve:
+    """Bytes held for the glue graphs from the worker's constructor (before SGLang sizes the
+    KV pool) until just before they are captured."""
+
+    def __init__(self, worker, max_bs: int):
+        t0 = time.perf_counter()
+        self.nbytes, self.key = glue_working_set(worker, max_bs)
+        self._held = torch.empty(self.nbytes, dtype=torch.uint8, device=worker.device)
+        if worker.ps.tp_rank == 0:
+            logger.info(
+                "DDTREE glue graphs: %.2f GiB held for them before the KV pool is sized "
+                "(working set at bs=%d, W=%d; measured in %.1f s).",
+                self.nbytes / 2**30, *self.key, time.perf_counter() - t0,
+            )  # fmt: skip
+
+    def release(self) -> None:
+        """Hand the bytes back to the device (the glue graphs' pool takes them next)."""
+        if self._held is not None:
+            self._held = None
+            torch.cuda.empty_cache()
+
+
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds"}."""
@@ -62,13 +162,17 @@ def capture_glue_at_startup(worker) -> dict:
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
     sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
     before = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments)
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved(worker.device)
     t0 = time.perf_counter()
     for bs in sizes:
         _dummy_step(worker, bs)
     torch.cuda.synchronize()
     captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
+    grown = torch.cuda.memory_reserved(worker.device) - reserved
     info = {"batch_sizes": len(sizes), "captures": captures,
-            "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+            "seconds": round(time.perf_counter() - t0, 1),
+            "memory_gib": round(grown / 2**30, 3)}  # fmt: skip
     worker.graph_stats.flush()  # the counts before any request (tests compare against them)
     if worker.ps.tp_rank == 0:
         logger.info("DDTREE glue graphs captured at startup: %s", info)

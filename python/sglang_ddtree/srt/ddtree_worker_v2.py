@@ -85,7 +85,11 @@ from sglang_ddtree.srt.ddtree_args import (
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
-from sglang_ddtree.srt.ddtree_glue_warmup import capture_glue_at_startup, glue_at_startup_enabled
+from sglang_ddtree.srt.ddtree_glue_warmup import (
+    GlueReserve,
+    capture_glue_at_startup,
+    glue_at_startup_enabled,
+)
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_utils import (
     accept_mode,
@@ -237,6 +241,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         pool = torch.cuda.graph_pool_handle() if glue_on else None
         self._glue = {w: self._build_glue(s, glue_on, pool) for w, s in shapes.items()}
         self.graph_stats.glue_segments = [seg for g in self._glue.values() for seg in g.values()]
+        # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
+        # graphs in init_cuda_graphs.
+        self._glue_reserve = GlueReserve(self, _max_graph_bs(server_args)) if glue_on else None
         requests.set_active(True)
         if self.ps.tp_rank == 0:
             logger.info(
@@ -255,6 +262,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """DFLASH's drafter graphs (the target's are captured before this), then, with
         ``SGLANG_DDTREE_GLUE_AT_STARTUP=1``, every glue graph (``ddtree_glue_warmup``)."""
         super().init_cuda_graphs()
+        if self._glue_reserve is not None:
+            self._glue_reserve.release()
         if self._glue_on and glue_at_startup_enabled(os.environ):
             capture_glue_at_startup(self)
 
@@ -638,6 +647,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             speculative_num_draft_tokens=s,
             new_seq_lens=new_seq_lens,
         )
+
+
+def _max_graph_bs(server_args) -> int:
+    """The largest decode batch size SGLang may capture graphs for (its capture list before
+    the KV pool clamps it): glue graphs exist only up to there."""
+    decode = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
+    sizes = list(getattr(decode, "bs", None) or [])
+    return max(sizes) if sizes else int(getattr(decode, "max_bs", 0) or 0)
 
 
 class _BatchView(NamedTuple):
