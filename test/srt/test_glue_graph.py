@@ -533,11 +533,12 @@ def test_startup_modes_are_every_accept_mode():
         assert accept_mode(info) == mode
         if info is not None:
             assert info.temperatures.shape == (3, 1) and info.top_ks.dtype == torch.int32
-    assert not glue_at_startup_enabled({})
+    assert glue_at_startup_enabled({})  # the default
     assert glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "1"})
+    assert not glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "0"})
 
 
-def test_adaptive_check_fails_on_a_capture_while_serving():
+def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     """The e2e adaptive check with glue graphs captured at startup: the segments serving used
     replay, and one capture after startup fails the check."""
     from sglang_ddtree.testing import e2e
@@ -557,6 +558,14 @@ def test_adaptive_check_fails_on_a_capture_while_serving():
     stats["glue"]["tree_w33"] = seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
+    # Startup capture on (the default) but no counts before the first request: fails; off: the
+    # lazy rule (eager only on capture steps) alone.
+    stats["glue"]["tree_w33"] = seg(10, 3, 3)
+    lazy = {**got, "startup_stats": None}
+    monkeypatch.delenv("SGLANG_DDTREE_GLUE_AT_STARTUP", raising=False)
+    assert not e2e._adaptive_summary(outputs, lazy)["passed"]
+    monkeypatch.setenv("SGLANG_DDTREE_GLUE_AT_STARTUP", "0")
+    assert e2e._adaptive_summary(outputs, lazy)["passed"]
 
 
 def test_largest_keys_cover_each_width_at_its_largest_batch():

@@ -8,6 +8,8 @@
 - ``ddtree_utils``: the verify mask's buffer and the accept decision (no SGLang import).
 - ``ddtree_cuda_graph_runner``: the target-verify CUDA graphs, one set per budget bucket.
 - ``ddtree_glue_graph``: CUDA graphs of the step's pure-tensor glue segments.
+- ``ddtree_glue_warmup``: those graphs captured at startup, their memory held before the KV
+  pool is sized.
 - ``ddtree_spec``: ``DDTreeSpecAlgo`` and the server-argument checks.
 - ``ddtree_args``, ``ddtree_budget``, ``ddtree_requests``: options and startup checks, the
   adaptive budget schedule, per-request refusals (plain Python).

@@ -1,8 +1,9 @@
-"""Glue CUDA graphs captured at startup (``SGLANG_DDTREE_GLUE_AT_STARTUP=1``).
+"""Glue CUDA graphs captured at startup (on by default; ``SGLANG_DDTREE_GLUE_AT_STARTUP=0``
+turns it off).
 
-Without it, ``SegmentGraphs`` captures a glue segment the first time a server meets each key
+Off, ``SegmentGraphs`` captures a glue segment the first time a server meets each key
 (batch size, W, accept mode), so the first requests of each batch size pay captures while
-serving. Here the worker runs one dummy decode step per batch size that SGLang's graphs serve
+serving. On, the worker runs one dummy decode step per batch size that SGLang's graphs serve
 and per accept mode, right after SGLang captured the target and drafter graphs: every glue
 graph the server will replay is then captured before the first request.
 
@@ -48,7 +49,7 @@ ALL = 1 << 30  # SGLang's top_k for "no top-k"
 
 
 def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
-    return environ.get(GLUE_AT_STARTUP_ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+    return environ.get(GLUE_AT_STARTUP_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def accept_modes() -> list[tuple]:
@@ -173,6 +174,9 @@ def capture_glue_at_startup(worker) -> dict:
     info = {"batch_sizes": len(sizes), "captures": captures,
             "seconds": round(time.perf_counter() - t0, 1),
             "memory_gib": round(grown / 2**30, 3)}  # fmt: skip
+    reserve = worker._glue_reserve
+    info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
+    worker.graph_stats.startup = info
     worker.graph_stats.flush()  # the counts before any request (tests compare against them)
     if worker.ps.tp_rank == 0:
         logger.info("DDTREE glue graphs captured at startup: %s", info)

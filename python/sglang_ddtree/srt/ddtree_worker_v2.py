@@ -139,6 +139,7 @@ class GraphStats:
         self.path = path
         self.by_width: dict[int, dict] = {}
         self.runner_info: dict = {}
+        self.startup: dict = {}  # the glue capture at startup (ddtree_glue_warmup), when it ran
         self.glue_segments: list = []  # glue_graph.SegmentGraphs of the worker, for their counts
         self._warned: set[tuple[int, int]] = set()
 
@@ -163,7 +164,8 @@ class GraphStats:
     def as_dict(self) -> dict:
         by_width = {str(w): r for w, r in sorted(self.by_width.items())}
         glue = {seg.name: dict(seg.counts) for seg in self.glue_segments}
-        return {"schedule": self.schedule, "by_width": by_width, "glue": glue, **self.runner_info}
+        out = {"schedule": self.schedule, "by_width": by_width, "glue": glue, **self.runner_info}
+        return {**out, "startup": self.startup} if self.startup else out
 
     def flush(self) -> None:
         """Rewrite ``self.path`` (when set) after a step."""
@@ -259,8 +261,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
     def init_cuda_graphs(self):
-        """DFLASH's drafter graphs (the target's are captured before this), then, with
-        ``SGLANG_DDTREE_GLUE_AT_STARTUP=1``, every glue graph (``ddtree_glue_warmup``)."""
+        """DFLASH's drafter graphs (the target's are captured before this), then every glue
+        graph (``ddtree_glue_warmup``; ``SGLANG_DDTREE_GLUE_AT_STARTUP=0``: while serving)."""
         super().init_cuda_graphs()
         if self._glue_reserve is not None:
             self._glue_reserve.release()

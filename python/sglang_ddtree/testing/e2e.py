@@ -21,7 +21,7 @@ Checks:
   a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch),
   and every glue segment (tree, accept, KV; ``srt/ddtree_glue_graph.py``) replayed its graph on every step
   except the one that captured it, with no capture failure; with
-  ``SGLANG_DDTREE_GLUE_AT_STARTUP=1`` also no glue capture after startup. Run only it with
+  glue graphs captured at startup (the default) also no glue capture after startup. Run only it with
   ``--checks adaptive``.
 """
 
@@ -35,6 +35,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
+from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled
 from sglang_ddtree.testing import tiny_models
 
 NUM_PROMPTS = 32
@@ -249,12 +250,14 @@ def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
     greedy_ok = all(r["mismatches"] == 0 for r in rows.values())
     graphs_ok = all(graphs.values()) and stats.get("width_mismatches", 1) == 0
     graphs_ok = graphs_ok and bool(glue) and all(glue.values())
-    # Glue graphs captured at startup: serving must capture none.
+    # Glue graphs captured at startup (unless switched off): serving must capture none.
     startup = got.get("startup_stats")
     serving_captures = None
     if startup is not None:
         serving_captures = _total_captures(stats) - _total_captures(startup)
         graphs_ok = graphs_ok and serving_captures == 0 and _total_captures(startup) > 0
+    elif glue_at_startup_enabled(os.environ):
+        graphs_ok = False  # on, yet no counts were written before the first request
     return {
         "schedule": ADAPTIVE_SCHEDULE,
         "by_batch": rows,
@@ -262,6 +265,7 @@ def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
         "glue_graphs_ok": glue,
         "graph_stats": stats,
         "glue_captures_while_serving": serving_captures,
+        "glue_startup": (startup or {}).get("startup"),
         "ddtree_mean_accept_length": sum(got["accept"]) / max(len(got["accept"]), 1),
         "passed": greedy_ok and graphs_ok and stats.get("schedule") == ADAPTIVE_SCHEDULE,
     }
@@ -280,7 +284,7 @@ def _total_captures(stats: dict) -> int:
 
 def _run_adaptive(eng, prompts, stats_path) -> dict:
     # Written by the scheduler process after every verify step, and after the glue graphs
-    # captured at startup (SGLANG_DDTREE_GLUE_AT_STARTUP=1): then it exists before any request.
+    # captured at startup (the default): then it exists before any request.
     startup = _read_stats(stats_path)
     outputs, accept = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)
     stats = _read_stats(stats_path)
