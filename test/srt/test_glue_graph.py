@@ -560,8 +560,8 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
     # Startup capture on (the default) but no counts before the first request: fails; off: the
     # lazy rule (eager only on capture steps) alone.
-    stats["glue"]["tree_w33"] = seg(10, 3, 3)
-    lazy = {**got, "startup_stats": None}
+    lazy_stats = {**stats, "glue": {"tree_w33": seg(10, 3, 3), "accept_w33": seg(10, 5, 5)}}
+    lazy = {**got, "stats": lazy_stats, "startup_stats": None}
     monkeypatch.delenv("SGLANG_DDTREE_GLUE_AT_STARTUP", raising=False)
     assert not e2e._adaptive_summary(outputs, lazy)["passed"]
     monkeypatch.setenv("SGLANG_DDTREE_GLUE_AT_STARTUP", "0")
