@@ -94,6 +94,7 @@ class SegmentGraphs:
         enabled: bool = True,
         pure: bool = True,
         pool=None,
+        stream: torch.cuda.Stream | None = None,
         max_captures: int = 4,
     ):
         self.name = name
@@ -113,7 +114,9 @@ class SegmentGraphs:
             "capture_failures": 0,
             "capture_ms": 0.0,
         }
-        self._stream = None
+        # Segments that share a pool share the capture stream too: the caching allocator
+        # reuses a freed block only for allocations on the stream that allocated it.
+        self._stream = stream
 
     def __call__(
         self,

@@ -166,9 +166,12 @@ def capture_glue_at_startup(worker) -> dict:
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved(worker.device)
     t0 = time.perf_counter()
-    for bs in sizes:
+    # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
+    # freed (in increasing order every key would need new, larger blocks).
+    for bs in reversed(sizes):
         _dummy_step(worker, bs)
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the eager first runs' cached blocks; the graphs keep theirs
     captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
     grown = torch.cuda.memory_reserved(worker.device) - reserved
     info = {"batch_sizes": len(sizes), "captures": captures,

@@ -236,12 +236,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 TEST_COIN_SCALE_ENV,
                 self._test_coin_scale,
             )
-        # One memory pool for every glue graph: they replay one at a time on one stream.
-        # Off with SGLang's graphs too: their outputs are the glue graphs' bound inputs.
+        # One memory pool and one capture stream for every glue graph: they replay one at a
+        # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
+        # bound inputs.
         glue_on = glue_graphs_enabled(os.environ) and not server_args.disable_cuda_graph
         self._glue_on = glue_on
-        pool = torch.cuda.graph_pool_handle() if glue_on else None
-        self._glue = {w: self._build_glue(s, glue_on, pool) for w, s in shapes.items()}
+        share = (
+            {"pool": torch.cuda.graph_pool_handle(), "stream": torch.cuda.Stream()}
+            if glue_on
+            else {}
+        )
+        self._glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
         self.graph_stats.glue_segments = [seg for g in self._glue.values() for seg in g.values()]
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
@@ -371,7 +376,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     # ------------------------------------------------------------------------------------------
     # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).
-    def _build_glue(self, shape: DDTreeShape, enabled: bool, pool) -> dict[str, SegmentGraphs]:
+    def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> dict[str, SegmentGraphs]:
         w, s = shape.num_nodes, shape.accept_width
         vocab = int(self.model_runner.model_config.vocab_size)
         depth_offsets = torch.arange(s, device=self.device)
@@ -451,15 +456,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         if self._tp_size > 1:
             return {
-                "shard": SegmentGraphs(f"shard_w{w}", shard_fn, enabled=enabled, pool=pool),
-                "tree": SegmentGraphs(f"tree_w{w}", gathered_tree_fn, enabled=enabled, pool=pool),
-                "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, pool=pool),
-                "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, pool=pool),
+                "shard": SegmentGraphs(f"shard_w{w}", shard_fn, enabled=enabled, **share),
+                "tree": SegmentGraphs(f"tree_w{w}", gathered_tree_fn, enabled=enabled, **share),
+                "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share),
+                "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share),
             }
         return {
-            "tree": SegmentGraphs(f"tree_w{w}", tree_fn, enabled=enabled, pool=pool),
-            "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, pool=pool),
-            "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, pool=pool),
+            "tree": SegmentGraphs(f"tree_w{w}", tree_fn, enabled=enabled, **share),
+            "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share),
+            "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share),
         }
 
     def _lm_head_shard(self) -> tuple[torch.Tensor, int]:
