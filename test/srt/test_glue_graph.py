@@ -579,3 +579,22 @@ def test_largest_keys_cover_each_width_at_its_largest_batch():
     assert largest_keys(schedule, 8) == [(3, 33), (8, 17)]  # the bs >= 32 bucket: no graphs
     assert largest_keys(schedule, 1) == [(1, 33)]
     assert largest_keys(BudgetSchedule.fixed(65), 16) == [(16, 65)]
+
+
+def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
+    """The KV commit call (shared by the decode step and the startup dummy step): key = step
+    key + accept mode (None stays eager), bound names = the worker's KV function arguments."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_utils import commit_kv
+
+    calls = []
+    t = torch.zeros(2, 3)
+    commit = SimpleNamespace(keep_index=t, accept_length=t, commit_lens=t)
+    tree = SimpleNamespace(verify_loc=t, seq_lens=t, req_pool_indices=t)
+    record = lambda key, bound: calls.append((key, bound))  # noqa: E731
+    commit_kv(record, (4,), ("sampled", True, False), t, commit, tree)
+    commit_kv(record, None, ("greedy",), t, commit, tree)
+    assert [c[0] for c in calls] == [(4, "sampled", True, False), None]
+    names = ("hidden", "keep_index", "accept_length", "commit_lens", "verify_loc", "seq_lens")
+    assert tuple(calls[0][1]) == (*names, "pool_idx")

@@ -194,7 +194,7 @@ def _dummy_step(worker, bs: int) -> None:
     )
 
     from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
-    from sglang_ddtree.srt.ddtree_utils import accept_mode
+    from sglang_ddtree.srt.ddtree_utils import accept_mode, commit_kv
 
     device = worker.device
     shape = worker.shape_for(bs)
@@ -213,18 +213,7 @@ def _dummy_step(worker, bs: int) -> None:
         reserved_seq_lens_sum=None,
     )
     hidden = worker._draft_hidden(batch, draft_input, bs, shape)
-    if worker._tp_size > 1:
-        tree = worker._draft_tree_tp(glue, key, hidden, draft_input, batch)
-    else:
-        tree = glue["tree"](
-            key,
-            bound={"hidden": hidden},
-            copied={
-                "bonus": draft_input.bonus_tokens,
-                "seq_lens": batch.seq_lens,
-                "req_pool_indices": batch.req_pool_indices,
-            },
-        )
+    tree = worker._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
     verify_input = DDTreeVerifyInput.from_tree(tree, batch, draft_input)
     seq_lens_cpu, seq_lens_sum = worker._host_seq_lens(batch, draft_input, w)
     target_runner = worker.target_worker.model_runner
@@ -253,15 +242,4 @@ def _dummy_step(worker, bs: int) -> None:
             logits, sampling_info, glue["accept"], key, worker._coin_generator
         )
         assert accept_mode(sampling_info) == mode
-        glue["kv"](
-            (*key, *mode),
-            bound={
-                "hidden": target_hidden,
-                "keep_index": commit.keep_index,
-                "accept_length": commit.accept_length,
-                "commit_lens": commit.commit_lens,
-                "verify_loc": tree.verify_loc,
-                "seq_lens": tree.seq_lens,
-                "pool_idx": tree.req_pool_indices,
-            },
-        )
+        commit_kv(glue["kv"], key, mode, target_hidden, commit, tree)

@@ -1,7 +1,8 @@
 """DDTREE verify helpers that need no SGLang import (as ``dflash_utils.py`` holds DFLASH's):
 the verify mask's buffer, the accept segment's function, the accept decision of one step
-(greedy and sampled requests in one pass) through that segment's captured graphs, and the
-fingerprint by which tensor-parallel ranks check that they took the same decision.
+(greedy and sampled requests in one pass) through that segment's captured graphs, the KV
+commit segment's call, and the fingerprint by which tensor-parallel ranks check that they took
+the same decision.
 """
 
 from __future__ import annotations
@@ -77,6 +78,31 @@ def accept_tree(
     }
     static = {"need_top_k": need_k, "need_top_p": need_p}
     return accept_graphs(key and (*key, *mode), bound, copied, static)
+
+
+def commit_kv(
+    kv_graphs,  # ddtree_glue_graph.SegmentGraphs over the worker's KV-commit function
+    key,  # the step's graph key (bs,), or None to run eagerly
+    mode: tuple,  # accept_mode(...) of the step
+    target_hidden: torch.Tensor,  # [bs * W, H_aux] the target's captured hidden states
+    commit: CommitPlan,
+    tree: TreeStep,
+) -> None:
+    """Run the KV commit (accepted target KV to contiguous slots, the path's drafter KV). The
+    segment binds the accept graph's outputs, so its key adds the accept ``mode``: batches that
+    switch between greedy and sampled would otherwise move its inputs every step."""
+    kv_graphs(
+        key and (*key, *mode),
+        bound={
+            "hidden": target_hidden,
+            "keep_index": commit.keep_index,
+            "accept_length": commit.accept_length,
+            "commit_lens": commit.commit_lens,
+            "verify_loc": tree.verify_loc,
+            "seq_lens": tree.seq_lens,
+            "pool_idx": tree.req_pool_indices,
+        },
+    )
 
 
 def accept_mode(sampling_info) -> tuple:

@@ -93,6 +93,7 @@ from sglang_ddtree.srt.ddtree_glue_warmup import (
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_utils import (
     accept_mode,
+    commit_kv,
     make_accept_fn,
     rank_fingerprint,
     ranks_agree,
@@ -467,6 +468,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share),
         }
 
+    def _draft_tree(self, glue, key, hidden, bonus, batch) -> TreeStep:
+        """Steps 1-2 after the drafter forward (glue graph): the draft tree and verify inputs.
+        ``bonus``: [bs] int64 root tokens."""
+        if self._tp_size > 1:
+            return self._draft_tree_tp(glue, key, hidden, bonus, batch)
+        return glue["tree"](
+            key,
+            bound={"hidden": hidden},
+            copied={
+                "bonus": bonus.view(-1),
+                "seq_lens": batch.seq_lens,
+                "req_pool_indices": batch.req_pool_indices,
+            },
+        )
+
     def _lm_head_shard(self) -> tuple[torch.Tensor, int]:
         """This rank's rows of the target LM head that are real tokens, and the global id of
         the first: ``([V_shard, H], start)``."""
@@ -476,7 +492,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE under tensor parallelism needs a vocab-parallel LM head.")
         return lm_head.weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index)
 
-    def _draft_tree_tp(self, glue, key, hidden, draft_input, batch) -> TreeStep:
+    def _draft_tree_tp(self, glue, key, hidden, bonus, batch) -> TreeStep:
         """The tree under tensor parallelism: shard candidates (glue graph), all-gather, merge
         and build (glue graph)."""
         packed = glue["shard"](key, bound={"hidden": hidden})
@@ -487,7 +503,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             bound={},
             copied={
                 "gathered": gathered,
-                "bonus": draft_input.bonus_tokens.view(-1),
+                "bonus": bonus.view(-1),
                 "seq_lens": batch.seq_lens,
                 "req_pool_indices": batch.req_pool_indices,
             },
@@ -573,18 +589,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
         hidden = self._draft_hidden(batch, draft_input, bs, shape)
-        if self._tp_size > 1:
-            tree = self._draft_tree_tp(glue, key, hidden, draft_input, batch)
-        else:
-            tree: TreeStep = glue["tree"](
-                key,
-                bound={"hidden": hidden},
-                copied={
-                    "bonus": draft_input.bonus_tokens.view(-1),
-                    "seq_lens": batch.seq_lens,
-                    "req_pool_indices": batch.req_pool_indices,
-                },
-            )
+        tree = self._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
 
         # 3) Tree verify on the target.
         verify_input = DDTreeVerifyInput.from_tree(tree, batch, draft_input)
@@ -624,21 +629,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(new_seq_lens)
 
-        # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path
-        #    (glue graph). It binds the accept graph's outputs, so it keys on the accept mode:
-        #    batches that switch between greedy and sampled would otherwise move them every step.
-        glue["kv"](
-            key and (*key, *accept_mode(sampling_info)),
-            bound={
-                "hidden": target_hidden,
-                "keep_index": commit.keep_index,
-                "accept_length": commit.accept_length,
-                "commit_lens": commit.commit_lens,
-                "verify_loc": tree.verify_loc,
-                "seq_lens": tree.seq_lens,
-                "pool_idx": tree.req_pool_indices,
-            },
-        )
+        # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path.
+        commit_kv(glue["kv"], key, accept_mode(sampling_info), target_hidden, commit, tree)
         self.graph_stats.flush()
         logits_output.hidden_states = None
 

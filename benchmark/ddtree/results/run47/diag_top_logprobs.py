@@ -1,5 +1,6 @@
 """No-spec float16 server's raw top-12 logprobs after the T0.6_k5_p0.8 prompt + each common
 3-token prefix; T=0.6 probabilities and the mass strictly above each token."""
+
 import json
 import math
 import sys
@@ -16,8 +17,12 @@ def main(out):
     res = []
     with law.engine(None, "float16") as eng:
         q = [prompt + list(p) for p in PREFIXES]
-        outs = eng.generate(input_ids=q, sampling_params=[{"temperature": 0.0, "max_new_tokens": 1}] * len(q),
-                            return_logprob=True, top_logprobs_num=12)
+        outs = eng.generate(
+            input_ids=q,
+            sampling_params=[{"temperature": 0.0, "max_new_tokens": 1}] * len(q),
+            return_logprob=True,
+            top_logprobs_num=12,
+        )
         for p, o in zip(PREFIXES, outs):
             lp = [(x[1], x[0]) for x in o["meta_info"]["output_top_logprobs"][0]]
             w = [math.exp(v / 0.6) for _, v in lp]
@@ -26,7 +31,14 @@ def main(out):
             z = sum(w)
             cum, rows = 0.0, []
             for (tok, v), wi in zip(lp, w):
-                rows.append({"tok": tok, "raw_lp": round(v, 5), "pT": round(wi / z, 5), "mass_above": round(cum, 5)})
+                rows.append(
+                    {
+                        "tok": tok,
+                        "raw_lp": round(v, 5),
+                        "pT": round(wi / z, 5),
+                        "mass_above": round(cum, 5),
+                    }
+                )
                 cum += wi / z
             res.append({"prefix": p, "rows": rows})
     with open(out, "w") as f:
