@@ -5,6 +5,7 @@ Calibration at the check's own sample size (3,000 completions a side) and Bonfer
 """
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,48 @@ def test_margin_at_differences_reads_the_first_differing_position():
     got = law.margin_at_differences(ref, [[1, 2, 9, 9], [5, 6, 7, 8]])
     assert got["margins_at_first_difference"] == [] and got["differences_without_a_margin"] == 1
     assert not got["logprob_run_equals_batch"]
+
+
+RUN28 = Path(__file__).resolve().parents[2] / "benchmark/ddtree/results/run28"
+
+
+@pytest.mark.skipif(not RUN28.is_dir(), reason="run 28's raw samples are not in this checkout")
+def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
+    """Run 28's saved samples (3,000 a side, float16) summarized again without an engine: no
+    setting rejected, T0.6 / 5 / 0.8 the weakest (its position-4 tie, RESULTS.md). With
+    ``--fp32-lm-head`` every file carries the ``-fp32head`` tag (a saved side of the other
+    configuration is never read by mistake) and the engines get SGLang's flag."""
+    import json
+    import shutil
+
+    from sglang_ddtree.testing import e2e
+
+    monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
+    args = ["--from-saved", str(RUN28), "--parts", "law", "--out", str(tmp_path)]
+    assert law.main(args) == 0
+    got = json.loads((tmp_path / "law_float16.json").read_text())
+    assert got["fp32_lm_head"] is False and e2e.ENGINE_EXTRA == {}
+    fam = got["DDTREE"]["law"]["ddtree_family"]
+    assert fam["rejected"] == []
+    weakest = min(fam["adjusted_p"], key=fam["adjusted_p"].get)
+    assert weakest == "T0.6_k5_p0.8" and fam["adjusted_p"][weakest] < 0.05
+
+    tagged = tmp_path / "tagged"
+    tagged.mkdir()
+    for side in ("nospec", "ddtree"):
+        shutil.copy(
+            RUN28 / f"law_{side}_float16.json.gz", tagged / f"law_{side}_float16-fp32head.json.gz"
+        )
+    out = tmp_path / "out"
+    assert (
+        law.main(
+            ["--from-saved", str(tagged), "--parts", "law", "--out", str(out), "--fp32-lm-head"]
+        )
+        == 0
+    )
+    assert json.loads((out / "law_float16-fp32head.json").read_text())["fp32_lm_head"] is True
+    assert e2e.ENGINE_EXTRA == {"enable_fp32_lm_head": True}
+    with pytest.raises(FileNotFoundError):  # the untagged side is not taken for the tagged one
+        law.main(
+            ["--from-saved", str(RUN28), "--parts", "law", "--out", str(out), "--fp32-lm-head"]
+        )

@@ -1,9 +1,10 @@
 """DDTREE's output law against SGLang's non-speculative server, on the shipped trained pair.
 
 ``python -m sglang_ddtree.testing.law --out DIR [--dtype float16] [--parts law,greedy,params]
-[--arch mla] [--tp N]`` starts ``sgl.Engine``s of the trained pair (or, with ``--arch mla``,
+[--arch mla] [--tp N] [--fp32-lm-head]`` starts ``sgl.Engine``s of the trained pair (or, with ``--arch mla``,
 of the Kimi-shaped MLA + MoE tiny pair and random prompts) (triton attention, CUDA graphs on), one without
-speculation and one with DDTREE (default adaptive budget), and writes ``DIR/law_<dtype>.json``.
+speculation and one with DDTREE (default adaptive budget), and writes ``DIR/law_<tag>.json``
+(tag: the dtype, plus ``-fp32head`` with ``--fp32-lm-head``).
 
 Parts:
 
@@ -34,6 +35,12 @@ bfloat16 (7 mantissa bits) the two servers' logits differ by up to a few hundred
 swap tokens at a boundary; float16 (10 bits) cuts that eightfold, so the law test runs in
 float16 (SGLang 0.5.17's CUDA RMSNorm has no float32 kernel). The greedy part measures the same
 effect on argmaxes, next to the non-speculative server's own batch-versus-single floor.
+
+The LM head's output is rounded to the model dtype as well, which makes exact logit ties
+common: two tokens tied at a nucleus edge stay together under the joint rule in one forward
+and are split by the other's rounding. ``--fp32-lm-head`` runs both servers with SGLang's
+``enable_fp32_lm_head`` (logits computed in float32), which removes that rounding from the
+comparison; the sampling law is the same with or without it.
 """
 
 from __future__ import annotations
@@ -504,7 +511,14 @@ def main(argv: list[str] | None = None) -> int:
         "dense layers only",
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
+    ap.add_argument(
+        "--fp32-lm-head",
+        action="store_true",
+        help="every engine computes its logits in float32 (SGLang's enable_fp32_lm_head): no "
+        "exact ties from the LM head's rounding at a top-k or nucleus edge",
+    )
     args = ap.parse_args(argv)
+    tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "")
     if args.arch.startswith("mla"):
         import tempfile
 
@@ -514,10 +528,13 @@ def main(argv: list[str] | None = None) -> int:
         target, draft, cfg = tm.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_law_"))
         prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
-    if args.tp > 1:
+    if args.tp > 1 or args.fp32_lm_head:
         from sglang_ddtree.testing import e2e
 
-        e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
+        if args.tp > 1:
+            e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
+        if args.fp32_lm_head:
+            e2e.ENGINE_EXTRA.update(enable_fp32_lm_head=True)
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
@@ -536,12 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     import gzip
 
     def save(name: str, obj) -> None:  # after every server: a later timeout keeps the rest
-        with gzip.open(os.path.join(args.out, f"law_{name}_{args.dtype}.json.gz"), "wt") as f:
+        with gzip.open(os.path.join(args.out, f"law_{name}_{tag}.json.gz"), "wt") as f:
             json.dump(obj, f)
 
     t0 = time.time()
     if args.reference:
-        with gzip.open(os.path.join(args.reference, f"law_nospec_{args.dtype}.json.gz"), "rt") as f:
+        with gzip.open(os.path.join(args.reference, f"law_nospec_{tag}.json.gz"), "rt") as f:
             saved = json.load(f)
         plan, raw = saved["plan"], {"nospec": saved["raw"]}
     else:
@@ -551,14 +568,18 @@ def main(argv: list[str] | None = None) -> int:
         save("nospec", {"plan": plan, "raw": raw["nospec"]})
     for algo, algo_parts in algos.items():
         if args.from_saved:
-            path = os.path.join(args.from_saved, f"law_{algo.lower()}_{args.dtype}.json.gz")
+            path = os.path.join(args.from_saved, f"law_{algo.lower()}_{tag}.json.gz")
             with gzip.open(path, "rt") as f:
                 raw[algo] = json.load(f)
             continue
         with engine(algo, args.dtype) as eng:
             raw[algo] = collect(eng, prompts, plan, algo_parts, reference=False)
         save(algo.lower(), raw[algo])
-    summary: dict = {"dtype": args.dtype, "settings": plan["settings"]}
+    summary: dict = {
+        "dtype": args.dtype,
+        "fp32_lm_head": args.fp32_lm_head,
+        "settings": plan["settings"],
+    }
     for algo, algo_parts in algos.items():
         s = summary[algo] = {}
         if "law" in algo_parts:
@@ -568,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         if "params" in algo_parts:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
     summary["seconds"] = round(time.time() - t0, 1)
-    with open(os.path.join(args.out, f"law_{args.dtype}.json"), "w") as f:
+    with open(os.path.join(args.out, f"law_{tag}.json"), "w") as f:
         json.dump(summary, f, indent=1)
     ok = True
     for algo in algos:
