@@ -1,11 +1,12 @@
 """Per-step kernel-time difference between two torch-profiler tables of ``bench_step.py``.
 
-``bench_step.py --torch-profile-skip N`` writes one ``torchprof.*.txt`` per (config, bs, T): a
-``key_averages`` table over 20 decode steps. This prints, per step, where B spends more device
-time than A (kernel by kernel, and grouped into GEMM / attention / other)::
+``bench_step.py --torch-profile-skip N --out OUT`` writes ``OUT/profile_<model>_<config>/
+torchprof.<pid>.<k>.txt``, one ``key_averages`` table over 20 decode steps per run. This
+prints, per step, where B spends more device time than A (kernel by kernel, and grouped into
+GEMM / attention / other)::
 
-    python3 benchmark/ddtree/profile_diff.py results/torchprof_8b_run9/dflash_bs1_T0.txt \\
-        results/torchprof_8b_run9/ddtree-64_bs1_T0.txt
+    python3 benchmark/ddtree/profile_diff.py OUT/profile_8b_dflash/torchprof.<pid>.1.txt \\
+        OUT/profile_8b_ddtree-64/torchprof.<pid>.1.txt
 """
 
 from __future__ import annotations
