@@ -113,6 +113,12 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
     assert fam["rejected"] == []
     weakest = min(fam["adjusted_p"], key=fam["adjusted_p"].get)
     assert weakest == "T0.6_k5_p0.8" and fam["adjusted_p"][weakest] < 0.05
+    # Its worst test names the cell behind it: token 426 after 464, 280, 390, never emitted
+    # without speculation (the float16 tie at the nucleus edge).
+    worst = got["DDTREE"]["law"]["ddtree"][weakest]["worst"]
+    top = worst["cells"][0]
+    assert worst["test"] == "pos4" and (top["prefix"], top["token"]) == ([464, 280, 390], 426)
+    assert top["ref"] == 0 and top["other"] > 20
 
     tagged = tmp_path / "tagged"
     tagged.mkdir()
@@ -133,3 +139,14 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
         law.main(
             ["--from-saved", str(RUN28), "--parts", "law", "--out", str(out), "--fp32-lm-head"]
         )
+
+
+def test_largest_differences_rank_cells_by_their_chi2_weight():
+    """A token one side never emits after a prefix outranks a larger but proportional shift."""
+    ref = [[1, 2, 3]] * 100 + [[1, 4, 5]] * 50
+    other = [[1, 2, 3]] * 80 + [[1, 4, 5]] * 50 + [[1, 4, 6]] * 20
+    cells = law.largest_differences(ref, other, "pos3", n=2)
+    assert cells[0] == {"prefix": [1, 4], "token": 6, "ref": 0, "other": 20}
+    assert cells[1] == {"prefix": [1, 2], "token": 3, "ref": 100, "other": 80}
+    tup = law.largest_differences(ref, other, f"tuple{law.TUPLE_LEN}", n=1)
+    assert tup == [{"prefix": [1, 4], "token": 6, "ref": 0, "other": 20}]

@@ -113,12 +113,43 @@ def compare_samples(ref: list[list[int]], other: list[list[int]]) -> dict:
         [tuple(s[:TUPLE_LEN]) for s in ref], [tuple(s[:TUPLE_LEN]) for s in other], MIN_BIN
     )
     pmin = min(p for p, _ in tests.values())
+    worst = min(tests, key=lambda k: tests[k][0])
     return {
         "n": [len(ref), len(other)],
         "min_p": pmin,
         "tests": {k: {"p": p, "dof": d} for k, (p, d) in tests.items()},
         "distinct_pos2": [len({s[1] for s in ref}), len({s[1] for s in other})],
+        "worst": {"test": worst, "cells": largest_differences(ref, other, worst)},
     }
+
+
+def largest_differences(ref: list[list[int]], other: list[list[int]], test: str, n: int = 5):
+    """The ``n`` cells that weigh most in the chi-squared, ``(a - b)^2 / (a + b)`` for counts
+    ``a``, ``b`` (equal sample sizes), for one test of `compare_samples`. At ``posK`` a cell is
+    (the K-1 tokens before, the K-th token), so a token that one side never emits after some
+    prefix stands out; at ``tupleK`` it is the first K tokens. Each: {"prefix", "token", "ref",
+    "other"} (counts)."""
+    k = TUPLE_LEN if test.startswith("tuple") else int(test.removeprefix("pos"))
+
+    def cells(samples):
+        out: dict = {}
+        for s in samples:
+            if len(s) >= k:
+                key = (tuple(s[: k - 1]), s[k - 1])
+                out[key] = out.get(key, 0) + 1
+        return out
+
+    a, b = cells(ref), cells(other)
+
+    def weight(c):
+        x, y = a.get(c, 0), b.get(c, 0)
+        return (x - y) ** 2 / (x + y)
+
+    keys = sorted(set(a) | set(b), key=lambda c: (-weight(c), c))
+    return [
+        {"prefix": list(c[0]), "token": c[1], "ref": a.get(c, 0), "other": b.get(c, 0)}
+        for c in keys[:n]
+    ]
 
 
 def family(results: dict[str, dict], alpha: float = ALPHA) -> dict:
