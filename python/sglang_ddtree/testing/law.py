@@ -15,7 +15,8 @@ Parts:
   DDTREE requests run interleaved one to one with greedy requests (the greedy rows must equal
   the non-speculative greedy output). Statistics per setting: a two-sample chi-squared
   homogeneity test per token position and one on the tuple of the first ``TUPLE_LEN`` tokens
-  (bins pooled below ``MIN_BIN`` joint counts). Multiple testing: Bonferroni over every test of
+  (bins pooled below ``MIN_BIN`` joint counts); for the worst test of each setting, the
+  (prefix, token) cells that weigh most in it (`largest_differences`). Multiple testing: Bonferroni over every test of
   a family, family-wise level ``ALPHA``. Calibration: a second non-speculative sample of the
   ``NULL`` settings must pass (the null), and the non-speculative server at 1.1x the temperature must be rejected (the
   power; a family of ``CALIBRATION`` settings, Bonferroni within it).
