@@ -598,3 +598,26 @@ def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
     assert [c[0] for c in calls] == [(4, "sampled", True, False), None]
     names = ("hidden", "keep_index", "accept_length", "commit_lens", "verify_loc", "seq_lens")
     assert tuple(calls[0][1]) == (*names, "pool_idx")
+
+
+def test_glue_output_bytes_sum_every_key_buffers():
+    """Per batch size one tree key and five accept keys, each with its own buffers; the W
+    follows the schedule; every tensor may round up by one allocator block."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_glue_warmup import BLOCK, glue_output_bytes, nest_bytes
+
+    schedule = BudgetSchedule.parse("1:33,4:17")
+    per_width = {33: (1000.0, 10, 100.0, 8), 17: (500.0, 10, 50.0, 8)}
+    got = glue_output_bytes(per_width, schedule, 5)
+    want = sum(bs * (1000 + 5 * 100) for bs in (1, 2, 3)) + sum(
+        bs * (500 + 5 * 50) for bs in (4, 5)
+    )
+    assert got == want + 5 * BLOCK * (10 + 5 * 8)
+    nest = (
+        SimpleNamespace(),
+        (torch.zeros(3, 4), [torch.zeros(2, dtype=torch.int64)]),
+        {"a": torch.zeros(1)},
+    )
+    assert nest_bytes(nest) == (3 * 4 * 4 + 2 * 8 + 4, 3)

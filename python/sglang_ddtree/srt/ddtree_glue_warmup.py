@@ -16,13 +16,14 @@ dummy accepts (defined values: uniform rows), and the coins come from the worker
 drawn alike on every rank.
 
 Memory: SGLang sizes the KV pool from the free memory left after the worker's constructor, and
-captures graphs afterwards from what the pool left over. So the constructor measures the glue
-graphs' working set (``glue_working_set``: the tree and sampled-accept segments run eagerly on
-placeholders at the largest batch size each W serves; the sampled accept's ``[bs * W, V]``
-float32 buffers dominate it) and holds that many bytes (``GlueReserve``) while the pool is
-sized; they are handed back just before the glue graphs are captured, which then keep them for
-good (one graph memory pool; each replay reuses its buffers). The KV segment's working set is
-``O(bs * S * hidden)`` and is not reserved.
+captures graphs afterwards from what the pool left over. So the constructor measures what the
+glue graphs will keep (``glue_working_set``: the tree and sampled-accept segments run eagerly
+on placeholders at the largest batch size each W serves) and holds that many bytes
+(``GlueReserve``) while the pool is sized; they are handed back just before the glue graphs are
+captured, which then keep them for good. Two parts: the working set, which one graph pool
+shares across every capture (the sampled accept's ``[bs * W, V]`` float32 buffers dominate
+it), and every key's own input and output buffers, kept outside the pool
+(``glue_output_bytes``). The KV segment's working set, ``O(bs * S * hidden)``, is not counted.
 """
 
 from __future__ import annotations
@@ -82,14 +83,43 @@ def largest_keys(schedule, max_bs: int) -> list[tuple[int, int]]:
     return sorted((bs, w) for w, bs in keys.items())
 
 
-def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int]]:
+BLOCK = 512  # bytes: the CUDA caching allocator's smallest block
+
+
+def nest_bytes(obj) -> tuple[int, int]:
+    """(bytes, tensors) of the tensors in a nest of tuples / NamedTuples / lists / dicts."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size(), 1
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    total = [0, 0]
+    for x in items:
+        b, n = nest_bytes(x)
+        total[0] += b
+        total[1] += n
+    return total[0], total[1]
+
+
+def glue_output_bytes(per_width: dict, schedule, max_bs: int, modes: int = 5) -> int:
+    """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
+    the graph pool) over batch sizes 1..``max_bs``: per batch size, one tree key and ``modes``
+    accept keys. ``per_width[W] = (tree bytes per request, tree tensors, accept bytes per
+    request, accept tensors)``; each tensor may round up by one allocator block."""
+    total = 0
+    for bs in range(1, int(max_bs) + 1):
+        tree_b, tree_n, acc_b, acc_n = per_width[schedule.num_nodes_for(bs)]
+        total += int(bs * (tree_b + modes * acc_b)) + BLOCK * (tree_n + modes * acc_n)
+    return total
+
+
+def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], int]:
     """Peak bytes the draft-tree and sampled-accept segments allocate over one step at their
-    largest key, and that key ``(bs, W)``. Runs them eagerly on placeholders (drafter hidden
-    states and target logits count as SGLang's buffers, not the glue's); no KV pool needed."""
+    largest key, that key ``(bs, W)``, and `glue_output_bytes` over every key. Runs the
+    segments eagerly on placeholders (drafter hidden states and target logits count as SGLang's
+    buffers, not the glue's); no KV pool needed."""
     device = worker.device
     vocab = int(worker.model_runner.model_config.vocab_size)
     lm_head = worker.target_worker.model_runner.model.lm_head.weight
-    best, best_key = 0, (0, 0)
+    best, best_key, per_width = 0, (0, 0), {}
     for bs, w in largest_keys(worker.budget_schedule, max_bs):
         shape = worker.ddtree_shapes[w]
         b, s = shape.block_size, shape.accept_width
@@ -120,7 +150,7 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int]]:
             )  # fmt: skip
         coins, final_coins = draw_coins(bs, w, device)
         info = dummy_sampling_info(("sampled", True, True), bs, device)
-        accept_and_commit(
+        commit = accept_and_commit(
             logits, tree.tokens, tree.layout, zeros, accept_width=s,
             temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
             coins=coins, final_coins=final_coins,
@@ -129,9 +159,16 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int]]:
         peak = torch.cuda.max_memory_allocated(device) - base
         if peak > best:
             best, best_key = peak, (bs, w)
-        del hidden, logits, tree, coins, final_coins
+        # A key's own buffers: the tree's outputs and copied inputs (bonus, lengths, pool rows);
+        # the accept's outputs and copied sampling inputs.
+        tree_b, tree_n = nest_bytes((tree, zeros, zeros, zeros))
+        acc_in = (info.temperatures, info.top_ks, info.top_ps, coins, final_coins)
+        acc_b, acc_n = nest_bytes((commit, acc_in))
+        per_width[w] = (tree_b / bs, tree_n, acc_b / bs, acc_n)
+        del hidden, logits, tree, coins, final_coins, commit
     torch.cuda.empty_cache()  # the placeholders' blocks must not count as used
-    return int(best), best_key
+    outputs = glue_output_bytes(per_width, worker.budget_schedule, max_bs) if per_width else 0
+    return int(best), best_key, outputs
 
 
 class GlueReserve:
@@ -140,13 +177,16 @@ class GlueReserve:
 
     def __init__(self, worker, max_bs: int):
         t0 = time.perf_counter()
-        self.nbytes, self.key = glue_working_set(worker, max_bs)
+        self.working_set, self.key, self.outputs = glue_working_set(worker, max_bs)
+        self.nbytes = self.working_set + self.outputs
         self._held = torch.empty(self.nbytes, dtype=torch.uint8, device=worker.device)
         if worker.ps.tp_rank == 0:
             logger.info(
                 "DDTREE glue graphs: %.2f GiB held for them before the KV pool is sized "
-                "(working set at bs=%d, W=%d; measured in %.1f s).",
-                self.nbytes / 2**30, *self.key, time.perf_counter() - t0,
+                "(working set %.2f GiB at bs=%d, W=%d; per-key buffers %.2f GiB; measured in "
+                "%.1f s).",
+                self.nbytes / 2**30, self.working_set / 2**30, *self.key,
+                self.outputs / 2**30, time.perf_counter() - t0,
             )  # fmt: skip
 
     def release(self) -> None:
@@ -179,6 +219,8 @@ def capture_glue_at_startup(worker) -> dict:
             "memory_gib": round(grown / 2**30, 3)}  # fmt: skip
     reserve = worker._glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
+    if reserve is not None:
+        info["reserved_working_set_gib"] = round(reserve.working_set / 2**30, 3)
     worker.graph_stats.startup = info
     worker.graph_stats.flush()  # the counts before any request (tests compare against them)
     if worker.ps.tp_rank == 0:
