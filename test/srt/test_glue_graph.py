@@ -621,3 +621,50 @@ def test_glue_output_bytes_sum_every_key_buffers():
         {"a": torch.zeros(1)},
     )
     assert nest_bytes(nest) == (3 * 4 * 4 + 2 * 8 + 4, 3)
+
+
+def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
+    """The constructor's measurement end to end on the CPU (the device's memory counters
+    stubbed): it runs the real tree build and sampled accept at each W's largest batch size
+    and sums the per-key buffers from their real output shapes."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt import ddtree_glue_warmup as warm
+    from sglang_ddtree.srt.ddtree_args import DDTreeShape
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 1234)
+    vocab, hidden, block = 64, 16, 4
+    schedule = BudgetSchedule.parse("1:9,3:5")
+    shapes = {w: DDTreeShape(num_nodes=w, block_size=block, topk=4) for w in (9, 5)}
+    worker = SimpleNamespace(
+        device="cpu",
+        model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab)),
+        target_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(
+                model=SimpleNamespace(lm_head=SimpleNamespace(weight=torch.randn(vocab, hidden)))
+            )
+        ),
+        budget_schedule=schedule,
+        ddtree_shapes=shapes,
+        _tp_size=1,
+        _topk={w: s.candidates_per_depth(vocab) for w, s in shapes.items()},
+        _draft_topk={9: "torch", 5: "torch"},
+    )
+    peak, key, outputs = warm.glue_working_set(worker, max_bs=4)
+    assert peak == 1234 and key == (2, 9)  # the first W measured keeps the tie
+
+    # By hand, per request (S = 4): the tree's outputs are 6 int64 [W] rows (tokens, four
+    # layout arrays, verify_loc), the bool [W, W] mask, the int64 [W, W] mask cells, two
+    # int64 lengths, and three copied int64 inputs: 48 W + 9 W^2 + 40 bytes in 13 tensors.
+    # One accept key: 4 int64 [S] rows, two int32 and two int64 scalars of the commit plan,
+    # and copied temperature, top_k, top_p, final coin (4 bytes each) and coins [W] float32:
+    # 32 S + 24 + 16 + 4 W bytes in 13 tensors. Five accept keys per batch size.
+    def per_request(w):
+        return (48 * w + 9 * w * w + 40) + 5 * (32 * 4 + 24 + 16 + 4 * w)
+
+    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 5 * 13)
+    assert outputs == want
