@@ -90,13 +90,15 @@ def test_margin_at_differences_reads_the_first_differing_position():
     assert not got["logprob_run_equals_batch"]
 
 
-RUN28 = Path(__file__).resolve().parents[2] / "benchmark/ddtree/results/run28"
+SAVED_LAW_RUN = Path(__file__).resolve().parents[2] / "benchmark/ddtree/results/run28"
 
 
-@pytest.mark.skipif(not RUN28.is_dir(), reason="run 28's raw samples are not in this checkout")
+@pytest.mark.skipif(
+    not SAVED_LAW_RUN.is_dir(), reason="the saved law samples are not in this checkout"
+)
 def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
-    """Run 28's saved samples (3,000 a side, float16) summarized again without an engine: no
-    setting rejected, T0.6 / 5 / 0.8 the weakest (its position-4 tie, RESULTS.md). With
+    """Saved samples of a law run on the GPU (3,000 a side, float16) summarized again without
+    an engine: no setting rejected, T0.6 / 5 / 0.8 the weakest (its position-4 tie). With
     ``--fp32-lm-head`` every file carries the ``-fp32head`` tag (a saved side of the other
     configuration is never read by mistake) and the engines get SGLang's flag."""
     import json
@@ -105,7 +107,7 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
     from sglang_ddtree.testing import e2e
 
     monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
-    args = ["--from-saved", str(RUN28), "--parts", "law", "--out", str(tmp_path)]
+    args = ["--from-saved", str(SAVED_LAW_RUN), "--parts", "law", "--out", str(tmp_path)]
     assert law.main(args) == 0
     got = json.loads((tmp_path / "law_float16.json").read_text())
     assert got["fp32_lm_head"] is False and e2e.ENGINE_EXTRA == {}
@@ -124,7 +126,8 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
     tagged.mkdir()
     for side in ("nospec", "ddtree"):
         shutil.copy(
-            RUN28 / f"law_{side}_float16.json.gz", tagged / f"law_{side}_float16-fp32head.json.gz"
+            SAVED_LAW_RUN / f"law_{side}_float16.json.gz",
+            tagged / f"law_{side}_float16-fp32head.json.gz",
         )
     out = tmp_path / "out"
     assert (
@@ -137,7 +140,15 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
     assert e2e.ENGINE_EXTRA == {"enable_fp32_lm_head": True}
     with pytest.raises(FileNotFoundError):  # the untagged side is not taken for the tagged one
         law.main(
-            ["--from-saved", str(RUN28), "--parts", "law", "--out", str(out), "--fp32-lm-head"]
+            [
+                "--from-saved",
+                str(SAVED_LAW_RUN),
+                "--parts",
+                "law",
+                "--out",
+                str(out),
+                "--fp32-lm-head",
+            ]
         )
 
 
