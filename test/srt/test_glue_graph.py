@@ -458,6 +458,14 @@ def test_accept_tree_greedy_and_sampled_dispatch():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     greedy = accept_and_commit(*args, accept_width=s)
     assert torch.equal(got.accept_length[1], greedy.accept_length[1])  # top_k 1: greedy row
+    # The mode the worker computed once per step is taken as given (same result, same key).
+    mode = ("sampled", True, True)
+    again = accept_tree(tree, logits, info, graphs, None, torch.Generator().manual_seed(5), mode)
+    assert all(torch.equal(a, b) for a, b in zip(again, want))
+    keys = []
+    record = lambda key, bound, copied=None, static=None: keys.append(key)  # noqa: E731
+    accept_tree(tree, logits, info, record, (bs,), torch.Generator(), ("sampled", False, True))
+    assert keys == [(bs, "sampled", False, True)]
 
 
 def test_verify_mask_is_sized_from_host_lengths():

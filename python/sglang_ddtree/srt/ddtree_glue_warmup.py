@@ -198,7 +198,8 @@ class GlueReserve:
 
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
-    captured); returns {"batch_sizes", "captures", "seconds"}."""
+    captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
+    took), "reserved_gib" and "reserved_working_set_gib" (what was held for it)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
     sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
@@ -280,8 +281,8 @@ def _dummy_step(worker, bs: int) -> None:
     logits.zero_()
     for mode in accept_modes():
         sampling_info = dummy_sampling_info(mode, bs, device)
-        commit = verify_input.verify(
-            logits, sampling_info, glue["accept"], key, worker._coin_generator
-        )
         assert accept_mode(sampling_info) == mode
+        commit = verify_input.verify(
+            logits, sampling_info, glue["accept"], key, worker._coin_generator, mode
+        )
         commit_kv(glue["kv"], key, mode, target_hidden, commit, tree)

@@ -47,6 +47,9 @@ class DDTreeVerifyInput(DFlashVerifyInput):
         accept_graphs,  # ddtree_glue_graph.SegmentGraphs over core.step.accept_and_commit
         key,  # its graph key (bs,), or None to run eagerly
         coin_generator: torch.Generator,
+        mode: tuple | None = None,  # ddtree_utils.accept_mode(sampling_info), if known
     ) -> CommitPlan:
         """Accept per request and plan the commit (``ddtree_utils.accept_tree``)."""
-        return accept_tree(self.tree, logits, sampling_info, accept_graphs, key, coin_generator)
+        return accept_tree(
+            self.tree, logits, sampling_info, accept_graphs, key, coin_generator, mode
+        )

@@ -57,12 +57,13 @@ def accept_tree(
     accept_graphs,  # ddtree_glue_graph.SegmentGraphs over make_accept_fn's function
     key,  # its graph key (bs,), or None to run eagerly
     coin_generator: torch.Generator | None,
+    mode: tuple | None = None,  # accept_mode(sampling_info), when the caller has it already
 ) -> CommitPlan:
     """Accept per request and plan the commit; the graph key adds the sampling mode."""
     bs, w = tree.tokens.shape
     bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
     bound.update(tree.layout._asdict())
-    mode = accept_mode(sampling_info)
+    mode = mode or accept_mode(sampling_info)
     if mode == ("greedy",):
         return accept_graphs(key and (*key, *mode), bound)
     _, need_k, need_p = mode

@@ -617,8 +617,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
 
         # 4) Accept and plan the commit (glue graph).
+        mode = accept_mode(sampling_info)  # host flags; the accept and KV graphs key on it
         commit: CommitPlan = verify_input.verify(
-            logits, sampling_info, glue["accept"], key, self._coin_generator
+            logits, sampling_info, glue["accept"], key, self._coin_generator, mode
         )
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
@@ -630,7 +631,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             on_publish(new_seq_lens)
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path.
-        commit_kv(glue["kv"], key, accept_mode(sampling_info), target_hidden, commit, tree)
+        commit_kv(glue["kv"], key, mode, target_hidden, commit, tree)
         self.graph_stats.flush()
         logits_output.hidden_states = None
 
