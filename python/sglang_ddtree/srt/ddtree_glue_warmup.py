@@ -42,6 +42,7 @@ from sglang_ddtree.core.step import (
     draft_to_tree,
     gathered_to_tree,
 )
+from sglang_ddtree.srt.ddtree_glue_graph import _map_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -87,16 +88,11 @@ BLOCK = 512  # bytes: the CUDA caching allocator's smallest block
 
 
 def nest_bytes(obj) -> tuple[int, int]:
-    """(bytes, tensors) of the tensors in a nest of tuples / NamedTuples / lists / dicts."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size(), 1
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
-    total = [0, 0]
-    for x in items:
-        b, n = nest_bytes(x)
-        total[0] += b
-        total[1] += n
-    return total[0], total[1]
+    """(bytes, tensors) of the tensors in a nest of tuples / NamedTuples / lists / dicts (the
+    nests `SegmentGraphs` copies its outputs from)."""
+    sizes: list[int] = []
+    _map_tensors(lambda t: sizes.append(t.numel() * t.element_size()) or t, obj)
+    return sum(sizes), len(sizes)
 
 
 def glue_output_bytes(per_width: dict, schedule, max_bs: int, modes: int = 5) -> int:
