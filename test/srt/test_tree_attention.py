@@ -177,9 +177,31 @@ assert torch.equal(k_buf, want_k)  # the nodes' KV was saved first
 layer.logit_cap = 30.0
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
 layer.logit_cap = 0
-backend.use_mla = True  # MLA's latent cache: the backend's own kernel
-assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
-backend.use_mla = False
+# MLA as SGLang's triton backend gets it (absorbed): one KV head, keys the latent plus rope,
+# values the latent; the pool stores the keys only, its value buffer their latent slice.
+args, scale = random_case(bs=2, w=5, hq=4, hkv=1, d=40, dv=32, prefix=[6, 11], seed=10, mla=True)
+q, k_buf, v_buf, indptr, indices, loc, mask = args
+assert v_buf.data_ptr() == k_buf.data_ptr()  # a view, as MLATokenToKVPool.get_value_buffer
+want_k = k_buf.clone()
+new_k = k_buf[loc].clone()
+k_buf[loc] = 0.0
+class MLAPool:
+    def set_kv_buffer(self, layer, loc, k, v):
+        k_buf[loc] = k
+    def get_key_buffer(self, i):
+        return k_buf
+    def get_value_buffer(self, i):
+        return v_buf
+md.kv_indptr, md.kv_indices, fb.out_cache_loc = indptr, indices, loc
+md.custom_mask = flatten_verify_mask(mask, prefix, int(sizes.sum()))
+layer = SimpleNamespace(**dict(vars(layer), qk_head_dim=40, v_head_dim=32, scaling=scale))
+backend = SimpleNamespace(**dict(vars(backend), use_mla=True, token_to_kv_pool=MLAPool()))
+calls.clear()
+out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_k[..., :32], layer, fb)
+want = tree_attention_reference(q, want_k, want_k[..., :32], indptr, indices, loc, mask, scale)
+assert not calls and out.shape == (10, 4 * 32)
+assert (out.view(10, 4, 32) - want).abs().max() < 1e-4
+assert torch.equal(k_buf, want_k)
 ddtree_requests.set_active(False)
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
 print("interpreted attention hook OK")

@@ -5,7 +5,10 @@ merged by log-sum-exp) instead of the triton backend's custom-mask extend kernel
 An AROUND hook on ``TritonAttnBackend.forward_extend`` takes a DDTREE target verify (a
 TARGET_VERIFY batch with a custom mask while a DDTREE worker runs in the process) and reads the
 backend's own metadata: the prefix's ``kv_indptr`` / ``kv_indices``, the verify mask and its
-``mask_indptr``, so a captured CUDA graph replays it with each step's values. Anything else
+``mask_indptr``, so a captured CUDA graph replays it with each step's values. MLA targets come
+through the same call: SGLang's absorbed MLA on triton hands the backend queries and keys of
+the latent plus rope width over one KV head, and the pool's value buffer is the key buffer's
+latent slice, which the kernels read through its strides. Anything else
 (the drafter's block, prefill, sinks, sliding windows, logit caps, scaled KV, paged KV) goes to
 the backend unchanged. Off by default until the full law and fault suites have run with it on.
 """
@@ -47,7 +50,6 @@ def _handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
         and getattr(md, "custom_mask", None) is not None
         and getattr(md, "mask_indptr", None) is not None
         and getattr(backend, "token_to_kv_pool", None) is not None
-        and not getattr(backend, "use_mla", False)  # MLA's latent cache: not this kernel
         and getattr(backend, "page_size", 1) == 1
         and getattr(backend, "dcp_size", 1) == 1
         and getattr(backend, "_translate_kv_loc", None) is None  # unified pools
