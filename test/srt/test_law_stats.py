@@ -60,6 +60,89 @@ def test_family_null_passes_and_temperature_error_is_rejected():
     assert fam["tests"] == 3 * (law.NEW_TOKENS + 1) and fam["rejected"] == []
 
 
+def _chain(temperature, vocab=40):
+    """The next-token tables of `_completions`' toy chain: {previous token: probabilities}."""
+    import math
+
+    def dist(prev):
+        g = random.Random(prev)
+        w = [math.exp(g.gauss(0.0, 3.0) / temperature) for _ in range(vocab)]
+        return [x / sum(w) for x in w]
+
+    return {p: dist(p) for p in range(vocab)}
+
+
+def _swap_after(samples, prefix, a, b):
+    """``samples`` with token ``a`` replaced by ``b`` where it follows ``prefix`` (the identity
+    of the token at a near-tied boundary flipped, its mass kept)."""
+    k = len(prefix)
+    return [s[:k] + [b] + s[k + 1 :] if s[:k] == prefix and s[k] == a else s for s in samples]
+
+
+def _extend_law(rng, prefix, swap=None, temperature=1.0):
+    """A stand-in for the server's extend-path sampler after ``prefix`` (the toy chain's next
+    token), with the same swap as the speculative side or none."""
+    table = _chain(temperature)[prefix[-1] if prefix else 0]
+    out = rng.choices(range(len(table)), weights=table, k=law.SAMPLES)
+    return [swap[1] if swap and t == swap[0] else t for t in out]
+
+
+def _swap_case(rng):
+    """A reference sample, a second sample of the same law, the most common first token as the
+    prefix, and a token after it emitted 60-200 times out of 3,000 (``a``) with one never
+    emitted there (``b``)."""
+    ref, same = _completions(rng, 1.0), _completions(rng, 1.0)
+    first = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
+    after = [s[1] for s in ref if s[0] == first]
+    a = next(t for t in sorted(set(after)) if 60 <= after.count(t) <= 200)
+    seen = set(after) | {s[1] for s in same if s[0] == first}
+    b = next(t for t in range(40) if t not in seen)
+    return ref, same, [first], a, b
+
+
+def test_forward_path_check_excuses_a_boundary_swap_and_not_a_law_error():
+    """`law.attribute_rejection` at the real family's per-test level (sample size 3,000).
+    Excused: the speculative side emits ``b`` where the reference emits ``a`` after one prefix,
+    and the extend path swaps them too (a near-tie at a boundary). Not excused: the same swap
+    with an extend path that agrees with the decode path; a swap at position 1 (both servers
+    sample it from the prefill); a 10 % temperature error, alone or next to an excused swap."""
+    rng = random.Random(7)
+    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
+    ref, same, prefix, a, b = _swap_case(rng)
+    swapped = _swap_after(same, prefix, a, b)
+    assert law.compare_samples(ref, swapped)["min_p"] < level  # the swap alone is rejected
+
+    got = law.attribute_rejection(ref, swapped, level, lambda p: _extend_law(rng, p, (a, b)))
+    assert got["explained"], got
+    (entry,) = got["prefixes"]
+    assert entry["prefix"] == prefix and entry["p_decode_vs_extend"] < law.ALPHA
+    assert entry["p_other_vs_extend"] > law.ALPHA and got["remainder_min_p"] >= level
+
+    got = law.attribute_rejection(ref, swapped, level, lambda p: _extend_law(rng, p))
+    assert not got["explained"] and got["prefixes"][0]["p_decode_vs_extend"] > law.ALPHA
+
+    first_swap = [[b if s[0] == ref[0][0] else s[0]] + s[1:] for s in same]
+    got = law.attribute_rejection(ref, first_swap, level, lambda p: _extend_law(rng, p, (a, b)))
+    assert not got["explained"] and got["prefixes"] == []
+
+    hot = _completions(rng, 1.1)
+    for other in (hot, _swap_after(hot, prefix, a, b)):
+        assert law.compare_samples(ref, other)["min_p"] < level
+        got = law.attribute_rejection(ref, other, level, lambda p: _extend_law(rng, p, (a, b)))
+        assert not got["explained"], got
+
+    # The family wrapper: only the rejected settings are checked, and without an engine every
+    # rejection stays unexplained.
+    results = {"swap": law.compare_samples(ref, swapped), "same": law.compare_samples(ref, same)}
+    fam = law.family(results)
+    fam["per_test_level"] = level
+    fam["rejected"] = [k for k, r in results.items() if r["min_p"] < level]
+    refs, others = {"swap": ref, "same": ref}, {"swap": swapped, "same": same}
+    ok = law.attribute_family(dict(fam), refs, others, lambda n, p: _extend_law(rng, p, (a, b)))
+    assert fam["rejected"] == ["swap"] and ok["unexplained"] == []
+    assert law.attribute_family(dict(fam), refs, others, None)["unexplained"] == ["swap"]
+
+
 def test_law_settings_cover_every_pairing_and_temperature():
     s = law.law_settings()
     pairs = {(v["top_k"], v["top_p"]) for k, v in s.items() if k.startswith("T")}

@@ -6,7 +6,10 @@ both servers in float16 with float32 logits, whose rounding rarely moves a token
 or nucleus boundary; see that module for the grid, sample sizes, the Bonferroni family and the
 calibration) and asserts on its summary. Float32 logits: with the LM head's output in float16,
 one setting's prompt meets an exact logit tie at its nucleus edge that the verify forward keeps
-and the decode forward splits (RESULTS.md), a difference of rounding, not of law.
+and the decode forward splits (RESULTS.md), a difference of rounding, not of law. Such
+near-ties remain possible in float32 logits (the two forwards' hidden states differ in their
+last bits), so a rejected setting passes only where the module's forward-path check, run against
+the non-speculative server, puts the whole difference down to it.
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ def summary(tmp_path_factory, run_gpu_check):
 
 
 def test_sampling_law_equals_nospec(summary):
+    """Every setting passes, or its rejection is put down to the forward path by the module's
+    check against the non-speculative server (`law.attribute_rejection`)."""
     law = summary["law"]
     brief = {
-        k: law[k] for k in ("ddtree_family", "null_family", "power_level", "mixed_greedy_rows")
+        k: law[k] for k in ("ddtree_family", "null_family", "power_family", "mixed_greedy_rows")
     }
     assert not law["null_family"]["rejected"], json.dumps(brief)  # calibration: the null passes
-    power = law["power_temperature_x1.1"]  # calibration: a 10 % temperature error is rejected
-    assert min(r["min_p"] for r in power.values()) < law["power_level"], json.dumps(power)
-    assert not law["ddtree_family"]["rejected"], json.dumps(brief)
+    # Calibration: a 10 % temperature error is rejected, and the forward-path check leaves it so.
+    assert law["power_family"]["unexplained"], json.dumps(law["power_family"])
+    assert not law["ddtree_family"]["unexplained"], json.dumps(brief)
     assert law["mixed_greedy_rows"]["mismatches"] == 0
     assert min(min(r["n"]) for r in law["ddtree"].values()) >= 3000
 

@@ -37,6 +37,17 @@ swap tokens at a boundary; float16 (10 bits) cuts that eightfold, so the law tes
 float16 (SGLang 0.5.17's CUDA RMSNorm has no float32 kernel). The greedy part measures the same
 effect on argmaxes, next to the non-speculative server's own batch-versus-single floor.
 
+A rejected setting is then checked for that cause, against the non-speculative server only
+(`attribute_rejection`): at the prefix of the heaviest cell of the setting's worst test, the
+server samples the next token ``SAMPLES`` times through its extend path (the prefix as prompt,
+one new token). The rejection is put down to the forward path when (1) the server's own decode
+path (its law samples through that prefix) differs from its extend path there (p < ``ALPHA``),
+(2) the speculative server's samples through that prefix do not differ from that extend path
+(p > ``ALPHA``), and (3) with every completion through that prefix left out on both sides, all of
+the setting's tests pass at the family's per-test level again (up to ``ATTRIBUTED_PREFIXES``
+prefixes, in turn). Position 1 is never put down to it: both servers sample it from the prefill.
+The same check runs on the power family, which must stay rejected: a law error is not excused.
+
 The LM head's output is rounded to the model dtype as well, which makes exact logit ties
 common: two tokens tied at a nucleus edge stay together under the joint rule in one forward
 and are split by the other's rounding. ``--fp32-lm-head`` runs both servers with SGLang's
@@ -59,6 +70,7 @@ NEW_TOKENS = 6
 TUPLE_LEN = 3
 MIN_BIN = 10
 ALPHA = 0.01
+ATTRIBUTED_PREFIXES = 3
 GREEDY_PROMPTS = 256
 GREEDY_NEW_TOKENS = 48
 MAX_RUNNING = 128
@@ -151,6 +163,54 @@ def largest_differences(ref: list[list[int]], other: list[list[int]], test: str,
         {"prefix": list(c[0]), "token": c[1], "ref": a.get(c, 0), "other": b.get(c, 0)}
         for c in keys[:n]
     ]
+
+
+def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: float, extend_law):
+    """Whether a rejected setting's difference is the forward path's (see the module docstring).
+
+    ``ref``/``other``: the two servers' completions of the setting; ``level``: the family's
+    per-test level; ``extend_law(prefix) -> [token]``: the non-speculative server's next tokens
+    after the setting's prompt + ``prefix``, sampled through its extend path. Returns
+    {"explained", "prefixes": [{"prefix", "n": [ref, other, extend], "p_decode_vs_extend",
+    "p_other_vs_extend"}], "remainder_min_p"}."""
+    prefixes = []
+    for _ in range(ATTRIBUTED_PREFIXES + 1):
+        res = compare_samples(ref, other)
+        if res["min_p"] >= level:
+            return {"explained": True, "prefixes": prefixes, "remainder_min_p": res["min_p"]}
+        prefix = res["worst"]["cells"][0]["prefix"]
+        k = len(prefix)
+        if k == 0 or len(prefixes) == ATTRIBUTED_PREFIXES:  # both sample position 1 alike
+            break
+        at_ref = [s[k] for s in ref if s[:k] == prefix and len(s) > k]
+        at_other = [s[k] for s in other if s[:k] == prefix and len(s) > k]
+        probe = list(extend_law(prefix))
+        p_path = chi2_two_sample(at_ref, probe, MIN_BIN)[0]
+        p_other = chi2_two_sample(at_other, probe, MIN_BIN)[0]
+        prefixes.append({"prefix": prefix, "n": [len(at_ref), len(at_other), len(probe)],
+                         "p_decode_vs_extend": p_path, "p_other_vs_extend": p_other})  # fmt: skip
+        if not (p_path < ALPHA and p_other > ALPHA):
+            break
+        ref = [s for s in ref if s[:k] != prefix]
+        other = [s for s in other if s[:k] != prefix]
+    return {"explained": False, "prefixes": prefixes, "remainder_min_p": res["min_p"]}
+
+
+def attribute_family(fam: dict, refs: dict, others: dict, extend_law) -> dict:
+    """`attribute_rejection` on every setting ``fam`` rejected; adds ``attribution`` (per
+    setting) and ``unexplained`` (the rejections it does not put down to the forward path) to
+    ``fam``. ``refs``/``others``: {setting: completions}; ``extend_law(setting, prefix)``, or
+    None (no engine: every rejection stays unexplained)."""
+    fam["attribution"] = {}
+    for name in fam["rejected"]:
+        if extend_law is None:
+            fam["attribution"][name] = {"explained": False, "not_run": True}
+            continue
+        fam["attribution"][name] = attribute_rejection(
+            refs[name], others[name], fam["per_test_level"], lambda p, n=name: extend_law(n, p)
+        )
+    fam["unexplained"] = sorted(k for k, a in fam["attribution"].items() if not a["explained"])
+    return fam
 
 
 def family(results: dict[str, dict], alpha: float = ALPHA) -> dict:
@@ -333,6 +393,41 @@ def _sample(eng, prompts, settings, with_greedy=()):
     return _collect(generate_by_n(eng, ps, params), owner, settings)
 
 
+class ExtendPathSampler:
+    """``(setting, prefix) -> [token]``: ``SAMPLES`` next tokens from the non-speculative server
+    after the setting's prompt + ``prefix``, given as the prompt (so sampled from extend-path
+    logits), at the setting's parameters. Starts that server on its first call; ``counts``
+    keeps every probe's token counts."""
+
+    def __init__(self, settings: dict, prompts: list[list[int]], dtype: str):
+        self.settings, self.prompts, self.dtype = settings, prompts, dtype
+        self.index = {k: i for i, k in enumerate(settings)}
+        self.counts: dict[str, dict] = {}
+        self._stack = None
+
+    def __call__(self, name: str, prefix: list[int]) -> list[int]:
+        import contextlib
+
+        if self._stack is None:
+            self._stack = contextlib.ExitStack()
+            self._eng = self._stack.enter_context(engine(None, self.dtype))
+        sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
+        sp.update(max_new_tokens=1, ignore_eos=True)
+        prompt = self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
+        outs = generate(self._eng, [prompt] * SAMPLES, [sp] * SAMPLES)
+        tokens = [o["output_ids"][0] for o in outs]
+        counts: dict[int, int] = {}
+        for t in tokens:
+            counts[t] = counts.get(t, 0) + 1
+        self.counts[f"{name} {list(prefix)}"] = dict(sorted(counts.items(), key=lambda x: -x[1]))
+        return tokens
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+
 def make_plan(eng, prompts) -> dict:
     """The requests both servers answer, fixed from the non-speculative server's greedy output:
     the logit-bias values and the stop token ids."""
@@ -413,16 +508,22 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------- summaries
-def summarize_law(ref: dict, tree: dict, settings: dict) -> dict:
-    ddtree = {k: compare_samples(ref["law"][k], tree["law"][k]) for k in settings}
-    ddtree.update({f"mixed_{k}": compare_samples(ref["law"][k], tree["mixed"][k]) for k in MIXED})
+def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dict:
+    """The law part's summary. ``extend_law(setting, prefix) -> [token]``: the
+    non-speculative server's extend-path sampler for `attribute_rejection` (None: not run)."""
+    others = dict(tree["law"], **{f"mixed_{k}": tree["mixed"][k] for k in MIXED})
+    refs = dict(ref["law"], **{f"mixed_{k}": ref["law"][k] for k in MIXED})
+    ddtree = {k: compare_samples(refs[k], others[k]) for k in others}
     nulls = {k: compare_samples(ref["law"][k], ref["null"][k]) for k in NULL}
     power = {k: compare_samples(ref["law"][k], ref["hot"][k]) for k in CALIBRATION}
-    fam_tree, fam_null = family(ddtree), family(nulls)
-    m_power = sum(len(r["tests"]) for r in power.values())
-    power_level = ALPHA / m_power
-    # The wrong law must be rejected as a family (each setting's p is reported too).
-    power_ok = min(r["min_p"] for r in power.values()) < power_level
+    base = None if extend_law is None else lambda k, p: extend_law(k.removeprefix("mixed_"), p)
+    fam_tree = attribute_family(family(ddtree), refs, others, base)
+    fam_null = family(nulls)
+    # The wrong law must be rejected as a family (each setting's p is reported too), and the
+    # forward-path check must not excuse it.
+    fam_power = attribute_family(family(power), ref["law"], ref["hot"], extend_law)
+    power_level = fam_power["per_test_level"]
+    power_ok = bool(fam_power["unexplained"])
     # Greedy rows inside the mixed batches: each equals the no-spec greedy of its prompt, and
     # the rows come in MIXED order, SAMPLES of each.
     want = [ref["greedy6"][k] for k in MIXED for _ in range(SAMPLES)]
@@ -437,9 +538,10 @@ def summarize_law(ref: dict, tree: dict, settings: dict) -> dict:
         "null_family": fam_null,
         "power_temperature_x1.1": power,
         "power_level": power_level,
+        "power_family": fam_power,
         "mixed_greedy_rows": {"rows": len(tree["mixed_greedy"]), "mismatches": greedy_bad},
         "seconds": {"reference": ref["law_seconds"], "ddtree": tree["law_seconds"]},
-        "passed": not fam_tree["rejected"]
+        "passed": not fam_tree["unexplained"]
         and not fam_null["rejected"]
         and power_ok
         and greedy_bad == 0,
@@ -612,14 +714,18 @@ def main(argv: list[str] | None = None) -> int:
         "fp32_lm_head": args.fp32_lm_head,
         "settings": plan["settings"],
     }
+    probes = ExtendPathSampler(plan["settings"], prompts, args.dtype)
+    extend_law = None if args.from_saved else probes
     for algo, algo_parts in algos.items():
         s = summary[algo] = {}
         if "law" in algo_parts:
-            s["law"] = summarize_law(raw["nospec"], raw[algo], plan["settings"])
+            s["law"] = summarize_law(raw["nospec"], raw[algo], plan["settings"], extend_law)
         if "greedy" in algo_parts:
             s["greedy"] = summarize_greedy(raw["nospec"], raw[algo])
         if "params" in algo_parts:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
+    probes.close()
+    summary["extend_path_probes"] = probes.counts
     summary["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(args.out, f"law_{tag}.json"), "w") as f:
         json.dump(summary, f, indent=1)
