@@ -191,6 +191,7 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
 
     monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
     args = ["--from-saved", str(SAVED_LAW_RUN), "--parts", "law", "--out", str(tmp_path)]
+    args.append("--no-probes")  # no engine on the CPU
     assert law.main(args) == 0
     got = json.loads((tmp_path / "law_float16.json").read_text())
     assert got["fp32_lm_head"] is False and e2e.ENGINE_EXTRA == {}
@@ -215,7 +216,16 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert (
         law.main(
-            ["--from-saved", str(tagged), "--parts", "law", "--out", str(out), "--fp32-lm-head"]
+            [
+                "--from-saved",
+                str(tagged),
+                "--parts",
+                "law",
+                "--out",
+                str(out),
+                "--fp32-lm-head",
+                "--no-probes",
+            ]
         )
         == 0
     )

@@ -184,6 +184,9 @@ def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: flo
             break
         at_ref = [s[k] for s in ref if s[:k] == prefix and len(s) > k]
         at_other = [s[k] for s in other if s[:k] == prefix and len(s) > k]
+        if not at_ref or not at_other:  # a prefix one side never reached: nothing to compare
+            prefixes.append({"prefix": prefix, "n": [len(at_ref), len(at_other), 0]})
+            break
         probe = list(extend_law(prefix))
         p_path = chi2_two_sample(at_ref, probe, MIN_BIN)[0]
         p_other = chi2_two_sample(at_other, probe, MIN_BIN)[0]
@@ -419,7 +422,17 @@ class ExtendPathSampler:
         counts: dict[int, int] = {}
         for t in tokens:
             counts[t] = counts.get(t, 0) + 1
-        self.counts[f"{name} {list(prefix)}"] = dict(sorted(counts.items(), key=lambda x: -x[1]))
+        # The extend path's own top logprobs there (raw logits), to show how near the tie is.
+        top = self._eng.generate(
+            input_ids=[prompt],
+            sampling_params=[{"temperature": 0.0, "max_new_tokens": 1}],
+            return_logprob=True,
+            top_logprobs_num=12,
+        )[0]["meta_info"]["output_top_logprobs"][0]
+        self.counts[f"{name} {list(prefix)}"] = {
+            "counts": dict(sorted(counts.items(), key=lambda x: -x[1])),
+            "top_logprobs": [[t, round(lp, 6)] for lp, t, *_ in top],
+        }
         return tokens
 
     def close(self) -> None:
@@ -635,7 +648,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--from-saved",
         default=None,
-        help="DIR with every side saved by an earlier run: summarize it again, no engine",
+        help="DIR with every side saved by an earlier run: summarize it again (an engine only "
+        "for the forward-path check of a rejected setting)",
+    )
+    ap.add_argument(
+        "--no-probes",
+        action="store_true",
+        help="with --from-saved: no engine at all; a rejected setting then stays unexplained "
+        "(the forward-path check needs the non-speculative server)",
     )
     ap.add_argument(
         "--arch",
@@ -715,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": plan["settings"],
     }
     probes = ExtendPathSampler(plan["settings"], prompts, args.dtype)
-    extend_law = None if args.from_saved else probes
+    extend_law = None if args.no_probes else probes
     for algo, algo_parts in algos.items():
         s = summary[algo] = {}
         if "law" in algo_parts:
