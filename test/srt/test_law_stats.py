@@ -245,6 +245,47 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
         )
 
 
+SAVED_FP32_HEAD_RUN = SAVED_LAW_RUN.parent / "run49"
+
+
+@pytest.mark.skipif(
+    not SAVED_FP32_HEAD_RUN.is_dir(), reason="the saved law samples are not in this checkout"
+)
+def test_saved_fp32_head_run_differs_only_through_one_top_k_edge():
+    """A law run at float32 logits (3,000 a side, float16) rejects T1.0 / top_k 5 / top_p 1.0
+    alone. Its difference is one swap at the top-k edge: after 464, 280 the two servers' five
+    kept tokens share four (their counts agree), the fifth is 310 without speculation and 385
+    with DDTREE. With the completions through 464, 280 left out on both sides, every test of
+    the setting passes at the family's per-test level: stage (3) of the forward-path check on
+    real samples (its stages (1) and (2) need the non-speculative server)."""
+    import gzip
+    import json
+
+    def load(side):
+        path = SAVED_FP32_HEAD_RUN / f"law_{side}_float16-fp32head.json.gz"
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+
+    ref, tree = load("nospec")["raw"]["law"], load("ddtree")["law"]
+    results = {k: law.compare_samples(ref[k], tree[k]) for k in tree}
+    fam = law.family(dict(results, **{f"mixed_{k}": results[k] for k in law.MIXED}))
+    assert fam["rejected"] == ["T1.0_k5_p1.0"]
+    a, b = ref["T1.0_k5_p1.0"], tree["T1.0_k5_p1.0"]
+
+    def after(samples, prefix):
+        k = len(prefix)
+        return {t: [s[k] for s in samples if s[:k] == prefix].count(t) for t in range(4096)}
+
+    ca, cb = after(a, [464, 280]), after(b, [464, 280])
+    kept_a, kept_b = {t for t, c in ca.items() if c}, {t for t, c in cb.items() if c}
+    assert kept_a - kept_b == {310} and kept_b - kept_a == {385} and len(kept_a) == 5
+    assert ca[310] == cb[385] == 23
+    rest = law.compare_samples(
+        [s for s in a if s[:2] != [464, 280]], [s for s in b if s[:2] != [464, 280]]
+    )
+    assert rest["min_p"] > fam["per_test_level"], rest["min_p"]
+
+
 def test_largest_differences_rank_cells_by_their_chi2_weight():
     """A token one side never emits after a prefix outranks a larger but proportional shift."""
     ref = [[1, 2, 3]] * 100 + [[1, 4, 5]] * 50
