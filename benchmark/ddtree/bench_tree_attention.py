@@ -9,6 +9,11 @@ largest absolute error of each, so a difference between the two is read against 
 rounding.
 
     python benchmark/ddtree/bench_tree_attention.py --out DIR          # Qwen3-8B's heads
+    python benchmark/ddtree/bench_tree_attention.py --mla --out DIR    # Kimi K2.6's MLA, TP 8
+
+``--mla``: absorbed MLA as SGLang's triton backend runs it, one KV head whose keys are the
+latent plus rope (``--heads`` default 8 1 576: K2.6's 64 query heads over 8 ranks) and whose
+values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's MLA pool.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import sys
 import torch
 
 
-def random_verify(bs, w, prefix, hq, hkv, d, seed):
-    """bf16 inputs of one verify layer on the GPU; returns a dict of tensors and host ints."""
+def random_verify(bs, w, prefix, hq, hkv, d, seed, dv=None):
+    """bf16 inputs of one verify layer on the GPU; returns a dict of tensors and host ints.
+    ``dv``: MLA's latent width (values = the keys' first ``dv`` columns, a view), else None."""
     from sglang_ddtree.core.layout import flatten_verify_mask
 
     g = torch.Generator().manual_seed(seed)
@@ -55,6 +61,8 @@ def random_verify(bs, w, prefix, hq, hkv, d, seed):
     t = {k: v.cuda() for k, v in t.items()}
     for name in ("q", "k", "v"):
         t[name] = t[name].to(torch.bfloat16)
+    if dv is not None:
+        t["v"] = t["k"][..., :dv]
     for name in ("kv_indptr", "kv_indices", "node_loc", "mask_indptr", "qo_indptr"):
         t[name] = t[name].to(torch.int32 if name != "mask_indptr" else torch.int64)
     return t
@@ -77,15 +85,15 @@ def graph_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
-def measure(bs, w, prefix, hq, hkv, d, iters, seed=0) -> dict:
+def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None) -> dict:
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
 
-    t = random_verify(bs, w, prefix, hq, hkv, d, seed)
+    t = random_verify(bs, w, prefix, hq, hkv, d, seed, dv)
     scale = d**-0.5
     k_ext, v_ext = t["k"][t["node_loc"].long()], t["v"][t["node_loc"].long()]
-    out_ext = torch.empty_like(t["q"])
+    out_ext = t["q"].new_empty(t["q"].shape[0], hq, t["v"].shape[-1])
 
     def extend():
         extend_attention_fwd(
@@ -119,24 +127,31 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--widths", type=int, nargs="+", default=[17, 33, 65])
     ap.add_argument("--prefixes", type=int, nargs="+", default=[128, 1024])
-    ap.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], help="Hq Hkv D")
+    ap.add_argument("--heads", type=int, nargs=3, default=None, help="Hq Hkv D")
+    ap.add_argument("--mla", action="store_true", help="absorbed MLA (values a key slice)")
+    ap.add_argument("--mla-latent", type=int, default=512, help="MLA's value width")
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args(argv)
+    args.heads = args.heads or ([8, 1, 576] if args.mla else [32, 8, 128])
+    hq, hkv, d = args.heads
+    dv = args.mla_latent if args.mla else None
+    if dv is not None and (hkv != 1 or dv > d):
+        ap.error("--mla: one KV head (Hkv 1) and --mla-latent <= D")
     if not torch.cuda.is_available():
         print("bench_tree_attention.py times CUDA kernels: no CUDA GPU here.", file=sys.stderr)
         return 2
-    hq, hkv, d = args.heads
     rows = []
     for bs in args.batch_sizes:
         for w in args.widths:
             for prefix in args.prefixes:
-                row = measure(bs, w, prefix, hq, hkv, d, args.iters)
+                row = measure(bs, w, prefix, hq, hkv, d, args.iters, dv=dv)
                 rows.append(row)
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items()}), flush=True)  # fmt: skip
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_tree_attention.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "heads": args.heads, "rows": rows}, f, indent=1)
+        json.dump({"command": " ".join(sys.argv), "heads": args.heads, "mla_latent": dv,
+                   "rows": rows}, f, indent=1)  # fmt: skip
     return 0
 
 

@@ -178,3 +178,6 @@ def test_bench_tree_attention_refuses_without_a_gpu(load_benchmark, tmp_path, ca
     mod = load_benchmark("bench_tree_attention")
     assert mod.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA GPU here" in capsys.readouterr().err
+    assert mod.main(["--out", str(tmp_path), "--mla"]) == 2  # K2.6's MLA shape is valid
+    with pytest.raises(SystemExit):  # MLA's values are a slice of one KV head's keys
+        mod.main(["--out", str(tmp_path), "--mla", "--heads", "16", "2", "576"])
