@@ -286,6 +286,55 @@ def test_saved_fp32_head_run_differs_only_through_one_top_k_edge():
     assert rest["min_p"] > fam["per_test_level"], rest["min_p"]
 
 
+@pytest.mark.skipif(
+    not (SAVED_LAW_RUN.is_dir() and SAVED_FP32_HEAD_RUN.is_dir()),
+    reason="the saved law samples are not in this checkout",
+)
+def test_summarize_law_asks_the_server_only_to_excuse_a_rejection():
+    """On run 28's samples (nothing rejected) the summary never asks for an extend-path probe,
+    so no extra server starts. On run 49's (T1.0 / 5 / 1.0 rejected at the top-k edge after
+    464, 280), with a stand-in probe that draws from DDTREE's own next tokens after that prefix
+    (an extend path that rounds as the verify does) and from the reference's elsewhere, the
+    rejection is excused, the power family is then checked too and stays rejected."""
+    import gzip
+    import json
+
+    def load(run, side, tag):
+        with gzip.open(run / f"law_{side}_float16{tag}.json.gz", "rt") as f:
+            return json.load(f)
+
+    calls = []
+
+    def never(name, prefix):
+        calls.append((name, prefix))
+        raise AssertionError("no probe needed")
+
+    saved = load(SAVED_LAW_RUN, "nospec", "")
+    got = law.summarize_law(
+        saved["raw"], load(SAVED_LAW_RUN, "ddtree", ""), saved["plan"]["settings"], never
+    )
+    assert got["passed"] and calls == []
+
+    saved = load(SAVED_FP32_HEAD_RUN, "nospec", "-fp32head")
+    ref, tree = saved["raw"], load(SAVED_FP32_HEAD_RUN, "ddtree", "-fp32head")
+    rng = random.Random(3)
+
+    def stand_in(name, prefix):
+        calls.append((name, prefix))
+        side = tree["law"] if name == "T1.0_k5_p1.0" else ref["law"]
+        k = len(prefix)
+        pool = [s[k] for s in side[name] if s[:k] == prefix]
+        return rng.choices(pool, k=law.SAMPLES)
+
+    got = law.summarize_law(ref, tree, saved["plan"]["settings"], stand_in)
+    fam = got["ddtree_family"]
+    assert fam["rejected"] == ["T1.0_k5_p1.0"] and fam["unexplained"] == [], fam["attribution"]
+    assert calls[0] == ("T1.0_k5_p1.0", [464, 280])
+    assert got["power_family"]["unexplained"] and got["passed"]
+    for name in got["power_family"]["rejected"]:  # checked, not skipped
+        assert "not_run" not in got["power_family"]["attribution"][name]
+
+
 def test_largest_differences_rank_cells_by_their_chi2_weight():
     """A token one side never emits after a prefix outranks a larger but proportional shift."""
     ref = [[1, 2, 3]] * 100 + [[1, 4, 5]] * 50

@@ -46,7 +46,8 @@ path (its law samples through that prefix) differs from its extend path there (p
 (p > ``ALPHA``), and (3) with every completion through that prefix left out on both sides, all of
 the setting's tests pass at the family's per-test level again (up to ``ATTRIBUTED_PREFIXES``
 prefixes, in turn). Position 1 is never put down to it: both servers sample it from the prefill.
-The same check runs on the power family, which must stay rejected: a law error is not excused.
+Where it excuses a rejection, the same check runs on the power family, which must stay rejected:
+a law error is not excused. Where nothing needs excusing, no extra server starts.
 
 The LM head's output is rounded to the model dtype as well, which makes exact logit ties
 common: two tokens tied at a nucleus edge stay together under the joint rule in one forward
@@ -406,11 +407,15 @@ class ExtendPathSampler:
         self.settings, self.prompts, self.dtype = settings, prompts, dtype
         self.index = {k: i for i, k in enumerate(settings)}
         self.counts: dict[str, dict] = {}
+        self._tokens: dict[str, list[int]] = {}
         self._stack = None
 
     def __call__(self, name: str, prefix: list[int]) -> list[int]:
         import contextlib
 
+        key = f"{name} {list(prefix)}"
+        if key in self._tokens:  # the same probe for another family or its mixed twin
+            return self._tokens[key]
         if self._stack is None:
             self._stack = contextlib.ExitStack()
             self._eng = self._stack.enter_context(engine(None, self.dtype))
@@ -429,10 +434,11 @@ class ExtendPathSampler:
             return_logprob=True,
             top_logprobs_num=12,
         )[0]["meta_info"]["output_top_logprobs"][0]
-        self.counts[f"{name} {list(prefix)}"] = {
+        self.counts[key] = {
             "counts": dict(sorted(counts.items(), key=lambda x: -x[1])),
             "top_logprobs": [[t, round(lp, 6)] for lp, t, *_ in top],
         }
+        self._tokens[key] = tokens
         return tokens
 
     def close(self) -> None:
@@ -532,9 +538,12 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
     base = None if extend_law is None else lambda k, p: extend_law(k.removeprefix("mixed_"), p)
     fam_tree = attribute_family(family(ddtree), refs, others, base)
     fam_null = family(nulls)
-    # The wrong law must be rejected as a family (each setting's p is reported too), and the
-    # forward-path check must not excuse it.
-    fam_power = attribute_family(family(power), ref["law"], ref["hot"], extend_law)
+    # The wrong law must be rejected as a family (each setting's p is reported too); where the
+    # forward-path check excused a DDTREE rejection, it must not excuse the wrong law either.
+    excused = set(fam_tree["rejected"]) - set(fam_tree["unexplained"])
+    fam_power = attribute_family(
+        family(power), ref["law"], ref["hot"], extend_law if excused else None
+    )
     power_level = fam_power["per_test_level"]
     power_ok = bool(fam_power["unexplained"])
     # Greedy rows inside the mixed batches: each equals the no-spec greedy of its prompt, and
