@@ -173,6 +173,28 @@ def test_margin_at_differences_reads_the_first_differing_position():
     assert not got["logprob_run_equals_batch"]
 
 
+def test_greedy_summary_reports_the_extend_path_floor():
+    """Greedy mismatches are read against two floors of the non-speculative server: batch vs
+    one by one, and extend path vs one by one. 9 of 256 differing is within an extend floor of
+    10 but not within a batch floor of 0; 40 is within neither (one-sided Fisher, p < 0.01)."""
+    pytest.importorskip("scipy")
+    single = [[i, i + 1, i + 2] for i in range(256)]
+
+    def changed(rows, k):  # the first k rows differ at their last token
+        return [r[:2] + [-1] if i < k else list(r) for i, r in enumerate(rows)]
+
+    ref = {"greedy_batch": single, "greedy_single": single, "greedy_extend": changed(single, 10)}
+    for k, within in ((9, True), (40, False)):
+        tree = {"greedy_batch": changed(single, k), "greedy_accept": [2.0] * 256}
+        got = law.summarize_greedy(ref, tree)
+        assert got["nospec_extend_vs_single"]["mismatches"] == 10
+        assert got["spec_vs_nospec_single"]["first_diff_positions"] == [2] * k
+        assert got["within_extend_floor"] is within and not got["within_noise_floor"]
+    tree = {"greedy_batch": changed(single, 9), "greedy_accept": [2.0] * 256}
+    del ref["greedy_extend"]  # an older saved run: no second floor, no key
+    assert "within_extend_floor" not in law.summarize_greedy(ref, tree)
+
+
 SAVED_LAW_RUN = Path(__file__).resolve().parents[2] / "benchmark/ddtree/results/run28"
 
 

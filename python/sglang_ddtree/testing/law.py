@@ -24,7 +24,9 @@ Parts:
   the non-speculative server in one batch and one by one (its own noise floor: bf16 near-ties
   flip argmaxes between batch shapes), DDTREE in one batch; mismatch counts, the position of
   the first difference, and the non-speculative server's top-2 logit margin there (a near-tie,
-  or a real difference?).
+  or a real difference?). A second floor: the non-speculative server with every token taken
+  from its extend path (`extend_path_greedy`) against its one-by-one decode, the difference
+  between the two forwards that a verify (an extend) meets.
 - ``params``: greedy requests with stop strings, stop token ids, EOS (``ignore_eos`` off),
   ``max_new_tokens`` that ends inside an accepted path, ``n = 3``: DDTREE equals the
   non-speculative server request by request (text, ids, finish reason).
@@ -303,6 +305,19 @@ def top2_margins(eng, prompts: list[list[int]]) -> tuple[list[list[float]], list
     return margins, _ids(outs)
 
 
+def extend_path_greedy(eng, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy outputs of ``GREEDY_NEW_TOKENS`` tokens in which every token comes from the
+    server's extend path: each round asks for one token with the prompt and the tokens so far
+    as the prompt (a verify is an extend too; so is a retracted request's recompute)."""
+    outs: list[list[int]] = [[] for _ in prompts]
+    one = dict(GREEDY, max_new_tokens=1)
+    for _ in range(GREEDY_NEW_TOKENS):
+        got = generate(eng, [p + o for p, o in zip(prompts, outs)], [one] * len(prompts))
+        for o, g in zip(outs, got):
+            o.append(g["output_ids"][0])
+    return outs
+
+
 def margin_at_differences(ref: dict, other: list[list[int]]) -> dict:
     """Where ``other`` first differs from the non-speculative batch output, the non-speculative
     top-2 margin there, against the margins of every position (is each difference a near-tie?)."""
@@ -506,6 +521,7 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
         if reference:
             raw["greedy_single"] = [generate(eng, [p], [GREEDY])[0]["output_ids"] for p in gp]
             raw["greedy_margin"], raw["greedy_margin_ids"] = top2_margins(eng, gp)
+            raw["greedy_extend"] = extend_path_greedy(eng, gp)
     if "params" in parts:
         ps = prompts[:32]
         raw["params"] = {}
@@ -582,6 +598,16 @@ def summarize_greedy(ref: dict, tree: dict) -> dict:
     n = floor["prompts"]
     a, b = spec["mismatches"], floor["mismatches"]
     p_excess = float(fisher_exact([[a, n - a], [b, n - b]], alternative="greater").pvalue)
+    path = {}
+    if "greedy_extend" in ref:  # the server against itself, every token from its extend path
+        e = first_differences(ref["greedy_extend"], ref["greedy_single"])
+        m = e["mismatches"]
+        p_path = float(fisher_exact([[a, n - a], [m, n - m]], alternative="greater").pvalue)
+        path = {
+            "nospec_extend_vs_single": e,
+            "p_excess_over_extend_floor": p_path,
+            "within_extend_floor": a <= m or p_path > ALPHA,
+        }
     return {
         "prompts": n,
         "new_tokens": GREEDY_NEW_TOKENS,
@@ -590,6 +616,7 @@ def summarize_greedy(ref: dict, tree: dict) -> dict:
         "spec_vs_nospec_batch": first_differences(tree["greedy_batch"], ref["greedy_batch"]),
         "p_excess_over_floor": p_excess,
         "within_noise_floor": a <= b or p_excess > ALPHA,
+        **path,
         "spec_mean_accept_length": sum(acc) / len(acc),
         "near_ties": margin_at_differences(ref, tree["greedy_batch"])
         if "greedy_margin" in ref
