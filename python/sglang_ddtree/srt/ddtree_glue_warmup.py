@@ -195,13 +195,15 @@ class GlueReserve:
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
-    took), "reserved_gib" and "reserved_working_set_gib" (what was held for it)}."""
+    took from the device), "allocated_gib" (of it, what live tensors hold), "reserved_gib" and
+    "reserved_working_set_gib" (what was held for it)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
     sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
     before = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments)
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved(worker.device)
+    allocated = torch.cuda.memory_allocated(worker.device)
     t0 = time.perf_counter()
     # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
     # freed (in increasing order every key would need new, larger blocks).
@@ -211,9 +213,13 @@ def capture_glue_at_startup(worker) -> dict:
     torch.cuda.empty_cache()  # the eager first runs' cached blocks; the graphs keep theirs
     captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
     grown = torch.cuda.memory_reserved(worker.device) - reserved
+    # Allocated: blocks held by live tensors (the keys' buffers, the graphs' pool blocks); the
+    # rest of the reserved growth is cached but free (allocator rounding and fragmentation).
+    held = torch.cuda.memory_allocated(worker.device) - allocated
     info = {"batch_sizes": len(sizes), "captures": captures,
             "seconds": round(time.perf_counter() - t0, 1),
-            "memory_gib": round(grown / 2**30, 3)}  # fmt: skip
+            "memory_gib": round(grown / 2**30, 3),
+            "allocated_gib": round(held / 2**30, 3)}  # fmt: skip
     reserve = worker._glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
