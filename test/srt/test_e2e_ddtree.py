@@ -60,13 +60,16 @@ def test_e_adaptive_budget(summary):
     assert a["passed"], json.dumps(a, indent=1)
 
 
-@pytest.fixture(scope="module")
-def split_attention(tmp_path_factory, run_gpu_check):
-    out = str(tmp_path_factory.mktemp("e2e_split_attention"))
+SPLIT_LOG_LINE = "tree-verify attention through core.tree_attention"
+
+
+def _split_attention_run(tmp_path_factory, run_gpu_check, name: str, args: list[str]):
+    """(summary, stdout) of the e2e module with ``args`` and the split attention switched on."""
+    out = str(tmp_path_factory.mktemp(name))
     summary = run_gpu_check(
         out,
         "sglang_ddtree.testing.e2e",
-        ["--checks", "greedy,sampling"],
+        args,
         "e2e_summary.json",
         900,
         env={"SGLANG_DDTREE_TREE_ATTENTION": "1"},
@@ -75,31 +78,28 @@ def split_attention(tmp_path_factory, run_gpu_check):
         return summary, f.read()
 
 
+@pytest.fixture(scope="module")
+def split_attention(tmp_path_factory, run_gpu_check):
+    args = ["--checks", "greedy,sampling"]
+    return _split_attention_run(tmp_path_factory, run_gpu_check, "e2e_split_attention", args)
+
+
 def test_f_split_tree_attention(split_attention):
     summary, log = split_attention
     # Without this line the switch never reached a verify and the checks below prove nothing.
-    assert "tree-verify attention through core.tree_attention" in log
+    assert SPLIT_LOG_LINE in log
     assert summary["greedy"]["passed"], json.dumps(summary["greedy"], indent=1)
     assert summary["sampling"]["passed"], json.dumps(summary["sampling"], indent=1)
 
 
 @pytest.fixture(scope="module")
 def split_attention_mla(tmp_path_factory, run_gpu_check):
-    out = str(tmp_path_factory.mktemp("e2e_split_attention_mla"))
-    summary = run_gpu_check(
-        out,
-        "sglang_ddtree.testing.e2e",
-        ["--arch", "mla", "--checks", "sampling"],
-        "e2e_summary.json",
-        900,
-        env={"SGLANG_DDTREE_TREE_ATTENTION": "1"},
-    )
-    with open(os.path.join(out, "e2e_stdout.log")) as f:
-        return summary, f.read()
+    args = ["--arch", "mla", "--checks", "sampling"]
+    return _split_attention_run(tmp_path_factory, run_gpu_check, "e2e_split_mla", args)
 
 
 def test_g_split_tree_attention_mla(split_attention_mla):
     summary, log = split_attention_mla
-    assert "tree-verify attention through core.tree_attention" in log
+    assert SPLIT_LOG_LINE in log
     assert summary["arch"] == "mla"
     assert summary["sampling"]["passed"], json.dumps(summary["sampling"], indent=1)
