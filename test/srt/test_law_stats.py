@@ -173,6 +173,48 @@ def test_margin_at_differences_reads_the_first_differing_position():
     assert not got["logprob_run_equals_batch"]
 
 
+def test_extend_path_sampler_requests_and_readings():
+    """`law.ExtendPathSampler` against a stand-in engine: the probe asks for ``SAMPLES`` one-token
+    completions of the setting's prompt + prefix at the setting's parameters (``n`` dropped), is
+    asked once per (setting, prefix), and records the top logprobs from the extend path (the
+    prompt + prefix) and from one decode step (the prefix's last token generated, forced by a
+    bias), or no decode reading where the bias did not force that token."""
+    settings = {"s": {"temperature": 1.0, "top_k": 5, "top_p": 1.0, "n": 4, "logit_bias": None}}
+    calls = []
+
+    class Engine:
+        forced_token = 280
+
+        def generate(self, input_ids, sampling_params, return_logprob=False, top_logprobs_num=0):
+            calls.append((input_ids, sampling_params, return_logprob))
+            sp = sampling_params[0]
+            if not return_logprob:
+                return [{"output_ids": [i % 3]} for i in range(len(input_ids))]
+            if "logit_bias" in sp:  # the forced decode step
+                rows = [[(-0.01, self.forced_token, None)], [(0.0, 280, None), (-1.5, 310, None)]]
+                return [{"output_ids": [self.forced_token, 310],
+                         "meta_info": {"output_top_logprobs": rows}}]  # fmt: skip
+            return [{"output_ids": [385], "meta_info": {"output_top_logprobs": [
+                [(-1.2, 385, None), (-1.3, 310, None)]]}}]  # fmt: skip
+
+    probe = law.ExtendPathSampler(settings, [[1, 2, 3]], "float16")
+    probe._stack, probe._eng = object(), Engine()  # no server: the stand-in answers
+    tokens = probe("s", [464, 280])
+    assert tokens == [i % 3 for i in range(law.SAMPLES)] and probe("s", [464, 280]) is tokens
+    ids, params, _ = calls[0]
+    assert ids == [[1, 2, 3, 464, 280]] * law.SAMPLES
+    assert params[0] == {"temperature": 1.0, "top_k": 5, "top_p": 1.0, "max_new_tokens": 1,
+                         "ignore_eos": True}  # fmt: skip
+    assert len(calls) == 3  # the samples and two readings; the repeated probe asked nothing
+    got = probe.counts["s [464, 280]"]
+    assert got["counts"] == {0: 1000, 1: 1000, 2: 1000}
+    assert got["extend_top_logprobs"] == [[385, -1.2], [310, -1.3]]
+    assert got["decode_top_logprobs"] == [[280, 0.0, "forced"], [310, -1.5]]
+    assert calls[2][0] == [[1, 2, 3, 464]] and calls[2][1][0]["logit_bias"] == {"280": 100.0}
+    Engine.forced_token = 999  # the bias lost: no decode-path reading
+    assert probe._top_logprobs([1, 2, 3, 464, 280], [464, 280])["decode_top_logprobs"] is None
+
+
 def test_greedy_summary_reports_the_extend_path_floor():
     """Greedy mismatches are read against two floors of the non-speculative server: batch vs
     one by one, and extend path vs one by one. 9 of 256 differing is within an extend floor of

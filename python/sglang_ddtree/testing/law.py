@@ -442,19 +442,36 @@ class ExtendPathSampler:
         counts: dict[int, int] = {}
         for t in tokens:
             counts[t] = counts.get(t, 0) + 1
-        # The extend path's own top logprobs there (raw logits), to show how near the tie is.
-        top = self._eng.generate(
-            input_ids=[prompt],
-            sampling_params=[{"temperature": 0.0, "max_new_tokens": 1}],
-            return_logprob=True,
-            top_logprobs_num=12,
-        )[0]["meta_info"]["output_top_logprobs"][0]
         self.counts[key] = {
             "counts": dict(sorted(counts.items(), key=lambda x: -x[1])),
-            "top_logprobs": [[t, round(lp, 6)] for lp, t, *_ in top],
+            **self._top_logprobs(prompt, prefix),
         }
         self._tokens[key] = tokens
         return tokens
+
+    def _top_logprobs(self, prompt: list[int], prefix: list[int]) -> dict:
+        """The no-spec server's top-12 raw logprobs (no temperature, no filter, no bias of the
+        setting) for the token after ``prompt`` (which ends with ``prefix``), from its extend
+        path and from its decode path: for the latter the prefix's last token is generated, one
+        decode step, forced by a logit bias of +100 (it shifts every other token's logprob
+        alike, so their gaps are the raw ones; that token's own entry is marked "forced")."""
+        head, last = prompt[:-1], prompt[-1]
+
+        def top(ids, sp, step):
+            o = self._eng.generate(input_ids=[ids], sampling_params=[sp], return_logprob=True,
+                                   top_logprobs_num=12)[0]  # fmt: skip
+            if step and o["output_ids"][:step] != [last]:
+                return None  # the bias did not force it: no decode-path reading
+            rows = o["meta_info"]["output_top_logprobs"][step]
+            return [[t, round(lp, 6)] + (["forced"] if step and t == last else [])
+                    for lp, t, *_ in rows]  # fmt: skip
+
+        greedy = {"temperature": 0.0, "max_new_tokens": 1}
+        forced = dict(greedy, max_new_tokens=2, logit_bias={str(last): 100.0})
+        return {
+            "extend_top_logprobs": top(prompt, greedy, 0),
+            "decode_top_logprobs": top(head, forced, 1) if prefix else None,
+        }
 
     def close(self) -> None:
         if self._stack is not None:
