@@ -64,6 +64,7 @@ import argparse
 import json
 import os
 import time
+from collections import Counter
 
 from sglang_ddtree.testing.e2e import chi2_two_sample, engine_kwargs, generate
 from sglang_ddtree.testing.e2e import engine as e2e_engine
@@ -439,11 +440,8 @@ class ExtendPathSampler:
         prompt = self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
         outs = generate(self._eng, [prompt] * SAMPLES, [sp] * SAMPLES)
         tokens = [o["output_ids"][0] for o in outs]
-        counts: dict[int, int] = {}
-        for t in tokens:
-            counts[t] = counts.get(t, 0) + 1
         self.counts[key] = {
-            "counts": dict(sorted(counts.items(), key=lambda x: -x[1])),
+            "counts": dict(Counter(tokens).most_common()),
             **self._top_logprobs(prompt, prefix),
         }
         self._tokens[key] = tokens
