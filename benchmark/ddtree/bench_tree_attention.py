@@ -14,6 +14,8 @@ rounding.
 ``--mla``: absorbed MLA as SGLang's triton backend runs it, one KV head whose keys are the
 latent plus rope (``--heads`` default 8 1 576: K2.6's 64 query heads over 8 ranks) and whose
 values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's MLA pool.
+``--dv-block N`` times the split a second time with the values in tiles of N columns (one
+program per tile, the scores recomputed in each), for wide values.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def graph_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
-def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None) -> dict:
+def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) -> dict:
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
@@ -109,14 +111,25 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None) -> dict:
             full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
         )  # fmt: skip
 
+    def split_tiled():
+        res["tiled"] = tree_attention(
+            t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
+            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
+            dv_block=dv_block,
+        )  # fmt: skip
+
     row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
     row["split_us"] = graph_us(split, iters)
+    if dv_block:
+        row["split_dv_block_us"] = graph_us(split_tiled, iters)
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
     row["extend_max_err"] = (out_ext.float() - want).abs().max().item()
     row["split_max_err"] = (res["out"].float() - want).abs().max().item()
     row["split_vs_extend_max"] = (res["out"].float() - out_ext.float()).abs().max().item()
+    if dv_block:
+        row["split_dv_block_max_err"] = (res["tiled"].float() - want).abs().max().item()
     row["ratio"] = row["split_us"] / row["extend_us"]
     return row
 
@@ -130,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, nargs=3, default=None, help="Hq Hkv D")
     ap.add_argument("--mla", action="store_true", help="absorbed MLA (values a key slice)")
     ap.add_argument("--mla-latent", type=int, default=512, help="MLA's value width")
+    ap.add_argument("--dv-block", type=int, default=None,
+                    help="also time the split with values in tiles of this width")  # fmt: skip
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args(argv)
     args.heads = args.heads or ([8, 1, 576] if args.mla else [32, 8, 128])
@@ -144,7 +159,8 @@ def main(argv=None) -> int:
     for bs in args.batch_sizes:
         for w in args.widths:
             for prefix in args.prefixes:
-                row = measure(bs, w, prefix, hq, hkv, d, args.iters, dv=dv)
+                row = measure(bs, w, prefix, hq, hkv, d, args.iters, dv=dv,
+                              dv_block=args.dv_block)  # fmt: skip
                 rows.append(row)
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items()}), flush=True)  # fmt: skip

@@ -85,6 +85,10 @@ for case in cases:
     want = tree_attention_reference(*args, scale)
     err = (got - want).abs().max().item()
     assert err < 1e-4, (case, err)
+    # Values split over programs (MLA's wide latent): 16 columns each, a ragged last tile
+    # where Dv is not a multiple of 16.
+    err = (tree_attention(*args, scale, dv_block=16) - want).abs().max().item()
+    assert err < 1e-4, (case, "dv_block", err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
@@ -114,7 +118,8 @@ def test_tree_attention_interpreted_equals_reference(run_interpreted):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mla", [False, True])
-def test_tree_attention_on_gpu_bf16(mla):
+@pytest.mark.parametrize("dv_block", [None, 128])
+def test_tree_attention_on_gpu_bf16(mla, dv_block):
     from sglang_ddtree.core.tree_attention import tree_attention
 
     if mla:  # K2.6-like latent widths: keys 576 (512 latent + 64 rope), values the latent
@@ -124,7 +129,7 @@ def test_tree_attention_on_gpu_bf16(mla):
     args, scale = random_case(
         **shape, prefix=[300, 1, 0, 129], seed=4, dtype=torch.bfloat16, device="cuda", mla=mla
     )
-    got = tree_attention(*args, scale)
+    got = tree_attention(*args, scale, dv_block=dv_block)
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 

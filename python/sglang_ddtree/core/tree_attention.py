@@ -88,15 +88,18 @@ if triton is not None:
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
+        DV_TILES: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         hkv = tl.program_id(1)
-        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # node * G + head in group
+        m_tile = tl.program_id(2) // DV_TILES
+        dv_tile = tl.program_id(2) % DV_TILES
+        rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # node * G + head in group
         row_ok = rows < W * G
         token = b * W + rows // G
         head = hkv * G + rows % G
         offs_dk = tl.arange(0, BLOCK_DK)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_dv = dv_tile * BLOCK_DV + tl.arange(0, BLOCK_DV)
         q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         start = tl.load(KvIndptr + b)
         length = tl.load(KvIndptr + b + 1) - start
@@ -142,7 +145,8 @@ if triton is not None:
             out.to(Out.dtype.element_ty),
             mask=row_ok[:, None] & (offs_dv[None, :] < DV),
         )
-        tl.store(Lse + token * stride_lt + head, lse, mask=row_ok)
+        first_tile = (rows * 0 + dv_tile) == 0  # one value tile writes the (shared) lse
+        tl.store(Lse + token * stride_lt + head, lse, mask=row_ok & first_tile)
 
     @triton.jit
     def _tree_attention_kernel(
@@ -160,7 +164,7 @@ if triton is not None:
         offs_w = tl.arange(0, BLOCK_W)
         w_ok = offs_w < W
         offs_dk = tl.arange(0, BLOCK_DK)
-        offs_dv = tl.arange(0, BLOCK_DV)
+        offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
         token = b * W + offs_w
         slot = tl.load(NodeLoc + token, mask=w_ok, other=0).to(tl.int64)
         s = tl.zeros([BLOCK_W, BLOCK_W], tl.float32)
@@ -222,6 +226,7 @@ def tree_attention(
     full_mask: torch.Tensor | None = None,  # SGLang's verify mask (FULL_MASK layout), bool
     mask_indptr: torch.Tensor | None = None,  # [bs + 1] int, its per-request offsets
     num_nodes: int | None = None,  # W, with full_mask
+    dv_block: int | None = None,  # value columns per program (None: all of Dv in one)
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
     merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
@@ -245,7 +250,10 @@ def tree_attention(
     # MLA's latent), so the prefix is read once per request, KV head and row block.
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
     d_tiles = triton.cdiv(d, block_dk)
-    block_dv = max(16, triton.next_power_of_2(dv))
+    # One value tile holds the accumulator of every row of a program; ``dv_block`` splits wide
+    # values (MLA's 512) over programs, each recomputing the scores (their lse is equal).
+    block_dv = max(16, triton.next_power_of_2(dv if dv_block is None else dv_block))
+    dv_tiles = triton.cdiv(dv, block_dv)
     o1 = torch.empty(n, hq, dv, dtype=torch.float32, device=q.device)  # prefix part
     lse1 = torch.empty(n, hq, dtype=torch.float32, device=q.device)
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
@@ -254,12 +262,12 @@ def tree_attention(
                v_buffer.stride(0), v_buffer.stride(1), o1.stride(0), o1.stride(1),
                lse1.stride(0))  # fmt: skip
     block_m = 16 if w * g <= 16 else 32
-    _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m))](
+    _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m) * dv_tiles)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
-        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv,
+        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv, DV_TILES=dv_tiles,
     )  # fmt: skip
-    _tree_attention_kernel[(bs, hq)](
+    _tree_attention_kernel[(bs, hq, dv_tiles)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
         o1, lse1, out, sm_scale, *strides,
