@@ -215,6 +215,24 @@ def test_extend_path_sampler_requests_and_readings():
     assert probe._top_logprobs([1, 2, 3, 464, 280], [464, 280])["decode_top_logprobs"] is None
 
 
+def test_extend_path_greedy_feeds_each_round_its_tokens_so_far():
+    """Every round asks one greedy token per prompt with the tokens so far appended to the
+    prompt (so each token comes from an extend), ``GREEDY_NEW_TOKENS`` rounds."""
+    seen = []
+
+    class Engine:
+        def generate(self, input_ids, sampling_params):
+            seen.append([list(x) for x in input_ids])
+            assert all(sp["max_new_tokens"] == 1 and sp["temperature"] == 0.0
+                       for sp in sampling_params)  # fmt: skip
+            return [{"output_ids": [sum(x) % 7]} for x in input_ids]
+
+    out = law.extend_path_greedy(Engine(), [[1, 2], [3]])
+    assert len(seen) == law.GREEDY_NEW_TOKENS and all(len(o) == law.GREEDY_NEW_TOKENS for o in out)
+    for r, ids in enumerate(seen):
+        assert ids == [[1, 2] + out[0][:r], [3] + out[1][:r]]
+
+
 def test_greedy_summary_reports_the_extend_path_floor():
     """Greedy mismatches are read against two floors of the non-speculative server: batch vs
     one by one, and extend path vs one by one. 9 of 256 differing is within an extend floor of
