@@ -14,19 +14,23 @@ pytest.importorskip("scipy")
 from sglang_ddtree.testing import law  # noqa: E402
 
 
-def _completions(rng, temperature, n=law.SAMPLES, vocab=40, new_tokens=law.NEW_TOKENS):
-    """n completions of a toy Markov chain (next token depends on the last) at a temperature;
-    its logits spread like a language model's (a 10 % temperature error moves ~5 % of the mass)."""
+def _chain(temperature, vocab=40):
+    """The next-token tables of a toy Markov chain (next token depends on the last) at a
+    temperature: {previous token: probabilities}, fixed logits N(0, 3^2) per previous token, so
+    they spread like a language model's (a 10 % temperature error moves ~5 % of the mass)."""
     import math
 
     def dist(prev):
-        g = random.Random(prev)  # fixed logits per previous token, N(0, 3^2)
-        logits = [g.gauss(0.0, 3.0) for _ in range(vocab)]
-        w = [math.exp(x / temperature) for x in logits]
-        s = sum(w)
-        return [x / s for x in w]
+        g = random.Random(prev)
+        w = [math.exp(g.gauss(0.0, 3.0) / temperature) for _ in range(vocab)]
+        return [x / sum(w) for x in w]
 
-    tables = {p: dist(p) for p in range(vocab)}
+    return {p: dist(p) for p in range(vocab)}
+
+
+def _completions(rng, temperature, n=law.SAMPLES, vocab=40, new_tokens=law.NEW_TOKENS):
+    """n completions of `_chain`'s toy chain at a temperature, each starting after token 0."""
+    tables = _chain(temperature, vocab)
     out = []
     for _ in range(n):
         seq, prev = [], 0
@@ -58,18 +62,6 @@ def test_family_null_passes_and_temperature_error_is_rejected():
     assert min(r["min_p"] for r in power.values()) < law.ALPHA / (3 * (law.NEW_TOKENS + 1))
     fam = law.family(null)
     assert fam["tests"] == 3 * (law.NEW_TOKENS + 1) and fam["rejected"] == []
-
-
-def _chain(temperature, vocab=40):
-    """The next-token tables of `_completions`' toy chain: {previous token: probabilities}."""
-    import math
-
-    def dist(prev):
-        g = random.Random(prev)
-        w = [math.exp(g.gauss(0.0, 3.0) / temperature) for _ in range(vocab)]
-        return [x / sum(w) for x in w]
-
-    return {p: dist(p) for p in range(vocab)}
 
 
 def _swap_after(samples, prefix, a, b):
