@@ -105,23 +105,16 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
 
     res = {}
 
-    def split():
-        res["out"] = tree_attention(
+    def split(name="out", block=None):
+        res[name] = tree_attention(
             t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
-            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
-        )  # fmt: skip
-
-    def split_tiled():
-        res["tiled"] = tree_attention(
-            t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
-            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
-            dv_block=dv_block,
+            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w, dv_block=block,
         )  # fmt: skip
 
     row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
     row["split_us"] = graph_us(split, iters)
     if dv_block:
-        row["split_dv_block_us"] = graph_us(split_tiled, iters)
+        row["split_dv_block_us"] = graph_us(lambda: split("tiled", dv_block), iters)
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
