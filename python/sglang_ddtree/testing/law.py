@@ -575,7 +575,6 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
     fam_power = attribute_family(
         family(power), ref["law"], ref["hot"], extend_law if excused else None
     )
-    power_level = fam_power["per_test_level"]
     power_ok = bool(fam_power["unexplained"])
     # Greedy rows inside the mixed batches: each equals the no-spec greedy of its prompt, and
     # the rows come in MIXED order, SAMPLES of each.
@@ -590,7 +589,6 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
         "null": nulls,
         "null_family": fam_null,
         "power_temperature_x1.1": power,
-        "power_level": power_level,
         "power_family": fam_power,
         "mixed_greedy_rows": {"rows": len(tree["mixed_greedy"]), "mismatches": greedy_bad},
         "seconds": {"reference": ref["law_seconds"], "ddtree": tree["law_seconds"]},
