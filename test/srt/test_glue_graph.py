@@ -589,6 +589,22 @@ def test_largest_keys_cover_each_width_at_its_largest_batch():
     assert largest_keys(BudgetSchedule.fixed(65), 16) == [(16, 65)]
 
 
+def test_key_buffer_bytes_counts_each_storage_once():
+    """The startup capture's count of the keys' own buffers: outputs and copied inputs of every
+    captured key, a storage shared by two views (or two segments) counted once."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_glue_warmup import key_buffer_bytes
+
+    out = torch.zeros(4, 8, dtype=torch.float32)  # 128 bytes
+    seq = torch.zeros(3, dtype=torch.int64)  # 24 bytes
+    first = SimpleNamespace(outputs=(out, out[1:]), copied={"seq_lens": seq})
+    second = SimpleNamespace(outputs=[torch.zeros(5, dtype=torch.int32)], copied={"x": out[0]})
+    segments = [SimpleNamespace(entries={(1,): first}), SimpleNamespace(entries={(2,): second})]
+    assert key_buffer_bytes(segments) == 128 + 24 + 20
+    assert key_buffer_bytes([SimpleNamespace(entries={})]) == 0
+
+
 def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
     """The KV commit call (shared by the decode step and the startup dummy step): key = step
     key + accept mode (None stays eager), bound names = the worker's KV function arguments."""

@@ -95,6 +95,22 @@ def nest_bytes(obj) -> tuple[int, int]:
     return sum(sizes), len(sizes)
 
 
+def key_buffer_bytes(segments) -> int:
+    """Bytes of the buffers the captured keys of ``segments`` (``SegmentGraphs``) keep outside
+    the graph pool: their outputs and copied inputs, each storage once."""
+    seen: dict[int, int] = {}
+
+    def add(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    for seg in segments:
+        for entry in seg.entries.values():
+            _map_tensors(add, (entry.outputs, entry.copied))
+    return sum(seen.values())
+
+
 def glue_output_bytes(per_width: dict, schedule, max_bs: int, modes: int = 5) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
     the graph pool) over batch sizes 1..``max_bs``: per batch size, one tree key and ``modes``
@@ -195,7 +211,8 @@ class GlueReserve:
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
-    took from the device), "allocated_gib" (of it, what live tensors hold), "reserved_gib" and
+    took from the device), "allocated_gib" (of it, what live tensors hold), "key_buffers_gib" (of
+    that, the keys' outputs and copied inputs), "reserved_gib" and
     "reserved_working_set_gib" (what was held for it)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
@@ -219,7 +236,8 @@ def capture_glue_at_startup(worker) -> dict:
     info = {"batch_sizes": len(sizes), "captures": captures,
             "seconds": round(time.perf_counter() - t0, 1),
             "memory_gib": round(grown / 2**30, 3),
-            "allocated_gib": round(held / 2**30, 3)}  # fmt: skip
+            "allocated_gib": round(held / 2**30, 3),
+            "key_buffers_gib": round(key_buffer_bytes(worker.graph_stats.glue_segments) / 2**30, 3)}  # fmt: skip
     reserve = worker._glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
