@@ -2,6 +2,7 @@
 scripts (``benchmark/ddtree/*.py``, not a package) load as modules for their CPU tests; Triton
 kernels' logic runs on the CPU under Triton's interpreter (`run_interpreted`)."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -29,13 +30,12 @@ def load_benchmark():
     return _load_benchmark
 
 
-def _run_interpreted(code: str, ok_line: str, *args: str) -> None:
-    """Run ``code`` (with ``args`` in sys.argv) in a fresh interpreter with TRITON_INTERPRET=1,
-    from this folder, and assert it exits 0 and prints ``ok_line``. A subprocess because the
-    interpreter flag is read when triton is imported."""
+def _interpret(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``code`` (with ``args`` in sys.argv) in a fresh interpreter with TRITON_INTERPRET=1, from
+    this folder. A subprocess because the interpreter flag is read when triton is imported."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton not installed")
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=Path(__file__).parent,
         env=dict(os.environ, TRITON_INTERPRET="1"),
@@ -43,8 +43,44 @@ def _run_interpreted(code: str, ok_line: str, *args: str) -> None:
         text=True,
         timeout=600,
     )
+
+
+def _run_interpreted(code: str, ok_line: str, *args: str) -> None:
+    """Run ``code`` under Triton's interpreter (`_interpret`); assert it exits 0 and prints
+    ``ok_line``."""
+    out = _interpret(code, *args)
     assert out.returncode == 0, out.stderr[-3000:]
     assert ok_line in out.stdout
+
+
+# Some Triton interpreters (3.6 with NumPy 2) hand program ids over as one-element arrays, and a
+# `range` bounded by a value loaded at such an offset fails with "only 0-dimensional arrays can
+# be converted to Python scalars". Compiled kernels are unaffected.
+_LOADED_LOOP_BOUND = """
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def count(N, Out):
+    b = tl.program_id(0)
+    acc = tl.zeros([1], tl.int32)
+    for i in range(0, tl.load(N + b), 2):
+        acc += 1
+    tl.store(Out + b + tl.arange(0, 1), acc)
+
+out = torch.zeros(2, dtype=torch.int32)
+count[(2,)](torch.tensor([3, 4], dtype=torch.int32), out)
+assert out.tolist() == [2, 2], out
+print("loaded loop bound OK")
+"""
+
+
+@functools.cache
+def interpreter_bounds_loops_by_loads() -> bool:
+    """Whether this Triton's interpreter runs a loop bounded by a loaded value (`_LOADED_LOOP_BOUND`)."""
+    out = _interpret(_LOADED_LOOP_BOUND)
+    return out.returncode == 0 and "loaded loop bound OK" in out.stdout
 
 
 @pytest.fixture(scope="session")
