@@ -14,8 +14,10 @@ rounding.
 ``--mla``: absorbed MLA as SGLang's triton backend runs it, one KV head whose keys are the
 latent plus rope (``--heads`` default 8 1 576: K2.6's 64 query heads over 8 ranks) and whose
 values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's MLA pool.
-``--dv-block N`` times the split a second time with the values in tiles of N columns (one
-program per tile, the scores recomputed in each), for wide values.
+``--dv-block N`` times the split twice more with the values in tiles of N columns (one program
+per tile, the scores recomputed in each), for wide values: in both kernels
+(``split_dv_block_us``), and in the tree kernel only (``split_tree_dv_block_us``; the prefix
+kernel's tiling costs the difference of the two).
 """
 
 from __future__ import annotations
@@ -105,16 +107,18 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
 
     res = {}
 
-    def split(name="out", block=None):
+    def split(name="out", prefix_block=None, tree_block=None):
         res[name] = tree_attention(
             t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
-            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w, dv_block=block,
+            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
+            prefix_dv_block=prefix_block, tree_dv_block=tree_block,
         )  # fmt: skip
 
     row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
     row["split_us"] = graph_us(split, iters)
     if dv_block:
-        row["split_dv_block_us"] = graph_us(lambda: split("tiled", dv_block), iters)
+        row["split_dv_block_us"] = graph_us(lambda: split("tiled", dv_block, dv_block), iters)
+        row["split_tree_dv_block_us"] = graph_us(lambda: split("tree_tiled", None, dv_block), iters)
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
@@ -123,6 +127,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
     row["split_vs_extend_max"] = (res["out"].float() - out_ext.float()).abs().max().item()
     if dv_block:
         row["split_dv_block_max_err"] = (res["tiled"].float() - want).abs().max().item()
+        row["split_tree_dv_block_max_err"] = (res["tree_tiled"].float() - want).abs().max().item()
     row["ratio"] = row["split_us"] / row["extend_us"]
     return row
 

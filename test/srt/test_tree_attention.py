@@ -86,9 +86,11 @@ for case in cases:
     err = (got - want).abs().max().item()
     assert err < 1e-4, (case, err)
     # Values split over programs (MLA's wide latent): 16 columns each, a ragged last tile
-    # where Dv is not a multiple of 16.
-    err = (tree_attention(*args, scale, dv_block=16) - want).abs().max().item()
-    assert err < 1e-4, (case, "dv_block", err)
+    # where Dv is not a multiple of 16; in both kernels, or in one of them.
+    for blocks in ((16, 16), (None, 16), (16, None)):
+        got = tree_attention(*args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1])
+        err = (got - want).abs().max().item()
+        assert err < 1e-4, (case, blocks, err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
@@ -131,8 +133,8 @@ def test_tree_attention_interpreted_equals_reference(run_interpreted):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mla", [False, True])
-@pytest.mark.parametrize("dv_block", [None, 128])
-def test_tree_attention_on_gpu_bf16(mla, dv_block):
+@pytest.mark.parametrize("dv_blocks", [(None, None), (128, 128), (None, 128)])
+def test_tree_attention_on_gpu_bf16(mla, dv_blocks):
     from sglang_ddtree.core.tree_attention import tree_attention
 
     if mla:  # K2.6-like latent widths: keys 576 (512 latent + 64 rope), values the latent
@@ -142,7 +144,7 @@ def test_tree_attention_on_gpu_bf16(mla, dv_block):
     args, scale = random_case(
         **shape, prefix=[300, 1, 0, 129], seed=4, dtype=torch.bfloat16, device="cuda", mla=mla
     )
-    got = tree_attention(*args, scale, dv_block=dv_block)
+    got = tree_attention(*args, scale, prefix_dv_block=dv_blocks[0], tree_dv_block=dv_blocks[1])
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 

@@ -226,7 +226,8 @@ def tree_attention(
     full_mask: torch.Tensor | None = None,  # SGLang's verify mask (FULL_MASK layout), bool
     mask_indptr: torch.Tensor | None = None,  # [bs + 1] int, its per-request offsets
     num_nodes: int | None = None,  # W, with full_mask
-    dv_block: int | None = None,  # value columns per program (None: all of Dv in one)
+    prefix_dv_block: int | None = None,  # prefix kernel: value columns per program (None: all)
+    tree_dv_block: int | None = None,  # tree kernel: value columns per program (None: all)
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
     merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
@@ -250,10 +251,16 @@ def tree_attention(
     # MLA's latent), so the prefix is read once per request, KV head and row block.
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
     d_tiles = triton.cdiv(d, block_dk)
-    # One value tile holds the accumulator of every row of a program; ``dv_block`` splits wide
-    # values (MLA's 512) over programs, each recomputing the scores (their lse is equal).
-    block_dv = max(16, triton.next_power_of_2(dv if dv_block is None else dv_block))
-    dv_tiles = triton.cdiv(dv, block_dv)
+
+    # One value tile holds the accumulator of every row of a program; a ``*_dv_block`` splits
+    # wide values (MLA's 512) over programs, each recomputing the scores (their lse is equal).
+    # The kernels tile apart: the merge reads the prefix part per column, whatever its tiling.
+    def tiles(dv_block):
+        block = max(16, triton.next_power_of_2(dv if dv_block is None else dv_block))
+        return block, triton.cdiv(dv, block)
+
+    prefix_block_dv, prefix_dv_tiles = tiles(prefix_dv_block)
+    tree_block_dv, tree_dv_tiles = tiles(tree_dv_block)
     o1 = torch.empty(n, hq, dv, dtype=torch.float32, device=q.device)  # prefix part
     lse1 = torch.empty(n, hq, dtype=torch.float32, device=q.device)
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
@@ -262,16 +269,16 @@ def tree_attention(
                v_buffer.stride(0), v_buffer.stride(1), o1.stride(0), o1.stride(1),
                lse1.stride(0))  # fmt: skip
     block_m = 16 if w * g <= 16 else 32
-    _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m) * dv_tiles)](
+    _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
-        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv, DV_TILES=dv_tiles,
+        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
     )  # fmt: skip
-    _tree_attention_kernel[(bs, hq, dv_tiles)](
+    _tree_attention_kernel[(bs, hq, tree_dv_tiles)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
         o1, lse1, out, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
-        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=block_dv, FULL_MASK=tree_mask is None,
+        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=tree_block_dv, FULL_MASK=tree_mask is None,
     )  # fmt: skip
     return out
