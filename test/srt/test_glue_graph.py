@@ -605,6 +605,20 @@ def test_key_buffer_bytes_counts_each_storage_once():
     assert key_buffer_bytes([SimpleNamespace(entries={})]) == 0
 
 
+def test_pool_segment_bytes_sums_the_glue_pool_only():
+    """Segments of the glue graphs' pool (matched by the snapshot's pool id) against the rest."""
+    from sglang_ddtree.srt.ddtree_glue_warmup import pool_segment_bytes
+
+    snapshot = [
+        {"segment_pool_id": (0, 7), "total_size": 4 << 20, "allocated_size": 1 << 20},
+        {"segment_pool_id": (0, 0), "total_size": 64 << 20, "allocated_size": 64 << 20},
+        {"segment_pool_id": (0, 7), "total_size": 2 << 20, "allocated_size": 0},
+        {"total_size": 2 << 20, "allocated_size": 2 << 20},  # no pool id: not the glue's
+    ]
+    assert pool_segment_bytes(snapshot, (0, 7)) == (6 << 20, 1 << 20)
+    assert pool_segment_bytes(snapshot, (0, 9)) == (0, 0)
+
+
 def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
     """The KV commit call (shared by the decode step and the startup dummy step): key = step
     key + accept mode (None stays eager), bound names = the worker's KV function arguments."""

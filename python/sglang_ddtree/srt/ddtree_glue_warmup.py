@@ -111,6 +111,14 @@ def key_buffer_bytes(segments) -> int:
     return sum(seen.values())
 
 
+def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
+    """(reserved, allocated) bytes of the allocator segments that belong to the graph memory
+    pool ``pool`` (a ``torch.cuda.graph_pool_handle()``), from ``torch.cuda.memory_snapshot()``."""
+    want = tuple(pool)
+    mine = [seg for seg in snapshot if tuple(seg.get("segment_pool_id", ())) == want]
+    return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
+
+
 def glue_output_bytes(per_width: dict, schedule, max_bs: int, modes: int = 5) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
     the graph pool) over batch sizes 1..``max_bs``: per batch size, one tree key and ``modes``
@@ -212,7 +220,8 @@ def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
     took from the device), "allocated_gib" (of it, what live tensors hold), "key_buffers_gib" (of
-    that, the keys' outputs and copied inputs), "reserved_gib" and
+    that, the keys' outputs and copied inputs), "pool_gib" and "pool_allocated_gib" (the segments
+    of the glue graphs' memory pool, and their live bytes), "reserved_gib" and
     "reserved_working_set_gib" (what was held for it)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
@@ -238,6 +247,11 @@ def capture_glue_at_startup(worker) -> dict:
             "memory_gib": round(grown / 2**30, 3),
             "allocated_gib": round(held / 2**30, 3),
             "key_buffers_gib": round(key_buffer_bytes(worker.graph_stats.glue_segments) / 2**30, 3)}  # fmt: skip
+    pool = worker.graph_stats.glue_segments[0].pool if worker.graph_stats.glue_segments else None
+    if pool is not None:  # the growth inside the glue graphs' pool, and how much of it is live
+        in_pool, live = pool_segment_bytes(torch.cuda.memory_snapshot(), pool)
+        info["pool_gib"] = round(in_pool / 2**30, 3)
+        info["pool_allocated_gib"] = round(live / 2**30, 3)
     reserve = worker._glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
