@@ -249,9 +249,12 @@ def capture_glue_at_startup(worker) -> dict:
             "key_buffers_gib": round(key_buffer_bytes(worker.graph_stats.glue_segments) / 2**30, 3)}  # fmt: skip
     pool = worker.graph_stats.glue_segments[0].pool if worker.graph_stats.glue_segments else None
     if pool is not None:  # the growth inside the glue graphs' pool, and how much of it is live
-        in_pool, live = pool_segment_bytes(torch.cuda.memory_snapshot(), pool)
-        info["pool_gib"] = round(in_pool / 2**30, 3)
-        info["pool_allocated_gib"] = round(live / 2**30, 3)
+        try:
+            in_pool, live = pool_segment_bytes(torch.cuda.memory_snapshot(), pool)
+            info["pool_gib"] = round(in_pool / 2**30, 3)
+            info["pool_allocated_gib"] = round(live / 2**30, 3)
+        except Exception as e:  # a diagnostic: it must not stop the server
+            logger.warning("DDTREE glue graphs: no pool snapshot (%s: %s).", type(e).__name__, e)
     reserve = worker._glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
