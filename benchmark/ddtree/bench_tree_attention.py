@@ -17,7 +17,8 @@ values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's
 ``--dv-block N`` times the split twice more with the values in tiles of N columns (one program
 per tile, the scores recomputed in each), for wide values: in both kernels
 (``split_dv_block_us``), and in the tree kernel only (``split_tree_dv_block_us``; the prefix
-kernel's tiling costs the difference of the two).
+kernel's tiling costs the difference of the two). ``split_auto_us`` times the tiling
+``core.tree_attention.value_tiling`` picks for the shape on this GPU.
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ def graph_us(fn, iters: int) -> float:
 def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) -> dict:
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
-    from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
+    from sglang_ddtree.core.tree_attention import (
+        tree_attention,
+        tree_attention_reference,
+        value_tiling,
+    )
 
     t = random_verify(bs, w, prefix, hq, hkv, d, seed, dv)
     scale = d**-0.5
@@ -119,6 +124,10 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
     if dv_block:
         row["split_dv_block_us"] = graph_us(lambda: split("tiled", dv_block, dv_block), iters)
         row["split_tree_dv_block_us"] = graph_us(lambda: split("tree_tiled", None, dv_block), iters)
+    sms = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
+    auto = value_tiling(bs, w, hq, hkv, t["v"].shape[-1], sms)
+    row["auto_dv_blocks"] = list(auto)
+    row["split_auto_us"] = graph_us(lambda: split("auto", *auto), iters)
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
@@ -128,6 +137,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
     if dv_block:
         row["split_dv_block_max_err"] = (res["tiled"].float() - want).abs().max().item()
         row["split_tree_dv_block_max_err"] = (res["tree_tiled"].float() - want).abs().max().item()
+    row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
     row["ratio"] = row["split_us"] / row["extend_us"]
     return row
 

@@ -58,6 +58,18 @@ def test_reference_equals_torch_sdpa():
         torch.testing.assert_close(got[b * w : (b + 1) * w], want, atol=1e-5, rtol=1e-5)
 
 
+def test_value_tiling_tiles_wide_values_and_the_prefix_only_on_a_small_grid():
+    from sglang_ddtree.core.tree_attention import value_tiling
+
+    assert value_tiling(8, 33, 32, 8, 128, 132) == (None, None)  # MHA head dim: one tile
+    # K2.6's latent at TP 8 (8 query heads, one KV head, Dv 512): the prefix kernel's grid is
+    # bs x ceil(W * 8 / 32) row blocks, times 4 value tiles.
+    assert value_tiling(1, 65, 8, 1, 512, 132) == (128, 128)  # 17 x 4 = 68 programs
+    assert value_tiling(4, 33, 8, 1, 512, 132) == (None, 128)  # 36 x 4 = 144 > 132
+    assert value_tiling(3, 33, 8, 1, 512, 132) == (128, 128)  # 27 x 4 = 108
+    assert value_tiling(32, 17, 8, 1, 512, 132) == (None, 128)
+
+
 def test_merge_handles_an_empty_prefix():
     o1, o2 = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     lse1 = torch.tensor([[float("-inf"), 0.5]] * 3)

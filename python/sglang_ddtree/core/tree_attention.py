@@ -213,6 +213,22 @@ if triton is not None:
         tl.store(Out + out_offs, out.to(Out.dtype.element_ty), mask=out_ok)
 
 
+VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
+
+
+def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
+    """``(prefix_dv_block, tree_dv_block)`` for `tree_attention` (None: all of Dv in one
+    program). Values wider than ``VALUE_TILE`` go to the tree kernel in tiles: one program
+    would hold a ``[W, Dv]`` accumulator. The prefix kernel recomputes its scores per tile, so
+    it tiles only while its tiled grid still fits ``num_sms`` (a small batch leaves SMs idle)."""
+    if dv <= VALUE_TILE:
+        return None, None
+    g = hq // hkv
+    rows = bs * hkv * -(-w * g // (16 if w * g <= 16 else 32))  # the prefix kernel's row blocks
+    tiles = -(-dv // VALUE_TILE)
+    return (VALUE_TILE if rows * tiles <= num_sms else None), VALUE_TILE
+
+
 def tree_attention(
     q: torch.Tensor,  # [bs * W, Hq, D]
     k_buffer: torch.Tensor,  # [slots, Hkv, D]
@@ -268,7 +284,7 @@ def tree_attention(
     strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
                v_buffer.stride(0), v_buffer.stride(1), o1.stride(0), o1.stride(1),
                lse1.stride(0))  # fmt: skip
-    block_m = 16 if w * g <= 16 else 32
+    block_m = 16 if w * g <= 16 else 32  # as in `value_tiling`
     _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
