@@ -216,6 +216,11 @@ if triton is not None:
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
 
 
+def _rows_per_program(w: int, g: int) -> int:
+    """The prefix kernel's query rows per program (node x head-in-group rows, W * G of them)."""
+    return 16 if w * g <= 16 else 32
+
+
 def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
     """``(prefix_dv_block, tree_dv_block)`` for `tree_attention` (None: all of Dv in one
     program). Values wider than ``VALUE_TILE`` go to the tree kernel in tiles: one program
@@ -224,7 +229,7 @@ def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> t
     if dv <= VALUE_TILE:
         return None, None
     g = hq // hkv
-    rows = bs * hkv * -(-w * g // (16 if w * g <= 16 else 32))  # the prefix kernel's row blocks
+    rows = bs * hkv * -(-w * g // _rows_per_program(w, g))  # the prefix kernel's grid
     tiles = -(-dv // VALUE_TILE)
     return (VALUE_TILE if rows * tiles <= num_sms else None), VALUE_TILE
 
@@ -284,7 +289,7 @@ def tree_attention(
     strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
                v_buffer.stride(0), v_buffer.stride(1), o1.stride(0), o1.stride(1),
                lse1.stride(0))  # fmt: skip
-    block_m = 16 if w * g <= 16 else 32  # as in `value_tiling`
+    block_m = _rows_per_program(w, g)
     _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles)](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
