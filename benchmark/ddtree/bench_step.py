@@ -36,8 +36,9 @@ budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
 in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
 (``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
-mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+treeattn`` runs the target's
-tree-verify attention through ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=1``).
+mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
+tree-verify attention through triton's custom-mask extend kernel instead of
+``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -409,14 +410,14 @@ VARIANTS = {
     # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
     "sglangkv": {KV_MOVER_ENV: "sglang"},
     # The target's tree-verify attention split into prefix + ancestor block (core/tree_attention.py).
-    "treeattn": {TREE_ATTENTION_ENV: "1"},
+    "extendattn": {TREE_ATTENTION_ENV: "0"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
     DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
-    TREE_ATTENTION_ENV: "0",
+    TREE_ATTENTION_ENV: "1",
 }
 
 

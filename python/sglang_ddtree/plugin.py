@@ -42,11 +42,10 @@ def _register_real() -> None:
     _register_request_checks()
     _register_row_headroom()
     _register_server_flags()
-    # Measurement switch: the split tree-verify attention (off unless asked for).
-    if os.environ.get("SGLANG_DDTREE_TREE_ATTENTION", "0").strip() == "1":
-        from sglang_ddtree.srt import ddtree_attention_hook
+    # The split tree-verify attention (SGLANG_DDTREE_TREE_ATTENTION=0 turns it off).
+    from sglang_ddtree.srt import ddtree_attention_hook
 
-        ddtree_attention_hook.register_if_enabled()
+    ddtree_attention_hook.register_if_enabled()
     # Benchmark instrument, loaded only when a benchmark asks for it (never on a plain start).
     if os.environ.get("SGLANG_DDTREE_STEP_TIMING"):
         from sglang_ddtree import step_timing

@@ -84,6 +84,39 @@ def test_greedy_cases_run_against_a_deterministic_server(base):
         assert res["ok"], (case.__name__, res)
 
 
+def test_greedy_differences_are_faults_unless_near_ties():
+    """A batch-vs-alone greedy difference passes only as a near-tie of the non-speculative
+    server (its top two tokens, within NEAR_TIE_NATS); a third token, a wider margin or a
+    different length fails the case, and with no difference the probe is never called."""
+    prompt = [7, 8]
+    diffs = faults.greedy_differences(
+        [prompt] * 5,
+        [[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3], [4, 5]],
+        [[1, 2, 9], [1, 2, 9], [1, 6, 3], [1, 2], [4, 5]],
+    )
+    assert diffs["ok"] and diffs["greedy_compared"] == 5 and diffs["greedy_mismatches"] == 4
+    assert [d["position"] for d in diffs["differences"]] == [2, 2, 1, 2]
+    assert diffs["differences"][2]["prefix"] == [7, 8, 1]
+    probes = iter([([3, 9], 0.002), ([3, 9], 0.5), ([3, 5], 0.001), ([3, 4], 0.0)])
+
+    def judged(which: list[int]) -> dict:
+        res = dict(diffs, differences=[dict(diffs["differences"][i]) for i in which])
+        summary = {"c": dict(res, serving_after=True)}
+        faults.judge_differences(summary, ["c"], lambda prefix: next(probes))
+        return summary["c"]
+
+    tie = judged([0])
+    assert tie["passed"] and tie["near_ties"] == 1 and tie["differences"][0]["near_tie"]
+    for which in ([1], [2], [3]):  # wider margin; a token outside the top two; a length
+        bad = judged(which)
+        assert not bad["passed"] and bad["near_ties"] == 0, bad
+    clean = {"c": {"ok": True, "serving_after": True, "differences": []}}
+    faults.judge_differences(clean, ["c"], None)
+    assert clean["c"]["passed"]
+    missing = faults.greedy_differences([prompt], [[1]], [None])
+    assert not missing["ok"] and missing["greedy_mismatches"] == 0
+
+
 def test_launch_commands_of_the_checks():
     """The fault check's server: DDTREE (or DFLASH), its small context and KV pool, and at
     tp > 1 the tensor-parallel size with NCCL's all-reduce."""

@@ -243,13 +243,13 @@ def test_bench_step_variants(bench):
         "SGLANG_DDTREE_KV_MOVER",
         "SGLANG_DDTREE_TREE_ATTENTION",
     )
-    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "0"}  # the worker's defaults
+    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1"}  # the worker's defaults
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
     assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
-    assert bench.split_variant("ddtree-64+treeattn") == ("ddtree-64", {**default, attn: "1"})
+    assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
     assert bench.split_variant("dflash") == ("dflash", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")

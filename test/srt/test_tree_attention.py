@@ -248,7 +248,9 @@ def test_attention_hook_interpreted(run_interpreted):
     run_interpreted(_HOOK_CHECK, "interpreted attention hook OK")
 
 
-def test_attention_switch_is_off_by_default():
-    from sglang_ddtree.srt.ddtree_attention_hook import ENV, enabled
+def test_attention_switch_is_on_by_default():
+    from sglang_ddtree.srt.ddtree_attention_hook import ENV, enabled, env_error
 
-    assert not enabled({}) and not enabled({ENV: "0"}) and enabled({ENV: "1"})
+    assert enabled({}) and enabled({ENV: "1"}) and enabled({ENV: " 1 "}) and not enabled({ENV: "0"})
+    assert env_error({}) is None and env_error({ENV: "0"}) is None
+    assert not enabled({ENV: "yes"}) and "must be 0" in env_error({ENV: "yes"})

@@ -19,8 +19,8 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   torch kernels (a dozen per layer) cost more than the split saved.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
-runs ``tree_attention`` only under the measurement switch ``SGLANG_DDTREE_TREE_ATTENTION=1``
-(``srt/ddtree_attention_hook.py``), until the full law and fault suites have run with it on.
+runs ``tree_attention`` through ``srt/ddtree_attention_hook.py`` (by default; the switch
+``SGLANG_DDTREE_TREE_ATTENTION=0`` keeps the backend's custom-mask kernel).
 """
 
 from __future__ import annotations
