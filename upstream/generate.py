@@ -70,6 +70,7 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_args": f"{SPEC}/ddtree_args.py",
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
+    "sglang_ddtree.srt.ddtree_attention": f"{SPEC}/ddtree_attention.py",
 }
 
 # Modules that stay out of SGLang (a module or a package prefix). Every module of the package
@@ -84,8 +85,7 @@ NOT_UPSTREAM = {
     "sglang_ddtree.serve": "launcher tooling",
     "sglang_ddtree.demo": "CPU demo",
     "sglang_ddtree.step_timing": "benchmark instrumentation",
-    "sglang_ddtree.srt.ddtree_attention_hook": "measurement switch; in-tree it becomes a triton "
-    "backend change once measured",
+    "sglang_ddtree.srt.ddtree_attention_hook": "plugin hook; in-tree the triton_backend.py edit",
     "sglang_ddtree.pair": "the shipped trained model pair and its training",
     "sglang_ddtree.testing": "this repository's GPU checks",
 }
@@ -105,6 +105,9 @@ TEMPLATE_FILES = [
 
 # sha256 of every pristine SGLang file the patch edits, at SGLANG_VERSION.
 PRISTINE_SHA256 = {
+    "python/sglang/srt/layers/attention/triton_backend.py": (
+        "5b60f958359d03d742776c29bbb3cf412661a6b6cf0feec6da4886d922092fbe"
+    ),
     "python/sglang/srt/arg_groups/speculative_hook.py": (
         "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
     ),
@@ -125,10 +128,16 @@ PRISTINE_SHA256 = {
 
 # --- the hand-written edits of existing SGLang files: anchored insertions -----------------------
 class Edit:
-    """Insert ``text`` before or after ``anchor``, which must occur exactly once in ``path``."""
+    """Insert ``text`` before or after ``anchor``, which must occur exactly once in ``path``;
+    an anchor given as a ``(head, tail)`` pair matches ``head + tail`` and inserts between."""
 
-    def __init__(self, path: str, anchor: str, text: str, where: str = "after"):
+    def __init__(self, path: str, anchor, text: str, where: str = "after"):
         assert where in ("before", "after")
+        if isinstance(anchor, tuple):  # insert after the head of the pair
+            head, tail = anchor
+            anchor, where, self.skip = head + tail, "after", len(tail)
+        else:
+            self.skip = 0
         self.path, self.anchor, self.text, self.where = path, anchor, text, where
 
     def apply(self, source: str) -> str:
@@ -139,7 +148,7 @@ class Edit:
                 f"SGLang changed there. Anchor:\n{self.anchor}"
             )
         i = source.index(self.anchor)
-        j = i if self.where == "before" else i + len(self.anchor)
+        j = i if self.where == "before" else i + len(self.anchor) - self.skip
         return source[:j] + self.text + source[j:]
 
 
@@ -246,6 +255,22 @@ _register_ddtree()
 
 """,
         where="before",
+    ),
+    # 6. DDTREE's tree-verify attention (prefix part + ancestor block), ahead of the
+    #    custom-mask extend kernel; it returns None for anything but a DDTREE verify.
+    Edit(
+        "python/sglang/srt/layers/attention/triton_backend.py",
+        ("        aux_tensors=None,\n    ):\n", "        # TODO: reuse the buffer across layers\n"),
+        """        if forward_batch.forward_mode.is_target_verify():
+            from sglang.srt.speculative.ddtree_attention import tree_verify_attention
+
+            out = tree_verify_attention(
+                self, q, k, v, layer, forward_batch, save_kv_cache,
+                sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors,
+            )  # fmt: skip
+            if out is not None:
+                return out
+""",
     ),
 ]
 

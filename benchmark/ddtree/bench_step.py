@@ -87,7 +87,7 @@ from sglang_ddtree.srt.ddtree_args import (
     KV_MOVER_ENV,
     KV_MOVERS,
 )
-from sglang_ddtree.srt.ddtree_attention_hook import ENV as TREE_ATTENTION_ENV
+from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,

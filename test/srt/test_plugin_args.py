@@ -389,6 +389,9 @@ def test_server_args_resolution(tmp_path, monkeypatch):
         ServerArgs(attention_backend="fa3", **kw)
     with pytest.raises(ValueError, match="--speculative-num-draft-tokens 17"):
         ServerArgs(attention_backend="triton", speculative_num_draft_tokens=4, **kw)
+    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "yes")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION must be 0"):
+        ServerArgs(attention_backend="triton", **kw)
 
 
 def test_dense_mla_control_pair(tmp_path):

@@ -249,7 +249,7 @@ def test_attention_hook_interpreted(run_interpreted):
 
 
 def test_attention_switch_is_on_by_default():
-    from sglang_ddtree.srt.ddtree_attention_hook import ENV, enabled, env_error
+    from sglang_ddtree.srt.ddtree_attention import ENV, enabled, env_error
 
     assert enabled({}) and enabled({ENV: "1"}) and enabled({ENV: " 1 "}) and not enabled({ENV: "0"})
     assert env_error({}) is None and env_error({ENV: "0"}) is None

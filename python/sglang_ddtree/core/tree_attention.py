@@ -19,7 +19,7 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   torch kernels (a dozen per layer) cost more than the split saved.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
-runs ``tree_attention`` through ``srt/ddtree_attention_hook.py`` (by default; the switch
+runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the switch
 ``SGLANG_DDTREE_TREE_ATTENTION=0`` keeps the backend's custom-mask kernel).
 """
 

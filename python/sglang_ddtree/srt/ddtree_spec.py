@@ -26,7 +26,7 @@ def validate_server_args(server_args) -> None:
     """Early refusals (called by SGLang before ``handle_server_args``)."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
-    from sglang_ddtree.srt.ddtree_attention_hook import env_error
+    from sglang_ddtree.srt.ddtree_attention import env_error
 
     errors = dargs.check_server_args(resolved_view(server_args))
     errors += [e for e in (env_error(),) if e]
