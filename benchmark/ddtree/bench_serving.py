@@ -12,6 +12,8 @@ server: a capture while measuring delays that step.
 
 Results accumulate in ``OUT/bench_serving.json``: a rerun with the same ``--out`` skips the
 measured (repeat, configuration) pairs, so one measurement can be split over several invocations.
+The file records the measurement's settings and a fingerprint of the plugin's sources; a rerun
+with other settings or other code is refused (a median over two versions measures neither).
 ``OUT/bench_serving.md`` has the median and range per cell and the DDTREE / DFLASH ratio of
 the medians.
 
@@ -102,6 +104,49 @@ def read_throughput(path: str) -> float:
     if not lines:
         raise RuntimeError(f"the benchmark client wrote nothing to {path}")
     return float(json.loads(lines[-1])["output_throughput"])
+
+
+def code_fingerprint() -> str:
+    """sha256 (first 12 hex digits) over the plugin package's Python sources."""
+    import hashlib
+    from pathlib import Path
+
+    import sglang_ddtree
+
+    root = Path(sglang_ddtree.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def measurement_settings(args, configs: list[str]) -> dict:
+    """What every server and cell of one measurement must share, to be resumed."""
+    return {
+        "code": code_fingerprint(),
+        "model_path": args.model_path,
+        "draft_model_path": args.draft_model_path,
+        "configs": sorted(configs),
+        "concurrency": list(args.concurrency),
+        "temps": list(args.temps),
+        "prompts_per_level": args.prompts_per_level,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "server_args": args.server_args,
+    }
+
+
+def resume_error(results: dict, settings: dict) -> str | None:
+    """Why ``results`` (an earlier ``bench_serving.json``) cannot be resumed with ``settings``."""
+    if not results.get("runs"):
+        return None
+    saved = results.get("settings")
+    if saved is None:
+        return "it records no settings (an older format); measure into a new --out"
+    changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+    if changed:
+        return f"its {', '.join(changed)} differ from this run's; measure into a new --out"
+    return None
 
 
 def order(configs: list[str], repeat: int) -> list[str]:
@@ -239,6 +284,17 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
 
         args.model_path, args.draft_model_path = str(TARGET_DIR), str(DRAFTER_DIR)
+    path = os.path.join(args.out, "bench_serving.json")
+    results = {"command": " ".join(sys.argv), "runs": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            results = json.load(f)
+    settings = measurement_settings(args, configs)
+    error = resume_error(results, settings)
+    if error:
+        print(f"bench_serving.py: cannot resume {path}: {error}.", file=sys.stderr)
+        return 2
+    results["settings"] = settings
     from sglang_ddtree.serve import serving_unavailable
 
     missing = serving_unavailable()
@@ -246,11 +302,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_serving.py launches SGLang servers on a GPU: {missing}.", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench_serving.json")
-    results = {"command": " ".join(sys.argv), "runs": []}
-    if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
     done = {(r["repeat"], r["config"]) for r in results["runs"]}
     workdir = tempfile.mkdtemp(prefix="bench_serving_")
     stub = datasets_stub(workdir)

@@ -158,6 +158,32 @@ def test_bench_serving_pieces(load_benchmark, tmp_path):
         assert (tmp_path / "stub" / "datasets" / "__init__.py").exists()
 
 
+def test_bench_serving_resumes_only_the_same_measurement(load_benchmark, tmp_path, capsys):
+    """A rerun into an earlier --out continues it only with the same settings and the same
+    plugin code; otherwise it stops, naming what differs, before any server starts."""
+    mod = load_benchmark("bench_serving")
+    args = SimpleNamespace(model_path="/t", draft_model_path="/d", concurrency=[1, 8],
+                           temps=["T0"], prompts_per_level=4, input_len=128, output_len=128,
+                           server_args="")  # fmt: skip
+    settings = mod.measurement_settings(args, ["ddtree", "dflash"])
+    assert settings["code"] == mod.code_fingerprint() and len(settings["code"]) == 12
+    assert settings == mod.measurement_settings(args, ["dflash", "ddtree"])
+    run = {"repeat": 0, "config": "dflash", "cells": {}}
+    assert mod.resume_error({"runs": []}, settings) is None
+    assert mod.resume_error({"runs": [run], "settings": settings}, settings) is None
+    assert "no settings" in mod.resume_error({"runs": [run]}, settings)
+    other = dict(settings, code="0" * 12, output_len=64)
+    assert "code, output_len differ" in mod.resume_error(
+        {"runs": [run], "settings": other}, settings
+    )
+    (tmp_path / "bench_serving.json").write_text(
+        json.dumps({"runs": [run], "settings": dict(settings, code="0" * 12)})
+    )
+    argv = ["--out", str(tmp_path), "--model-path", "/t", "--draft-model-path", "/d"]
+    assert mod.main(argv + ["--concurrency", "1", "8", "--temps", "T0"]) == 2
+    assert "cannot resume" in capsys.readouterr().err
+
+
 def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
     from sglang_ddtree.serve import serving_unavailable
 
