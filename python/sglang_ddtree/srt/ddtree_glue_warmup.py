@@ -222,7 +222,8 @@ def capture_glue_at_startup(worker) -> dict:
     took from the device), "allocated_gib" (of it, what live tensors hold), "key_buffers_gib" (of
     that, the keys' outputs and copied inputs), "pool_gib" and "pool_allocated_gib" (the segments
     of the glue graphs' memory pool, and their live bytes), "reserved_gib" and
-    "reserved_working_set_gib" (what was held for it)}."""
+    "reserved_working_set_gib" (what was held for it), "growth_mib_by_bs" ([bs, MiB reserved
+    since the start] after each batch size's dummy step: where the growth happens)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
     sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
@@ -233,8 +234,12 @@ def capture_glue_at_startup(worker) -> dict:
     t0 = time.perf_counter()
     # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
     # freed (in increasing order every key would need new, larger blocks).
+    growth = []
     for bs in reversed(sizes):
         _dummy_step(worker, bs)
+        # The allocator's host-side count: no device sync.
+        grown_mib = (torch.cuda.memory_reserved(worker.device) - reserved) / 2**20
+        growth.append([bs, round(grown_mib, 1)])
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the eager first runs' cached blocks; the graphs keep theirs
     captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
@@ -255,6 +260,7 @@ def capture_glue_at_startup(worker) -> dict:
             info["pool_allocated_gib"] = round(live / 2**30, 3)
         except Exception as e:  # a diagnostic: it must not stop the server
             logger.warning("DDTREE glue graphs: no pool snapshot (%s: %s).", type(e).__name__, e)
+    info["growth_mib_by_bs"] = growth
     reserve = worker._glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
