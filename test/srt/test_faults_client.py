@@ -110,6 +110,13 @@ def test_greedy_differences_are_faults_unless_near_ties():
     for which in ([1], [2], [3]):  # wider margin; a token outside the top two; a length
         bad = judged(which)
         assert not bad["passed"] and bad["near_ties"] == 0, bad
+
+    def broken(prefix):
+        raise RuntimeError("HTTP 500")
+
+    failed = {"c": dict(diffs, differences=[dict(diffs["differences"][0])], serving_after=True)}
+    faults.judge_differences(failed, ["c"], broken)
+    assert not failed["c"]["passed"] and "HTTP 500" in failed["c"]["differences"][0]["probe_error"]
     clean = {"c": {"ok": True, "serving_after": True, "differences": []}}
     faults.judge_differences(clean, ["c"], None)
     assert clean["c"]["passed"]

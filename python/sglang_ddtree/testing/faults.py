@@ -138,9 +138,16 @@ def judge_differences(summary: dict, cases: list[str], probe) -> None:
     """Classify every case's greedy differences with ``probe(prefix) -> (top2 ids, margin)``
     (the non-speculative server) and set each case's ``passed``: ``ok``, serving after it, and
     every difference a near-tie."""
+    def judged(diff: dict) -> dict:
+        prefix = diff.pop("prefix")
+        try:
+            return classify_difference(diff, *probe(prefix))
+        except Exception as e:  # noqa: BLE001 - an unjudged difference fails its case
+            return dict(diff, near_tie=False, probe_error=f"{type(e).__name__}: {e}"[:300])
+
     for name in cases:
         res = summary[name]
-        diffs = [classify_difference(d, *probe(d.pop("prefix"))) for d in res.get("differences", [])]
+        diffs = [judged(d) for d in res.get("differences", [])]
         res["differences"] = diffs
         res["near_ties"] = sum(d["near_tie"] for d in diffs)
         res["passed"] = bool(res["ok"] and res["serving_after"] and res["near_ties"] == len(diffs))
