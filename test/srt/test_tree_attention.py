@@ -248,6 +248,41 @@ def test_attention_hook_interpreted(run_interpreted):
     run_interpreted(_HOOK_CHECK, "interpreted attention hook OK")
 
 
+def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
+    """``handles``: a DDTREE target verify on a layout the kernels read, with the switch on;
+    anything else (switch off, no DDTREE worker, another mode, a logit cap, sinks, paged KV)
+    stays with the backend, and ``tree_verify_attention`` returns None for it."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt import ddtree_attention as attn
+    from sglang_ddtree.srt import ddtree_requests
+
+    md = SimpleNamespace(
+        custom_mask=torch.ones(1), mask_indptr=torch.zeros(2), swa_out_cache_loc=None
+    )
+    backend = SimpleNamespace(forward_metadata=md, token_to_kv_pool=object(), page_size=1)
+    layer = SimpleNamespace(logit_cap=0, k_scale=None, sliding_window_size=-1)
+    fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+    k = v = torch.zeros(1)
+    monkeypatch.setattr(attn, "_switch_on", lambda: True)
+    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: True)
+    assert attn.handles(backend, k, v, layer, fb, {})
+    assert not attn.handles(backend, k, v, layer, fb, {"sinks": torch.zeros(1)})
+    assert not attn.handles(
+        backend, k, v, SimpleNamespace(**dict(vars(layer), logit_cap=30.0)), fb, {}
+    )
+    paged = SimpleNamespace(**dict(vars(backend), page_size=16))
+    assert not attn.handles(paged, k, v, layer, fb, {})
+    other = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
+    assert not attn.handles(backend, k, v, layer, other, {})
+    assert attn.tree_verify_attention(backend, None, k, v, layer, other) is None
+    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: False)
+    assert not attn.handles(backend, k, v, layer, fb, {})
+    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: True)
+    monkeypatch.setattr(attn, "_switch_on", lambda: False)
+    assert not attn.handles(backend, k, v, layer, fb, {})
+
+
 def test_attention_switch_is_on_by_default():
     from sglang_ddtree.srt.ddtree_attention import ENV, enabled, env_error
 
