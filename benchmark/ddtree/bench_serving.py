@@ -120,12 +120,12 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def measurement_settings(args, configs: list[str]) -> dict:
-    """What every server and cell of one measurement must share, to be resumed."""
+def measurement_settings(args, configs: list[str], models: str | None = None) -> dict:
+    """What every server and cell of one measurement must share, to be resumed. ``models``
+    names the pair where its path is not the point (the shipped pair moves with the checkout)."""
     return {
         "code": code_fingerprint(),
-        "model_path": args.model_path,
-        "draft_model_path": args.draft_model_path,
+        "models": models or [args.model_path, args.draft_model_path],
         "configs": sorted(configs),
         "concurrency": list(args.concurrency),
         "temps": list(args.temps),
@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown {bad}; configs: {list(CONFIGS)}, temps: {list(TEMPS)}")
     if bool(args.model_path) != bool(args.draft_model_path):
         ap.error("pass --model-path and --draft-model-path together (or neither)")
+    models = None if args.model_path else "the shipped trained pair"
     if not args.model_path:
         from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
 
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(path):
         with open(path) as f:
             results = json.load(f)
-    settings = measurement_settings(args, configs)
+    settings = measurement_settings(args, configs, models)
     error = resume_error(results, settings)
     if error:
         print(f"bench_serving.py: cannot resume {path}: {error}.", file=sys.stderr)

@@ -409,7 +409,8 @@ VARIANTS = {
     "torchtopk": {DRAFT_TOPK_ENV: "torch"},
     # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
     "sglangkv": {KV_MOVER_ENV: "sglang"},
-    # The target's tree-verify attention split into prefix + ancestor block (core/tree_attention.py).
+    # The target's tree verify through triton's custom-mask extend kernel instead of the default
+    # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.

@@ -168,6 +168,11 @@ def test_bench_serving_resumes_only_the_same_measurement(load_benchmark, tmp_pat
     settings = mod.measurement_settings(args, ["ddtree", "dflash"])
     assert settings["code"] == mod.code_fingerprint() and len(settings["code"]) == 12
     assert settings == mod.measurement_settings(args, ["dflash", "ddtree"])
+    assert settings["models"] == ["/t", "/d"]  # given paths; the shipped pair by name
+    assert (
+        mod.measurement_settings(args, ["ddtree"], "the shipped pair")["models"]
+        == "the shipped pair"
+    )
     run = {"repeat": 0, "config": "dflash", "cells": {}}
     assert mod.resume_error({"runs": []}, settings) is None
     assert mod.resume_error({"runs": [run], "settings": settings}, settings) is None

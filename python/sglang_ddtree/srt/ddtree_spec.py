@@ -29,7 +29,8 @@ def validate_server_args(server_args) -> None:
     from sglang_ddtree.srt.ddtree_attention import env_error
 
     errors = dargs.check_server_args(resolved_view(server_args))
-    errors += [e for e in (env_error(),) if e]
+    if env_error() is not None:
+        errors.append(env_error())
     if errors:
         raise ValueError(dargs.format_errors(errors))
 
