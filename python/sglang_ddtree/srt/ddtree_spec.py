@@ -29,8 +29,9 @@ def validate_server_args(server_args) -> None:
     from sglang_ddtree.srt.ddtree_attention import env_error
 
     errors = dargs.check_server_args(resolved_view(server_args))
-    if env_error() is not None:
-        errors.append(env_error())
+    switch_error = env_error()
+    if switch_error is not None:
+        errors.append(switch_error)
     if errors:
         raise ValueError(dargs.format_errors(errors))
 
