@@ -99,7 +99,11 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
-        logger.warning("DDTREE: tree-verify attention through core.tree_attention (%s=1).", ENV)
+        logger.warning(
+            "DDTREE: tree-verify attention through core.tree_attention (%s=0 keeps the "
+            "backend's extend kernel).",
+            ENV,
+        )
     pool = backend.token_to_kv_pool  # the backend's pool, as its own extend writes it
     if save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
