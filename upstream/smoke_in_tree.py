@@ -9,8 +9,10 @@ per-position two-sample chi-squared tests of ``e2e.law_test`` over ``e2e.sample_
 4 prompts x 256 samples x 24 tokens a side, Bonferroni-combined, p > 0.001), and the
 deliberately wrong coins of the in-tree worker's test switch are rejected at p < 0.001 with the
 same samples (the test can fail); a refused option (min_p) aborts with a message naming DDTREE;
-a bad flag value is refused at launch. Prints one JSON summary line; exit status 0 when all
-hold.
+a bad flag value is refused at launch; the in-tree engines' verifies went through the split
+tree-verify attention of the patched ``triton_backend.py`` (its one-time log line, read from this
+process's stderr, which the engines' scheduler processes inherit). Prints one JSON summary line;
+exit status 0 when all hold.
 """
 
 from __future__ import annotations
@@ -32,9 +34,40 @@ LAW_ALPHA = 1e-3
 # The in-tree worker's wrong-law test switch (its TEST_COIN_SCALE_ENV; the name, so that the
 # smoke imports no worker module before the engine starts).
 TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
+# The in-tree ddtree_attention's line, logged once per process when a verify takes the split.
+SPLIT_LOG_LINE = "tree-verify attention through core.tree_attention"
+
+
+def split_attention_lines(run) -> tuple[object, int]:
+    """``run()``'s result and how many ``SPLIT_LOG_LINE`` lines were written to file descriptor 2
+    meanwhile (by this process or its children, which inherit it). Descriptor 2 goes to a file
+    (its path printed first, so a killed run leaves it) and is copied back to stderr after."""
+    fd, path = tempfile.mkstemp(prefix="smoke_in_tree_", suffix=".stderr")
+    print(f"SMOKE stderr of the engines: {path}", flush=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        result = run()
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        with open(path, "rb") as f:
+            text = f.read()
+        sys.stderr.buffer.write(text)
+        sys.stderr.flush()
+    return result, text.decode(errors="replace").count(SPLIT_LOG_LINE)
 
 
 def main() -> int:
+    rc, lines = split_attention_lines(smoke)
+    print(f"SMOKE split attention lines: {lines}", flush=True)
+    return rc if lines > 0 else 1
+
+
+def smoke() -> int:
     import sglang as sgl
     import sglang.srt.speculative.spec_info as spec_info
     from sglang.srt.speculative.spec_registry import get_spec
