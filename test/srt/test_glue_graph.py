@@ -576,6 +576,33 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     assert e2e._adaptive_summary(outputs, lazy)["passed"]
 
 
+def test_adaptive_check_fails_when_startup_capture_outgrows_what_was_held():
+    """The startup capture's memory must fit in what the constructor held before the KV pool
+    was sized (plus the stated slack); more fails the adaptive check."""
+    from sglang_ddtree.testing import e2e
+
+    share, fixed = e2e.GLUE_MEMORY_SLACK
+    assert e2e.glue_memory_check(None) == {"passed": None}  # startup capture off
+    assert e2e.glue_memory_check({"memory_gib": 0.2})["passed"] is False  # a number missing
+    held = 0.5
+    limit = held * (1 + share) + fixed
+    assert e2e.glue_memory_check({"memory_gib": limit - 1e-3, "reserved_gib": held})["passed"]
+    assert not e2e.glue_memory_check({"memory_gib": limit + 1e-3, "reserved_gib": held})["passed"]
+
+    def seg(graph, eager, captures):
+        return {"graph": graph, "eager": eager, "captures": captures, "capture_failures": 0}
+
+    outputs = {bs: [[1, 2]] * bs for bs in e2e.ADAPTIVE_BATCH_SIZES}
+    glue = {"tree_w33": seg(10, 3, 3)}
+    stats = {"by_width": {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}},
+             "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE, "glue": glue}  # fmt: skip
+    for grown, ok in ((held, True), (limit + 0.01, False)):
+        at_start = {"tree_w33": seg(0, 3, 3)}  # captured at startup, replayed while serving
+        startup = {"glue": at_start, "startup": {"memory_gib": grown, "reserved_gib": held}}
+        got = {"outputs": outputs, "accept": [2.0], "stats": stats, "startup_stats": startup}
+        assert e2e._adaptive_summary(outputs, got)["passed"] is ok
+
+
 def test_largest_keys_cover_each_width_at_its_largest_batch():
     """The glue memory held before the KV pool is sized is measured at these keys: for each W
     the largest batch size it serves within SGLang's graph range."""
@@ -665,35 +692,17 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
     """The constructor's measurement end to end on the CPU (the device's memory counters
     stubbed): it runs the real tree build and sampled accept at each W's largest batch size
     and sums the per-key buffers from their real output shapes."""
-    from types import SimpleNamespace
-
     from sglang_ddtree.srt import ddtree_glue_warmup as warm
-    from sglang_ddtree.srt.ddtree_args import DDTreeShape
-    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
 
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 1234)
-    vocab, hidden, block = 64, 16, 4
-    schedule = BudgetSchedule.parse("1:9,3:5")
-    shapes = {w: DDTreeShape(num_nodes=w, block_size=block, topk=4) for w in (9, 5)}
-    worker = SimpleNamespace(
-        device="cpu",
-        model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab)),
-        target_worker=SimpleNamespace(
-            model_runner=SimpleNamespace(
-                model=SimpleNamespace(lm_head=SimpleNamespace(weight=torch.randn(vocab, hidden)))
-            )
-        ),
-        budget_schedule=schedule,
-        ddtree_shapes=shapes,
-        _tp_size=1,
-        _topk={w: s.candidates_per_depth(vocab) for w, s in shapes.items()},
-        _draft_topk={9: "torch", 5: "torch"},
-    )
-    peak, key, outputs = warm.glue_working_set(worker, max_bs=4)
+    worker = _fake_worker("cpu")
+    schedule = worker.budget_schedule
+    peak, key, per_width = warm.glue_working_set(worker, max_bs=4)
     assert peak == 1234 and key == (2, 9)  # the first W measured keeps the tie
+    outputs = warm.glue_output_bytes(per_width, schedule, 4)
 
     # By hand, per request (S = 4): the tree's outputs are 6 int64 [W] rows (tokens, four
     # layout arrays, verify_loc), the bool [W, W] mask, the int64 [W, W] mask cells, two
@@ -706,3 +715,130 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
 
     want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 5 * 13)
     assert outputs == want
+
+
+def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype=torch.float32):
+    """The worker fields the glue memory measurements read: schedule, shapes, LM head, K."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_args import DDTreeShape
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+
+    schedule = BudgetSchedule.parse(schedule)
+    widths = sorted(set(schedule.num_nodes))
+    shapes = {w: DDTreeShape(num_nodes=w, block_size=block, topk=4) for w in widths}
+    weight = torch.randn(vocab, hidden, device=device).to(dtype)
+    return SimpleNamespace(
+        device=torch.device(device),
+        model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab)),
+        target_worker=SimpleNamespace(
+            model_runner=SimpleNamespace(
+                model=SimpleNamespace(lm_head=SimpleNamespace(weight=weight))
+            )
+        ),
+        budget_schedule=schedule,
+        ddtree_shapes=shapes,
+        _tp_size=1,
+        _topk={w: s.candidates_per_depth(vocab) for w, s in shapes.items()},
+        _draft_topk={w: "torch" for w in widths},
+        ps=SimpleNamespace(tp_rank=0),
+    )
+
+
+def test_glue_output_bytes_skips_the_measured_batch_sizes():
+    """The keys measured by capture hold their own buffers already: only the others add."""
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_glue_warmup import glue_output_bytes
+
+    schedule = BudgetSchedule.parse("1:33,4:17")
+    per_width = {33: (1000.0, 10, 100.0, 8), 17: (500.0, 10, 50.0, 8)}
+    every = glue_output_bytes(per_width, schedule, 5)
+    one = {bs: glue_output_bytes(per_width, schedule, bs) - glue_output_bytes(per_width, schedule, bs - 1) for bs in range(1, 6)}  # fmt: skip
+    assert (
+        glue_output_bytes(per_width, schedule, 5, skip=frozenset({3, 5})) == every - one[3] - one[5]
+    )
+    assert glue_output_bytes(per_width, schedule, 5, skip=frozenset(range(1, 6))) == 0
+
+
+def test_glue_capture_footprint_runs_every_segment_and_frees_them(monkeypatch):
+    """The constructor's capture measurement end to end on the CPU (segments run eagerly there;
+    the device's counters stubbed): the tree and the accept in every mode at each W's largest
+    batch size, the growth read after them, and everything freed before it returns."""
+    from sglang_ddtree.srt import ddtree_glue_warmup as warm
+
+    reserved = {"n": 1 << 30}
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: reserved["n"])
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 7))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: object())
+    snapshot = [{"segment_pool_id": (0, 7), "total_size": 6 << 20, "allocated_size": 0}]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: snapshot)
+    ran = []
+    real_accept = warm.accept_tree
+
+    def counting_accept(tree, logits, info, graphs, key, gen, mode):
+        ran.append((tuple(tree.tokens.shape), tuple(logits.shape), key, mode))
+        reserved["n"] += 1 << 20  # what the "captures" keep
+        return real_accept(tree, logits, info, graphs, key, gen, mode)
+
+    monkeypatch.setattr(warm, "accept_tree", counting_accept)
+    worker = _fake_worker("cpu")
+    kept, pool = warm.glue_capture_footprint(worker, max_bs=4)
+    assert (kept, pool) == (10 << 20, 6 << 20)  # two keys x five modes, 1 MiB each
+    modes = warm.accept_modes()
+    assert ran == [((2, 9), (18, 64), (2,), m) for m in modes] + [
+        ((4, 5), (20, 64), (4,), m) for m in modes
+    ]
+    assert calls[-1] == "empty_cache"  # freed on the way out
+
+
+def test_glue_reserve_holds_the_captured_footprint_or_says_it_fell_back(monkeypatch, caplog):
+    """What the constructor holds: the captured footprint plus the unmeasured keys' buffers;
+    if the measuring captures fail, the eager working set plus every key's buffers, with a
+    warning (an estimate that undercounts must say so)."""
+    import logging
+
+    from sglang_ddtree.srt import ddtree_glue_warmup as warm
+
+    per_width = {9: (100.0, 2, 10.0, 1), 5: (50.0, 2, 5.0, 1)}
+    monkeypatch.setattr(warm, "glue_working_set", lambda w, m: (7000, (2, 9), per_width))
+    monkeypatch.setattr(warm, "glue_capture_footprint", lambda w, m: (9000, 6000))
+    worker = _fake_worker("cpu")
+    schedule = worker.budget_schedule
+    reserve = warm.GlueReserve(worker, 4)
+    others = warm.glue_output_bytes(per_width, schedule, 4, skip=frozenset({2, 4}))
+    assert reserve.nbytes == 9000 + others and reserve._held.numel() == reserve.nbytes
+    assert 0 < others < reserve.outputs
+
+    def fails(w, m):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(warm, "glue_capture_footprint", fails)
+    with caplog.at_level(logging.WARNING):
+        reserve = warm.GlueReserve(worker, 4)
+    assert reserve.nbytes == 7000 + warm.glue_output_bytes(per_width, schedule, 4)
+    assert reserve.captured is None and "could not measure them by capture" in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_glue_capture_footprint_on_the_device_is_repeatable_and_freed():
+    """On a GPU the measuring captures run for real: the footprint is positive and at least
+    the eager working set's pool share, the same when measured twice, and every byte goes back
+    (the reserved memory returns to where it was)."""
+    from sglang_ddtree.srt import ddtree_glue_warmup as warm
+
+    worker = _fake_worker("cuda", schedule="1:17,8:9", vocab=32000, hidden=256, block=8,
+                          dtype=torch.bfloat16)  # fmt: skip
+    peak, _, _ = warm.glue_working_set(worker, 16)  # also the kernels' first compile
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    first = warm.glue_capture_footprint(worker, 16)
+    after = torch.cuda.memory_reserved()
+    second = warm.glue_capture_footprint(worker, 16)
+    assert after <= before + (2 << 20), (before, after)
+    assert first[0] >= first[1] > 0 and first[0] >= 0.9 * peak, (first, peak)
+    assert abs(second[0] - first[0]) <= max(0.01 * first[0], 2 << 20), (first, second)

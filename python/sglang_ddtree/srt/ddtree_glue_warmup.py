@@ -17,13 +17,15 @@ drawn alike on every rank.
 
 Memory: SGLang sizes the KV pool from the free memory left after the worker's constructor, and
 captures graphs afterwards from what the pool left over. So the constructor measures what the
-glue graphs will keep (``glue_working_set``: the tree and sampled-accept segments run eagerly
-on placeholders at the largest batch size each W serves) and holds that many bytes
-(``GlueReserve``) while the pool is sized; they are handed back just before the glue graphs are
-captured, which then keep them for good. Two parts: the working set, which one graph pool
-shares across every capture (the sampled accept's ``[bs * W, V]`` float32 buffers dominate
-it), and every key's own input and output buffers, kept outside the pool
-(``glue_output_bytes``). The KV segment's working set, ``O(bs * S * hidden)``, is not counted.
+glue graphs will keep and holds that many bytes (``GlueReserve``) while the pool is sized; they
+are handed back just before the glue graphs are captured, which then keep them for good. The
+measure is a capture (``glue_capture_footprint``): the tree and accept segments of the largest
+key of each W, every accept mode, captured on placeholders into a throwaway pool the way the
+startup capture does it, then freed. What a capture keeps exceeds the eager peak
+(``glue_working_set``, the fallback): the shared pool holds every mode's allocation pattern,
+and the keys' own buffers, carved from the eager first run's cached blocks, keep some of them
+from being released. Every smaller key's own buffers are added (``glue_output_bytes``). The
+KV segment (it needs the KV pool) is not counted.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from sglang_ddtree.core.step import (
     draft_to_tree,
     gathered_to_tree,
 )
-from sglang_ddtree.srt.ddtree_glue_graph import _map_tensors
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors
+from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn
 
 logger = logging.getLogger(__name__)
 
@@ -119,21 +122,27 @@ def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
     return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
 
 
-def glue_output_bytes(per_width: dict, schedule, max_bs: int, modes: int = 5) -> int:
+def glue_output_bytes(
+    per_width: dict, schedule, max_bs: int, modes: int = 5, skip: frozenset = frozenset()
+) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
-    the graph pool) over batch sizes 1..``max_bs``: per batch size, one tree key and ``modes``
-    accept keys. ``per_width[W] = (tree bytes per request, tree tensors, accept bytes per
-    request, accept tensors)``; each tensor may round up by one allocator block."""
+    the graph pool) over batch sizes 1..``max_bs`` except ``skip``: per batch size, one tree
+    key and ``modes`` accept keys. ``per_width[W] = (tree bytes per request, tree tensors,
+    accept bytes per request, accept tensors)``; each tensor may round up by one allocator
+    block."""
     total = 0
     for bs in range(1, int(max_bs) + 1):
+        if bs in skip:
+            continue
         tree_b, tree_n, acc_b, acc_n = per_width[schedule.num_nodes_for(bs)]
         total += int(bs * (tree_b + modes * acc_b)) + BLOCK * (tree_n + modes * acc_n)
     return total
 
 
-def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], int]:
+def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
     """Peak bytes the draft-tree and sampled-accept segments allocate over one step at their
-    largest key, that key ``(bs, W)``, and `glue_output_bytes` over every key. Runs the
+    largest key, that key ``(bs, W)``, and the per-W buffer sizes `glue_output_bytes` takes
+    (``per_width``). Runs the
     segments eagerly on placeholders (drafter hidden states and target logits count as SGLang's
     buffers, not the glue's); no KV pool needed."""
     device = worker.device
@@ -187,26 +196,142 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], int]:
         per_width[w] = (tree_b / bs, tree_n, acc_b / bs, acc_n)
         del hidden, logits, tree, coins, final_coins, commit
     torch.cuda.empty_cache()  # the placeholders' blocks must not count as used
-    outputs = glue_output_bytes(per_width, worker.budget_schedule, max_bs) if per_width else 0
-    return int(best), best_key, outputs
+    return int(best), best_key, per_width
+
+
+def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
+    """``(kept, pool)``: bytes the glue graphs of the largest keys keep on the device after
+    their capture, and of those the graph pool's segments. Measured by doing it: at each W's
+    largest batch size (``largest_keys``) the tree segment and the accept segment in every mode
+    (``accept_modes``) go through ``SegmentGraphs`` on placeholders, into one throwaway pool, as
+    the startup capture does (eager first run, capture, replay); ``kept`` is the reserved
+    growth after ``empty_cache`` (the pool, the keys' own buffers, and cached blocks those
+    buffers pin), then all of it is freed. The KV segment (it needs the KV pool) is not in it.
+    Run after ``glue_working_set`` (whose eager runs compile the kernels)."""
+    device = worker.device
+    vocab = int(worker.model_runner.model_config.vocab_size)
+    lm_head = worker.target_worker.model_runner.model.lm_head.weight
+    keys = largest_keys(worker.budget_schedule, max_bs)
+    # Every placeholder before the baseline: only what the captures keep is counted.
+    inputs = {}
+    for bs, w in keys:
+        shape = worker.ddtree_shapes[w]
+        inputs[w] = SimpleNamespace(
+            hidden=torch.zeros(bs * shape.block_size, lm_head.shape[1], dtype=lm_head.dtype,
+                               device=device),
+            logits=torch.zeros(bs * w, vocab, dtype=torch.float32, device=device),
+            zeros=torch.zeros(bs, dtype=torch.int64, device=device),
+            req_to_token=torch.zeros(1, w + 1, dtype=torch.int32, device=device),
+            infos={mode: dummy_sampling_info(mode, bs, device) for mode in accept_modes()},
+        )  # fmt: skip
+    share = {"pool": torch.cuda.graph_pool_handle(), "stream": torch.cuda.Stream()}
+    segments: list[SegmentGraphs] = []
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved(device)
+    try:
+        for bs, w in keys:
+            _capture_largest_key(worker, share, segments, inputs[w], bs, w, lm_head[:vocab])
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        kept = torch.cuda.memory_reserved(device) - base
+        pool, _ = pool_segment_bytes(torch.cuda.memory_snapshot(), share["pool"])
+        failed = sum(seg.counts["capture_failures"] for seg in segments)
+        if failed:
+            raise RuntimeError(f"{failed} of the measuring captures failed")
+    finally:
+        segments.clear()  # the graphs, their buffers and the pool's blocks go
+        inputs.clear()
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    return max(int(kept), 0), int(pool)
+
+
+def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -> None:
+    """One key of ``glue_capture_footprint``: its tree (under tensor parallelism: the shard
+    candidates, a stand-in gather, the merged tree) and its accept in every mode."""
+    shape = worker.ddtree_shapes[w]
+    key = (bs,)
+    copied = {"bonus": x.zeros, "seq_lens": x.zeros, "req_pool_indices": x.zeros}
+    if worker._tp_size > 1:
+        rows, start = worker._lm_head_shard()
+
+        def shard_fn(hidden):
+            return draft_shard_candidates(
+                hidden, rows, vocab_start=start, vocab_size=lm_head.shape[0],
+                block_size=shape.block_size, max_depth=shape.max_depth, topk=worker._topk[w],
+            )  # fmt: skip
+
+        def tree_fn(gathered, bonus, seq_lens, req_pool_indices):
+            return gathered_to_tree(
+                gathered, bonus, seq_lens, req_pool_indices, x.req_to_token,
+                budget=shape.budget, topk=worker._topk[w],
+            )  # fmt: skip
+
+        shard = SegmentGraphs(f"measure_shard_w{w}", shard_fn, **share)
+        segments.append(shard)
+        packed = shard(key, bound={"hidden": x.hidden})
+        gathered = packed[None].expand(worker._tp_size, *packed.shape).contiguous()
+        tree_seg = SegmentGraphs(f"measure_tree_w{w}", tree_fn, **share)
+        segments.append(tree_seg)
+        tree = tree_seg(key, bound={}, copied={"gathered": gathered, **copied})
+    else:
+
+        def tree_fn(hidden, bonus, seq_lens, req_pool_indices):
+            return draft_to_tree(
+                hidden, lm_head, bonus, seq_lens, req_pool_indices, x.req_to_token,
+                block_size=shape.block_size, max_depth=shape.max_depth, budget=shape.budget,
+                topk=worker._topk[w], draft_topk=worker._draft_topk[w],
+            )  # fmt: skip
+
+        tree_seg = SegmentGraphs(f"measure_tree_w{w}", tree_fn, **share)
+        segments.append(tree_seg)
+        tree = tree_seg(key, bound={"hidden": x.hidden}, copied=copied)
+    accept = SegmentGraphs(f"measure_accept_w{w}", make_accept_fn(shape.accept_width), **share)
+    segments.append(accept)
+    for mode, info in x.infos.items():
+        accept_tree(tree, x.logits, info, accept, key, None, mode)
 
 
 class GlueReserve:
     """Bytes held for the glue graphs from the worker's constructor (before SGLang sizes the
-    KV pool) until just before they are captured."""
+    KV pool) until just before they are captured: what the largest keys' graphs keep
+    (``glue_capture_footprint``) plus the other keys' own buffers (``glue_output_bytes``). If
+    the measuring captures fail, the eager working set (``glue_working_set``) stands in for
+    the graphs, with a warning."""
 
     def __init__(self, worker, max_bs: int):
         t0 = time.perf_counter()
-        self.working_set, self.key, self.outputs = glue_working_set(worker, max_bs)
-        self.nbytes = self.working_set + self.outputs
+        self.working_set, self.key, per_width = glue_working_set(worker, max_bs)
+        schedule = worker.budget_schedule
+        self.outputs = glue_output_bytes(per_width, schedule, max_bs) if per_width else 0
+        self.captured = self.captured_pool = None
+        try:
+            self.captured, self.captured_pool = glue_capture_footprint(worker, max_bs)
+        except Exception as e:  # the estimate must not stop the server; it says so
+            logger.warning(
+                "DDTREE glue graphs: could not measure them by capture (%s: %s); holding the "
+                "eager working set instead, which undercounts the graph pool.",
+                type(e).__name__, e,
+            )  # fmt: skip
+        if self.captured is None:
+            self.nbytes = self.working_set + self.outputs
+        else:
+            # The measured keys' own buffers are in ``captured``; add every other key's.
+            measured = frozenset(bs for bs, _ in largest_keys(schedule, max_bs))
+            others = glue_output_bytes(per_width, schedule, max_bs, skip=measured)
+            self.nbytes = self.captured + others
         self._held = torch.empty(self.nbytes, dtype=torch.uint8, device=worker.device)
         if worker.ps.tp_rank == 0:
             logger.info(
                 "DDTREE glue graphs: %.2f GiB held for them before the KV pool is sized "
-                "(working set %.2f GiB at bs=%d, W=%d; per-key buffers %.2f GiB; measured in "
-                "%.1f s).",
-                self.nbytes / 2**30, self.working_set / 2**30, *self.key,
-                self.outputs / 2**30, time.perf_counter() - t0,
+                "(captured at the largest keys: %s; eager working set %.2f GiB at bs=%d, W=%d; "
+                "per-key buffers %.2f GiB; measured in %.1f s).",
+                self.nbytes / 2**30,
+                "failed" if self.captured is None
+                else f"{self.captured / 2**30:.2f} GiB, pool {self.captured_pool / 2**30:.2f}",
+                self.working_set / 2**30, *self.key, self.outputs / 2**30,
+                time.perf_counter() - t0,
             )  # fmt: skip
 
     def release(self) -> None:
@@ -222,8 +347,10 @@ def capture_glue_at_startup(worker) -> dict:
     took from the device), "allocated_gib" (of it, what live tensors hold), "key_buffers_gib" (of
     that, the keys' outputs and copied inputs), "pool_gib" and "pool_allocated_gib" (the segments
     of the glue graphs' memory pool, and their live bytes), "reserved_gib" and
-    "reserved_working_set_gib" (what was held for it), "growth_mib_by_bs" ([bs, MiB reserved
-    since the start] after each batch size's dummy step: where the growth happens)}."""
+    "reserved_working_set_gib" (what was held for it; "reserved_captured_gib" and
+    "reserved_captured_pool_gib": of it, what the measuring captures kept), "growth_mib_by_bs"
+    ([bs, MiB reserved since the start] after each batch size's dummy step: where the growth
+    happens)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
     sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
@@ -265,6 +392,9 @@ def capture_glue_at_startup(worker) -> dict:
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
         info["reserved_working_set_gib"] = round(reserve.working_set / 2**30, 3)
+        if reserve.captured is not None:  # what the largest keys' graphs kept when measured
+            info["reserved_captured_gib"] = round(reserve.captured / 2**30, 3)
+            info["reserved_captured_pool_gib"] = round(reserve.captured_pool / 2**30, 3)
     worker.graph_stats.startup = info
     worker.graph_stats.flush()  # the counts before any request (tests compare against them)
     if worker.ps.tp_rank == 0:

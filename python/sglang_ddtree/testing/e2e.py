@@ -21,8 +21,9 @@ Checks:
   a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch),
   and every glue segment (tree, accept, KV; ``srt/ddtree_glue_graph.py``) replayed its graph on every step
   except the one that captured it, with no capture failure; with
-  glue graphs captured at startup (the default) also no glue capture after startup. Run only it with
-  ``--checks adaptive``.
+  glue graphs captured at startup (the default) also no glue capture after startup, and the
+  memory the startup capture took within what the constructor held for it before the KV pool
+  was sized (``GLUE_MEMORY_SLACK``). Run only it with ``--checks adaptive``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ SAMPLES_PER_PROMPT = 256
 SAMPLE_NEW_TOKENS = 24
 SAMPLING_CASES = (("T1.0", 1.0, 1.0), ("T0.7_p0.9", 0.7, 0.9))
 ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W >= 8)
+# The startup capture's memory may exceed what was held for it by this share plus these GiB:
+# the KV segment (not measured: it needs the KV pool), the smaller keys' pool growth, and the
+# allocator's 2 / 20 MiB segment rounding.
+GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
@@ -258,6 +263,7 @@ def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
         graphs_ok = graphs_ok and serving_captures == 0 and _total_captures(startup) > 0
     elif glue_at_startup_enabled(os.environ):
         graphs_ok = False  # on, yet no counts were written before the first request
+    memory = glue_memory_check((startup or {}).get("startup"))
     return {
         "schedule": ADAPTIVE_SCHEDULE,
         "by_batch": rows,
@@ -266,9 +272,28 @@ def _adaptive_summary(base_outputs: dict, got: dict) -> dict:
         "graph_stats": stats,
         "glue_captures_while_serving": serving_captures,
         "glue_startup": (startup or {}).get("startup"),
+        "glue_memory": memory,
         "ddtree_mean_accept_length": sum(got["accept"]) / max(len(got["accept"]), 1),
-        "passed": greedy_ok and graphs_ok and stats.get("schedule") == ADAPTIVE_SCHEDULE,
+        "passed": greedy_ok
+        and graphs_ok
+        and stats.get("schedule") == ADAPTIVE_SCHEDULE
+        and memory["passed"] is not False,
     }
+
+
+def glue_memory_check(startup: dict | None) -> dict:
+    """The startup capture's memory (``memory_gib``) against what the constructor held for it
+    (``reserved_gib``), within ``GLUE_MEMORY_SLACK``. ``passed``: None where nothing was
+    captured at startup (switched off); False where it was but a number is missing."""
+    if startup is None:
+        return {"passed": None}
+    grown, held = startup.get("memory_gib"), startup.get("reserved_gib")
+    if grown is None or held is None:
+        return {"passed": False, "why": "no memory numbers from the startup capture"}
+    share, fixed = GLUE_MEMORY_SLACK
+    limit = held * (1 + share) + fixed
+    return {"grown_gib": grown, "held_gib": held, "limit_gib": round(limit, 4),
+            "passed": grown <= limit}  # fmt: skip
 
 
 def _read_stats(stats_path):
