@@ -38,7 +38,8 @@ in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
 (``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
 mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
-``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``).
+``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+tritontopp`` takes the sampled
+verify's nucleus from ``core.topp_triton`` (``SGLANG_DDTREE_TOP_P_KERNEL=triton``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -86,6 +87,8 @@ from sglang_ddtree.srt.ddtree_args import (
     DRAFT_TOPK_ENV,
     KV_MOVER_ENV,
     KV_MOVERS,
+    TOP_P_KERNEL_ENV,
+    TOP_P_KERNELS,
 )
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
@@ -412,6 +415,8 @@ VARIANTS = {
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
+    # The sampled verify's nucleus from core/topp_triton.py instead of sgl_kernel's.
+    "tritontopp": {TOP_P_KERNEL_ENV: "triton"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
@@ -419,6 +424,7 @@ DEFAULT_VARIANT_ENV = {
     DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
+    TOP_P_KERNEL_ENV: TOP_P_KERNELS[0],
 }
 
 

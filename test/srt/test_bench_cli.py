@@ -212,3 +212,13 @@ def test_bench_tree_attention_refuses_without_a_gpu(load_benchmark, tmp_path, ca
     assert mod.main(["--out", str(tmp_path), "--mla"]) == 2  # K2.6's MLA shape is valid
     with pytest.raises(SystemExit):  # MLA's values are a slice of one KV head's keys
         mod.main(["--out", str(tmp_path), "--mla", "--heads", "16", "2", "576"])
+
+
+def test_bench_top_p_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    mod = load_benchmark("bench_top_p")
+    assert mod.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # shapes are bench_core's
+        mod.main(["--out", str(tmp_path), "--shapes", "uniform"])

@@ -741,6 +741,7 @@ def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype
         _tp_size=1,
         _topk={w: s.candidates_per_depth(vocab) for w, s in shapes.items()},
         _draft_topk={w: "torch" for w in widths},
+        _top_p_kernel="flashinfer",
         ps=SimpleNamespace(tp_rank=0),
     )
 

@@ -392,6 +392,10 @@ def test_server_args_resolution(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "yes")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION must be 0"):
         ServerArgs(attention_backend="triton", **kw)
+    monkeypatch.delenv("SGLANG_DDTREE_TREE_ATTENTION")
+    monkeypatch.setenv("SGLANG_DDTREE_TOP_P_KERNEL", "cuda")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_TOP_P_KERNEL='cuda' is not one of"):
+        ServerArgs(attention_backend="triton", **kw)
 
 
 def test_dense_mla_control_pair(tmp_path):

@@ -237,19 +237,21 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, topk, kv, attn = (
+    glue, topk, kv, attn, topp = (
         "SGLANG_DDTREE_GLUE_GRAPHS",
         "SGLANG_DDTREE_DRAFT_TOPK",
         "SGLANG_DDTREE_KV_MOVER",
         "SGLANG_DDTREE_TREE_ATTENTION",
+        "SGLANG_DDTREE_TOP_P_KERNEL",
     )
-    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1"}  # the worker's defaults
+    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "flashinfer"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
     assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
+    assert bench.split_variant("ddtree+tritontopp") == ("ddtree", {**default, topp: "triton"})
     assert bench.split_variant("dflash") == ("dflash", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")

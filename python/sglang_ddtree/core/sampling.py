@@ -23,11 +23,20 @@ import torch
 COIN_EPS = 2.0**-24
 
 
-def _sgl_kernel_renorm():
+TOP_P_KERNELS = ("flashinfer", "triton")
+
+
+def _sgl_kernel_renorm(top_p_kernel: str = "flashinfer"):
+    """``(top_k_renorm_prob, top_p_renorm_prob)``: sgl_kernel's (FlashInfer's), the top-p one
+    replaced by `topp_triton.top_p_renorm_triton` for ``top_p_kernel="triton"``; None without
+    sgl_kernel."""
+    assert top_p_kernel in TOP_P_KERNELS, top_p_kernel
     try:
         from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
     except Exception:  # not installed, or no CUDA build
         return None
+    if top_p_kernel == "triton":
+        from sglang_ddtree.core.topp_triton import top_p_renorm_triton as top_p_renorm_prob
     return top_k_renorm_prob, top_p_renorm_prob
 
 
@@ -91,6 +100,7 @@ def target_probs(
     use_kernels: bool | None = None,
     need_top_k: bool = True,
     need_top_p: bool = True,
+    top_p_kernel: str = "flashinfer",
 ) -> torch.Tensor:
     """Target distribution at every node, [bs, N, V] float32 contiguous: the law SGLang's
     non-speculative sampler draws from at that node (module docstring).
@@ -101,7 +111,8 @@ def target_probs(
     applies it.
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
-    (`_joint_renorm_kernels`); elsewhere the pure-torch `joint_top_k_top_p_renorm`.
+    (`_joint_renorm_kernels`), the nucleus from `topp_triton` where ``top_p_kernel`` is
+    "triton" (same set); elsewhere the pure-torch `joint_top_k_top_p_renorm`.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
@@ -113,7 +124,8 @@ def target_probs(
     # expand + reshape, not repeat_interleave: no output-size computation, capture-safe.
     k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
     p = top_p.float()[:, None].expand(bs, n).reshape(-1).contiguous()
-    kernels = _sgl_kernel_renorm() if (use_kernels is not False and probs.is_cuda) else None
+    on_device = use_kernels is not False and probs.is_cuda
+    kernels = _sgl_kernel_renorm(top_p_kernel) if on_device else None
     if use_kernels and kernels is None:
         raise RuntimeError("sgl_kernel renorm kernels requested but not available")
     if kernels is not None:

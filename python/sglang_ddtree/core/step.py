@@ -176,6 +176,7 @@ def accept_and_commit(
     coins: torch.Tensor | None = None,  # [bs, W] float32 uniforms; None: drawn here
     final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
     coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
+    top_p_kernel: str = "flashinfer",  # the nucleus kernel (sampling.target_probs)
 ) -> CommitPlan:
     """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
     bs, w = tokens.shape
@@ -191,6 +192,7 @@ def accept_and_commit(
             top_ps.view(-1).float(),
             need_top_k=need_top_k,
             need_top_p=need_top_p,
+            top_p_kernel=top_p_kernel,
         )
         if coins is None:
             coins, final_coins = draw_coins(bs, w, logits.device)

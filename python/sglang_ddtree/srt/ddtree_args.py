@@ -43,6 +43,9 @@ TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
 KV_MOVER_ENV = "SGLANG_DDTREE_KV_MOVER"
 KV_MOVERS = ("ddtree", "sglang")
+# The sampled verify's nucleus kernel: sgl_kernel's (FlashInfer) or core.topp_triton.
+TOP_P_KERNEL_ENV = "SGLANG_DDTREE_TOP_P_KERNEL"
+TOP_P_KERNELS = ("flashinfer", "triton")
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 
@@ -158,6 +161,12 @@ def _read_choice(name: str, choices: tuple[str, ...], environ: Mapping[str, str]
 def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend: auto, torch or triton)."""
     return _read_choice(DRAFT_TOPK_ENV, DRAFT_TOPK_BACKENDS, environ)
+
+
+def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
+    """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
+    flashinfer, sgl_kernel's; triton, `core.topp_triton`'s fixed-pass kernel)."""
+    return _read_choice(TOP_P_KERNEL_ENV, TOP_P_KERNELS, environ)
 
 
 def draft_topk_backend(setting: str, topk: int, vocab_size: int) -> str:

@@ -182,7 +182,7 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         commit = accept_and_commit(
             logits, tree.tokens, tree.layout, zeros, accept_width=s,
             temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
-            coins=coins, final_coins=final_coins,
+            coins=coins, final_coins=final_coins, top_p_kernel=worker._top_p_kernel,
         )  # fmt: skip
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
@@ -287,7 +287,8 @@ def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -
         tree_seg = SegmentGraphs(f"measure_tree_w{w}", tree_fn, **share)
         segments.append(tree_seg)
         tree = tree_seg(key, bound={"hidden": x.hidden}, copied=copied)
-    accept = SegmentGraphs(f"measure_accept_w{w}", make_accept_fn(shape.accept_width), **share)
+    accept_fn = make_accept_fn(shape.accept_width, top_p_kernel=worker._top_p_kernel)
+    accept = SegmentGraphs(f"measure_accept_w{w}", accept_fn, **share)
     segments.append(accept)
     for mode, info in x.infos.items():
         accept_tree(tree, x.logits, info, accept, key, None, mode)

@@ -132,6 +132,7 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=topk)
         dargs.read_draft_topk()  # bad values fail here, at launch
         dargs.read_kv_mover()
+        dargs.read_top_p_kernel()
         errors = dargs.check_shape(shape)
         if errors:
             raise ValueError(dargs.format_errors(errors))

@@ -35,16 +35,18 @@ def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Ten
     return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
 
 
-def make_accept_fn(accept_width: int, coin_scale: float = 1.0) -> Callable[..., CommitPlan]:
+def make_accept_fn(
+    accept_width: int, coin_scale: float = 1.0, top_p_kernel: str = "flashinfer"
+) -> Callable[..., CommitPlan]:
     """The accept segment's function: ``core.step.accept_and_commit`` over the flattened layout
     fields (a glue graph binds tensors by name). ``coin_scale`` != 1: a deliberately wrong law
-    (tests only)."""
+    (tests only). ``top_p_kernel``: `args.read_top_p_kernel`."""
 
     def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
         layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
         return accept_and_commit(
             logits, tokens, layout, seq_lens, accept_width=accept_width,
-            coin_scale=coin_scale, **rest,
+            coin_scale=coin_scale, top_p_kernel=top_p_kernel, **rest,
         )  # fmt: skip
 
     return accept_fn

@@ -80,6 +80,7 @@ from sglang_ddtree.srt.ddtree_args import (
     format_errors,
     read_draft_topk,
     read_kv_mover,
+    read_top_p_kernel,
     read_topk,
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
@@ -192,6 +193,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         topk = read_topk(flag=getattr(server_args, TOPK_FLAG, None))
         draft_topk = read_draft_topk()
         kv_mover = read_kv_mover()
+        top_p_kernel = read_top_p_kernel()
         shapes = {
             w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
             for w in sorted(set(schedule.num_nodes))
@@ -228,6 +230,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._draft_topk = {
             w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
         }
+        self._top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
         self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)
         # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
         self._test_coin_scale = float(os.environ.get(TEST_COIN_SCALE_ENV, "1") or 1)
@@ -256,7 +259,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
-                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s",
+                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, %s top-p",
                 schedule,
                 shape.block_size,
                 shape.max_depth,
@@ -264,6 +267,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self._draft_topk,
                 shape.accept_width,
                 "on" if glue_on else "off",
+                self._top_p_kernel,
             )
 
     def init_cuda_graphs(self):
@@ -424,7 +428,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 topk=self._topk[w],
             )
 
-        accept_fn = make_accept_fn(s, coin_scale=self._test_coin_scale)
+        accept_fn = make_accept_fn(
+            s, coin_scale=self._test_coin_scale, top_p_kernel=self._top_p_kernel
+        )
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
             # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the

@@ -1,0 +1,92 @@
+"""The sampled verify's nucleus kernel, side by side: sgl_kernel's ``top_p_renorm_prob``
+(FlashInfer's) against ``core.topp_triton.top_p_renorm_triton``, on ``[M, V]`` float32
+probability rows of three shapes (``bench_core.target_rows``: flat = random weights, gaussian,
+zipf = peaked), M = bs x W tree rows, each replayed from a CUDA graph (median of ``--iters``).
+Also counts the tokens whose kept / dropped decision differs between the two.
+
+    python benchmark/ddtree/bench_top_p.py --out DIR
+    python benchmark/ddtree/bench_top_p.py --rows 33 136 1024 --vocab 163840 --out DIR
+
+Writes ``DIR/bench_top_p.json`` and ``DIR/bench_top_p.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_core import TARGET_ROWS, target_rows, time_graph  # noqa: E402
+
+
+def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict:
+    """One cell: microseconds per call of each kernel and their disagreement."""
+    from sgl_kernel import top_p_renorm_prob
+
+    from sglang_ddtree.core.topp_triton import top_p_renorm_triton
+
+    probs = torch.softmax(target_rows(rows, vocab, shape).float(), dim=-1)
+    p = torch.full((rows,), top_p, dtype=torch.float32, device=probs.device)
+    ours, theirs = top_p_renorm_triton(probs, p), top_p_renorm_prob(probs, p)
+    cell = {
+        "rows": rows,
+        "vocab": vocab,
+        "shape": shape,
+        "top_p": top_p,
+        "flashinfer_us": time_graph(lambda: top_p_renorm_prob(probs, p), iters=iters),
+        "triton_us": time_graph(lambda: top_p_renorm_triton(probs, p), iters=iters),
+        "kept_flashinfer": int((theirs > 0).sum()),
+        "kept_triton": int((ours > 0).sum()),
+        "decisions_differ": int(((ours > 0) != (theirs > 0)).sum()),
+    }
+    cell["speedup"] = cell["flashinfer_us"] / cell["triton_us"]
+    return cell
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[17, 33, 136, 272, 1024])
+    ap.add_argument("--vocab", type=int, nargs="+", default=[151936])
+    ap.add_argument("--shapes", nargs="+", default=list(TARGET_ROWS), choices=TARGET_ROWS)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_top_p.py needs a CUDA GPU (and sgl_kernel).", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    cells = []
+    for vocab in args.vocab:
+        for shape in args.shapes:
+            for rows in args.rows:
+                cell = measure(rows, vocab, shape, args.top_p, args.iters)
+                cells.append(cell)
+                print(json.dumps(cell), flush=True)
+    result = {"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(), "cells": cells}
+    with open(os.path.join(args.out, "bench_top_p.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    lines = [
+        f"top_p {args.top_p}, microseconds per call (CUDA-graph replay, median)",
+        "",
+        "| V | rows | shape | FlashInfer | Triton | speedup | decisions differ |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for c in cells:
+        lines.append(
+            f"| {c['vocab']} | {c['rows']} | {c['shape']} | {c['flashinfer_us']:.1f} | "
+            f"{c['triton_us']:.1f} | {c['speedup']:.2f} | {c['decisions_differ']} |"
+        )
+    with open(os.path.join(args.out, "bench_top_p.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
