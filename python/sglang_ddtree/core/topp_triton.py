@@ -19,9 +19,9 @@ and any key below it has ``G >= top_p``. ``t*`` lies in ``(-1, key(1.0)]`` (``G(
 0``). Each pass evaluates ``G`` at 31 evenly spaced keys of the current interval in one read
 (``_pivot_pass``: one program per (row, chunk) writes its chunk's 32 partial sums) and keeps
 the 32nd of the interval where ``G`` first drops below ``top_p``: six passes narrow 2^30 keys
-to one. Every program re-derives its row's interval from the earlier passes' partial sums,
-summed over the chunks in a fixed order, so all programs of a row agree and the result does
-not depend on scheduling (ranks under tensor parallelism compute the same set). Then
+to one. Every program narrows its row's interval itself, from the previous pass's interval and
+partial sums (summed over the chunks in a fixed order), so all programs of a row agree and the
+result does not depend on scheduling (ranks under tensor parallelism compute the same set). Then
 ``_kept_mass`` sums the kept probabilities per chunk and ``_renorm`` writes ``p / Z``.
 """
 
@@ -65,19 +65,22 @@ def _narrow(lo, hi, g, top_p, idx, NP: tl.constexpr):
 
 
 @triton.jit
-def _interval(partial_ptr, row, M, C, top_p, idx, NPASS: tl.constexpr, NP: tl.constexpr):
-    """``(lo, hi, pivots)`` of ``row`` after ``NPASS`` passes, from their partial sums
-    ``partial[pass, row, chunk, NP]`` summed over the chunks in order."""
-    lo = tl.full([], -1, tl.int32)
-    hi = tl.full([], _ONE_KEY, tl.int32)
-    piv = tl.minimum(lo + ((hi - lo + NP - 1) // NP) * (idx + 1), hi)
-    for q in tl.static_range(NPASS):
+def _interval(partial_ptr, state_ptr, row, M, C, top_p, idx, PREV: tl.constexpr, NP: tl.constexpr):
+    """``(lo, hi, pivots)`` of ``row`` before pass ``PREV``: the interval before pass ``PREV - 1``
+    (``state[PREV - 1, row]``) narrowed by that pass's partial sums (``partial[PREV - 1, row,
+    chunk, NP]``, summed over the chunks in order)."""
+    if PREV == 0:
+        lo = tl.full([], -1, tl.int32)
+        hi = tl.full([], _ONE_KEY, tl.int32)
+    else:
+        lo = tl.load(state_ptr + ((PREV - 1) * M + row) * 2)
+        hi = tl.load(state_ptr + ((PREV - 1) * M + row) * 2 + 1)
         g = tl.zeros([NP], dtype=tl.float32)
-        base = partial_ptr + ((q * M + row) * C) * NP
+        base = partial_ptr + (((PREV - 1) * M + row) * C) * NP
         for c in range(C):
             g += tl.load(base + c * NP + idx)
         lo, hi, _ = _narrow(lo, hi, g, top_p, idx, NP)
-        piv = tl.minimum(lo + ((hi - lo + NP - 1) // NP) * (idx + 1), hi)
+    piv = tl.minimum(lo + ((hi - lo + NP - 1) // NP) * (idx + 1), hi)
     return lo, hi, piv
 
 
@@ -85,7 +88,8 @@ def _interval(partial_ptr, row, M, C, top_p, idx, NPASS: tl.constexpr, NP: tl.co
 def _pivot_pass(
     probs_ptr,  # [M, V] float32, rows contiguous
     top_p_ptr,  # [M] float32
-    partial_ptr,  # [NUM_PASSES, M, C, NP] float32: G at this pass's pivots, per chunk
+    partial_ptr,  # [NUM_PASSES, M, C, NP] float32: G at each pass's pivots, per chunk
+    state_ptr,  # [NUM_PASSES, M, 2] int32: (lo, hi) before each pass
     M,
     V,
     C,
@@ -98,7 +102,10 @@ def _pivot_pass(
     chunk = tl.program_id(1)
     idx = tl.arange(0, NP)
     top_p = tl.load(top_p_ptr + row)
-    _, _, piv = _interval(partial_ptr, row, M, C, top_p, idx, PASS, NP)
+    lo, hi, piv = _interval(partial_ptr, state_ptr, row, M, C, top_p, idx, PASS, NP)
+    if chunk == 0:  # every program of the row derived the same interval; one records it
+        tl.store(state_ptr + (PASS * M + row) * 2, lo)
+        tl.store(state_ptr + (PASS * M + row) * 2 + 1, hi)
     acc = tl.zeros([NP], dtype=tl.float32)
     start = chunk * CHUNK_SIZE
     for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
@@ -110,10 +117,12 @@ def _pivot_pass(
 
 
 @triton.jit
-def _threshold(partial_ptr, top_p_ptr, row, M, C, idx, NPASS: tl.constexpr, NP: tl.constexpr):
+def _threshold(
+    partial_ptr, state_ptr, top_p_ptr, row, M, C, idx, NPASS: tl.constexpr, NP: tl.constexpr
+):
     """The row's ``t*`` (0 where ``top_p >= 1``: every token stays)."""
     top_p = tl.load(top_p_ptr + row)
-    _, hi, _ = _interval(partial_ptr, row, M, C, top_p, idx, NPASS, NP)
+    _, hi, _ = _interval(partial_ptr, state_ptr, row, M, C, top_p, idx, NPASS, NP)
     return tl.where(top_p >= 1.0, 0, hi)
 
 
@@ -122,6 +131,7 @@ def _kept_mass(
     probs_ptr,
     top_p_ptr,
     partial_ptr,
+    state_ptr,
     zpart_ptr,  # [M, C] float32 out: the chunk's kept mass
     M,
     V,
@@ -133,7 +143,7 @@ def _kept_mass(
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    t = _threshold(partial_ptr, top_p_ptr, row, M, C, tl.arange(0, NP), NPASS, NP)
+    t = _threshold(partial_ptr, state_ptr, top_p_ptr, row, M, C, tl.arange(0, NP), NPASS, NP)
     z = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     start = chunk * CHUNK_SIZE
     for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
@@ -148,6 +158,7 @@ def _renorm(
     probs_ptr,
     top_p_ptr,
     partial_ptr,
+    state_ptr,
     zpart_ptr,
     out_ptr,  # [M, V] float32 out
     M,
@@ -160,7 +171,7 @@ def _renorm(
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    t = _threshold(partial_ptr, top_p_ptr, row, M, C, tl.arange(0, NP), NPASS, NP)
+    t = _threshold(partial_ptr, state_ptr, top_p_ptr, row, M, C, tl.arange(0, NP), NPASS, NP)
     z = tl.zeros([], dtype=tl.float32)
     for c in range(C):
         z += tl.load(zpart_ptr + row * C + c)
@@ -192,12 +203,14 @@ def top_p_renorm_triton(
     c = triton.cdiv(vocab, chunk)
     dev = probs.device
     partial = torch.empty(NUM_PASSES, m, c, PIVOTS, dtype=torch.float32, device=dev)
+    state = torch.empty(NUM_PASSES, m, 2, dtype=torch.int32, device=dev)
     zpart = torch.empty(m, c, dtype=torch.float32, device=dev)
     out = torch.empty_like(probs)
     grid = (m, c)
     sizes = dict(NP=PIVOTS, CHUNK_SIZE=chunk, BLOCK_SIZE=BLOCK)
     for q in range(NUM_PASSES):
-        _pivot_pass[grid](probs, top_p, partial, m, vocab, c, PASS=q, **sizes)
-    _kept_mass[grid](probs, top_p, partial, zpart, m, vocab, c, NPASS=NUM_PASSES, **sizes)
-    _renorm[grid](probs, top_p, partial, zpart, out, m, vocab, c, NPASS=NUM_PASSES, **sizes)
+        _pivot_pass[grid](probs, top_p, partial, state, m, vocab, c, PASS=q, **sizes)
+    tail = (probs, top_p, partial, state)
+    _kept_mass[grid](*tail, zpart, m, vocab, c, NPASS=NUM_PASSES, **sizes)
+    _renorm[grid](*tail, zpart, out, m, vocab, c, NPASS=NUM_PASSES, **sizes)
     return out
