@@ -240,9 +240,9 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
         if failed:
             raise RuntimeError(f"{failed} of the measuring captures failed")
     finally:
+        torch.cuda.synchronize(device)  # no replay in flight when the graphs go
         segments.clear()  # the graphs, their buffers and the pool's blocks go
         inputs.clear()
-        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
     return max(int(kept), 0), int(pool)
 
