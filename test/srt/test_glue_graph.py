@@ -742,6 +742,7 @@ def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype
         _topk={w: s.candidates_per_depth(vocab) for w, s in shapes.items()},
         _draft_topk={w: "torch" for w in widths},
         _top_p_kernel="flashinfer",
+        _glue_stream=torch.cuda.Stream() if device == "cuda" else None,
         ps=SimpleNamespace(tp_rank=0),
     )
 
@@ -827,8 +828,8 @@ def test_glue_reserve_holds_the_captured_footprint_or_says_it_fell_back(monkeypa
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_glue_capture_footprint_on_the_device_is_repeatable_and_freed():
     """On a GPU the measuring captures run for real: the footprint is positive and at least
-    the eager working set's pool share, the same when measured twice, and every byte goes back
-    (the reserved memory returns to where it was)."""
+    the eager working set, the same when measured twice on the same capture stream, and what
+    it allocated goes back (but a per-stream workspace)."""
     from sglang_ddtree.srt import ddtree_glue_warmup as warm
 
     worker = _fake_worker("cuda", schedule="1:17,8:9", vocab=32000, hidden=256, block=8,
@@ -840,6 +841,9 @@ def test_glue_capture_footprint_on_the_device_is_repeatable_and_freed():
     first = warm.glue_capture_footprint(worker, 16)
     after = torch.cuda.memory_reserved()
     second = warm.glue_capture_footprint(worker, 16)
-    assert after <= before + (2 << 20), (before, after)
+    again = torch.cuda.memory_reserved()
+    # What stays: at most what a capture allocates once per stream (cuBLAS's workspace), and
+    # nothing more on a second measurement on the same stream.
+    assert after <= before + (64 << 20) and again <= after + (2 << 20), (before, after, again)
     assert first[0] >= first[1] > 0 and first[0] >= 0.9 * peak, (first, peak)
-    assert abs(second[0] - first[0]) <= max(0.01 * first[0], 2 << 20), (first, second)
+    assert first[0] - (64 << 20) <= second[0] <= first[0] + (2 << 20), (first, second)

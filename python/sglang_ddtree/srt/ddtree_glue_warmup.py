@@ -224,7 +224,10 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
             req_to_token=torch.zeros(1, w + 1, dtype=torch.int32, device=device),
             infos={mode: dummy_sampling_info(mode, bs, device) for mode in accept_modes()},
         )  # fmt: skip
-    share = {"pool": torch.cuda.graph_pool_handle(), "stream": torch.cuda.Stream()}
+    # A throwaway pool, but the glue graphs' own capture stream: what a capture allocates once
+    # per stream (cuBLAS's workspace) is then allocated for the stream the real graphs use.
+    stream = worker._glue_stream or torch.cuda.Stream()
+    share = {"pool": torch.cuda.graph_pool_handle(), "stream": stream}
     segments: list[SegmentGraphs] = []
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()

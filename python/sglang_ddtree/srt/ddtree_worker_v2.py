@@ -250,6 +250,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if glue_on
             else {}
         )
+        self._glue_stream = share.get("stream")  # also the glue memory measure's (GlueReserve)
         self._glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
         self.graph_stats.glue_segments = [seg for g in self._glue.values() for seg in g.values()]
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
