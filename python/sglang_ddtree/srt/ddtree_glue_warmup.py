@@ -142,9 +142,8 @@ def glue_output_bytes(
 def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
     """Peak bytes the draft-tree and sampled-accept segments allocate over one step at their
     largest key, that key ``(bs, W)``, and the per-W buffer sizes `glue_output_bytes` takes
-    (``per_width``). Runs the
-    segments eagerly on placeholders (drafter hidden states and target logits count as SGLang's
-    buffers, not the glue's); no KV pool needed."""
+    (``per_width``). Runs the segments eagerly on placeholders (drafter hidden states and target
+    logits count as SGLang's buffers, not the glue's); no KV pool needed."""
     device = worker.device
     vocab = int(worker.model_runner.model_config.vocab_size)
     lm_head = worker.target_worker.model_runner.model.lm_head.weight
