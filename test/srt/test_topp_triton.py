@@ -110,9 +110,8 @@ def test_triton_top_p_interpreted_equals_reference(run_interpreted):
 
 
 def test_read_top_p_kernel_and_launch_refuses_a_bad_value(monkeypatch):
-    from sglang_ddtree.srt.ddtree_args import TOP_P_KERNEL_ENV, read_top_p_kernel
-
     from sglang_ddtree.core.sampling import TOP_P_KERNELS
+    from sglang_ddtree.srt.ddtree_args import TOP_P_KERNEL_ENV, read_top_p_kernel
     from sglang_ddtree.srt.ddtree_args import TOP_P_KERNELS as ARG_CHOICES
 
     assert ARG_CHOICES == TOP_P_KERNELS  # the env's choices are the ones target_probs takes
