@@ -22,7 +22,7 @@ the 32nd of the interval where ``G`` first drops below ``top_p``: six passes nar
 to one. Every program narrows its row's interval itself, from the previous pass's interval and
 partial sums (summed over the chunks in a fixed order), so all programs of a row agree and the
 result does not depend on scheduling (ranks under tensor parallelism compute the same set). Then
-``_kept_mass`` sums the kept probabilities per chunk and ``_renorm`` writes ``p / Z``.
+``_finish`` sums the kept probabilities per chunk and, launched again, writes ``p / Z``.
 """
 
 from __future__ import annotations
@@ -127,61 +127,44 @@ def _threshold(
 
 
 @triton.jit
-def _kept_mass(
+def _finish(
     probs_ptr,
     top_p_ptr,
     partial_ptr,
     state_ptr,
-    zpart_ptr,  # [M, C] float32 out: the chunk's kept mass
+    zpart_ptr,  # [M, C] float32: each chunk's kept mass (written when not WRITE, read when WRITE)
+    out_ptr,  # [M, V] float32 out (WRITE)
     M,
     V,
     C,
+    WRITE: tl.constexpr,
     NPASS: tl.constexpr,
     NP: tl.constexpr,
     CHUNK_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    t = _threshold(partial_ptr, state_ptr, top_p_ptr, row, M, C, tl.arange(0, NP), NPASS, NP)
-    z = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
-    start = chunk * CHUNK_SIZE
-    for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
-        cols = start + off + tl.arange(0, BLOCK_SIZE)
-        p = tl.load(probs_ptr + row.to(tl.int64) * V + cols, mask=cols < V, other=0.0)
-        z += tl.where(p.to(tl.int32, bitcast=True) >= t, p, 0.0)
-    tl.store(zpart_ptr + row * C + chunk, tl.sum(z, axis=0))
-
-
-@triton.jit
-def _renorm(
-    probs_ptr,
-    top_p_ptr,
-    partial_ptr,
-    state_ptr,
-    zpart_ptr,
-    out_ptr,  # [M, V] float32 out
-    M,
-    V,
-    C,
-    NPASS: tl.constexpr,
-    NP: tl.constexpr,
-    CHUNK_SIZE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
+    """Not WRITE: the chunk's kept mass. WRITE: ``p / Z`` where kept, else 0, ``Z`` the row's
+    kept mass (the chunks' summed in order)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     t = _threshold(partial_ptr, state_ptr, top_p_ptr, row, M, C, tl.arange(0, NP), NPASS, NP)
     z = tl.zeros([], dtype=tl.float32)
-    for c in range(C):
-        z += tl.load(zpart_ptr + row * C + c)
+    if WRITE:
+        for c in range(C):
+            z += tl.load(zpart_ptr + row * C + c)
+    acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     start = chunk * CHUNK_SIZE
     for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
         cols = start + off + tl.arange(0, BLOCK_SIZE)
         ok = cols < V
         p = tl.load(probs_ptr + row.to(tl.int64) * V + cols, mask=ok, other=0.0)
         kept = p.to(tl.int32, bitcast=True) >= t
-        tl.store(out_ptr + row.to(tl.int64) * V + cols, tl.where(kept, p / z, 0.0), mask=ok)
+        if WRITE:
+            tl.store(out_ptr + row.to(tl.int64) * V + cols, tl.where(kept, p / z, 0.0), mask=ok)
+        else:
+            acc += tl.where(kept, p, 0.0)
+    if not WRITE:
+        tl.store(zpart_ptr + row * C + chunk, tl.sum(acc, axis=0))
 
 
 def top_p_renorm_triton(
@@ -210,7 +193,7 @@ def top_p_renorm_triton(
     sizes = dict(NP=PIVOTS, CHUNK_SIZE=chunk, BLOCK_SIZE=BLOCK)
     for q in range(NUM_PASSES):
         _pivot_pass[grid](probs, top_p, partial, state, m, vocab, c, PASS=q, **sizes)
-    tail = (probs, top_p, partial, state)
-    _kept_mass[grid](*tail, zpart, m, vocab, c, NPASS=NUM_PASSES, **sizes)
-    _renorm[grid](*tail, zpart, out, m, vocab, c, NPASS=NUM_PASSES, **sizes)
+    for write in (False, True):  # the kept mass per chunk, then p / Z
+        _finish[grid](probs, top_p, partial, state, zpart, out, m, vocab, c, WRITE=write,
+                      NPASS=NUM_PASSES, **sizes)  # fmt: skip
     return out
