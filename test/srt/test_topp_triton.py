@@ -15,21 +15,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm
+from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm, rank_and_mass_above
 
 EDGE = 1e-5  # |G - top_p| below this: either decision is a rounding of the same law
 
 
 def mass_above(probs: torch.Tensor) -> torch.Tensor:
-    """[M, V] float64: per token, the mass of the tokens strictly more probable."""
-    p = probs.double()
-    s, order = torch.sort(p, dim=-1, descending=True)
-    before = torch.cumsum(s, dim=-1) - s
-    run_start = torch.ones_like(s, dtype=torch.bool)
-    run_start[:, 1:] = s[:, 1:] != s[:, :-1]
-    rank = torch.arange(s.shape[-1]).expand_as(s)
-    first = torch.cummax(torch.where(run_start, rank, 0), dim=-1).values
-    return torch.empty_like(p).scatter_(-1, order, before.gather(-1, first))
+    """[M, V] float64: per token, the mass of the tokens strictly more probable (the joint
+    law's own count, in float64)."""
+    _, order, _, above = rank_and_mass_above(probs.double())
+    return torch.empty_like(above).scatter_(-1, order, above)
 
 
 def check_nucleus(out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> int:

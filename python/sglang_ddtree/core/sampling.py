@@ -45,6 +45,22 @@ def _effective_top_k(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).to(torch.int64)
 
 
+def rank_and_mass_above(
+    probs: torch.Tensor,  # [M, V] float, non-negative
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(sorted_probs, order, above, mass_above)``, each ``[M, V]`` in descending order
+    (``order``: the token of each place): per token, how many tokens are strictly more probable
+    and their mass. Tied tokens share both (those of the first of them)."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device).expand_as(sorted_probs)
+    run_start = torch.ones_like(sorted_probs, dtype=torch.bool)
+    run_start[:, 1:] = sorted_probs[:, 1:] != sorted_probs[:, :-1]
+    above = torch.cummax(torch.where(run_start, rank, 0), dim=-1).values
+    # `above` counts the tokens strictly more probable; the mass before it is theirs.
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    return sorted_probs, order, above, torch.gather(before, -1, above)
+
+
 def joint_top_k_top_p_renorm(
     probs: torch.Tensor,  # [M, V] float32, rows sum to 1
     top_k: torch.Tensor,  # [M] int64; values <= 0 or > V mean "no top-k"
@@ -54,18 +70,9 @@ def joint_top_k_top_p_renorm(
 
     Pure torch (one sort per row); the CPU path and the reference for the CUDA path.
     """
-    vocab = probs.shape[-1]
-    k = _effective_top_k(top_k, vocab)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=probs.device).expand_as(sorted_probs)
-    # Tokens tied in probability share the rank and the mass above of the first of them.
-    run_start = torch.ones_like(sorted_probs, dtype=torch.bool)
-    run_start[:, 1:] = sorted_probs[:, 1:] != sorted_probs[:, :-1]
-    first = torch.cummax(torch.where(run_start, rank, 0), dim=-1).values
-    # `first` counts the tokens strictly more probable; the mass before it is theirs.
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    mass_above = torch.gather(before, -1, first)
-    keep = (first < k[:, None]) & (mass_above < top_p.float()[:, None])
+    k = _effective_top_k(top_k, probs.shape[-1])
+    sorted_probs, order, above, mass_above = rank_and_mass_above(probs)
+    keep = (above < k[:, None]) & (mass_above < top_p.float()[:, None])
     kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
     kept = kept / kept.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, kept)

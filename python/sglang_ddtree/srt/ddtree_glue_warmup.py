@@ -205,8 +205,7 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
     (``accept_modes``) go through ``SegmentGraphs`` on placeholders, into one throwaway pool, as
     the startup capture does (eager first run, capture, replay); ``kept`` is the reserved
     growth after ``empty_cache`` (the pool, the keys' own buffers, and cached blocks those
-    buffers pin), then all of it is freed. The KV segment (it needs the KV pool) is not in it.
-    Run after ``glue_working_set`` (whose eager runs compile the kernels)."""
+    buffers pin), then all of it is freed. The KV segment (it needs the KV pool) is not in it."""
     device = worker.device
     vocab = int(worker.model_runner.model_config.vocab_size)
     lm_head = worker.target_worker.model_runner.model.lm_head.weight
