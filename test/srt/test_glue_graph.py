@@ -847,3 +847,55 @@ def test_glue_capture_footprint_on_the_device_is_repeatable_and_freed():
     assert after <= before + (64 << 20) and again <= after + (2 << 20), (before, after, again)
     assert first[0] >= first[1] > 0 and first[0] >= 0.9 * peak, (first, peak)
     assert first[0] - (64 << 20) <= second[0] <= first[0] + (2 << 20), (first, second)
+
+
+def test_e2e_greedy_difference_passes_only_as_a_nospec_near_tie():
+    """The e2e greedy and adaptive checks compare DDTREE with the non-speculative engine token
+    for token; a difference passes only where that engine's top two tokens after the common
+    prefix are the two tokens, within ``NEAR_TIE_NATS``. The probe runs only on a difference,
+    on prompt plus common prefix; a wider margin, a third token or a failed probe fails."""
+    from sglang_ddtree.testing import e2e
+    from sglang_ddtree.testing.near_tie import NEAR_TIE_NATS
+
+    prompts = [[5, 6], [7, 8, 9]]
+    base, tree = [[1, 2, 3], [4, 4, 4]], [[1, 2, 3], [4, 9, 4]]
+    asked = []
+
+    def probe_with(top2, margin):
+        def probe(prefix):
+            asked.append(prefix)
+            return top2, margin
+
+        return probe
+
+    same = e2e._compare_outputs(base, base, prompts, probe_with([0, 0], 0.0))
+    assert same["mismatches"] == 0 and e2e._rows_ok({"1": same}) and asked == []
+    tie = e2e._compare_outputs(base, tree, prompts, probe_with([9, 4], NEAR_TIE_NATS / 2))
+    assert asked == [[7, 8, 9, 4]]  # the prompt and the tokens both runs agree on
+    assert tie["mismatches"] == 1 and tie["near_ties"] == 1 and e2e._rows_ok({"1": tie})
+    assert tie["differences"][0]["prompt"] == 1 and tie["differences"][0]["tokens"] == [4, 9]
+    for top2, margin in (([9, 4], 2 * NEAR_TIE_NATS), ([9, 7], 0.0)):
+        bad = e2e._compare_outputs(base, tree, prompts, probe_with(top2, margin))
+        assert bad["near_ties"] == 0 and not e2e._rows_ok({"1": bad}), bad
+
+    def broken(prefix):
+        raise RuntimeError("engine down")
+
+    failed = e2e._compare_outputs(base, tree, prompts, broken)
+    assert (
+        not e2e._rows_ok({"1": failed}) and "engine down" in failed["differences"][0]["probe_error"]
+    )
+    assert not e2e._rows_ok({"1": e2e._compare_outputs(base, tree, prompts, None)})
+
+    # Through the adaptive summary: the same outputs pass with a near-tie probe, fail without.
+    outputs = {bs: base for bs in e2e.ADAPTIVE_BATCH_SIZES}
+    served = {bs: tree for bs in e2e.ADAPTIVE_BATCH_SIZES}
+    widths = {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}}
+    seg = {"graph": 10, "eager": 3, "captures": 3, "capture_failures": 0}
+    stats = {"by_width": widths, "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE,
+             "glue": {"tree_w33": seg}}  # fmt: skip
+    startup = {"glue": {"tree_w33": dict(seg, graph=0)}}
+    got = {"outputs": served, "accept": [2.0], "stats": stats, "startup_stats": startup}
+    tie_probe = probe_with([4, 9], 0.001)
+    assert e2e._adaptive_summary(outputs, got, prompts, tie_probe)["passed"]
+    assert not e2e._adaptive_summary(outputs, got, prompts, None)["passed"]

@@ -45,6 +45,7 @@ import time
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
+from sglang_ddtree.testing.near_tie import NEAR_TIE_NATS, first_difference, judge  # noqa: F401
 
 CONTEXT = 512
 KV_TOKENS = 4096
@@ -53,7 +54,6 @@ MAX_RUNNING = 32
 LOAD_REQUESTS = 512
 LOAD_CONCURRENCY = 64
 ABORT_FRACTION = 0.25
-NEAR_TIE_NATS = 0.01  # float16 arithmetic-order differences move a logit by ~1e-3
 
 
 def launch_cmd(
@@ -101,26 +101,6 @@ def top2(base: str, ids: list[int]) -> tuple[list[int], float]:
     return [t[1] for t in tops[:2]], tops[0][0] - tops[1][0]
 
 
-def first_difference(prompt: list[int], alone: list[int], together: list[int]) -> dict:
-    """Where two greedy outputs of ``prompt`` first differ: ``position``, the two ``tokens``
-    there (None where one output is a prefix of the other: a different length, never a tie)
-    and the ``prefix`` (prompt plus the common tokens) whose next token they disagree on."""
-    i = next((j for j, (x, y) in enumerate(zip(alone, together)) if x != y), None)
-    if i is None:
-        n = min(len(alone), len(together))
-        return {"position": n, "tokens": None, "prefix": prompt + alone[:n]}
-    return {"position": i, "tokens": [alone[i], together[i]], "prefix": prompt + alone[:i]}
-
-
-def classify_difference(diff: dict, top2_ids: list[int], margin: float) -> dict:
-    """``diff`` (from ``first_difference``) judged against the non-speculative server's top
-    two tokens after its prefix: a near-tie iff its two tokens are exactly those, at most
-    ``NEAR_TIE_NATS`` apart."""
-    tie = diff["tokens"] is not None and sorted(top2_ids) == sorted(diff["tokens"])
-    return dict(diff, top2=list(top2_ids), margin=round(margin, 6),
-                near_tie=bool(tie and margin <= NEAR_TIE_NATS))  # fmt: skip
-
-
 def greedy_differences(prompts_: list, alone: list, together: list) -> dict:
     """Greedy outputs sent alone vs in a batch: how many differ, and each first difference
     (judged later by ``judge_differences``). ``ok``: every request answered."""
@@ -138,16 +118,9 @@ def judge_differences(summary: dict, cases: list[str], probe) -> None:
     """Classify every case's greedy differences with ``probe(prefix) -> (top2 ids, margin)``
     (the non-speculative server) and set each case's ``passed``: ``ok``, serving after it, and
     every difference a near-tie."""
-    def judged(diff: dict) -> dict:
-        prefix = diff.pop("prefix")
-        try:
-            return classify_difference(diff, *probe(prefix))
-        except Exception as e:  # noqa: BLE001 - an unjudged difference fails its case
-            return dict(diff, near_tie=False, probe_error=f"{type(e).__name__}: {e}"[:300])
-
     for name in cases:
         res = summary[name]
-        diffs = [judged(d) for d in res.get("differences", [])]
+        diffs = [judge(d, probe) for d in res.get("differences", [])]
         res["differences"] = diffs
         res["near_ties"] = sum(d["near_tie"] for d in diffs)
         res["passed"] = bool(res["ok"] and res["serving_after"] and res["near_ties"] == len(diffs))
