@@ -2,10 +2,12 @@
 law's nucleus (``sampling.joint_top_k_top_p_renorm`` with top-k off) and, on a GPU, against
 sgl_kernel's ``top_p_renorm_prob`` (FlashInfer's), the kernel it can replace.
 
-A token's fate is fixed by ``G = mass strictly above it < top_p``; the kernels and the reference
-sum that mass in different orders, so a token whose ``G`` lies within ``EDGE`` of ``top_p`` may
-go either way. Every other token must get the same decision, every value the same ``p / Z``,
-and tied tokens the same fate. CPU: the kernel's logic under Triton's interpreter (a subprocess
+A token's fate is fixed by ``G = mass strictly above it < top_p``, judged here in float64. The
+kernel must decide every token whose ``G`` lies more than ``EDGE`` from ``top_p`` as float64
+does, give every kept value the same ``p / Z``, and tied tokens the same fate. The float32
+implementations it is also compared with (the torch reference's running sum, FlashInfer's
+block sums) may misjudge a token by their summation error, up to ``V * 2**-24``
+(``float32_edge``): they are compared outside that band. CPU: the kernel's logic under Triton's interpreter (a subprocess
 with TRITON_INTERPRET=1). GPU (``gpu`` marker): V = 151,936 rows, flat (random weights),
 gaussian and peaked, against both, and a CUDA-graph replay.
 """
@@ -18,6 +20,13 @@ import torch
 from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm, rank_and_mass_above
 
 EDGE = 1e-5  # |G - top_p| below this: either decision is a rounding of the same law
+
+
+def float32_edge(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[M, V] bool: tokens a float32 sum of up to V terms may misjudge (``V * 2**-24``, the
+    bound on a running sum's error for values summing to 1)."""
+    band = probs.shape[-1] * 2.0**-24
+    return (mass_above(probs.cpu()) - top_p.cpu().double()[:, None]).abs() < max(band, EDGE)
 
 
 def mass_above(probs: torch.Tensor) -> torch.Tensor:
@@ -47,7 +56,8 @@ def check_nucleus(out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -
     want = torch.where(kept, probs.double() / z, 0)
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-9)
     ref = joint_top_k_top_p_renorm(probs, torch.zeros(probs.shape[0], dtype=torch.int64), top_p)
-    assert torch.equal((ref > 0) & ~edge, kept & ~edge)
+    loose = float32_edge(probs, top_p)
+    assert torch.equal((ref > 0) & ~loose, kept & ~loose)
     return int(edge.sum())
 
 
@@ -164,8 +174,7 @@ def test_triton_top_p_on_gpu_matches_flashinfer_and_replays_in_a_graph():
         ours = top_p_renorm_triton(probs, top_p)
         check_nucleus(ours, probs, top_p)
         theirs = top_p_renorm_prob(probs, top_p)
-        edge = (mass_above(probs.cpu()) - top_p.cpu().double()[:, None]).abs() < EDGE
-        differ = ((ours > 0) != (theirs > 0)).cpu() & ~edge
+        differ = ((ours > 0) != (theirs > 0)).cpu() & ~float32_edge(probs, top_p)
         assert not differ.any(), (kind, int(differ.sum()))
     static = rows(m, vocab, "gaussian", g).cuda()
     top_p_renorm_triton(static, top_p)  # compile outside the graph
