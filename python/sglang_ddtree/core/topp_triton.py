@@ -106,14 +106,16 @@ def _pivot_pass(
     if chunk == 0:  # every program of the row derived the same interval; one records it
         tl.store(state_ptr + (PASS * M + row) * 2, lo)
         tl.store(state_ptr + (PASS * M + row) * 2 + 1, hi)
-    acc = tl.zeros([NP], dtype=tl.float32)
+    # One [BLOCK, NP] accumulator, reduced once at the end: a reduction across the block per
+    # step would cost more than the compares themselves.
+    acc = tl.zeros([BLOCK_SIZE, NP], dtype=tl.float32)
     start = chunk * CHUNK_SIZE
     for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
         cols = start + off + tl.arange(0, BLOCK_SIZE)
         p = tl.load(probs_ptr + row.to(tl.int64) * V + cols, mask=cols < V, other=0.0)
         key = p.to(tl.int32, bitcast=True)
-        acc += tl.sum(tl.where(key[:, None] > piv[None, :], p[:, None], 0.0), axis=0)
-    tl.store(partial_ptr + ((PASS * M + row) * C + chunk) * NP + idx, acc)
+        acc += tl.where(key[:, None] > piv[None, :], p[:, None], 0.0)
+    tl.store(partial_ptr + ((PASS * M + row) * C + chunk) * NP + idx, tl.sum(acc, axis=0))
 
 
 @triton.jit
