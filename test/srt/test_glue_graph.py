@@ -610,8 +610,10 @@ def test_largest_keys_cover_each_width_at_its_largest_batch():
     from sglang_ddtree.srt.ddtree_glue_warmup import largest_keys
 
     schedule = BudgetSchedule.parse("1:33,4:17,32:16")
-    assert largest_keys(schedule, 64) == [(3, 33), (31, 17), (64, 16)]
-    assert largest_keys(schedule, 8) == [(3, 33), (8, 17)]  # the bs >= 32 bucket: no graphs
+    # Largest batch first, as the startup capture goes: measured in increasing order, each key
+    # needed new blocks and the measure held 1.46x what the startup capture took (8B shape).
+    assert largest_keys(schedule, 64) == [(64, 16), (31, 17), (3, 33)]
+    assert largest_keys(schedule, 8) == [(8, 17), (3, 33)]  # the bs >= 32 bucket: no graphs
     assert largest_keys(schedule, 1) == [(1, 33)]
     assert largest_keys(BudgetSchedule.fixed(65), 16) == [(16, 65)]
 
@@ -701,7 +703,7 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
     worker = _fake_worker("cpu")
     schedule = worker.budget_schedule
     peak, key, per_width = warm.glue_working_set(worker, max_bs=4)
-    assert peak == 1234 and key == (2, 9)  # the first W measured keeps the tie
+    assert peak == 1234 and key == (4, 5)  # the first W measured (largest batch) keeps the tie
     outputs = warm.glue_output_bytes(per_width, schedule, 4)
 
     # By hand, per request (S = 4): the tree's outputs are 6 int64 [W] rows (tokens, four
@@ -790,8 +792,9 @@ def test_glue_capture_footprint_runs_every_segment_and_frees_them(monkeypatch):
     kept, pool = warm.glue_capture_footprint(worker, max_bs=4)
     assert (kept, pool) == (10 << 20, 6 << 20)  # two keys x five modes, 1 MiB each
     modes = warm.accept_modes()
-    assert ran == [((2, 9), (18, 64), (2,), m) for m in modes] + [
-        ((4, 5), (20, 64), (4,), m) for m in modes
+    # Largest batch first, as the startup capture goes (the pool's blocks reused the same way).
+    assert ran == [((4, 5), (20, 64), (4,), m) for m in modes] + [
+        ((2, 9), (18, 64), (2,), m) for m in modes
     ]
     assert calls[-1] == "empty_cache"  # freed on the way out
 

@@ -80,11 +80,13 @@ def dummy_sampling_info(mode: tuple, bs: int, device) -> SimpleNamespace | None:
 
 def largest_keys(schedule, max_bs: int) -> list[tuple[int, int]]:
     """``(bs, W)`` for each W of ``schedule`` (a ``BudgetSchedule``): the largest batch size
-    up to ``max_bs`` that W serves. Buckets that start above ``max_bs`` are left out."""
+    up to ``max_bs`` that W serves, largest batch first (the startup capture's order, so a
+    capture measuring them reuses the pool's blocks as that one does). Buckets that start above
+    ``max_bs`` are left out."""
     keys = {}
     for bs in range(1, int(max_bs) + 1):
         keys[schedule.num_nodes_for(bs)] = bs
-    return sorted((bs, w) for w, bs in keys.items())
+    return sorted(((bs, w) for w, bs in keys.items()), reverse=True)
 
 
 BLOCK = 512  # bytes: the CUDA caching allocator's smallest block
