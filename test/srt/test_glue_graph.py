@@ -902,3 +902,47 @@ def test_e2e_greedy_difference_passes_only_as_a_nospec_near_tie():
     tie_probe = probe_with([4, 9], 0.001)
     assert e2e._adaptive_summary(outputs, got, prompts, tie_probe)["passed"]
     assert not e2e._adaptive_summary(outputs, got, prompts, None)["passed"]
+
+
+def test_e2e_top2_probe_starts_one_engine_and_reads_its_top_logprobs(monkeypatch):
+    """The probe starts the non-speculative engine once (none where nothing differs), reads
+    the top two tokens and their logprob gap from SGLang's ``output_top_logprobs``, and after a
+    failed start fails every later probe without starting again."""
+    from contextlib import ExitStack, contextmanager
+
+    from sglang_ddtree.testing import e2e
+
+    starts, asked = [], []
+
+    class FakeEngine:
+        def generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num):
+            asked.append((input_ids, sampling_params["max_new_tokens"], top_logprobs_num))
+            return {"meta_info": {"output_top_logprobs": [[(-0.5, 71, None), (-0.504, 70, None)]]}}
+
+    @contextmanager
+    def fake_engine(**kwargs):
+        starts.append(kwargs.get("speculative_algorithm"))
+        yield FakeEngine()
+
+    monkeypatch.setattr(e2e, "engine", fake_engine)
+    with ExitStack() as stack:
+        probe = e2e._lazy_top2_probe(stack, "t", "d")
+        assert starts == []
+        for prefix in ([1, 2], [3]):
+            top2, margin = probe(prefix)
+            assert top2 == [71, 70] and abs(margin - 0.004) < 1e-9
+    assert starts == [None] and asked == [([1, 2], 1, 2), ([3], 1, 2)]  # one no-spec engine
+
+    @contextmanager
+    def broken_engine(**kwargs):
+        starts.append("broken")
+        raise RuntimeError("out of memory")
+        yield
+
+    monkeypatch.setattr(e2e, "engine", broken_engine)
+    with ExitStack() as stack:
+        probe = e2e._lazy_top2_probe(stack, "t", "d")
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="out of memory"):
+                probe([1])
+    assert starts.count("broken") == 1

@@ -6,10 +6,11 @@ check starts its own ``sgl.Engine``(s) (CUDA graphs on, triton attention) and re
 
 Checks:
 - ``greedy``: DDTREE greedy == no-speculation greedy, token for token up to near-ties
-  (``testing/near_tie``: at a first difference the two tokens are the non-speculative engine's
-  top two, at most ``NEAR_TIE_NATS`` apart; that engine restarts only to judge a difference),
-  32 prompts at batch 1, 4, 16 and 32 (same engine settings, same batching; batch 32 is the default schedule's W = B
-  bucket and runs without CUDA graphs, above this engine's graph max of 16).
+  (``testing/near_tie``: at a first difference the two tokens are the non-speculative
+  engine's top two, at most ``NEAR_TIE_NATS`` apart; that engine restarts only to judge a
+  difference), 32 prompts at batch 1, 4, 16 and 32 (same engine settings, same batching;
+  batch 32 is the default schedule's W = B bucket and runs without CUDA graphs, above this
+  engine's graph max of 16).
 - ``sampling``: at T=1.0 and at T=0.7/top_p=0.9 the DDTREE output law equals no-speculation
   sampling (per-position two-sample chi-squared tests, Bonferroni-combined, p > 0.001), and a
   deliberately wrong DDTREE (verify coins scaled by 0.5 via ``SGLANG_DDTREE_TEST_COIN_SCALE``,
@@ -18,14 +19,15 @@ Checks:
 - ``server``: see `sglang_ddtree.testing.server_check`.
 - ``adaptive``: one DDTREE engine with the budget schedule
   ``SGLANG_DDTREE_BUDGET_SCHEDULE=1:33,4:17`` (block-8 drafter: W=33 for bs 1..3, W=17 for
-  bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W switches
-  inside a run): greedy output == no speculation (up to near-ties, as above), and every verify step of both widths replayed
-  a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``; no eager step, no width mismatch),
-  and every glue segment (tree, accept, KV; ``srt/ddtree_glue_graph.py``) replayed its graph on every step
-  except the one that captured it, with no capture failure; with
-  glue graphs captured at startup (the default) also no glue capture after startup, and the
-  memory the startup capture took within what the constructor held for it before the KV pool
-  was sized (``GLUE_MEMORY_SLACK``). Run only it with ``--checks adaptive``.
+  bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W
+  switches inside a run): greedy output == no speculation (up to near-ties, as above); every
+  verify step of both widths replayed a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``;
+  no eager step, no width mismatch); every glue segment (tree, accept, KV;
+  ``srt/ddtree_glue_graph.py``) replayed its graph on every step except the one that captured
+  it, with no capture failure; with glue graphs captured at startup (the default) also no glue
+  capture after startup, and the memory the startup capture took within what the constructor
+  held for it before the KV pool was sized (``GLUE_MEMORY_SLACK``). Run only it with
+  ``--checks adaptive``.
 """
 
 from __future__ import annotations
@@ -396,11 +398,17 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
 def _lazy_top2_probe(stack: ExitStack, target: str, draft: str):
     """``probe(prefix) -> (top2 ids, margin)`` on a non-speculative engine that starts on the
     first call (only when some greedy output differs) and stops with ``stack``."""
-    held = []
+    held, failed = [], []
 
     def probe(prefix: list[int]) -> tuple[list[int], float]:
+        if failed:  # one start attempt: every later difference fails with its error
+            raise RuntimeError(f"the non-speculative engine did not start: {failed[0]}")
         if not held:
-            held.append(stack.enter_context(engine(**engine_kwargs(target, draft, None))))
+            try:
+                held.append(stack.enter_context(engine(**engine_kwargs(target, draft, None))))
+            except Exception as e:
+                failed.append(f"{type(e).__name__}: {e}")
+                raise
         out = held[0].generate(
             input_ids=prefix,
             sampling_params={"temperature": 0.0, "max_new_tokens": 1},
