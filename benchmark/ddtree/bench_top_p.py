@@ -2,7 +2,9 @@
 (FlashInfer's) against ``core.topp_triton.top_p_renorm_triton``, on ``[M, V]`` float32
 probability rows of three shapes (``bench_core.target_rows``: flat = random weights, gaussian,
 zipf = peaked), M = bs x W tree rows, each replayed from a CUDA graph (median of ``--iters``).
-Also counts the tokens whose kept / dropped decision differs between the two.
+Also counts the tokens whose kept / dropped decision differs between the two, and for each
+kernel the tokens it decides against the float64 law (``G`` = the mass strictly above a token,
+summed in float64; kept iff ``G < top_p``) where ``G`` is more than ``EDGE`` from ``top_p``.
 
     python benchmark/ddtree/bench_top_p.py --out DIR
     python benchmark/ddtree/bench_top_p.py --rows 33 136 1024 --vocab 163840 --out DIR
@@ -22,6 +24,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_core import TARGET_ROWS, target_rows, time_graph  # noqa: E402
+
+EDGE = 1e-5  # |G - top_p| below this: either decision is a rounding of the same law
+
+
+def off_float64(kept: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> int:
+    """Tokens (of nonzero probability) whose kept / dropped decision in ``kept`` ([M, V] bool)
+    differs from the float64 law's, ``EDGE`` or more away from its boundary."""
+    from sglang_ddtree.core.sampling import rank_and_mass_above
+
+    _, order, _, above = rank_and_mass_above(probs.double())
+    g = torch.empty_like(above).scatter_(-1, order, above)
+    p = top_p.double()[:, None]
+    law = (g < p) | (p >= 1)
+    return int(((kept != law) & ((g - p).abs() >= EDGE) & (probs > 0)).sum())
 
 
 def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict:
@@ -43,6 +59,8 @@ def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict
         "kept_flashinfer": int((theirs > 0).sum()),
         "kept_triton": int((ours > 0).sum()),
         "decisions_differ": int(((ours > 0) != (theirs > 0)).sum()),
+        "flashinfer_off_float64": off_float64(theirs > 0, probs, p),
+        "triton_off_float64": off_float64(ours > 0, probs, p),
     }
     cell["speedup"] = cell["flashinfer_us"] / cell["triton_us"]
     return cell
@@ -74,13 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"top_p {args.top_p}, microseconds per call (CUDA-graph replay, median)",
         "",
-        "| V | rows | shape | FlashInfer | Triton | speedup | decisions differ |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "| V | rows | shape | FlashInfer | Triton | speedup | decisions differ | off float64: "
+        "FlashInfer / Triton |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         lines.append(
             f"| {c['vocab']} | {c['rows']} | {c['shape']} | {c['flashinfer_us']:.1f} | "
-            f"{c['triton_us']:.1f} | {c['speedup']:.2f} | {c['decisions_differ']} |"
+            f"{c['triton_us']:.1f} | {c['speedup']:.2f} | {c['decisions_differ']} | "
+            f"{c['flashinfer_off_float64']} / {c['triton_off_float64']} |"
         )
     with open(os.path.join(args.out, "bench_top_p.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

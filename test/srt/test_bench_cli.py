@@ -222,3 +222,23 @@ def test_bench_top_p_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # shapes are bench_core's
         mod.main(["--out", str(tmp_path), "--shapes", "uniform"])
+
+
+def test_bench_top_p_counts_decisions_against_the_float64_law(load_benchmark):
+    """``off_float64`` is 0 for the law's own set (and for any choice at its edge) and counts
+    every token a wrong cut moves."""
+    mod = load_benchmark("bench_top_p")
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(3, 400, generator=g), dim=-1)
+    top_p = torch.tensor([0.9, 0.5, 1.0])
+    from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm
+
+    law = joint_top_k_top_p_renorm(probs.double(), torch.zeros(3, dtype=torch.int64), top_p) > 0
+    assert mod.off_float64(law, probs, top_p) == 0
+    # Row 0 keeps its five most probable tokens fewer; row 2 (top_p 1) drops one.
+    wrong = law.clone()
+    order = torch.argsort(probs[0], descending=True)
+    kept0 = int(law[0].sum())
+    wrong[0, order[kept0 - 5 : kept0]] = False
+    wrong[2, 0] = False
+    assert mod.off_float64(wrong, probs, top_p) == 6
