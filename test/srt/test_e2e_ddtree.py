@@ -26,10 +26,9 @@ import os
 
 import pytest
 
+from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
+
 pytestmark = pytest.mark.gpu
-
-
-SPLIT_LOG_LINE = "tree-verify attention through core.tree_attention"
 
 
 @pytest.fixture(scope="module")

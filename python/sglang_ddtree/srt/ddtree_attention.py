@@ -24,6 +24,8 @@ import os
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DDTREE_TREE_ATTENTION"
+# Logged once per process when a verify takes the split (the e2e and in-tree checks look for it).
+SPLIT_LOG_LINE = "tree-verify attention through core.tree_attention"
 
 
 def _value(environ=None) -> str:
@@ -99,11 +101,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
-        logger.warning(
-            "DDTREE: tree-verify attention through core.tree_attention (%s=0 keeps the "
-            "backend's extend kernel).",
-            ENV,
-        )
+        logger.warning("DDTREE: %s (%s=0 keeps the backend's extend kernel).", SPLIT_LOG_LINE, ENV)
     pool = backend.token_to_kv_pool  # the backend's pool, as its own extend writes it
     if save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
