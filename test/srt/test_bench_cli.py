@@ -203,25 +203,29 @@ def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
         mod.main(["--out", str(tmp_path), "--configs", "eagle"])
 
 
-def test_bench_tree_attention_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "name, message, valid, invalid",
+    [
+        # K2.6's MLA shape is valid; MLA's values are a slice of one KV head's keys.
+        ("bench_tree_attention", "no CUDA GPU here", ["--mla"],
+         ["--mla", "--heads", "16", "2", "576"]),
+        # Row shapes are bench_core's.
+        ("bench_top_p", "needs a CUDA GPU", [], ["--shapes", "uniform"]),
+    ],
+)  # fmt: skip
+def test_kernel_bench_refuses_without_a_gpu(
+    load_benchmark, tmp_path, capsys, name, message, valid, invalid
+):
+    """A kernel benchmark on a machine without CUDA: exit 2 with a message for valid flags,
+    argparse's exit for invalid ones."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    mod = load_benchmark("bench_tree_attention")
+    mod = load_benchmark(name)
     assert mod.main(["--out", str(tmp_path)]) == 2
-    assert "no CUDA GPU here" in capsys.readouterr().err
-    assert mod.main(["--out", str(tmp_path), "--mla"]) == 2  # K2.6's MLA shape is valid
-    with pytest.raises(SystemExit):  # MLA's values are a slice of one KV head's keys
-        mod.main(["--out", str(tmp_path), "--mla", "--heads", "16", "2", "576"])
-
-
-def test_bench_top_p_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a CUDA GPU")
-    mod = load_benchmark("bench_top_p")
-    assert mod.main(["--out", str(tmp_path)]) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # shapes are bench_core's
-        mod.main(["--out", str(tmp_path), "--shapes", "uniform"])
+    assert message in capsys.readouterr().err
+    assert mod.main(["--out", str(tmp_path), *valid]) == 2
+    with pytest.raises(SystemExit):
+        mod.main(["--out", str(tmp_path), *invalid])
 
 
 def test_bench_top_p_counts_decisions_against_the_float64_law(load_benchmark):
