@@ -546,29 +546,38 @@ def test_startup_modes_are_every_accept_mode():
     assert not glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "0"})
 
 
+def _seg(graph, eager, captures):
+    """One glue segment's counts in ``SGLANG_DDTREE_GRAPH_STATS``."""
+    return {"graph": graph, "eager": eager, "captures": captures, "capture_failures": 0}
+
+
+def _adaptive_stats(glue: dict) -> dict:
+    """Graph stats of an adaptive run whose verifies all replayed, with the glue counts given."""
+    from sglang_ddtree.testing import e2e
+
+    widths = {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}}
+    return {"by_width": widths, "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE,
+            "glue": glue}  # fmt: skip
+
+
 def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     """The e2e adaptive check with glue graphs captured at startup: the segments serving used
     replay, and one capture after startup fails the check."""
     from sglang_ddtree.testing import e2e
 
-    def seg(graph, eager, captures):
-        return {"graph": graph, "eager": eager, "captures": captures, "capture_failures": 0}
-
     outputs = {bs: [[1, 2]] * bs for bs in e2e.ADAPTIVE_BATCH_SIZES}
-    widths = {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}}
-    startup = {"glue": {"tree_w33": seg(0, 3, 3), "accept_w33": seg(0, 5, 5)}}
-    stats = {"by_width": widths, "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE,
-             "glue": {"tree_w33": seg(10, 3, 3), "accept_w33": seg(0, 5, 5)}}  # fmt: skip
+    startup = {"glue": {"tree_w33": _seg(0, 3, 3), "accept_w33": _seg(0, 5, 5)}}
+    stats = _adaptive_stats({"tree_w33": _seg(10, 3, 3), "accept_w33": _seg(0, 5, 5)})
     got = {"outputs": outputs, "accept": [2.0], "stats": stats, "startup_stats": startup}
     ok = e2e._adaptive_summary(outputs, got)
     assert ok["passed"] and ok["glue_captures_while_serving"] == 0
     assert list(ok["glue_graphs_ok"]) == ["tree_w33"]  # the unserved sampled mode is not judged
-    stats["glue"]["tree_w33"] = seg(10, 4, 4)  # one more capture after startup
+    stats["glue"]["tree_w33"] = _seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
     # Startup capture on (the default) but no counts before the first request: fails; off: the
     # lazy rule (eager only on capture steps) alone.
-    lazy_stats = {**stats, "glue": {"tree_w33": seg(10, 3, 3), "accept_w33": seg(10, 5, 5)}}
+    lazy_stats = {**stats, "glue": {"tree_w33": _seg(10, 3, 3), "accept_w33": _seg(10, 5, 5)}}
     lazy = {**got, "stats": lazy_stats, "startup_stats": None}
     monkeypatch.delenv("SGLANG_DDTREE_GLUE_AT_STARTUP", raising=False)
     assert not e2e._adaptive_summary(outputs, lazy)["passed"]
@@ -589,15 +598,10 @@ def test_adaptive_check_fails_when_startup_capture_outgrows_what_was_held():
     assert e2e.glue_memory_check({"memory_gib": limit - 1e-3, "reserved_gib": held})["passed"]
     assert not e2e.glue_memory_check({"memory_gib": limit + 1e-3, "reserved_gib": held})["passed"]
 
-    def seg(graph, eager, captures):
-        return {"graph": graph, "eager": eager, "captures": captures, "capture_failures": 0}
-
     outputs = {bs: [[1, 2]] * bs for bs in e2e.ADAPTIVE_BATCH_SIZES}
-    glue = {"tree_w33": seg(10, 3, 3)}
-    stats = {"by_width": {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}},
-             "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE, "glue": glue}  # fmt: skip
+    stats = _adaptive_stats({"tree_w33": _seg(10, 3, 3)})
     for grown, ok in ((held, True), (limit + 0.01, False)):
-        at_start = {"tree_w33": seg(0, 3, 3)}  # captured at startup, replayed while serving
+        at_start = {"tree_w33": _seg(0, 3, 3)}  # captured at startup, replayed while serving
         startup = {"glue": at_start, "startup": {"memory_gib": grown, "reserved_gib": held}}
         got = {"outputs": outputs, "accept": [2.0], "stats": stats, "startup_stats": startup}
         assert e2e._adaptive_summary(outputs, got)["passed"] is ok
@@ -893,11 +897,8 @@ def test_e2e_greedy_difference_passes_only_as_a_nospec_near_tie():
     # Through the adaptive summary: the same outputs pass with a near-tie probe, fail without.
     outputs = {bs: base for bs in e2e.ADAPTIVE_BATCH_SIZES}
     served = {bs: tree for bs in e2e.ADAPTIVE_BATCH_SIZES}
-    widths = {"33": {"graph": 5, "eager": 0}, "17": {"graph": 5, "eager": 0}}
-    seg = {"graph": 10, "eager": 3, "captures": 3, "capture_failures": 0}
-    stats = {"by_width": widths, "width_mismatches": 0, "schedule": e2e.ADAPTIVE_SCHEDULE,
-             "glue": {"tree_w33": seg}}  # fmt: skip
-    startup = {"glue": {"tree_w33": dict(seg, graph=0)}}
+    stats = _adaptive_stats({"tree_w33": _seg(10, 3, 3)})
+    startup = {"glue": {"tree_w33": _seg(0, 3, 3)}}
     got = {"outputs": served, "accept": [2.0], "stats": stats, "startup_stats": startup}
     tie_probe = probe_with([4, 9], 0.001)
     assert e2e._adaptive_summary(outputs, got, prompts, tie_probe)["passed"]

@@ -42,7 +42,7 @@ from contextlib import ExitStack, contextmanager
 
 from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled
 from sglang_ddtree.testing import tiny_models
-from sglang_ddtree.testing.near_tie import first_difference, judge
+from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
 NUM_PROMPTS = 32
 GREEDY_NEW_TOKENS = 48
@@ -415,8 +415,7 @@ def _lazy_top2_probe(stack: ExitStack, target: str, draft: str):
             return_logprob=True,
             top_logprobs_num=2,
         )
-        tops = out["meta_info"]["output_top_logprobs"][0]
-        return [t[1] for t in tops[:2]], tops[0][0] - tops[1][0]
+        return top2_of(out["meta_info"])
 
     return probe
 

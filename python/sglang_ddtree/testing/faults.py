@@ -45,7 +45,12 @@ import time
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
-from sglang_ddtree.testing.near_tie import NEAR_TIE_NATS, first_difference, judge  # noqa: F401
+from sglang_ddtree.testing.near_tie import (  # noqa: F401
+    NEAR_TIE_NATS,
+    first_difference,
+    judge,
+    top2_of,
+)
 
 CONTEXT = 512
 KV_TOKENS = 4096
@@ -97,8 +102,7 @@ def top2(base: str, ids: list[int]) -> tuple[list[int], float]:
     )  # fmt: skip
     if code != 200:
         raise RuntimeError(f"top-2 probe failed: HTTP {code} {str(body)[:200]}")
-    tops = body["meta_info"]["output_top_logprobs"][0]
-    return [t[1] for t in tops[:2]], tops[0][0] - tops[1][0]
+    return top2_of(body["meta_info"])
 
 
 def greedy_differences(prompts_: list, alone: list, together: list) -> dict:

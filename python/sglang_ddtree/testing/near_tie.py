@@ -14,6 +14,13 @@ from __future__ import annotations
 NEAR_TIE_NATS = 0.01  # float16 arithmetic-order differences move a logit by ~1e-3
 
 
+def top2_of(meta_info: dict) -> tuple[list[int], float]:
+    """The two most likely first tokens and their logit margin (nats) from an SGLang response's
+    ``meta_info`` (a one-token greedy request with ``top_logprobs_num=2``)."""
+    tops = meta_info["output_top_logprobs"][0]
+    return [t[1] for t in tops[:2]], tops[0][0] - tops[1][0]
+
+
 def first_difference(prompt: list[int], alone: list[int], together: list[int]) -> dict:
     """Where two greedy outputs of ``prompt`` first differ: ``position``, the two ``tokens``
     there (None where one output is a prefix of the other: a different length, never a tie)
