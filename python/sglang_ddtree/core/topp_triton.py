@@ -36,7 +36,7 @@ import triton.language as tl
 PIVOTS = 32  # per pass: 31 interior keys plus the interval's top
 ONE_KEY = 0x3F800000  # float32 1.0's bit pattern: no probability lies above it
 _ONE_KEY = tl.constexpr(ONE_KEY)
-CHUNK = 8192  # vocabulary entries per program; fixed, so the sums' order is too
+CHUNK = 4096  # vocabulary entries per program; fixed, so the sums' order is too
 BLOCK = 128  # entries per step inside a program
 
 
@@ -106,16 +106,18 @@ def _pivot_pass(
     if chunk == 0:  # every program of the row derived the same interval; one records it
         tl.store(state_ptr + (PASS * M + row) * 2, lo)
         tl.store(state_ptr + (PASS * M + row) * 2 + 1, hi)
-    # One [BLOCK, NP] accumulator, reduced once at the end: a reduction across the block per
-    # step would cost more than the compares themselves.
-    acc = tl.zeros([BLOCK_SIZE, NP], dtype=tl.float32)
+    # One [NP, BLOCK] accumulator, reduced once at the end: a reduction across the block per
+    # step would cost more than the compares themselves. The vocabulary runs along the last
+    # axis so each thread compares the entry it loaded against every pivot; the [BLOCK, NP]
+    # orientation made the compiler move every loaded block through shared memory.
+    acc = tl.zeros([NP, BLOCK_SIZE], dtype=tl.float32)
     start = chunk * CHUNK_SIZE
     for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
         cols = start + off + tl.arange(0, BLOCK_SIZE)
         p = tl.load(probs_ptr + row.to(tl.int64) * V + cols, mask=cols < V, other=0.0)
         key = p.to(tl.int32, bitcast=True)
-        acc += tl.where(key[:, None] > piv[None, :], p[:, None], 0.0)
-    tl.store(partial_ptr + ((PASS * M + row) * C + chunk) * NP + idx, tl.sum(acc, axis=0))
+        acc += tl.where(key[None, :] > piv[:, None], p[None, :], 0.0)
+    tl.store(partial_ptr + ((PASS * M + row) * C + chunk) * NP + idx, tl.sum(acc, axis=1))
 
 
 @triton.jit
