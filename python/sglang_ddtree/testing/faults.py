@@ -45,12 +45,7 @@ import time
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
-from sglang_ddtree.testing.near_tie import (  # noqa: F401
-    NEAR_TIE_NATS,
-    first_difference,
-    judge,
-    top2_of,
-)
+from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
 CONTEXT = 512
 KV_TOKENS = 4096
