@@ -199,8 +199,16 @@ fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True)
                      out_cache_loc=loc, batch_size=2)
 calls = []
 original = lambda *a, **kw: calls.append(a) or "original"
+# The first verify that takes the split logs SPLIT_LOG_LINE (the e2e and in-tree checks read it).
+import logging
+from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
+logged = []
+handler = logging.Handler()
+handler.emit = lambda record: logged.append(record.getMessage())
+logging.getLogger("sglang_ddtree.srt.ddtree_attention").addHandler(handler)
 ddtree_requests.set_active(True)
 out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_v, layer, fb)
+assert len(logged) == 1 and SPLIT_LOG_LINE in logged[0], logged
 want = tree_attention_reference(q, want_k, want_v, indptr, indices, loc, mask, scale)
 assert not calls and out.shape == (10, 64)
 assert (out.view(10, 4, 16) - want).abs().max() < 1e-4
@@ -236,6 +244,7 @@ assert (out.view(10, 4, 32) - want).abs().max() < 1e-4
 assert torch.equal(k_buf, want_k)
 ddtree_requests.set_active(False)
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+assert len(logged) == 1  # once per process
 print("interpreted attention hook OK")
 """
 
