@@ -7,9 +7,11 @@ kernel must decide every token whose ``G`` lies more than ``EDGE`` from ``top_p`
 does, give every kept value the same ``p / Z``, and tied tokens the same fate. The float32
 implementations it is also compared with (the torch reference's running sum, FlashInfer's
 block sums) may misjudge a token by their summation error, up to ``V * 2**-24``
-(``float32_edge``): they are compared outside that band. CPU: the kernel's logic under Triton's interpreter (a subprocess
-with TRITON_INTERPRET=1). GPU (``gpu`` marker): V = 151,936 rows, flat (random weights),
-gaussian and peaked, against both, and a CUDA-graph replay.
+(``float32_edge``): they are compared outside that band.
+
+CPU: the kernel's logic under Triton's interpreter (a subprocess with TRITON_INTERPRET=1). GPU
+(``gpu`` marker): V = 151,936 rows, flat (random weights), gaussian and peaked, against both,
+and a CUDA-graph replay.
 """
 
 from __future__ import annotations
