@@ -76,6 +76,8 @@ def rows(m: int, vocab: int, kind: str, generator: torch.Generator) -> torch.Ten
         logits = torch.randint(0, 4, (m, vocab), generator=generator).float()
     elif kind == "bf16":  # bf16-rounded logits: many exact ties
         logits = (3 * torch.randn(m, vocab, generator=generator)).bfloat16().float()
+    elif kind == "wide":  # logits N(0, 40^2): probabilities down to denormals and zeros
+        logits = 40 * torch.randn(m, vocab, generator=generator)
     else:
         raise ValueError(kind)
     return torch.softmax(logits, dim=-1)
@@ -88,7 +90,7 @@ from sglang_ddtree.core.topp_triton import top_p_renorm_triton
 
 g = torch.Generator().manual_seed(0)
 top_p = torch.tensor([0.9, 0.5, 1.0, 1e-4, 0.999, 0.95])
-for kind in ("flat", "gaussian", "peaked", "ties", "bf16"):
+for kind in ("flat", "gaussian", "peaked", "ties", "bf16", "wide"):
     # 3 chunks of 256 with a partial last one; V not a multiple of the 128-entry step.
     probs = rows(6, 700, kind, g)
     out = top_p_renorm_triton(probs, top_p, chunk=256)
@@ -160,7 +162,7 @@ def test_the_check_catches_a_wrong_nucleus():
 def test_triton_top_p_on_gpu_matches_flashinfer_and_replays_in_a_graph():
     """V = 151,936 rows, M = 136 (bs 8 x W 17): the same nucleus as the torch reference and as
     sgl_kernel's ``top_p_renorm_prob`` (up to edge tokens), and the same output when replayed
-    from a CUDA graph on new rows."""
+    from a CUDA graph on new rows; M = 17 (the shorter chunks) against the reference."""
     from sgl_kernel import top_p_renorm_prob
 
     from sglang_ddtree.core.topp_triton import top_p_renorm_triton
@@ -171,13 +173,17 @@ def test_triton_top_p_on_gpu_matches_flashinfer_and_replays_in_a_graph():
     top_p[:8] = 0.95
     top_p[8] = 1.0
     top_p = top_p.cuda()
-    for kind in ("flat", "gaussian", "peaked", "bf16"):
+    for kind in ("flat", "gaussian", "peaked", "bf16", "wide"):
         probs = rows(m, vocab, kind, g).cuda()
         ours = top_p_renorm_triton(probs, top_p)
         check_nucleus(ours, probs, top_p)
         theirs = top_p_renorm_prob(probs, top_p)
         differ = ((ours > 0) != (theirs > 0)).cpu() & ~float32_edge(probs, top_p)
         assert not differ.any(), (kind, int(differ.sum()))
+    few = 17  # below FEW_ROWS: the shorter chunks
+    for kind in ("flat", "peaked"):
+        probs = rows(few, vocab, kind, g).cuda()
+        check_nucleus(top_p_renorm_triton(probs, top_p[:few]), probs, top_p[:few])
     static = rows(m, vocab, "gaussian", g).cuda()
     top_p_renorm_triton(static, top_p)  # compile outside the graph
     graph = torch.cuda.CUDAGraph()

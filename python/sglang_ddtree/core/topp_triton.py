@@ -37,8 +37,11 @@ import triton.language as tl
 PIVOTS = 32  # per pass: 31 interior keys plus the interval's top
 ONE_KEY = 0x3F800000  # float32 1.0's bit pattern: no probability lies above it
 _ONE_KEY = tl.constexpr(ONE_KEY)
-CHUNK = 4096  # vocabulary entries per program; fixed, so the sums' order is too
+CHUNK = 8192  # vocabulary entries per program; fixed per row count, so the sums' order is too
+CHUNK_FEW_ROWS = 4096  # below FEW_ROWS rows: more, shorter programs to fill the GPU
+FEW_ROWS = 32
 BLOCK = 128  # entries per step inside a program
+_SCALE = tl.constexpr(2.0**127)  # keys are at most 1.0: p * 2^127 stays finite
 
 
 def _passes() -> int:
@@ -112,12 +115,21 @@ def _pivot_pass(
     # axis so each thread compares the entry it loaded against every pivot; the [BLOCK, NP]
     # orientation made the compiler move every loaded block through shared memory.
     acc = tl.zeros([NP, BLOCK_SIZE], dtype=tl.float32)
+    # ``key > pivot`` as floats, two float ops per pivot (no integer compare and select):
+    # ``ind = sat(p * 2^127 - pivot * 2^127)`` (both products exact) is 1 when ``p > pivot``
+    # and 0 otherwise, then ``acc += p * ind``. Only where ``p - pivot`` is below 2^-127 (both
+    # under ~2^-103) can ``ind`` fall in between, which moves ``G`` by less than 1e-26.
+    neg_pivot = -(piv.to(tl.float32, bitcast=True) * _SCALE)
     start = chunk * CHUNK_SIZE
-    for off in range(0, CHUNK_SIZE, BLOCK_SIZE):
-        cols = start + off + tl.arange(0, BLOCK_SIZE)
-        p = tl.load(probs_ptr + row.to(tl.int64) * V + cols, mask=cols < V, other=0.0)
-        key = p.to(tl.int32, bitcast=True)
-        acc += tl.where(key[None, :] > piv[:, None], p[None, :], 0.0)
+    base = probs_ptr + row.to(tl.int64) * V
+    cols = start + tl.arange(0, BLOCK_SIZE)
+    p = tl.load(base + cols, mask=cols < V, other=0.0)
+    for off in range(BLOCK_SIZE, CHUNK_SIZE + BLOCK_SIZE, BLOCK_SIZE):
+        nxt = start + off + tl.arange(0, BLOCK_SIZE)  # loaded one step ahead of its use
+        p_next = tl.load(base + nxt, mask=(nxt < V) & (off < CHUNK_SIZE), other=0.0)
+        scaled = (p * _SCALE)[None, :] + neg_pivot[:, None]
+        acc = tl.fma(p[None, :], tl.minimum(tl.maximum(scaled, 0.0), 1.0), acc)
+        p = p_next
     tl.store(partial_ptr + ((PASS * M + row) * C + chunk) * NP + idx, tl.sum(acc, axis=1))
 
 
@@ -175,19 +187,23 @@ def _finish(
 def top_p_renorm_triton(
     probs: torch.Tensor,  # [M, V] float32, rows of non-negative probabilities
     top_p: torch.Tensor,  # [M] float32 in (0, 1]
-    chunk: int = CHUNK,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """``[M, V]`` float32: each row restricted to its nucleus and renormalized (module
     docstring); a new tensor, ``probs`` unchanged. ``chunk`` (a multiple of ``BLOCK``): the
-    vocabulary entries per program, which fixes the order of every sum."""
+    vocabulary entries per program, which fixes the order of every sum; by default ``CHUNK``,
+    or ``CHUNK_FEW_ROWS`` below ``FEW_ROWS`` rows (a function of the shape only, so every
+    tensor-parallel rank picks the same)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # CPU tests run the interpreter
     assert probs.is_cuda or interpreted, "the triton top-p needs CUDA tensors"
     assert probs.dim() == 2 and probs.dtype == torch.float32, "probs must be [M, V] float32"
     assert top_p.shape == probs.shape[:1], "top_p must be [M]"
+    m, vocab = probs.shape
+    if chunk is None:
+        chunk = CHUNK_FEW_ROWS if m < FEW_ROWS else CHUNK
     assert chunk % BLOCK == 0, "chunk must be a multiple of BLOCK"
     probs = probs.contiguous()
     top_p = top_p.to(torch.float32).contiguous()
-    m, vocab = probs.shape
     c = triton.cdiv(vocab, chunk)
     dev = probs.device
     partial = torch.empty(NUM_PASSES, m, c, PIVOTS, dtype=torch.float32, device=dev)
