@@ -11,7 +11,8 @@ Why: FlashInfer's kernel searches each row's threshold in one thread block, and 
 rounds: on an H200 at V = 151,936 a flat row costs it 14-21 us of the GPU (peaked rows 2-7),
 and a tree verify has ``bs x W`` rows. Here every pass reads each row once, split over
 vocabulary chunks that run in parallel, so the cost does not depend on the rows' shape (on
-peaked rows FlashInfer's search is the faster one, and stays the default).
+peaked rows FlashInfer's search is as fast at a few dozen rows and faster beyond, and stays
+the default).
 
 How: probabilities are non-negative, so their float32 bit patterns (``key``) order like their
 values. ``G(t) = sum{p_y : key_y > t}`` falls as ``t`` grows, and the kept set is ``key_x >=
