@@ -55,6 +55,7 @@ MODULE_MAP = {
     "sglang_ddtree.core.sampling": f"{SPEC}/ddtree/sampling.py",
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
     "sglang_ddtree.core.topk_triton": f"{SPEC}/ddtree/topk_triton.py",
+    "sglang_ddtree.core.topp_radix": f"{SPEC}/ddtree/topp_radix.py",
     "sglang_ddtree.core.topp_triton": f"{SPEC}/ddtree/topp_triton.py",
     "sglang_ddtree.core.tree": f"{SPEC}/ddtree/tree.py",
     "sglang_ddtree.core.tree_attention": f"{SPEC}/ddtree/tree_attention.py",
@@ -102,6 +103,15 @@ TEMPLATE_FILES = [
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
     ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
     ("ddtree.md", "docs/advanced_features/ddtree.md"),
+]
+
+# Kernels of ours that SGLang's JIT loader builds: (path here, path in SGLang's tree). In-tree
+# `core.topp_radix` finds its source under sglang/kernels/jit/csrc/.
+KERNEL_FILES = [
+    (
+        "sgl-kernel/csrc/ddtree/top_p_radix.cuh",
+        "python/sglang/kernels/jit/csrc/ddtree/top_p_radix.cuh",
+    ),
 ]
 
 # sha256 of every pristine SGLang file the patch edits, at SGLANG_VERSION.
@@ -519,6 +529,8 @@ def new_files() -> dict[str, str]:
         files[target] = rewrite(path.read_text(), str(path.relative_to(REPO)))
     for template, target in TEMPLATE_FILES:
         files[target] = render_template(template)
+    for source, target in KERNEL_FILES:
+        files[target] = (REPO / source).read_text()
     return files
 
 

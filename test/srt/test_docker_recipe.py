@@ -159,6 +159,8 @@ def test_dockerfile_pin_install_and_healthcheck():
     # The recipe is in the image where the usage line says (WORKDIR-relative).
     assert "WORKDIR /opt/sglang-ddtree" in lines
     assert "COPY docker/kimi-k2.6 ./kimi-k2.6" in lines
+    # The editable install finds our kernel sources beside the package, as in a checkout.
+    assert "COPY sgl-kernel ./sgl-kernel" in lines
     assert "bash kimi-k2.6/launch.sh" in (DOCKER / "Dockerfile").read_text()
 
 

@@ -198,9 +198,10 @@ def test_triton_top_p_on_gpu_matches_flashinfer_and_replays_in_a_graph():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_target_probs_with_the_triton_top_p_is_the_flashinfer_law():
-    """``target_probs(top_p_kernel="triton")``, alone and jointly with top-k, equals the
-    FlashInfer path on every non-edge token."""
+@pytest.mark.parametrize("kernel", ["triton", "radix"])
+def test_target_probs_with_each_top_p_kernel_is_the_flashinfer_law(kernel):
+    """``target_probs(top_p_kernel=...)`` with the Triton or the radix nucleus, alone and
+    jointly with top-k, equals the FlashInfer path on every non-edge token."""
     from sglang_ddtree.core.sampling import target_probs
 
     g = torch.Generator().manual_seed(2)
@@ -216,7 +217,7 @@ def test_target_probs_with_the_triton_top_p_is_the_flashinfer_law():
     for need_top_k in (False, True):
         a = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k)
         b = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k,
-                         top_p_kernel="triton")  # fmt: skip
+                         top_p_kernel=kernel)  # fmt: skip
         differ = ((a > 0) != (b > 0)).cpu() & ~edge
         assert not differ.any(), int(differ.sum())
         both = (a > 0) & (b > 0)

@@ -23,13 +23,13 @@ import torch
 COIN_EPS = 2.0**-24
 
 
-TOP_P_KERNELS = ("flashinfer", "triton")
+TOP_P_KERNELS = ("flashinfer", "triton", "radix")
 
 
 def _sgl_kernel_renorm(top_p_kernel: str = "flashinfer"):
     """``(top_k_renorm_prob, top_p_renorm_prob)``: sgl_kernel's (FlashInfer's), the top-p one
-    replaced by `topp_triton.top_p_renorm_triton` for ``top_p_kernel="triton"``; None without
-    sgl_kernel."""
+    replaced by `topp_triton.top_p_renorm_triton` for ``top_p_kernel="triton"`` and by
+    `topp_radix.top_p_renorm_radix` for ``"radix"``; None without sgl_kernel."""
     assert top_p_kernel in TOP_P_KERNELS, top_p_kernel
     try:
         from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
@@ -37,6 +37,8 @@ def _sgl_kernel_renorm(top_p_kernel: str = "flashinfer"):
         return None
     if top_p_kernel == "triton":
         from sglang_ddtree.core.topp_triton import top_p_renorm_triton as top_p_renorm_prob
+    elif top_p_kernel == "radix":
+        from sglang_ddtree.core.topp_radix import top_p_renorm_radix as top_p_renorm_prob
     return top_k_renorm_prob, top_p_renorm_prob
 
 
@@ -118,8 +120,9 @@ def target_probs(
     applies it.
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
-    (`_joint_renorm_kernels`), the nucleus from `topp_triton` where ``top_p_kernel`` is
-    "triton" (same set); elsewhere the pure-torch `joint_top_k_top_p_renorm`.
+    (`_joint_renorm_kernels`), the nucleus from `topp_triton` or `topp_radix` where
+    ``top_p_kernel`` is "triton" or "radix" (same set); elsewhere the pure-torch
+    `joint_top_k_top_p_renorm`.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)

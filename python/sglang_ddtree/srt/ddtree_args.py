@@ -43,9 +43,10 @@ TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
 KV_MOVER_ENV = "SGLANG_DDTREE_KV_MOVER"
 KV_MOVERS = ("ddtree", "sglang")
-# The sampled verify's nucleus kernel: sgl_kernel's (FlashInfer) or core.topp_triton.
+# The sampled verify's nucleus kernel: sgl_kernel's (FlashInfer), core.topp_triton or
+# core.topp_radix.
 TOP_P_KERNEL_ENV = "SGLANG_DDTREE_TOP_P_KERNEL"
-TOP_P_KERNELS = ("flashinfer", "triton")
+TOP_P_KERNELS = ("flashinfer", "triton", "radix")
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 
@@ -165,7 +166,8 @@ def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
 
 def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
-    flashinfer, sgl_kernel's; triton, `core.topp_triton`'s fixed-pass kernel)."""
+    flashinfer, sgl_kernel's; triton, `core.topp_triton`'s fixed-pass kernel; radix,
+    `core.topp_radix`'s CUDA radix select)."""
     return _read_choice(TOP_P_KERNEL_ENV, TOP_P_KERNELS, environ)
 
 

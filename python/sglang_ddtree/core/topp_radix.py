@@ -1,0 +1,78 @@
+"""Top-p (nucleus) renormalization of ``[M, V]`` probability rows by radix select (CUDA, no
+host sync, deterministic): the kernel ``top_p_radix.cuh``, built at first use by SGLang's JIT
+loader (``sglang.kernels.jit``).
+
+Same contract as sgl_kernel's ``top_p_renorm_prob(probs, top_p)`` and `topp_triton`: token
+``x`` stays when the mass of the tokens strictly more probable than it is below ``top_p`` (every
+token tied at the edge stays); the kept tokens are renormalized, the rest are 0; a row with
+``top_p >= 1`` keeps every token.
+
+How (the kernel's header has the details): float32 bit patterns of probabilities order like
+their values, so the smallest kept key is found digit by digit (8 + 8 + 8 + 6 bits) from
+256-bin histograms of the mass, one read of each row per digit, each row split over programs
+that run in parallel; then one more read writes ``p / Z``. Masses are summed in 62-bit fixed
+point by integer atomics, so the result does not depend on scheduling (tensor-parallel ranks
+agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of the rows in all, at
+close to memory speed, whatever the rows' shape (FlashInfer's per-row search slows down on
+flat rows; `topp_triton`'s 32 compares per entry per pass bound it by issue).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+PASSES = 4
+BINS = 256
+WORK = PASSES * BINS + 5 + PASSES  # int64 per row: histograms, state, per-pass done counts
+LOADS = 8  # float4 loads per thread: 8,192 vocabulary entries per program
+# The kernel source: under SGLang's JIT sources in-tree; under ``sgl-kernel/csrc/`` in this
+# repository, found from an editable install or a checkout.
+SOURCE = "ddtree/top_p_radix.cuh"
+_CHECKOUT_SOURCE = Path(__file__).resolve().parents[3] / "sgl-kernel" / "csrc" / SOURCE
+
+
+def kernel_source() -> dict:
+    """``load_jit`` keyword for the kernel's source file; raises if there is none."""
+    if _CHECKOUT_SOURCE.is_file():
+        return {"external_cuda_files": [str(_CHECKOUT_SOURCE)]}
+    from sglang.kernels.jit.utils import KERNEL_PATH
+
+    if (Path(KERNEL_PATH) / "csrc" / SOURCE).is_file():
+        return {"cuda_files": [SOURCE]}
+    raise RuntimeError(
+        f"the radix top-p kernel's source {SOURCE} was not found (looked in {_CHECKOUT_SOURCE} "
+        "and SGLang's JIT sources): install sglang-ddtree from a checkout (pip install -e .)"
+    )
+
+
+@functools.cache
+def _module():
+    from sglang.kernels.jit.utils import load_jit
+
+    return load_jit(
+        "ddtree_top_p_radix",
+        **kernel_source(),
+        cuda_wrappers=[("top_p_radix", f"TopPRadix<{LOADS}>::run")],
+    )
+
+
+def top_p_renorm_radix(
+    probs: torch.Tensor,  # [M, V] float32 CUDA, rows of non-negative probabilities, V % 4 == 0
+    top_p: torch.Tensor,  # [M] float32 in (0, 1]
+) -> torch.Tensor:
+    """``[M, V]`` float32: each row restricted to its nucleus and renormalized (module
+    docstring); a new tensor, ``probs`` unchanged. Buffers come from the caching allocator (in
+    a CUDA graph, its pool)."""
+    assert probs.is_cuda, "the radix top-p needs CUDA tensors"
+    assert probs.dim() == 2 and probs.dtype == torch.float32, "probs must be [M, V] float32"
+    assert top_p.shape == probs.shape[:1], "top_p must be [M]"
+    assert probs.shape[1] % 4 == 0, "the radix top-p reads rows four floats at a time: V % 4"
+    probs = probs.contiguous()
+    top_p = top_p.to(torch.float32).contiguous()
+    work = torch.zeros(probs.shape[0], WORK, dtype=torch.int64, device=probs.device)
+    out = torch.empty_like(probs)
+    _module().top_p_radix(probs, top_p, work, out)
+    return out

@@ -1,0 +1,237 @@
+// Top-p (nucleus) renormalization of [M, V] float32 probability rows by radix select.
+//
+// Contract (as sgl_kernel's top_p_renorm_prob): token x stays when the mass of the tokens
+// strictly more probable than it is below top_p; the kept tokens are renormalized, the rest
+// are 0; a row with top_p >= 1 keeps every token.
+//
+// Probabilities are non-negative, so their float32 bit patterns (keys, < 2^30 for p <= 1)
+// order like their values. The smallest kept key t* is the key at which the mass counted from
+// the top, inclusive, first reaches top_p. It is found digit by digit, most significant first
+// (key bits 29-22, 21-14, 13-6, 5-0): pass k histograms, over 256 bins, the mass of the
+// entries whose higher digits equal t*'s digits found so far, and the digit is the highest bin
+// b where (mass above the prefix) + (mass of bins >= b) reaches top_p. Each pass reads the row
+// once, split over programs that run in parallel; a program sums its entries into shared
+// memory and adds its bins to the row's histogram in global memory; the row's last program
+// to finish picks the digit and records the row's state for the next pass. `finish` then
+// writes p / Z where the key is at least t* (Z: the kept mass), 0 elsewhere.
+//
+// Masses are summed as unsigned 62-bit fixed point (p * 2^62, rounded), by integer atomics:
+// integer addition is associative, so sums, digits and output do not depend on the order the
+// atomics land in (tensor-parallel ranks compute the same set), and a row's sum is off by at
+// most V * 2^-63. Shared memory holds each bin as two 32-bit words (native atomics; a 64-bit
+// shared atomic add is a compare-and-swap loop), the carry out of the low word added to the
+// high one.
+
+#include <sgl_kernel/tensor.h>
+#include <sgl_kernel/utils.cuh>
+#include <sgl_kernel/utils.h>
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBins = 256;  // == kThreads: one bin per thread in the scan
+constexpr int kPasses = 4;
+constexpr double kFixedOne = 4611686018427387904.0;  // 2^62: p = 1 in fixed point
+
+// Per-row workspace (int64, zeroed before the call): the histograms, then the state.
+constexpr int kState = kPasses * kBins;
+constexpr int kPrefix = kState + 0;  // t*'s digits found so far
+constexpr int kAbove = kState + 1;   // mass of the keys above that prefix
+constexpr int kAt = kState + 2;      // after the last pass: mass of the keys equal to t*
+constexpr int kTotal = kState + 3;   // the row's mass (pass 0)
+constexpr int kKeepAll = kState + 4;  // 1: every token stays (the row sums below top_p)
+constexpr int kDone = kState + 5;     // + pass: programs of that pass finished
+constexpr int kWork = kDone + kPasses;
+
+__device__ __forceinline__ int digit_shift(int pass) {
+  return pass == 0 ? 22 : pass == 1 ? 14 : pass == 2 ? 6 : 0;
+}
+
+__device__ __forceinline__ int digit_width(int pass) {
+  return pass == 3 ? 6 : 8;
+}
+
+__device__ __forceinline__ uint64_t to_fixed(float p) {
+  return static_cast<uint64_t>(__double2ull_rn(static_cast<double>(p) * kFixedOne));
+}
+
+// The program's entries of a row, four per float4 (V % 4 == 0 keeps rows 16-byte aligned),
+// zeros past the row's end; every load is issued before the first is used.
+template <int kLoads>
+__device__ __forceinline__ void load_chunk(const float* base, int start, int V, float4 (&vals)[kLoads]) {
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int i = start + (k * kThreads + threadIdx.x) * 4;
+    vals[k] = i < V ? __ldg(reinterpret_cast<const float4*>(base + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+__device__ __forceinline__ void add_to_bin(uint32_t* lo, uint32_t* hi, int bin, uint64_t v) {
+  const uint32_t low = static_cast<uint32_t>(v);
+  uint32_t high = static_cast<uint32_t>(v >> 32);
+  const uint32_t old = atomicAdd(&lo[bin], low);
+  if (old + low < old) ++high;  // the low word wrapped
+  if (high != 0) atomicAdd(&hi[bin], high);
+}
+
+// The last program of a row's pass: the digit, from the row's histogram for this pass.
+__device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, int* found) {
+  const int t = threadIdx.x;
+  s[t] = __ldcg(w + pass * kBins + t);  // summed in L2 by the other programs' atomics
+  if (t == 0) {
+    s[kBins] = 0;
+    *found = -1;
+  }
+  __syncthreads();
+  for (int off = 1; off < kBins; off <<= 1) {  // inclusive suffix sums: s[b] = sum(hist[b:])
+    const uint64_t v = t + off < kBins ? s[t + off] : 0;
+    __syncthreads();
+    s[t] += v;
+    __syncthreads();
+  }
+  const uint64_t above = __ldcg(w + kAbove);
+  const uint64_t target = to_fixed(top_p);
+  if (above + s[t] >= target) atomicMax(found, t);
+  __syncthreads();
+  if (t == 0) {
+    const int b = *found;
+    if (pass == 0) w[kTotal] = s[0];
+    if (b < 0) {  // the row sums below top_p (rounding): every token stays
+      w[kKeepAll] = 1;
+    } else {
+      w[kPrefix] = (__ldcg(w + kPrefix) << digit_width(pass)) | static_cast<uint64_t>(b);
+      w[kAbove] = above + s[b + 1];
+      w[kAt] = s[b] - s[b + 1];
+    }
+  }
+}
+
+template <int kLoads>
+__global__ void top_p_radix_pass_kernel(
+    const float* __restrict__ probs,
+    const float* __restrict__ top_p,
+    uint64_t* __restrict__ work,  // [M, kWork]
+    int V,
+    int pass) {
+  constexpr int kChunk = kThreads * kLoads * 4;
+  __shared__ uint32_t lo[kBins], hi[kBins];
+  __shared__ uint64_t s[kBins + 1];
+  __shared__ int found;
+  __shared__ bool last;
+  const int row = blockIdx.y;
+  uint64_t* w = work + static_cast<int64_t>(row) * kWork;
+  const float tp = top_p[row];
+  // top_p >= 1 keeps every token: pass 0 still runs, for the row's total mass.
+  if (pass > 0 && (tp >= 1.0f || w[kKeepAll] != 0)) return;
+  const uint64_t prefix = pass > 0 ? w[kPrefix] : 0;
+  lo[threadIdx.x] = 0;
+  hi[threadIdx.x] = 0;
+  __syncthreads();
+  const int shift = digit_shift(pass);
+  const int high = shift + digit_width(pass);
+  const uint32_t mask = (1u << digit_width(pass)) - 1u;
+  float4 vals[kLoads];
+  load_chunk<kLoads>(probs + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals);
+  // A thread's entries often share a bin (all of them on flat rows): add runs, not entries.
+  int run_bin = -1;
+  uint64_t run = 0;
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const float ps[4] = {vals[k].x, vals[k].y, vals[k].z, vals[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t key = __float_as_uint(ps[j]);
+      if ((key >> high) != prefix) continue;  // pass 0: prefix 0, every key < 2^30
+      const int bin = static_cast<int>((key >> shift) & mask);
+      if (bin != run_bin) {
+        if (run_bin >= 0) add_to_bin(lo, hi, run_bin, run);
+        run_bin = bin;
+        run = 0;
+      }
+      run += to_fixed(ps[j]);
+    }
+  }
+  if (run_bin >= 0) add_to_bin(lo, hi, run_bin, run);
+  __syncthreads();
+  const uint64_t mine = (static_cast<uint64_t>(hi[threadIdx.x]) << 32) + lo[threadIdx.x];
+  if (mine != 0) atomicAdd(reinterpret_cast<unsigned long long*>(w + pass * kBins + threadIdx.x), mine);
+  __threadfence();  // this program's bins are visible before it counts itself done
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(reinterpret_cast<unsigned long long*>(w + kDone + pass), 1ull) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  pick_digit(w, pass, tp >= 1.0f ? 0.0f : tp, s, &found);
+}
+
+template <int kLoads>
+__global__ void top_p_radix_finish_kernel(
+    const float* __restrict__ probs,
+    const float* __restrict__ top_p,
+    const uint64_t* __restrict__ work,
+    float* __restrict__ out,
+    int V) {
+  constexpr int kChunk = kThreads * kLoads * 4;
+  const int row = blockIdx.y;
+  const uint64_t* w = work + static_cast<int64_t>(row) * kWork;
+  const bool keep_all = top_p[row] >= 1.0f || w[kKeepAll] != 0;
+  const uint32_t cut = keep_all ? 0u : static_cast<uint32_t>(w[kPrefix]);  // t*
+  const uint64_t kept = keep_all ? w[kTotal] : w[kAbove] + w[kAt];
+  const float z = static_cast<float>(static_cast<double>(kept) / kFixedOne);
+  const int start = blockIdx.x * kChunk;
+  float4 vals[kLoads];
+  load_chunk<kLoads>(probs + static_cast<int64_t>(row) * V, start, V, vals);
+  float* dst = out + static_cast<int64_t>(row) * V;
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    const int i = start + (k * kThreads + threadIdx.x) * 4;
+    if (i < V) {
+      float4 v = vals[k];
+      v.x = __float_as_uint(v.x) >= cut ? v.x / z : 0.0f;
+      v.y = __float_as_uint(v.y) >= cut ? v.y / z : 0.0f;
+      v.z = __float_as_uint(v.z) >= cut ? v.z / z : 0.0f;
+      v.w = __float_as_uint(v.w) >= cut ? v.w / z : 0.0f;
+      *reinterpret_cast<float4*>(dst + i) = v;
+    }
+  }
+}
+
+template <int kLoads>
+struct TopPRadix {
+  // probs [M, V] float32 (V % 4 == 0), top_p [M] float32, work [M, kWork] int64 zeroed,
+  // out [M, V] float32.
+  static void run(
+      tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p, tvm::ffi::TensorView work, tvm::ffi::TensorView out) {
+    using namespace host;
+    auto device_ = SymbolicDevice{};
+    auto m_ = SymbolicSize{"rows"};
+    auto v_ = SymbolicSize{"vocab"};
+    TensorMatcher({m_, v_}).with_dtype<float>().with_device<kDLGPU>(device_).verify(probs).verify(out);
+    TensorMatcher({m_}).with_dtype<float>().with_device<kDLGPU>(device_).verify(top_p);
+    TensorMatcher({m_, kWork}).with_dtype<int64_t>().with_device<kDLGPU>(device_).verify(work);
+    const int M = static_cast<int>(m_.unwrap());
+    const int V = static_cast<int>(v_.unwrap());
+    RuntimeCheck(V % 4 == 0, "the vocabulary must be a multiple of 4, got ", V);
+    if (M == 0) return;
+    constexpr int kChunk = kThreads * kLoads * 4;
+    const dim3 grid(static_cast<unsigned>(div_ceil(V, kChunk)), static_cast<unsigned>(M));
+    const DLDevice device = device_.unwrap();
+    const auto* p = static_cast<const float*>(probs.data_ptr());
+    const auto* tp = static_cast<const float*>(top_p.data_ptr());
+    auto* w = static_cast<uint64_t*>(work.data_ptr());
+    for (int pass = 0; pass < kPasses; ++pass) {
+      LaunchKernel(grid, kThreads, device)(top_p_radix_pass_kernel<kLoads>, p, tp, w, V, pass);
+    }
+    LaunchKernel(grid, kThreads, device)(
+        top_p_radix_finish_kernel<kLoads>, p, tp, w, static_cast<float*>(out.data_ptr()), V);
+  }
+};
+
+}  // namespace

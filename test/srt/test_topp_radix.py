@@ -1,0 +1,87 @@
+"""The radix-select top-p renormalization (core.topp_radix, the CUDA kernel
+``sgl-kernel/csrc/ddtree/top_p_radix.cuh``) against the float64 law's nucleus and sgl_kernel's
+``top_p_renorm_prob`` (FlashInfer's), with the judge of ``test_topp_triton.check_nucleus``:
+every token whose mass above lies more than ``EDGE`` from ``top_p`` decided as float64 does,
+kept values ``p / Z``, tied tokens one fate.
+
+CPU: the kernel's source is found, and CPU tensors are refused before anything is built. GPU
+(``gpu`` marker): V = 151,936 rows of six shapes at 136 and 17 rows, rows with top_p = 1 and
+one-hot rows, the same bits on a second call, and a CUDA-graph replay on new rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_topp_triton import check_nucleus, float32_edge, rows
+
+
+def test_kernel_source_is_found_in_the_checkout():
+    from sglang_ddtree.core.topp_radix import SOURCE, kernel_source
+
+    found = kernel_source()["external_cuda_files"]
+    assert len(found) == 1 and found[0].endswith(SOURCE)
+    text = open(found[0]).read()
+    assert "struct TopPRadix" in text  # the class the loader exports
+
+
+def test_radix_refuses_cpu_tensors():
+    from sglang_ddtree.core.topp_radix import top_p_renorm_radix
+
+    with pytest.raises(AssertionError, match="CUDA"):
+        top_p_renorm_radix(torch.rand(2, 8), torch.full((2,), 0.9))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_radix_top_p_on_gpu_is_the_law_deterministic_and_replays_in_a_graph():
+    from sgl_kernel import top_p_renorm_prob
+
+    from sglang_ddtree.core.topp_radix import top_p_renorm_radix
+
+    g = torch.Generator().manual_seed(3)
+    vocab = 151936
+    for m in (136, 17):
+        top_p = torch.rand(m, generator=g).clamp(0.05, 1.0)
+        top_p[:4] = 0.95
+        top_p[4] = 1.0
+        top_p[5] = 1e-4
+        top_p[6] = 0.999
+        top_p = top_p.cuda()
+        for kind in ("flat", "gaussian", "peaked", "ties", "bf16", "wide"):
+            probs = rows(m, vocab, kind, g).cuda()
+            ours = top_p_renorm_radix(probs, top_p)
+            check_nucleus(ours, probs, top_p)
+            assert torch.equal(ours, top_p_renorm_radix(probs, top_p)), kind  # same bits
+            theirs = top_p_renorm_prob(probs, top_p)
+            differ = ((ours > 0) != (theirs > 0)).cpu() & ~float32_edge(probs, top_p)
+            assert not differ.any(), (m, kind, int(differ.sum()))
+    # One-hot rows keep their one token; a row of zeros past the first chunk is fine.
+    one_hot = torch.zeros(3, vocab, device="cuda")
+    one_hot[0, 7] = 1.0
+    one_hot[1, vocab - 1] = 1.0
+    one_hot[2, 9000] = 1.0
+    out = top_p_renorm_radix(one_hot, torch.tensor([0.5, 0.95, 1.0], device="cuda"))
+    assert torch.equal(out, one_hot)
+    # Replayed from a CUDA graph on new rows: the same output as an eager call.
+    m = 136
+    top_p = torch.full((m,), 0.9, device="cuda")
+    static = rows(m, vocab, "gaussian", g).cuda()
+    top_p_renorm_radix(static, top_p)  # build outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = top_p_renorm_radix(static, top_p)
+    for kind in ("flat", "peaked"):
+        static.copy_(rows(m, vocab, kind, g))
+        graph.replay()
+        torch.testing.assert_close(out, top_p_renorm_radix(static, top_p), rtol=0, atol=0)
+        check_nucleus(out, static, top_p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_radix_refuses_a_vocabulary_not_a_multiple_of_four():
+    from sglang_ddtree.core.topp_radix import top_p_renorm_radix
+
+    with pytest.raises(AssertionError, match="V % 4"):
+        top_p_renorm_radix(torch.rand(2, 10, device="cuda"), torch.full((2,), 0.9, device="cuda"))
