@@ -1,9 +1,9 @@
-"""The sampled verify's nucleus kernel, side by side: sgl_kernel's ``top_p_renorm_prob``
-(FlashInfer's) against ``core.topp_triton.top_p_renorm_triton``, on ``[M, V]`` float32
-probability rows of three shapes (``bench_core.target_rows``: flat = random weights, gaussian,
-zipf = peaked), M = bs x W tree rows, each replayed from a CUDA graph (median of ``--iters``).
-Also counts the tokens whose kept / dropped decision differs between the two, and for each
-kernel the tokens it decides against the float64 law (``G`` = the mass strictly above a token,
+"""The sampled verify's nucleus kernels, side by side: sgl_kernel's ``top_p_renorm_prob``
+(FlashInfer's), ``core.topp_triton.top_p_renorm_triton`` and
+``core.topp_radix.top_p_renorm_radix``, on ``[M, V]`` float32 probability rows of three shapes
+(``bench_core.target_rows``: flat = random weights, gaussian, zipf = peaked), M = bs x W tree
+rows, each replayed from a CUDA graph (median of ``--iters``). Also counts the tokens whose
+kept / dropped decision differs from FlashInfer's, and for each kernel the tokens it decides against the float64 law (``G`` = the mass strictly above a token,
 summed in float64; kept iff ``G < top_p``) where ``G`` is more than ``EDGE`` from ``top_p``.
 
     python benchmark/ddtree/bench_top_p.py --out DIR
@@ -41,28 +41,30 @@ def off_float64(kept: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) ->
 
 
 def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict:
-    """One cell: microseconds per call of each kernel and their disagreement."""
+    """One cell: microseconds per call of each kernel, how many decisions each of ours makes
+    differently from FlashInfer, and each kernel's decisions against the float64 law."""
     from sgl_kernel import top_p_renorm_prob
 
+    from sglang_ddtree.core.topp_radix import top_p_renorm_radix
     from sglang_ddtree.core.topp_triton import top_p_renorm_triton
 
     probs = torch.softmax(target_rows(rows, vocab, shape).float(), dim=-1)
     p = torch.full((rows,), top_p, dtype=torch.float32, device=probs.device)
-    ours, theirs = top_p_renorm_triton(probs, p), top_p_renorm_prob(probs, p)
-    cell = {
-        "rows": rows,
-        "vocab": vocab,
-        "shape": shape,
-        "top_p": top_p,
-        "flashinfer_us": time_graph(lambda: top_p_renorm_prob(probs, p), iters=iters),
-        "triton_us": time_graph(lambda: top_p_renorm_triton(probs, p), iters=iters),
-        "kept_flashinfer": int((theirs > 0).sum()),
-        "kept_triton": int((ours > 0).sum()),
-        "decisions_differ": int(((ours > 0) != (theirs > 0)).sum()),
-        "flashinfer_off_float64": off_float64(theirs > 0, probs, p),
-        "triton_off_float64": off_float64(ours > 0, probs, p),
+    cell = {"rows": rows, "vocab": vocab, "shape": shape, "top_p": top_p}
+    kernels = {
+        "flashinfer": top_p_renorm_prob,
+        "triton": top_p_renorm_triton,
+        "radix": top_p_renorm_radix,
     }
-    cell["speedup"] = cell["flashinfer_us"] / cell["triton_us"]
+    theirs = top_p_renorm_prob(probs, p) > 0
+    for name, kernel in kernels.items():
+        kept = kernel(probs, p) > 0
+        cell[f"{name}_us"] = time_graph(lambda k=kernel: k(probs, p), iters=iters)
+        cell[f"kept_{name}"] = int(kept.sum())
+        cell[f"{name}_off_float64"] = off_float64(kept, probs, p)
+        if name != "flashinfer":
+            cell[f"{name}_differ"] = int((kept != theirs).sum())
+            cell[f"{name}_speedup"] = cell["flashinfer_us"] / cell[f"{name}_us"]
     return cell
 
 
@@ -90,17 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "bench_top_p.json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [
-        f"top_p {args.top_p}, microseconds per call (CUDA-graph replay, median)",
+        f"top_p {args.top_p}, microseconds per call (CUDA-graph replay, median); speedup: "
+        "FlashInfer's time over the kernel's; differ: decisions unlike FlashInfer's",
         "",
-        "| V | rows | shape | FlashInfer | Triton | speedup | decisions differ | off float64: "
-        "FlashInfer / Triton |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| V | rows | shape | FlashInfer | Triton (speedup, differ) | radix (speedup, differ) | "
+        "off float64: FlashInfer / Triton / radix |",
+        "|---:|---:|---|---:|---:|---:|---:|",
     ]
     for c in cells:
+        ours = [
+            f"{c[f'{k}_us']:.1f} ({c[f'{k}_speedup']:.2f}, {c[f'{k}_differ']})"
+            for k in ("triton", "radix")
+        ]
         lines.append(
             f"| {c['vocab']} | {c['rows']} | {c['shape']} | {c['flashinfer_us']:.1f} | "
-            f"{c['triton_us']:.1f} | {c['speedup']:.2f} | {c['decisions_differ']} | "
-            f"{c['flashinfer_off_float64']} / {c['triton_off_float64']} |"
+            f"{ours[0]} | {ours[1]} | {c['flashinfer_off_float64']} / "
+            f"{c['triton_off_float64']} / {c['radix_off_float64']} |"
         )
     with open(os.path.join(args.out, "bench_top_p.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -252,6 +252,7 @@ def test_bench_step_variants(bench):
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
     assert bench.split_variant("ddtree+tritontopp") == ("ddtree", {**default, topp: "triton"})
+    assert bench.split_variant("ddtree+radixtopp") == ("ddtree", {**default, topp: "radix"})
     assert bench.split_variant("dflash") == ("dflash", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
