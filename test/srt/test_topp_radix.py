@@ -4,7 +4,8 @@
 every token whose mass above lies more than ``EDGE`` from ``top_p`` decided as float64 does,
 kept values ``p / Z``, tied tokens one fate.
 
-CPU: the kernel's source is found, and CPU tensors are refused before anything is built. GPU
+CPU: the kernel's source is found, a vocabulary it cannot read is refused at worker start
+with the fix named, and CPU tensors are refused before anything is built. GPU
 (``gpu`` marker): V = 151,936 rows of six shapes at 136 and 17 rows, rows with top_p = 1 and
 one-hot rows, the same bits on a second call, and a CUDA-graph replay on new rows.
 """
@@ -23,6 +24,17 @@ def test_kernel_source_is_found_in_the_checkout():
     assert len(found) == 1 and found[0].endswith(SOURCE)
     text = open(found[0]).read()
     assert "struct TopPRadix" in text  # the class the loader exports
+
+
+def test_a_vocabulary_the_radix_kernel_cannot_read_is_refused_with_the_fix():
+    from sglang_ddtree.srt.ddtree_args import TOP_P_KERNEL_ENV, top_p_kernel_error
+
+    assert top_p_kernel_error("radix", 163840) is None  # Kimi K2.6
+    assert top_p_kernel_error("radix", 151936) is None  # Qwen3
+    assert top_p_kernel_error("flashinfer", 32001) is None
+    assert top_p_kernel_error("triton", 32001) is None
+    problem = top_p_kernel_error("radix", 32001)
+    assert "32001" in problem and f"{TOP_P_KERNEL_ENV} or set it to triton" in problem
 
 
 def test_radix_refuses_cpu_tensors():

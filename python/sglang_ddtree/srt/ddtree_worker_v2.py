@@ -82,6 +82,7 @@ from sglang_ddtree.srt.ddtree_args import (
     read_kv_mover,
     read_top_p_kernel,
     read_topk,
+    top_p_kernel_error,
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
@@ -225,6 +226,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 "%s=%s: ranks draw DIFFERENT verify coins (tests only).", TEST_RANK_SKEW_ENV, skew
             )
         vocab = int(self.model_runner.model_config.vocab_size)
+        problem = top_p_kernel_error(top_p_kernel, vocab)
+        if problem:
+            raise ValueError(problem)
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
         # Per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend).
         self._draft_topk = {
