@@ -73,6 +73,8 @@ from sglang_ddtree.core.step import (
 from sglang_ddtree.srt import ddtree_requests as requests
 from sglang_ddtree.srt.ddtree_args import (
     KV_MOVER_ENV,
+    TOP_P_KERNEL_ENV,
+    TOP_P_KERNELS,
     TOPK_FLAG,
     DDTreeShape,
     check_target,
@@ -229,6 +231,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         problem = top_p_kernel_error(top_p_kernel, vocab)
         if problem:
             raise ValueError(problem)
+        if top_p_kernel != TOP_P_KERNELS[0] and self.ps.tp_rank == 0:  # seen at any log level
+            logger.warning(
+                "DDTREE: the sampled verify's top-p filter is the %s kernel (%s=%s).",
+                top_p_kernel,
+                TOP_P_KERNEL_ENV,
+                top_p_kernel,
+            )
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
         # Per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend).
         self._draft_topk = {
