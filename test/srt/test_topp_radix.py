@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_topp_triton import check_nucleus, float32_edge, rows
+from test_topp_triton import check_graph_replay, check_nucleus, float32_edge, rows
 
 
 def test_kernel_source_is_found_in_the_checkout():
@@ -76,18 +76,7 @@ def test_radix_top_p_on_gpu_is_the_law_deterministic_and_replays_in_a_graph():
     out = top_p_renorm_radix(one_hot, torch.tensor([0.5, 0.95, 1.0], device="cuda"))
     assert torch.equal(out, one_hot)
     # Replayed from a CUDA graph on new rows: the same output as an eager call.
-    m = 136
-    top_p = torch.full((m,), 0.9, device="cuda")
-    static = rows(m, vocab, "gaussian", g).cuda()
-    top_p_renorm_radix(static, top_p)  # build outside the graph
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = top_p_renorm_radix(static, top_p)
-    for kind in ("flat", "peaked"):
-        static.copy_(rows(m, vocab, kind, g))
-        graph.replay()
-        torch.testing.assert_close(out, top_p_renorm_radix(static, top_p), rtol=0, atol=0)
-        check_nucleus(out, static, top_p)
+    check_graph_replay(top_p_renorm_radix, 136, vocab, torch.full((136,), 0.9, device="cuda"), g)
 
 
 @pytest.mark.gpu

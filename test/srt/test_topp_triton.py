@@ -83,6 +83,21 @@ def rows(m: int, vocab: int, kind: str, generator: torch.Generator) -> torch.Ten
     return torch.softmax(logits, dim=-1)
 
 
+def check_graph_replay(renorm, m: int, vocab: int, top_p: torch.Tensor, g: torch.Generator):
+    """``renorm(probs, top_p)`` captured in a CUDA graph on gaussian rows and replayed on flat
+    and peaked ones: the eager call's output, bit for bit, and the nucleus (GPU)."""
+    static = rows(m, vocab, "gaussian", g).cuda()
+    renorm(static, top_p)  # compile / build outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = renorm(static, top_p)
+    for kind in ("flat", "peaked"):
+        static.copy_(rows(m, vocab, kind, g))
+        graph.replay()
+        torch.testing.assert_close(out, renorm(static, top_p), rtol=0, atol=0)
+        check_nucleus(out, static, top_p)
+
+
 _INTERPRETED_CHECK = """
 import torch
 from test_topp_triton import check_nucleus, rows
@@ -184,16 +199,7 @@ def test_triton_top_p_on_gpu_matches_flashinfer_and_replays_in_a_graph():
     for kind in ("flat", "peaked"):
         probs = rows(few, vocab, kind, g).cuda()
         check_nucleus(top_p_renorm_triton(probs, top_p[:few]), probs, top_p[:few])
-    static = rows(m, vocab, "gaussian", g).cuda()
-    top_p_renorm_triton(static, top_p)  # compile outside the graph
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = top_p_renorm_triton(static, top_p)
-    for kind in ("flat", "peaked"):
-        static.copy_(rows(m, vocab, kind, g))
-        graph.replay()
-        torch.testing.assert_close(out, top_p_renorm_triton(static, top_p), rtol=0, atol=0)
-        check_nucleus(out, static, top_p)
+    check_graph_replay(top_p_renorm_triton, m, vocab, top_p, g)
 
 
 @pytest.mark.gpu
