@@ -26,6 +26,16 @@ def test_kernel_source_is_found_in_the_checkout():
     assert "struct TopPRadix" in text  # the class the loader exports
 
 
+def test_a_missing_kernel_source_is_a_clear_error(monkeypatch, tmp_path):
+    """An install with neither a checkout's copy of the kernel source nor SGLang's in-tree one
+    gets an error that names the fix."""
+    from sglang_ddtree.core import topp_radix
+
+    monkeypatch.setattr(topp_radix, "_CHECKOUT_SOURCE", tmp_path / "missing.cuh")
+    with pytest.raises(RuntimeError, match=r"pip install -e \."):
+        topp_radix.kernel_source()
+
+
 def test_a_vocabulary_the_radix_kernel_cannot_read_is_refused_with_the_fix():
     from sglang_ddtree.srt.ddtree_args import TOP_P_KERNEL_ENV, top_p_kernel_error
 

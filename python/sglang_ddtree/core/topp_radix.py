@@ -38,9 +38,11 @@ def kernel_source() -> dict:
     """``load_jit`` keyword for the kernel's source file; raises if there is none."""
     if _CHECKOUT_SOURCE.is_file():
         return {"external_cuda_files": [str(_CHECKOUT_SOURCE)]}
-    from sglang.kernels.jit.utils import KERNEL_PATH
-
-    if (Path(KERNEL_PATH) / "csrc" / SOURCE).is_file():
+    try:
+        from sglang.kernels.jit.utils import KERNEL_PATH
+    except ImportError:  # no SGLang here: nothing could build the kernel anyway
+        KERNEL_PATH = None
+    if KERNEL_PATH is not None and (Path(KERNEL_PATH) / "csrc" / SOURCE).is_file():
         return {"cuda_files": [SOURCE]}
     raise RuntimeError(
         f"the radix top-p kernel's source {SOURCE} was not found (looked in {_CHECKOUT_SOURCE} "
