@@ -12,9 +12,9 @@ their values, so the smallest kept key is found digit by digit (8 + 8 + 8 + 6 bi
 256-bin histograms of the mass, one read of each row per digit, each row split over programs
 that run in parallel; then one more read writes ``p / Z``. Masses are summed in 62-bit fixed
 point by integer atomics, so the result does not depend on scheduling (tensor-parallel ranks
-agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of the rows in all, at
-close to memory speed, whatever the rows' shape (FlashInfer's per-row search slows down on
-flat rows; `topp_triton`'s 32 compares per entry per pass bound it by issue).
+agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of the rows in all,
+whatever the rows' shape (FlashInfer's per-row search slows down on flat rows; `topp_triton`'s
+32 compares per entry per pass bound it by instruction issue).
 """
 
 from __future__ import annotations
