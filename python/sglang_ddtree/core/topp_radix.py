@@ -13,8 +13,8 @@ their values, so the smallest kept key is found digit by digit (8 + 8 + 8 + 6 bi
 that run in parallel; then one more read writes ``p / Z``. Masses are summed in 62-bit fixed
 point by integer atomics, so the result does not depend on scheduling (tensor-parallel ranks
 agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of the rows in all,
-whatever the rows' shape (FlashInfer's per-row search slows down on flat rows; `topp_triton`'s
-32 compares per entry per pass bound it by instruction issue).
+whatever the rows' shape (FlashInfer's per-row search slows down on flat rows; `topp_triton`
+compares every entry with 32 pivots in each of its six passes).
 """
 
 from __future__ import annotations
