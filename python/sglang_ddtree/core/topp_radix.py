@@ -51,7 +51,9 @@ def kernel_source() -> dict:
 
 
 @functools.cache
-def _module():
+def load_kernel():
+    """The built kernel module (built, or loaded from SGLang's JIT cache, on the first call).
+    A server calls it at start so that no request waits for the build."""
     from sglang.kernels.jit.utils import load_jit
 
     return load_jit(
@@ -76,5 +78,5 @@ def top_p_renorm_radix(
     top_p = top_p.to(torch.float32).contiguous()
     work = torch.zeros(probs.shape[0], WORK, dtype=torch.int64, device=probs.device)
     out = torch.empty_like(probs)
-    _module().top_p_radix(probs, top_p, work, out)
+    load_kernel().top_p_radix(probs, top_p, work, out)
     return out

@@ -231,6 +231,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         problem = top_p_kernel_error(top_p_kernel, vocab)
         if problem:
             raise ValueError(problem)
+        if top_p_kernel == "radix":  # built now: with the glue graphs off no warm-up runs it
+            from sglang_ddtree.core.topp_radix import load_kernel
+
+            load_kernel()
         if top_p_kernel != TOP_P_KERNELS[0] and self.ps.tp_rank == 0:  # seen at any log level
             logger.warning(
                 "DDTREE: the sampled verify's top-p filter is the %s kernel (%s=%s).",
