@@ -10,11 +10,12 @@ token tied at the edge stays); the kept tokens are renormalized, the rest are 0;
 How (the kernel's header has the details): float32 bit patterns of probabilities order like
 their values, so the smallest kept key is found digit by digit (8 + 8 + 8 + 6 bits) from
 256-bin histograms of the mass, one read of each row per digit, each row split over programs
-that run in parallel; then one more read writes ``p / Z``. Masses are summed in 62-bit fixed
-point by integer atomics, so the result does not depend on scheduling (tensor-parallel ranks
-agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of the rows in all,
-whatever the rows' shape (FlashInfer's per-row search slows down on flat rows; `topp_triton`
-compares every entry with 32 pivots in each of its six passes).
+that run in parallel; then one more read writes ``p / Z``. Rows are read four floats at a time
+where they are 16-byte aligned (``V % 4 == 0``), one at a time otherwise. Masses are summed in
+62-bit fixed point by integer atomics, so the result does not depend on scheduling
+(tensor-parallel ranks agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of
+the rows in all, whatever the rows' shape (FlashInfer's per-row search slows down on flat rows;
+`topp_triton` compares every entry with 32 pivots in each of its six passes).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def load_kernel():
 
 
 def top_p_renorm_radix(
-    probs: torch.Tensor,  # [M, V] float32 CUDA, rows of non-negative probabilities, V % 4 == 0
+    probs: torch.Tensor,  # [M, V] float32 CUDA, rows of non-negative probabilities
     top_p: torch.Tensor,  # [M] float32 in (0, 1]
 ) -> torch.Tensor:
     """``[M, V]`` float32: each row restricted to its nucleus and renormalized (module
@@ -73,7 +74,6 @@ def top_p_renorm_radix(
     assert probs.is_cuda, "the radix top-p needs CUDA tensors"
     assert probs.dim() == 2 and probs.dtype == torch.float32, "probs must be [M, V] float32"
     assert top_p.shape == probs.shape[:1], "top_p must be [M]"
-    assert probs.shape[1] % 4 == 0, "the radix top-p reads rows four floats at a time: V % 4"
     probs = probs.contiguous()
     top_p = top_p.to(torch.float32).contiguous()
     work = torch.zeros(probs.shape[0], WORK, dtype=torch.int64, device=probs.device)

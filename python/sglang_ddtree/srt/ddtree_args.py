@@ -171,18 +171,6 @@ def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
     return _read_choice(TOP_P_KERNEL_ENV, TOP_P_KERNELS, environ)
 
 
-def top_p_kernel_error(kernel: str, vocab_size: int) -> str | None:
-    """Why the nucleus kernel ``kernel`` cannot serve a target of ``vocab_size`` tokens (the
-    worker refuses to start), or None."""
-    if kernel == "radix" and vocab_size % 4:
-        return (
-            f"{TOP_P_KERNEL_ENV}=radix reads probability rows four floats at a time, and this "
-            f"target's vocabulary ({vocab_size}) is not a multiple of 4: unset "
-            f"{TOP_P_KERNEL_ENV} or set it to triton."
-        )
-    return None
-
-
 def draft_topk_backend(setting: str, topk: int, vocab_size: int) -> str:
     """The `select_candidates` backend for K = ``topk`` candidates over ``vocab_size``:
     ``setting`` itself unless it is "auto" (see ``TRITON_TOPK_MAX_K``)."""

@@ -84,7 +84,6 @@ from sglang_ddtree.srt.ddtree_args import (
     read_kv_mover,
     read_top_p_kernel,
     read_topk,
-    top_p_kernel_error,
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
@@ -228,9 +227,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 "%s=%s: ranks draw DIFFERENT verify coins (tests only).", TEST_RANK_SKEW_ENV, skew
             )
         vocab = int(self.model_runner.model_config.vocab_size)
-        problem = top_p_kernel_error(top_p_kernel, vocab)
-        if problem:
-            raise ValueError(problem)
         if top_p_kernel == "radix":  # built now: with the glue graphs off no warm-up runs it
             from sglang_ddtree.core.topp_radix import load_kernel
 

@@ -60,14 +60,32 @@ __device__ __forceinline__ uint64_t to_fixed(float p) {
   return static_cast<uint64_t>(__double2ull_rn(static_cast<double>(p) * kFixedOne));
 }
 
-// The program's entries of a row, four per float4 (V % 4 == 0 keeps rows 16-byte aligned),
-// zeros past the row's end; every load is issued before the first is used.
-template <int kLoads>
+// Where entry j (0-3) of load k of this thread lies in the row: four consecutive floats, read
+// as one float4, where rows are 16-byte aligned (V % 4 == 0 and aligned buffers); otherwise
+// four scalar reads kThreads apart, so that each warp still reads consecutive words.
+template <bool kVec4>
+__device__ __forceinline__ int entry(int start, int k, int j) {
+  return kVec4 ? start + (k * kThreads + threadIdx.x) * 4 + j : start + (k * 4 + j) * kThreads + threadIdx.x;
+}
+
+// The program's entries of a row, zeros past the row's end; every load is issued before the
+// first is used.
+template <int kLoads, bool kVec4>
 __device__ __forceinline__ void load_chunk(const float* base, int start, int V, float4 (&vals)[kLoads]) {
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    const int i = start + (k * kThreads + threadIdx.x) * 4;
-    vals[k] = i < V ? __ldg(reinterpret_cast<const float4*>(base + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if constexpr (kVec4) {
+      const int i = entry<true>(start, k, 0);  // V % 4 == 0: all four in the row, or none
+      vals[k] = i < V ? __ldg(reinterpret_cast<const float4*>(base + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+      float v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = entry<false>(start, k, j);
+        v[j] = i < V ? __ldg(base + i) : 0.f;
+      }
+      vals[k] = make_float4(v[0], v[1], v[2], v[3]);
+    }
   }
 }
 
@@ -111,7 +129,7 @@ __device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, int*
   }
 }
 
-template <int kLoads>
+template <int kLoads, bool kVec4>
 __global__ void top_p_radix_pass_kernel(
     const float* __restrict__ probs,
     const float* __restrict__ top_p,
@@ -136,7 +154,7 @@ __global__ void top_p_radix_pass_kernel(
   const int high = shift + digit_width(pass);
   const uint32_t mask = (1u << digit_width(pass)) - 1u;
   float4 vals[kLoads];
-  load_chunk<kLoads>(probs + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals);
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals);
   // A thread's entries often share a bin (all of them on flat rows): add runs, not entries.
   int run_bin = -1;
   uint64_t run = 0;
@@ -171,7 +189,7 @@ __global__ void top_p_radix_pass_kernel(
   pick_digit(w, pass, tp >= 1.0f ? 0.0f : tp, s, &found);
 }
 
-template <int kLoads>
+template <int kLoads, bool kVec4>
 __global__ void top_p_radix_finish_kernel(
     const float* __restrict__ probs,
     const float* __restrict__ top_p,
@@ -187,26 +205,29 @@ __global__ void top_p_radix_finish_kernel(
   const float z = static_cast<float>(static_cast<double>(kept) / kFixedOne);
   const int start = blockIdx.x * kChunk;
   float4 vals[kLoads];
-  load_chunk<kLoads>(probs + static_cast<int64_t>(row) * V, start, V, vals);
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, start, V, vals);
   float* dst = out + static_cast<int64_t>(row) * V;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    const int i = start + (k * kThreads + threadIdx.x) * 4;
-    if (i < V) {
-      float4 v = vals[k];
-      v.x = __float_as_uint(v.x) >= cut ? v.x / z : 0.0f;
-      v.y = __float_as_uint(v.y) >= cut ? v.y / z : 0.0f;
-      v.z = __float_as_uint(v.z) >= cut ? v.z / z : 0.0f;
-      v.w = __float_as_uint(v.w) >= cut ? v.w / z : 0.0f;
-      *reinterpret_cast<float4*>(dst + i) = v;
+    float v[4] = {vals[k].x, vals[k].y, vals[k].z, vals[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = __float_as_uint(v[j]) >= cut ? v[j] / z : 0.0f;
+    if constexpr (kVec4) {
+      const int i = entry<true>(start, k, 0);
+      if (i < V) *reinterpret_cast<float4*>(dst + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = entry<false>(start, k, j);
+        if (i < V) dst[i] = v[j];
+      }
     }
   }
 }
 
 template <int kLoads>
 struct TopPRadix {
-  // probs [M, V] float32 (V % 4 == 0), top_p [M] float32, work [M, kWork] int64 zeroed,
-  // out [M, V] float32.
+  // probs [M, V] float32, top_p [M] float32, work [M, kWork] int64 zeroed, out [M, V] float32.
   static void run(
       tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p, tvm::ffi::TensorView work, tvm::ffi::TensorView out) {
     using namespace host;
@@ -218,19 +239,37 @@ struct TopPRadix {
     TensorMatcher({m_, kWork}).with_dtype<int64_t>().with_device<kDLGPU>(device_).verify(work);
     const int M = static_cast<int>(m_.unwrap());
     const int V = static_cast<int>(v_.unwrap());
-    RuntimeCheck(V % 4 == 0, "the vocabulary must be a multiple of 4, got ", V);
     if (M == 0) return;
+    const DLDevice device = device_.unwrap();
+    // float4 reads and writes need every row 16-byte aligned.
+    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    if (V % 4 == 0 && aligned(probs.data_ptr()) && aligned(out.data_ptr())) {
+      launch<true>(probs, top_p, work, out, M, V, device);
+    } else {
+      launch<false>(probs, top_p, work, out, M, V, device);
+    }
+  }
+
+  template <bool kVec4>
+  static void launch(
+      tvm::ffi::TensorView probs,
+      tvm::ffi::TensorView top_p,
+      tvm::ffi::TensorView work,
+      tvm::ffi::TensorView out,
+      int M,
+      int V,
+      DLDevice device) {
+    using namespace host;
     constexpr int kChunk = kThreads * kLoads * 4;
     const dim3 grid(static_cast<unsigned>(div_ceil(V, kChunk)), static_cast<unsigned>(M));
-    const DLDevice device = device_.unwrap();
     const auto* p = static_cast<const float*>(probs.data_ptr());
     const auto* tp = static_cast<const float*>(top_p.data_ptr());
     auto* w = static_cast<uint64_t*>(work.data_ptr());
     for (int pass = 0; pass < kPasses; ++pass) {
-      LaunchKernel(grid, kThreads, device)(top_p_radix_pass_kernel<kLoads>, p, tp, w, V, pass);
+      LaunchKernel(grid, kThreads, device)(top_p_radix_pass_kernel<kLoads, kVec4>, p, tp, w, V, pass);
     }
     LaunchKernel(grid, kThreads, device)(
-        top_p_radix_finish_kernel<kLoads>, p, tp, w, static_cast<float*>(out.data_ptr()), V);
+        top_p_radix_finish_kernel<kLoads, kVec4>, p, tp, w, static_cast<float*>(out.data_ptr()), V);
   }
 };
 
