@@ -56,7 +56,6 @@ MODULE_MAP = {
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
     "sglang_ddtree.core.topk_triton": f"{SPEC}/ddtree/topk_triton.py",
     "sglang_ddtree.core.topp_radix": f"{SPEC}/ddtree/topp_radix.py",
-    "sglang_ddtree.core.topp_triton": f"{SPEC}/ddtree/topp_triton.py",
     "sglang_ddtree.core.tree": f"{SPEC}/ddtree/tree.py",
     "sglang_ddtree.core.tree_attention": f"{SPEC}/ddtree/tree_attention.py",
     "sglang_ddtree.core.tree_triton": f"{SPEC}/ddtree/tree_triton.py",

@@ -38,9 +38,9 @@ in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
 (``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
 mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
-``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+tritontopp`` / ``+radixtopp``
-take the sampled verify's nucleus from ``core.topp_triton`` / ``core.topp_radix``
-(``SGLANG_DDTREE_TOP_P_KERNEL=triton`` / ``radix``).
+``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+flashinfertopp`` takes the
+sampled verify's nucleus from sgl_kernel's ``top_p_renorm_prob`` instead of ``core.topp_radix``
+(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -416,10 +416,9 @@ VARIANTS = {
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
-    # The sampled verify's nucleus from core/topp_triton.py or core/topp_radix.py instead of
-    # sgl_kernel's.
-    "tritontopp": {TOP_P_KERNEL_ENV: "triton"},
-    "radixtopp": {TOP_P_KERNEL_ENV: "radix"},
+    # The sampled verify's nucleus from sgl_kernel's top_p_renorm_prob (FlashInfer's) instead of
+    # core/topp_radix.py.
+    "flashinfertopp": {TOP_P_KERNEL_ENV: "flashinfer"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {

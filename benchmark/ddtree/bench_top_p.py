@@ -1,13 +1,13 @@
 """The sampled verify's nucleus kernels, side by side: sgl_kernel's ``top_p_renorm_prob``
-(FlashInfer's), ``core.topp_triton.top_p_renorm_triton`` and
-``core.topp_radix.top_p_renorm_radix``, on ``[M, V]`` float32 probability rows of three shapes
+(FlashInfer's) and ``core.topp_radix.top_p_renorm_radix`` (the default), on ``[M, V]`` float32 probability rows of three shapes
 (``bench_core.target_rows``: flat = random weights, gaussian, zipf = peaked), M = bs x W tree
 rows, each replayed from a CUDA graph (median of ``--iters``). Also counts the tokens whose
-kept / dropped decision differs from FlashInfer's, and for each kernel the tokens it decides against the float64 law (``G`` = the mass strictly above a token,
+kept / dropped decision differs from FlashInfer's, and for each kernel the tokens it decides
+against the float64 law (``G`` = the mass strictly above a token,
 summed in float64; kept iff ``G < top_p``) where ``G`` is more than ``EDGE`` from ``top_p``.
 
     python benchmark/ddtree/bench_top_p.py --out DIR
-    python benchmark/ddtree/bench_top_p.py --rows 33 136 1024 --vocab 163840 --out DIR
+    python benchmark/ddtree/bench_top_p.py --rows 33 136 1024 --vocab 163840 151937 --out DIR
 
 Writes ``DIR/bench_top_p.json`` and ``DIR/bench_top_p.md``.
 """
@@ -41,21 +41,16 @@ def off_float64(kept: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) ->
 
 
 def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict:
-    """One cell: microseconds per call of each kernel, how many decisions each of ours makes
+    """One cell: microseconds per call of each kernel, how many decisions radix makes
     differently from FlashInfer, and each kernel's decisions against the float64 law."""
     from sgl_kernel import top_p_renorm_prob
 
     from sglang_ddtree.core.topp_radix import top_p_renorm_radix
-    from sglang_ddtree.core.topp_triton import top_p_renorm_triton
 
     probs = torch.softmax(target_rows(rows, vocab, shape).float(), dim=-1)
     p = torch.full((rows,), top_p, dtype=torch.float32, device=probs.device)
     cell = {"rows": rows, "vocab": vocab, "shape": shape, "top_p": top_p}
-    kernels = {
-        "flashinfer": top_p_renorm_prob,
-        "triton": top_p_renorm_triton,
-        "radix": top_p_renorm_radix,
-    }
+    kernels = {"flashinfer": top_p_renorm_prob, "radix": top_p_renorm_radix}
     theirs = top_p_renorm_prob(probs, p) > 0
     for name, kernel in kernels.items():
         kept = kernel(probs, p) > 0
@@ -95,19 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         f"top_p {args.top_p}, microseconds per call (CUDA-graph replay, median); speedup: "
         "FlashInfer's time over the kernel's; differ: decisions unlike FlashInfer's",
         "",
-        "| V | rows | shape | FlashInfer | Triton (speedup, differ) | radix (speedup, differ) | "
-        "off float64: FlashInfer / Triton / radix |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "| V | rows | shape | FlashInfer | radix (speedup, differ) | "
+        "off float64: FlashInfer / radix |",
+        "|---:|---:|---|---:|---:|---:|",
     ]
     for c in cells:
-        ours = [
-            f"{c[f'{k}_us']:.1f} ({c[f'{k}_speedup']:.2f}, {c[f'{k}_differ']})"
-            for k in ("triton", "radix")
-        ]
         lines.append(
             f"| {c['vocab']} | {c['rows']} | {c['shape']} | {c['flashinfer_us']:.1f} | "
-            f"{ours[0]} | {ours[1]} | {c['flashinfer_off_float64']} / "
-            f"{c['triton_off_float64']} / {c['radix_off_float64']} |"
+            f"{c['radix_us']:.1f} ({c['radix_speedup']:.2f}, {c['radix_differ']}) | "
+            f"{c['flashinfer_off_float64']} / {c['radix_off_float64']} |"
         )
     with open(os.path.join(args.out, "bench_top_p.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

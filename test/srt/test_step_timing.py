@@ -244,15 +244,15 @@ def test_bench_step_variants(bench):
         "SGLANG_DDTREE_TREE_ATTENTION",
         "SGLANG_DDTREE_TOP_P_KERNEL",
     )
-    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "flashinfer"}
+    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
     assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
-    assert bench.split_variant("ddtree+tritontopp") == ("ddtree", {**default, topp: "triton"})
-    assert bench.split_variant("ddtree+radixtopp") == ("ddtree", {**default, topp: "radix"})
+    flashinfer = bench.split_variant("ddtree+flashinfertopp")
+    assert flashinfer == ("ddtree", {**default, topp: "flashinfer"})
     assert bench.split_variant("dflash") == ("dflash", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")

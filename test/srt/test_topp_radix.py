@@ -1,20 +1,150 @@
 """The radix-select top-p renormalization (core.topp_radix, the CUDA kernel
-``sgl-kernel/csrc/ddtree/top_p_radix.cuh``) against the float64 law's nucleus and sgl_kernel's
-``top_p_renorm_prob`` (FlashInfer's), with the judge of ``test_topp_triton.check_nucleus``:
-every token whose mass above lies more than ``EDGE`` from ``top_p`` decided as float64 does,
-kept values ``p / Z``, tied tokens one fate.
+``sgl-kernel/csrc/ddtree/top_p_radix.cuh``; the sampled verify's default nucleus) against the
+float64 law's nucleus, the pure-torch joint law's (``sampling.joint_top_k_top_p_renorm`` with
+top-k off) and sgl_kernel's ``top_p_renorm_prob`` (FlashInfer's).
 
-CPU: the kernel's source is found, or its absence named with the fix, and CPU tensors are
-refused before anything is built. GPU (``gpu`` marker): V = 151,936 rows of six shapes at 136
-and 17 rows, rows with top_p = 1 and one-hot rows, the same bits on a second call, a CUDA-graph
-replay on new rows; vocabularies not a multiple of 4 and rows off a 16-byte boundary.
+A token's fate is fixed by ``G = mass strictly above it < top_p``, judged here in float64. The
+kernel must decide every token whose ``G`` lies more than ``EDGE`` from ``top_p`` as float64
+does, give every kept value the same ``p / Z``, and tied tokens the same fate. The float32
+implementations it is also compared with (the torch reference's running sum, FlashInfer's
+block sums) may misjudge a token by their summation error, up to ``V * 2**-24``
+(``float32_edge``): they are compared outside that band.
+
+CPU: the judge fails on a wrong nucleus; the kernel's source is found, or its absence named
+with the fix; CPU tensors are refused before anything is built; the kernel setting's parser
+and the start-up error that names the FlashInfer fallback. GPU (``gpu`` marker): V = 151,936
+rows of six shapes at 136 and 17 rows, rows with top_p = 1 and one-hot rows, the same bits on
+a second call, a CUDA-graph replay on new rows; vocabularies not a multiple of 4 and rows off
+a 16-byte boundary; ``target_probs`` with it (and top-k) against the FlashInfer path.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_topp_triton import check_graph_replay, check_nucleus, float32_edge, rows
+
+from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm, rank_and_mass_above
+
+EDGE = 1e-5  # |G - top_p| below this: either decision is a rounding of the same law
+
+
+def float32_edge(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[M, V] bool: tokens a float32 sum of up to V terms may misjudge (``V * 2**-24``, the
+    bound on a running sum's error for values summing to 1)."""
+    band = probs.shape[-1] * 2.0**-24
+    return (mass_above(probs.cpu()) - top_p.cpu().double()[:, None]).abs() < max(band, EDGE)
+
+
+def mass_above(probs: torch.Tensor) -> torch.Tensor:
+    """[M, V] float64: per token, the mass of the tokens strictly more probable (the joint
+    law's own count, in float64)."""
+    _, order, _, above = rank_and_mass_above(probs.double())
+    return torch.empty_like(above).scatter_(-1, order, above)
+
+
+def check_nucleus(out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> int:
+    """Assert ``out`` is ``probs``' nucleus renormalized (module docstring); returns how many
+    tokens were at the edge (either decision allowed)."""
+    assert out.shape == probs.shape and out.dtype == torch.float32
+    out, probs, top_p = out.cpu(), probs.cpu(), top_p.cpu()
+    g = mass_above(probs)
+    edge = (g - top_p.double()[:, None]).abs() < EDGE
+    keep = (g < top_p.double()[:, None]) | (top_p[:, None] >= 1)
+    kept = out > 0
+    wrong = (kept != keep) & ~edge & (probs > 0)
+    assert not wrong.any(), f"{int(wrong.sum())} tokens decided differently"
+    # Tied tokens share their fate; the kept set is everything at or above the cut.
+    for r in range(probs.shape[0]):
+        if kept[r].any():
+            cut, nonzero = probs[r][kept[r]].min(), probs[r] > 0
+            assert torch.equal(kept[r] & nonzero, (probs[r] >= cut) & nonzero), r
+    z = torch.where(kept, probs, 0).double().sum(-1, keepdim=True)
+    want = torch.where(kept, probs.double() / z, 0)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-9)
+    ref = joint_top_k_top_p_renorm(probs, torch.zeros(probs.shape[0], dtype=torch.int64), top_p)
+    loose = float32_edge(probs, top_p)
+    assert torch.equal((ref > 0) & ~loose, kept & ~loose)
+    return int(edge.sum())
+
+
+def rows(m: int, vocab: int, kind: str, generator: torch.Generator) -> torch.Tensor:
+    """[m, vocab] float32 probability rows of a named shape."""
+    if kind == "flat":  # random weights: logits N(0, 0.01), all probabilities alike
+        logits = 0.01 * torch.randn(m, vocab, generator=generator)
+    elif kind == "gaussian":
+        logits = torch.randn(m, vocab, generator=generator)
+    elif kind == "peaked":  # p ~ rank^-1.5, shuffled
+        ranks = torch.argsort(torch.rand(m, vocab, generator=generator), dim=-1) + 1
+        logits = -1.5 * torch.log(ranks.float())
+    elif kind == "ties":  # few distinct values: ties at the nucleus edge
+        logits = torch.randint(0, 4, (m, vocab), generator=generator).float()
+    elif kind == "bf16":  # bf16-rounded logits: many exact ties
+        logits = (3 * torch.randn(m, vocab, generator=generator)).bfloat16().float()
+    elif kind == "wide":  # logits N(0, 40^2): probabilities down to denormals and zeros
+        logits = 40 * torch.randn(m, vocab, generator=generator)
+    else:
+        raise ValueError(kind)
+    return torch.softmax(logits, dim=-1)
+
+
+def check_graph_replay(renorm, m: int, vocab: int, top_p: torch.Tensor, g: torch.Generator):
+    """``renorm(probs, top_p)`` captured in a CUDA graph on gaussian rows and replayed on flat
+    and peaked ones: the eager call's output, bit for bit, and the nucleus (GPU)."""
+    static = rows(m, vocab, "gaussian", g).cuda()
+    renorm(static, top_p)  # compile / build outside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = renorm(static, top_p)
+    for kind in ("flat", "peaked"):
+        static.copy_(rows(m, vocab, kind, g))
+        graph.replay()
+        torch.testing.assert_close(out, renorm(static, top_p), rtol=0, atol=0)
+        check_nucleus(out, static, top_p)
+
+
+def test_the_check_catches_a_wrong_nucleus():
+    """The comparison can fail: a nucleus cut one distinct value too low, a renormalization
+    off by a factor, and a tie split are each rejected."""
+    g = torch.Generator().manual_seed(1)
+    probs = rows(4, 500, "ties", g)
+    top_p = torch.tensor([0.5, 0.8, 0.3, 0.95])
+    ref = joint_top_k_top_p_renorm(probs, torch.zeros(4, dtype=torch.int64), top_p)
+    assert check_nucleus(ref, probs, top_p) == 0
+    # One more distinct value kept in row 0.
+    cut = probs[0][ref[0] > 0].min()
+    below = probs[0][probs[0] < cut].max()
+    wider = ref.clone()
+    wider[0] = torch.where(probs[0] >= below, probs[0], 0)
+    wider[0] /= wider[0].sum()
+    with pytest.raises(AssertionError):
+        check_nucleus(wider, probs, top_p)
+    with pytest.raises(AssertionError):
+        check_nucleus(ref * 1.01, probs, top_p)
+    split = ref.clone()
+    tied = torch.nonzero(probs[1] == probs[1][ref[1] > 0].min()).flatten()
+    assert len(tied) > 1
+    split[1, tied[0]] = 0
+    split[1] /= split[1].sum()
+    with pytest.raises(AssertionError):
+        check_nucleus(split, probs, top_p)
+
+
+def test_read_top_p_kernel_refuses_a_bad_value_and_a_build_failure_names_the_fix():
+    from sglang_ddtree.core.sampling import TOP_P_KERNELS
+    from sglang_ddtree.srt.ddtree_args import (
+        TOP_P_KERNEL_ENV,
+        read_top_p_kernel,
+        top_p_kernel_unavailable,
+    )
+    from sglang_ddtree.srt.ddtree_args import TOP_P_KERNELS as ARG_CHOICES
+
+    assert ARG_CHOICES == TOP_P_KERNELS  # the env's choices are the ones target_probs takes
+    assert read_top_p_kernel({}) == "radix"  # the default
+    assert read_top_p_kernel({TOP_P_KERNEL_ENV: " FlashInfer "}) == "flashinfer"
+    with pytest.raises(ValueError, match=TOP_P_KERNEL_ENV):
+        read_top_p_kernel({TOP_P_KERNEL_ENV: "cuda"})
+    error = top_p_kernel_unavailable("radix", OSError("nvcc: not found"))
+    assert "nvcc: not found" in str(error) and f"{TOP_P_KERNEL_ENV}=flashinfer" in str(error)
 
 
 def test_kernel_source_is_found_in_the_checkout():
@@ -105,3 +235,30 @@ def test_radix_top_p_on_rows_not_16_byte_aligned():
     ours = top_p_renorm_radix(view, top_p)
     check_nucleus(ours, view, top_p)
     assert torch.equal(ours, top_p_renorm_radix(view.clone(), top_p))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_target_probs_with_the_radix_nucleus_is_the_flashinfer_law():
+    """``target_probs`` with the radix nucleus (the default), alone and jointly with top-k,
+    equals the FlashInfer path on every non-edge token."""
+    from sglang_ddtree.core.sampling import target_probs
+
+    g = torch.Generator().manual_seed(2)
+    bs, n, vocab = 4, 17, 151936
+    logits = (2 * torch.randn(bs, n, vocab, generator=g)).cuda()
+    temperature = torch.tensor([1.0, 0.7, 1.3, 1.0]).cuda()
+    top_k = torch.tensor([1 << 30, 20, 50, 1 << 30]).cuda()
+    top_p = torch.tensor([0.95, 0.9, 0.8, 1.0]).cuda()
+    # The nucleus is judged on the unfiltered softmax: its edge tokens may go either way.
+    base = torch.softmax(logits.float() / temperature[:, None, None], dim=-1).cpu()
+    edge = mass_above(base.view(-1, vocab)) - top_p.cpu().double().repeat_interleave(n)[:, None]
+    edge = edge.abs().view(bs, n, vocab) < EDGE
+    for need_top_k in (False, True):
+        a = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k,
+                         top_p_kernel="flashinfer")  # fmt: skip
+        b = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k)
+        differ = ((a > 0) != (b > 0)).cpu() & ~edge
+        assert not differ.any(), int(differ.sum())
+        both = (a > 0) & (b > 0)
+        torch.testing.assert_close(b[both], a[both], rtol=1e-4, atol=1e-7)

@@ -23,21 +23,20 @@ import torch
 COIN_EPS = 2.0**-24
 
 
-TOP_P_KERNELS = ("flashinfer", "triton", "radix")
+# The nucleus kernel on CUDA: `topp_radix`'s (the default: its cost does not depend on the
+# rows' shape) or sgl_kernel's ``top_p_renorm_prob`` (FlashInfer's, as SGLang's own verify).
+TOP_P_KERNELS = ("radix", "flashinfer")
 
 
-def _sgl_kernel_renorm(top_p_kernel: str = "flashinfer"):
+def _sgl_kernel_renorm(top_p_kernel: str = TOP_P_KERNELS[0]):
     """``(top_k_renorm_prob, top_p_renorm_prob)``: sgl_kernel's (FlashInfer's), the top-p one
-    replaced by `topp_triton.top_p_renorm_triton` for ``top_p_kernel="triton"`` and by
-    `topp_radix.top_p_renorm_radix` for ``"radix"``; None without sgl_kernel."""
+    `topp_radix.top_p_renorm_radix` for ``top_p_kernel="radix"``; None without sgl_kernel."""
     assert top_p_kernel in TOP_P_KERNELS, top_p_kernel
     try:
         from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
     except Exception:  # not installed, or no CUDA build
         return None
-    if top_p_kernel == "triton":
-        from sglang_ddtree.core.topp_triton import top_p_renorm_triton as top_p_renorm_prob
-    elif top_p_kernel == "radix":
+    if top_p_kernel == "radix":
         from sglang_ddtree.core.topp_radix import top_p_renorm_radix as top_p_renorm_prob
     return top_k_renorm_prob, top_p_renorm_prob
 
@@ -109,7 +108,7 @@ def target_probs(
     use_kernels: bool | None = None,
     need_top_k: bool = True,
     need_top_p: bool = True,
-    top_p_kernel: str = "flashinfer",
+    top_p_kernel: str = TOP_P_KERNELS[0],
 ) -> torch.Tensor:
     """Target distribution at every node, [bs, N, V] float32 contiguous: the law SGLang's
     non-speculative sampler draws from at that node (module docstring).
@@ -120,9 +119,8 @@ def target_probs(
     applies it.
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
-    (`_joint_renorm_kernels`), the nucleus from `topp_triton` or `topp_radix` where
-    ``top_p_kernel`` is "triton" or "radix" (same set); elsewhere the pure-torch
-    `joint_top_k_top_p_renorm`.
+    (`_joint_renorm_kernels`), the nucleus from `topp_radix` where ``top_p_kernel`` is
+    "radix" (the same set); elsewhere the pure-torch `joint_top_k_top_p_renorm`.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)

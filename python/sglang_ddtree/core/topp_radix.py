@@ -2,7 +2,7 @@
 host sync, deterministic): the kernel ``top_p_radix.cuh``, built at first use by SGLang's JIT
 loader (``sglang.kernels.jit``).
 
-Same contract as sgl_kernel's ``top_p_renorm_prob(probs, top_p)`` and `topp_triton`: token
+Same contract as sgl_kernel's ``top_p_renorm_prob(probs, top_p)``: token
 ``x`` stays when the mass of the tokens strictly more probable than it is below ``top_p`` (every
 token tied at the edge stays); the kept tokens are renormalized, the rest are 0; a row with
 ``top_p >= 1`` keeps every token.
@@ -14,8 +14,8 @@ that run in parallel; then one more read writes ``p / Z``. Rows are read four fl
 where they are 16-byte aligned (``V % 4 == 0``), one at a time otherwise. Masses are summed in
 62-bit fixed point by integer atomics, so the result does not depend on scheduling
 (tensor-parallel ranks agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of
-the rows in all, whatever the rows' shape (FlashInfer's per-row search slows down on flat rows;
-`topp_triton` compares every entry with 32 pivots in each of its six passes).
+the rows in all, whatever the rows' shape (FlashInfer's per-row search slows down on flat
+rows).
 """
 
 from __future__ import annotations

@@ -43,10 +43,9 @@ TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
 KV_MOVER_ENV = "SGLANG_DDTREE_KV_MOVER"
 KV_MOVERS = ("ddtree", "sglang")
-# The sampled verify's nucleus kernel: sgl_kernel's (FlashInfer), core.topp_triton or
-# core.topp_radix.
+# The sampled verify's nucleus kernel: core.topp_radix (default) or sgl_kernel's (FlashInfer).
 TOP_P_KERNEL_ENV = "SGLANG_DDTREE_TOP_P_KERNEL"
-TOP_P_KERNELS = ("flashinfer", "triton", "radix")
+TOP_P_KERNELS = ("radix", "flashinfer")
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 
@@ -166,9 +165,19 @@ def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
 
 def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
-    flashinfer, sgl_kernel's; triton, `core.topp_triton`'s fixed-pass kernel; radix,
-    `core.topp_radix`'s CUDA radix select)."""
+    radix, `core.topp_radix`'s CUDA radix select; flashinfer, sgl_kernel's)."""
     return _read_choice(TOP_P_KERNEL_ENV, TOP_P_KERNELS, environ)
+
+
+def top_p_kernel_unavailable(kernel: str, error: BaseException) -> RuntimeError:
+    """The error a worker raises when the nucleus kernel ``kernel`` cannot be built or loaded
+    at start (e.g. no CUDA compiler for SGLang's JIT loader): what failed, and the setting
+    that takes sgl_kernel's instead (the same law)."""
+    return RuntimeError(
+        f"DDTREE: the {kernel} top-p kernel could not be built or loaded "
+        f"({type(error).__name__}: {error}); set {TOP_P_KERNEL_ENV}=flashinfer to use "
+        "sgl_kernel's top_p_renorm_prob instead (the same sampling law)."
+    )
 
 
 def draft_topk_backend(setting: str, topk: int, vocab_size: int) -> str:

@@ -84,6 +84,7 @@ from sglang_ddtree.srt.ddtree_args import (
     read_kv_mover,
     read_top_p_kernel,
     read_topk,
+    top_p_kernel_unavailable,
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
@@ -230,7 +231,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if top_p_kernel == "radix":  # built now: with the glue graphs off no warm-up runs it
             from sglang_ddtree.core.topp_radix import load_kernel
 
-            load_kernel()
+            try:
+                load_kernel()
+            except Exception as e:
+                raise top_p_kernel_unavailable(top_p_kernel, e) from e
         if top_p_kernel != TOP_P_KERNELS[0] and self.ps.tp_rank == 0:  # seen at any log level
             logger.warning(
                 "DDTREE: the sampled verify's top-p filter is the %s kernel (%s=%s).",
