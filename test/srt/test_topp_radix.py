@@ -143,6 +143,15 @@ def test_read_top_p_kernel_refuses_a_bad_value_and_a_build_failure_names_the_fix
     assert read_top_p_kernel({TOP_P_KERNEL_ENV: " FlashInfer "}) == "flashinfer"
     with pytest.raises(ValueError, match=TOP_P_KERNEL_ENV):
         read_top_p_kernel({TOP_P_KERNEL_ENV: "cuda"})
+    # Every function that takes the kernel defaults to the server's default.
+    import inspect
+
+    from sglang_ddtree.core.sampling import target_probs
+    from sglang_ddtree.core.step import accept_and_commit
+    from sglang_ddtree.srt.ddtree_utils import make_accept_fn
+
+    for fn in (target_probs, accept_and_commit, make_accept_fn):
+        assert inspect.signature(fn).parameters["top_p_kernel"].default == "radix", fn
     error = top_p_kernel_unavailable("radix", OSError("nvcc: not found"))
     assert "nvcc: not found" in str(error) and f"{TOP_P_KERNEL_ENV}=flashinfer" in str(error)
 

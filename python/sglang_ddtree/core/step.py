@@ -23,7 +23,7 @@ from sglang_ddtree.core.accept import accept_greedy, accept_sampled
 from sglang_ddtree.core.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.core.commit import CommitPlan, commit_accepted
 from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays, verify_mask_cells
-from sglang_ddtree.core.sampling import draw_coins, target_probs
+from sglang_ddtree.core.sampling import TOP_P_KERNELS, draw_coins, target_probs
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
 from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
 
@@ -176,7 +176,7 @@ def accept_and_commit(
     coins: torch.Tensor | None = None,  # [bs, W] float32 uniforms; None: drawn here
     final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
     coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
-    top_p_kernel: str = "flashinfer",  # the nucleus kernel (sampling.target_probs)
+    top_p_kernel: str = TOP_P_KERNELS[0],  # the nucleus kernel (sampling.target_probs)
 ) -> CommitPlan:
     """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
     bs, w = tokens.shape

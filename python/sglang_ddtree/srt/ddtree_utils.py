@@ -13,7 +13,7 @@ import torch
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
-from sglang_ddtree.core.sampling import draw_coins
+from sglang_ddtree.core.sampling import TOP_P_KERNELS, draw_coins
 from sglang_ddtree.core.step import TreeStep, accept_and_commit
 
 
@@ -36,7 +36,7 @@ def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Ten
 
 
 def make_accept_fn(
-    accept_width: int, coin_scale: float = 1.0, top_p_kernel: str = "flashinfer"
+    accept_width: int, coin_scale: float = 1.0, top_p_kernel: str = TOP_P_KERNELS[0]
 ) -> Callable[..., CommitPlan]:
     """The accept segment's function: ``core.step.accept_and_commit`` over the flattened layout
     fields (a glue graph binds tensors by name). ``coin_scale`` != 1: a deliberately wrong law
