@@ -120,22 +120,30 @@ def target_probs(
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
     (`_joint_renorm_kernels`), the nucleus from `topp_radix` where ``top_p_kernel`` is
-    "radix" (the same set); elsewhere the pure-torch `joint_top_k_top_p_renorm`.
+    "radix" (the same set); with top-p alone, radix takes the logits and never writes the
+    softmax out (`topp_radix.top_p_softmax_renorm_radix`); elsewhere the pure-torch
+    `joint_top_k_top_p_renorm`.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
+    # expand + reshape, not repeat_interleave: no output-size computation, capture-safe.
+    k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
+    p = top_p.float()[:, None].expand(bs, n).reshape(-1).contiguous()
+    on_device = use_kernels is not False and logits.is_cuda
+    kernels = _sgl_kernel_renorm(top_p_kernel) if on_device and (need_top_k or need_top_p) else None
+    if use_kernels and (need_top_k or need_top_p) and kernels is None:
+        raise RuntimeError("sgl_kernel renorm kernels requested but not available")
+    if kernels is not None and top_p_kernel == "radix" and need_top_p and not need_top_k:
+        from sglang_ddtree.core.topp_radix import top_p_softmax_renorm_radix
+
+        t = temperature.float()[:, None].expand(bs, n).reshape(-1).contiguous()
+        probs = top_p_softmax_renorm_radix(logits.float().reshape(bs * n, vocab), t, p)
+        return probs.view(bs, n, vocab)
     # As SGLang's sampler: float32 logits divided by the temperature, then softmax.
     probs = torch.softmax(logits.float() / temperature.float()[:, None, None], dim=-1)
     probs = probs.reshape(bs * n, vocab)
     if not (need_top_k or need_top_p):
         return probs.reshape(bs, n, vocab).contiguous()
-    # expand + reshape, not repeat_interleave: no output-size computation, capture-safe.
-    k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
-    p = top_p.float()[:, None].expand(bs, n).reshape(-1).contiguous()
-    on_device = use_kernels is not False and probs.is_cuda
-    kernels = _sgl_kernel_renorm(top_p_kernel) if on_device else None
-    if use_kernels and kernels is None:
-        raise RuntimeError("sgl_kernel renorm kernels requested but not available")
     if kernels is not None:
         probs = _joint_renorm_kernels(probs, k, p, need_top_k, need_top_p, kernels)
     else:  # a filter not needed is switched off, as above

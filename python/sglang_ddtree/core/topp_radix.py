@@ -29,6 +29,7 @@ PASSES = 4
 BINS = 256
 WORK = PASSES * BINS + 5 + PASSES  # int64 per row: histograms, state, per-pass done counts
 LOADS = 8  # float4 loads per thread: 8,192 vocabulary entries per program
+CHUNK = 256 * LOADS * 4  # entries per program (threads x loads x 4)
 # The kernel source: under SGLang's JIT sources in-tree; under ``sgl-kernel/csrc/`` in this
 # repository, found from an editable install or a checkout.
 SOURCE = "ddtree/top_p_radix.cuh"
@@ -60,7 +61,10 @@ def load_kernel():
     return load_jit(
         "ddtree_top_p_radix",
         **kernel_source(),
-        cuda_wrappers=[("top_p_radix", f"TopPRadix<{LOADS}>::run")],
+        cuda_wrappers=[
+            ("top_p_radix", f"TopPRadix<{LOADS}>::run"),
+            ("top_p_softmax_radix", f"TopPSoftmaxRadix<{LOADS}>::run"),
+        ],
     )
 
 
@@ -79,4 +83,28 @@ def top_p_renorm_radix(
     work = torch.zeros(probs.shape[0], WORK, dtype=torch.int64, device=probs.device)
     out = torch.empty_like(probs)
     load_kernel().top_p_radix(probs, top_p, work, out)
+    return out
+
+
+def top_p_softmax_renorm_radix(
+    logits: torch.Tensor,  # [M, V] float32 CUDA
+    temperature: torch.Tensor,  # [M] float32, > 0
+    top_p: torch.Tensor,  # [M] float32 in (0, 1]
+) -> torch.Tensor:
+    """``[M, V]`` float32: ``top_p_renorm_radix(softmax(logits / temperature), top_p)`` without
+    writing the softmax out: a first pass takes each row's max and sum of exponentials, then
+    every pass evaluates the probability of each entry where it reads the logit (seven reads of
+    the logits and one write, against nine reads and three writes for the division, the softmax
+    and the nucleus apart). The probabilities differ from ``torch.softmax``'s by rounding only."""
+    assert logits.is_cuda, "the radix top-p needs CUDA tensors"
+    assert logits.dim() == 2 and logits.dtype == torch.float32, "logits must be [M, V] float32"
+    assert temperature.shape == logits.shape[:1] and top_p.shape == logits.shape[:1]
+    m, vocab = logits.shape
+    logits = logits.contiguous()
+    temperature = temperature.to(torch.float32).contiguous()
+    top_p = top_p.to(torch.float32).contiguous()
+    stats = torch.empty(m, -(-vocab // CHUNK), 2, dtype=torch.float32, device=logits.device)
+    work = torch.zeros(m, WORK, dtype=torch.int64, device=logits.device)
+    out = torch.empty_like(logits)
+    load_kernel().top_p_softmax_radix(logits, temperature, top_p, stats, work, out)
     return out

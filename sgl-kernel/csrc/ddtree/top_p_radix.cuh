@@ -21,6 +21,14 @@
 // most V * 2^-63. Shared memory holds each bin as two 32-bit words (native atomics; a 64-bit
 // shared atomic add is a compare-and-swap loop), the carry out of the low word added to the
 // high one.
+//
+// From logits (`TopPSoftmaxRadix`): the rows are softmax(logits / temperature), never written
+// out. A first kernel records, per program, the max and the sum of exp(x - max) of its chunk
+// (x = logit / temperature); every later program combines the row's pairs in one fixed order
+// and evaluates each entry's probability where it reads it, with round-to-nearest intrinsics
+// (no contraction into FMAs, which could differ between kernels), so the passes and the
+// finish see the same bits for the same entry. Seven reads of the logits and one write, where
+// a softmax followed by the nucleus reads and writes the rows nine and two times.
 
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.cuh>
@@ -68,25 +76,122 @@ __device__ __forceinline__ int entry(int start, int k, int j) {
   return kVec4 ? start + (k * kThreads + threadIdx.x) * 4 + j : start + (k * 4 + j) * kThreads + threadIdx.x;
 }
 
-// The program's entries of a row, zeros past the row's end; every load is issued before the
+// The program's entries of a row, ``pad`` past the row's end; every load is issued before the
 // first is used.
 template <int kLoads, bool kVec4>
-__device__ __forceinline__ void load_chunk(const float* base, int start, int V, float4 (&vals)[kLoads]) {
+__device__ __forceinline__ void load_chunk(const float* base, int start, int V, float4 (&vals)[kLoads], float pad) {
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
     if constexpr (kVec4) {
       const int i = entry<true>(start, k, 0);  // V % 4 == 0: all four in the row, or none
-      vals[k] = i < V ? __ldg(reinterpret_cast<const float4*>(base + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      vals[k] = i < V ? __ldg(reinterpret_cast<const float4*>(base + i)) : make_float4(pad, pad, pad, pad);
     } else {
       float v[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int i = entry<false>(start, k, j);
-        v[j] = i < V ? __ldg(base + i) : 0.f;
+        v[j] = i < V ? __ldg(base + i) : pad;
       }
       vals[k] = make_float4(v[0], v[1], v[2], v[3]);
     }
   }
+}
+
+// Softmax rows from logits: where the constants live, and how an entry is evaluated.
+struct SoftmaxArgs {
+  const float* temperature;  // [M] > 0, or nullptr: the input rows are probabilities
+  const float2* stats;       // [M, chunks] (max, sum of exp(x - max)) per program
+  int chunks;
+};
+
+struct RowSoftmax {
+  float t, m, inv_s;
+};
+
+__device__ __forceinline__ float scaled_logit(float logit, float t) {
+  return __fdiv_rn(logit, t);
+}
+
+__device__ __forceinline__ float softmax_entry(float logit, const RowSoftmax& r) {
+  return __fmul_rn(expf(__fsub_rn(scaled_logit(logit, r.t), r.m)), r.inv_s);
+}
+
+// The row's constants from its programs' (max, sum) pairs, combined in one fixed order: every
+// program of every pass derives the same bits.
+__device__ RowSoftmax row_softmax(const SoftmaxArgs& a, int row) {
+  __shared__ RowSoftmax r;
+  if (threadIdx.x == 0) {
+    const float2* st = a.stats + static_cast<int64_t>(row) * a.chunks;
+    float m = -INFINITY;
+    for (int c = 0; c < a.chunks; ++c) m = fmaxf(m, st[c].x);
+    float s = 0.0f;
+    for (int c = 0; c < a.chunks; ++c) {
+      if (st[c].x != -INFINITY) s = __fadd_rn(s, __fmul_rn(st[c].y, expf(__fsub_rn(st[c].x, m))));
+    }
+    r = RowSoftmax{a.temperature[row], m, __frcp_rn(s)};
+  }
+  __syncthreads();
+  return r;
+}
+
+// The loaded entries as probabilities: themselves, or their softmax.
+template <int kLoads, bool kLogits>
+__device__ __forceinline__ void to_probs(const SoftmaxArgs& a, int row, float4 (&vals)[kLoads]) {
+  if constexpr (kLogits) {
+    const RowSoftmax r = row_softmax(a, row);
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      vals[k] = make_float4(
+          softmax_entry(vals[k].x, r), softmax_entry(vals[k].y, r), softmax_entry(vals[k].z, r),
+          softmax_entry(vals[k].w, r));
+    }
+  }
+}
+
+// A block-wide max or sum (kThreads threads), in one fixed order; every thread gets it.
+template <bool kMax>
+__device__ float block_reduce(float v) {
+  __shared__ float part[kThreads / 32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = kMax ? fmaxf(v, o) : __fadd_rn(v, o);
+  }
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = part[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) r = kMax ? fmaxf(r, part[w]) : __fadd_rn(r, part[w]);
+  __syncthreads();  // part is free for the next reduction
+  return r;
+}
+
+// Per program: the max of its chunk's scaled logits and the sum of exp(x - max).
+template <int kLoads, bool kVec4>
+__global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxArgs a, float2* __restrict__ stats, int V) {
+  constexpr int kChunk = kThreads * kLoads * 4;
+  const int row = blockIdx.y;
+  const float t = a.temperature[row];
+  float4 vals[kLoads];
+  load_chunk<kLoads, kVec4>(logits + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals, -INFINITY);
+  float m = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kLoads; ++k) {
+    m = fmaxf(m, fmaxf(fmaxf(scaled_logit(vals[k].x, t), scaled_logit(vals[k].y, t)),
+                       fmaxf(scaled_logit(vals[k].z, t), scaled_logit(vals[k].w, t))));
+  }
+  m = block_reduce<true>(m);
+  float s = 0.0f;
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const float xs[4] = {vals[k].x, vals[k].y, vals[k].z, vals[k].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s = __fadd_rn(s, expf(__fsub_rn(scaled_logit(xs[j], t), m)));
+    }
+  }
+  s = block_reduce<false>(s);
+  if (threadIdx.x == 0) stats[static_cast<int64_t>(row) * gridDim.x + blockIdx.x] = make_float2(m, s);
 }
 
 __device__ __forceinline__ void add_to_bin(uint32_t* lo, uint32_t* hi, int bin, uint64_t v) {
@@ -129,11 +234,12 @@ __device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, int*
   }
 }
 
-template <int kLoads, bool kVec4>
+template <int kLoads, bool kVec4, bool kLogits>
 __global__ void top_p_radix_pass_kernel(
-    const float* __restrict__ probs,
+    const float* __restrict__ probs,  // or logits, with kLogits
     const float* __restrict__ top_p,
     uint64_t* __restrict__ work,  // [M, kWork]
+    SoftmaxArgs softmax,
     int V,
     int pass) {
   constexpr int kChunk = kThreads * kLoads * 4;
@@ -154,7 +260,8 @@ __global__ void top_p_radix_pass_kernel(
   const int high = shift + digit_width(pass);
   const uint32_t mask = (1u << digit_width(pass)) - 1u;
   float4 vals[kLoads];
-  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals);
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals, kLogits ? -INFINITY : 0.0f);
+  to_probs<kLoads, kLogits>(softmax, row, vals);
   // A thread's entries often share a bin (all of them on flat rows): add runs, not entries.
   int run_bin = -1;
   uint64_t run = 0;
@@ -189,12 +296,13 @@ __global__ void top_p_radix_pass_kernel(
   pick_digit(w, pass, tp >= 1.0f ? 0.0f : tp, s, &found);
 }
 
-template <int kLoads, bool kVec4>
+template <int kLoads, bool kVec4, bool kLogits>
 __global__ void top_p_radix_finish_kernel(
-    const float* __restrict__ probs,
+    const float* __restrict__ probs,  // or logits, with kLogits
     const float* __restrict__ top_p,
     const uint64_t* __restrict__ work,
     float* __restrict__ out,
+    SoftmaxArgs softmax,
     int V) {
   constexpr int kChunk = kThreads * kLoads * 4;
   const int row = blockIdx.y;
@@ -205,7 +313,8 @@ __global__ void top_p_radix_finish_kernel(
   const float z = static_cast<float>(static_cast<double>(kept) / kFixedOne);
   const int start = blockIdx.x * kChunk;
   float4 vals[kLoads];
-  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, start, V, vals);
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, start, V, vals, kLogits ? -INFINITY : 0.0f);
+  to_probs<kLoads, kLogits>(softmax, row, vals);
   float* dst = out + static_cast<int64_t>(row) * V;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
@@ -225,6 +334,32 @@ __global__ void top_p_radix_finish_kernel(
   }
 }
 
+// float4 reads and writes need every row 16-byte aligned.
+inline bool rows_aligned(int V, const void* in, const void* out) {
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return V % 4 == 0 && aligned(in) && aligned(out);
+}
+
+template <int kLoads, bool kVec4, bool kLogits>
+void launch_radix(
+    const float* in, const float* top_p, uint64_t* work, float* out, float2* stats, const float* temperature,
+    int M, int V, DLDevice device) {
+  using namespace host;
+  constexpr int kChunk = kThreads * kLoads * 4;
+  const int chunks = static_cast<int>(div_ceil(V, kChunk));
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(M));
+  const SoftmaxArgs softmax{temperature, stats, chunks};
+  if constexpr (kLogits) {
+    LaunchKernel(grid, kThreads, device)(softmax_stats_kernel<kLoads, kVec4>, in, softmax, stats, V);
+  }
+  for (int pass = 0; pass < kPasses; ++pass) {
+    LaunchKernel(grid, kThreads, device)(
+        top_p_radix_pass_kernel<kLoads, kVec4, kLogits>, in, top_p, work, softmax, V, pass);
+  }
+  LaunchKernel(grid, kThreads, device)(
+      top_p_radix_finish_kernel<kLoads, kVec4, kLogits>, in, top_p, work, out, softmax, V);
+}
+
 template <int kLoads>
 struct TopPRadix {
   // probs [M, V] float32, top_p [M] float32, work [M, kWork] int64 zeroed, out [M, V] float32.
@@ -240,36 +375,55 @@ struct TopPRadix {
     const int M = static_cast<int>(m_.unwrap());
     const int V = static_cast<int>(v_.unwrap());
     if (M == 0) return;
-    const DLDevice device = device_.unwrap();
-    // float4 reads and writes need every row 16-byte aligned.
-    const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    if (V % 4 == 0 && aligned(probs.data_ptr()) && aligned(out.data_ptr())) {
-      launch<true>(probs, top_p, work, out, M, V, device);
-    } else {
-      launch<false>(probs, top_p, work, out, M, V, device);
-    }
-  }
-
-  template <bool kVec4>
-  static void launch(
-      tvm::ffi::TensorView probs,
-      tvm::ffi::TensorView top_p,
-      tvm::ffi::TensorView work,
-      tvm::ffi::TensorView out,
-      int M,
-      int V,
-      DLDevice device) {
-    using namespace host;
-    constexpr int kChunk = kThreads * kLoads * 4;
-    const dim3 grid(static_cast<unsigned>(div_ceil(V, kChunk)), static_cast<unsigned>(M));
-    const auto* p = static_cast<const float*>(probs.data_ptr());
+    const auto* in = static_cast<const float*>(probs.data_ptr());
     const auto* tp = static_cast<const float*>(top_p.data_ptr());
     auto* w = static_cast<uint64_t*>(work.data_ptr());
-    for (int pass = 0; pass < kPasses; ++pass) {
-      LaunchKernel(grid, kThreads, device)(top_p_radix_pass_kernel<kLoads, kVec4>, p, tp, w, V, pass);
+    auto* o = static_cast<float*>(out.data_ptr());
+    if (rows_aligned(V, in, o)) {
+      launch_radix<kLoads, true, false>(in, tp, w, o, nullptr, nullptr, M, V, device_.unwrap());
+    } else {
+      launch_radix<kLoads, false, false>(in, tp, w, o, nullptr, nullptr, M, V, device_.unwrap());
     }
-    LaunchKernel(grid, kThreads, device)(
-        top_p_radix_finish_kernel<kLoads, kVec4>, p, tp, w, static_cast<float*>(out.data_ptr()), V);
+  }
+};
+
+template <int kLoads>
+struct TopPSoftmaxRadix {
+  // logits [M, V] float32, temperature [M] float32 (> 0), top_p [M] float32, stats [M, C, 2]
+  // float32 (C = ceil(V / (kThreads * kLoads * 4))), work [M, kWork] int64 zeroed, out [M, V]
+  // float32: the nucleus of softmax(logits / temperature), renormalized.
+  static void
+  run(tvm::ffi::TensorView logits,
+      tvm::ffi::TensorView temperature,
+      tvm::ffi::TensorView top_p,
+      tvm::ffi::TensorView stats,
+      tvm::ffi::TensorView work,
+      tvm::ffi::TensorView out) {
+    using namespace host;
+    constexpr int kChunk = kThreads * kLoads * 4;
+    auto device_ = SymbolicDevice{};
+    auto m_ = SymbolicSize{"rows"};
+    auto v_ = SymbolicSize{"vocab"};
+    auto c_ = SymbolicSize{"chunks"};
+    TensorMatcher({m_, v_}).with_dtype<float>().with_device<kDLGPU>(device_).verify(logits).verify(out);
+    TensorMatcher({m_}).with_dtype<float>().with_device<kDLGPU>(device_).verify(temperature).verify(top_p);
+    TensorMatcher({m_, c_, 2}).with_dtype<float>().with_device<kDLGPU>(device_).verify(stats);
+    TensorMatcher({m_, kWork}).with_dtype<int64_t>().with_device<kDLGPU>(device_).verify(work);
+    const int M = static_cast<int>(m_.unwrap());
+    const int V = static_cast<int>(v_.unwrap());
+    RuntimeCheck(static_cast<int64_t>(c_.unwrap()) == div_ceil(V, kChunk), "stats must be [M, ceil(V / ", kChunk, "), 2]");
+    if (M == 0) return;
+    const auto* in = static_cast<const float*>(logits.data_ptr());
+    const auto* t = static_cast<const float*>(temperature.data_ptr());
+    const auto* tp = static_cast<const float*>(top_p.data_ptr());
+    auto* st = static_cast<float2*>(stats.data_ptr());
+    auto* w = static_cast<uint64_t*>(work.data_ptr());
+    auto* o = static_cast<float*>(out.data_ptr());
+    if (rows_aligned(V, in, o)) {
+      launch_radix<kLoads, true, true>(in, tp, w, o, st, t, M, V, device_.unwrap());
+    } else {
+      launch_radix<kLoads, false, true>(in, tp, w, o, st, t, M, V, device_.unwrap());
+    }
   }
 };
 
