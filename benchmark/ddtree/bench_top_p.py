@@ -1,10 +1,12 @@
 """The sampled verify's nucleus kernels, side by side: sgl_kernel's ``top_p_renorm_prob``
-(FlashInfer's) and ``core.topp_radix.top_p_renorm_radix`` (the default), on ``[M, V]`` float32 probability rows of three shapes
-(``bench_core.target_rows``: flat = random weights, gaussian, zipf = peaked), M = bs x W tree
-rows, each replayed from a CUDA graph (median of ``--iters``). Also counts the tokens whose
-kept / dropped decision differs from FlashInfer's, and for each kernel the tokens it decides
-against the float64 law (``G`` = the mass strictly above a token,
+(FlashInfer's) and ``core.topp_radix.top_p_renorm_radix`` (the default), on ``[M, V]`` float32
+probability rows of three shapes (``bench_core.target_rows``: flat = random weights, gaussian,
+zipf = peaked), M = bs x W tree rows, each replayed from a CUDA graph (median of ``--iters``).
+Also counts the tokens whose kept / dropped decision differs from FlashInfer's, and for each
+kernel the tokens it decides against the float64 law (``G`` = the mass strictly above a token,
 summed in float64; kept iff ``G < top_p``) where ``G`` is more than ``EDGE`` from ``top_p``.
+From the logits: the division, softmax and radix apart against
+``top_p_softmax_renorm_radix`` (the softmax never written).
 
     python benchmark/ddtree/bench_top_p.py --out DIR
     python benchmark/ddtree/bench_top_p.py --rows 33 136 1024 --vocab 163840 151937 --out DIR
@@ -45,9 +47,10 @@ def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict
     differently from FlashInfer, and each kernel's decisions against the float64 law."""
     from sgl_kernel import top_p_renorm_prob
 
-    from sglang_ddtree.core.topp_radix import top_p_renorm_radix
+    from sglang_ddtree.core.topp_radix import top_p_renorm_radix, top_p_softmax_renorm_radix
 
-    probs = torch.softmax(target_rows(rows, vocab, shape).float(), dim=-1)
+    logits = target_rows(rows, vocab, shape).float()
+    probs = torch.softmax(logits, dim=-1)
     p = torch.full((rows,), top_p, dtype=torch.float32, device=probs.device)
     cell = {"rows": rows, "vocab": vocab, "shape": shape, "top_p": top_p}
     kernels = {"flashinfer": top_p_renorm_prob, "radix": top_p_renorm_radix}
@@ -60,6 +63,17 @@ def measure(rows: int, vocab: int, shape: str, top_p: float, iters: int) -> dict
         if name != "flashinfer":
             cell[f"{name}_differ"] = int((kept != theirs).sum())
             cell[f"{name}_speedup"] = cell["flashinfer_us"] / cell[f"{name}_us"]
+    # From logits at temperature 1: the division, softmax and radix apart, and radix reading
+    # the logits (the softmax never written).
+    t = torch.ones(rows, dtype=torch.float32, device=probs.device)
+    cell["softmax_radix_us"] = time_graph(
+        lambda: top_p_renorm_radix(torch.softmax(logits / t[:, None], dim=-1), p), iters=iters
+    )
+    cell["from_logits_us"] = time_graph(
+        lambda: top_p_softmax_renorm_radix(logits, t, p), iters=iters
+    )
+    fused = top_p_softmax_renorm_radix(logits, t, p) > 0
+    cell["from_logits_off_float64"] = off_float64(fused, probs, p)
     return cell
 
 
@@ -91,14 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         "FlashInfer's time over the kernel's; differ: decisions unlike FlashInfer's",
         "",
         "| V | rows | shape | FlashInfer | radix (speedup, differ) | "
-        "off float64: FlashInfer / radix |",
-        "|---:|---:|---|---:|---:|---:|",
+        "division + softmax + radix | radix from logits | "
+        "off float64: FlashInfer / radix / from logits |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         lines.append(
             f"| {c['vocab']} | {c['rows']} | {c['shape']} | {c['flashinfer_us']:.1f} | "
             f"{c['radix_us']:.1f} ({c['radix_speedup']:.2f}, {c['radix_differ']}) | "
-            f"{c['flashinfer_off_float64']} / {c['radix_off_float64']} |"
+            f"{c['softmax_radix_us']:.1f} | {c['from_logits_us']:.1f} | "
+            f"{c['flashinfer_off_float64']} / {c['radix_off_float64']} / "
+            f"{c['from_logits_off_float64']} |"
         )
     with open(os.path.join(args.out, "bench_top_p.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
