@@ -1,9 +1,9 @@
 """The sampled verify's nucleus kernels, side by side: sgl_kernel's ``top_p_renorm_prob``
-(FlashInfer's) and ``core.topp_radix.top_p_renorm_radix`` (the default), on ``[M, V]`` float32 probability rows of three shapes
-(``bench_core.target_rows``: flat = random weights, gaussian, zipf = peaked), M = bs x W tree
-rows, each replayed from a CUDA graph (median of ``--iters``). Also counts the tokens whose
-kept / dropped decision differs from FlashInfer's, and for each kernel the tokens it decides
-against the float64 law (``G`` = the mass strictly above a token,
+(FlashInfer's) and ``core.topp_radix.top_p_renorm_radix`` (the default), on ``[M, V]`` float32
+probability rows of three shapes (``bench_core.target_rows``: flat = random weights, gaussian,
+zipf = peaked), M = bs x W tree rows, each replayed from a CUDA graph (median of ``--iters``).
+Also counts the tokens whose kept / dropped decision differs from FlashInfer's, and for each
+kernel the tokens it decides against the float64 law (``G`` = the mass strictly above a token,
 summed in float64; kept iff ``G < top_p``) where ``G`` is more than ``EDGE`` from ``top_p``.
 
     python benchmark/ddtree/bench_top_p.py --out DIR
