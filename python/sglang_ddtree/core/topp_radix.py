@@ -2,10 +2,10 @@
 host sync, deterministic): the kernel ``top_p_radix.cuh``, built at first use by SGLang's JIT
 loader (``sglang.kernels.jit``).
 
-Same contract as sgl_kernel's ``top_p_renorm_prob(probs, top_p)``: token
-``x`` stays when the mass of the tokens strictly more probable than it is below ``top_p`` (every
-token tied at the edge stays); the kept tokens are renormalized, the rest are 0; a row with
-``top_p >= 1`` keeps every token.
+Same contract as sgl_kernel's ``top_p_renorm_prob(probs, top_p)``: token ``x`` stays when the
+mass of the tokens strictly more probable than it is below ``top_p`` (every token tied at the
+edge stays); the kept tokens are renormalized, the rest are 0; a row with ``top_p >= 1`` keeps
+every token.
 
 How (the kernel's header has the details): float32 bit patterns of probabilities order like
 their values, so the smallest kept key is found digit by digit (8 + 8 + 8 + 6 bits) from
