@@ -64,6 +64,12 @@ __device__ __forceinline__ int digit_width(int pass) {
   return pass == 3 ? 6 : 8;
 }
 
+// A 1-D grid of rows x chunks programs, a row's chunks consecutive (a 2-D grid would cap the
+// rows at 65,535, which bs x W can pass): this program's row and chunk.
+__device__ __forceinline__ int2 row_and_chunk(int chunks) {
+  return make_int2(static_cast<int>(blockIdx.x / chunks), static_cast<int>(blockIdx.x % chunks));
+}
+
 __device__ __forceinline__ uint64_t to_fixed(float p) {
   return static_cast<uint64_t>(__double2ull_rn(static_cast<double>(p) * kFixedOne));
 }
@@ -101,7 +107,7 @@ __device__ __forceinline__ void load_chunk(const float* base, int start, int V, 
 struct SoftmaxArgs {
   const float* temperature;  // [M] > 0, or nullptr: the input rows are probabilities
   const float2* stats;       // [M, chunks] (max, sum of exp(x - max)) per program
-  int chunks;
+  int chunks;                // programs per row (every kernel reads it, logits or not)
 };
 
 struct RowSoftmax {
@@ -170,10 +176,11 @@ __device__ float block_reduce(float v) {
 template <int kLoads, bool kVec4>
 __global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxArgs a, float2* __restrict__ stats, int V) {
   constexpr int kChunk = kThreads * kLoads * 4;
-  const int row = blockIdx.y;
+  const int2 rc = row_and_chunk(a.chunks);
+  const int row = rc.x;
   const float t = a.temperature[row];
   float4 vals[kLoads];
-  load_chunk<kLoads, kVec4>(logits + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals, -INFINITY);
+  load_chunk<kLoads, kVec4>(logits + static_cast<int64_t>(row) * V, rc.y * kChunk, V, vals, -INFINITY);
   float m = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
@@ -191,7 +198,7 @@ __global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxAr
     }
   }
   s = block_reduce<false>(s);
-  if (threadIdx.x == 0) stats[static_cast<int64_t>(row) * gridDim.x + blockIdx.x] = make_float2(m, s);
+  if (threadIdx.x == 0) stats[static_cast<int64_t>(row) * a.chunks + rc.y] = make_float2(m, s);
 }
 
 __device__ __forceinline__ void add_to_bin(uint32_t* lo, uint32_t* hi, int bin, uint64_t v) {
@@ -247,7 +254,8 @@ __global__ void top_p_radix_pass_kernel(
   __shared__ uint64_t s[kBins + 1];
   __shared__ int found;
   __shared__ bool last;
-  const int row = blockIdx.y;
+  const int2 rc = row_and_chunk(softmax.chunks);
+  const int row = rc.x;
   uint64_t* w = work + static_cast<int64_t>(row) * kWork;
   const float tp = top_p[row];
   // top_p >= 1 keeps every token: pass 0 still runs, for the row's total mass.
@@ -260,7 +268,7 @@ __global__ void top_p_radix_pass_kernel(
   const int high = shift + digit_width(pass);
   const uint32_t mask = (1u << digit_width(pass)) - 1u;
   float4 vals[kLoads];
-  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, blockIdx.x * kChunk, V, vals, kLogits ? -INFINITY : 0.0f);
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, rc.y * kChunk, V, vals, kLogits ? -INFINITY : 0.0f);
   to_probs<kLoads, kLogits>(softmax, row, vals);
   // A thread's entries often share a bin (all of them on flat rows): add runs, not entries.
   int run_bin = -1;
@@ -288,7 +296,7 @@ __global__ void top_p_radix_pass_kernel(
   __threadfence();  // this program's bins are visible before it counts itself done
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(reinterpret_cast<unsigned long long*>(w + kDone + pass), 1ull) == gridDim.x - 1;
+    last = atomicAdd(reinterpret_cast<unsigned long long*>(w + kDone + pass), 1ull) == softmax.chunks - 1;
   }
   __syncthreads();
   if (!last) return;
@@ -305,13 +313,14 @@ __global__ void top_p_radix_finish_kernel(
     SoftmaxArgs softmax,
     int V) {
   constexpr int kChunk = kThreads * kLoads * 4;
-  const int row = blockIdx.y;
+  const int2 rc = row_and_chunk(softmax.chunks);
+  const int row = rc.x;
   const uint64_t* w = work + static_cast<int64_t>(row) * kWork;
   const bool keep_all = top_p[row] >= 1.0f || w[kKeepAll] != 0;
   const uint32_t cut = keep_all ? 0u : static_cast<uint32_t>(w[kPrefix]);  // t*
   const uint64_t kept = keep_all ? w[kTotal] : w[kAbove] + w[kAt];
   const float z = static_cast<float>(static_cast<double>(kept) / kFixedOne);
-  const int start = blockIdx.x * kChunk;
+  const int start = rc.y * kChunk;
   float4 vals[kLoads];
   load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, start, V, vals, kLogits ? -INFINITY : 0.0f);
   to_probs<kLoads, kLogits>(softmax, row, vals);
@@ -347,7 +356,7 @@ void launch_radix(
   using namespace host;
   constexpr int kChunk = kThreads * kLoads * 4;
   const int chunks = static_cast<int>(div_ceil(V, kChunk));
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(M));
+  const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(chunks) * M));
   const SoftmaxArgs softmax{temperature, stats, chunks};
   if constexpr (kLogits) {
     LaunchKernel(grid, kThreads, device)(softmax_stats_kernel<kLoads, kVec4>, in, softmax, stats, V);
