@@ -29,6 +29,7 @@ PASSES = 4
 BINS = 256
 WORK = PASSES * BINS + 5 + PASSES  # int64 per row: histograms, state, per-pass done counts
 LOADS = 8  # float4 loads per thread: 8,192 vocabulary entries per program
+MAX_ROWS = 65535  # CUDA's limit on a grid's second axis
 # The kernel source: under SGLang's JIT sources in-tree; under ``sgl-kernel/csrc/`` in this
 # repository, found from an editable install or a checkout.
 SOURCE = "ddtree/top_p_radix.cuh"
@@ -78,5 +79,9 @@ def top_p_renorm_radix(
     top_p = top_p.to(torch.float32).contiguous()
     work = torch.zeros(probs.shape[0], WORK, dtype=torch.int64, device=probs.device)
     out = torch.empty_like(probs)
-    load_kernel().top_p_radix(probs, top_p, work, out)
+    kernel = load_kernel()
+    # The launch grid's second axis is the row: at most MAX_ROWS rows per launch.
+    for lo in range(0, probs.shape[0], MAX_ROWS):
+        rows = slice(lo, lo + MAX_ROWS)
+        kernel.top_p_radix(probs[rows], top_p[rows], work[rows], out[rows])
     return out
