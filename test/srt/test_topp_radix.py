@@ -219,9 +219,9 @@ def test_radix_top_p_on_gpu_is_the_law_deterministic_and_replays_in_a_graph():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_radix_top_p_on_rows_not_16_byte_aligned():
+def test_radix_top_p_on_rows_not_16_byte_aligned_and_on_many_rows():
     """Vocabularies that are not a multiple of 4, and a view whose rows start off a 16-byte
-    boundary, take the kernel's one-float-at-a-time reads: the same nucleus."""
+    boundary, take the kernel's one-float-at-a-time reads: the same nucleus. And 70,000 rows."""
     from sglang_ddtree.core.topp_radix import top_p_renorm_radix
 
     g = torch.Generator().manual_seed(5)
@@ -244,6 +244,17 @@ def test_radix_top_p_on_rows_not_16_byte_aligned():
     ours = top_p_renorm_radix(view, top_p)
     check_nucleus(ours, view, top_p)
     assert torch.equal(ours, top_p_renorm_radix(view.clone(), top_p))
+    # More rows than a launch grid's row axis holds (65,535; bs x W can pass it): the last rows
+    # are decided, the same as on their own.
+    from sgl_kernel import top_p_renorm_prob
+
+    m = 70000
+    probs = rows(m, 12, "gaussian", g).cuda()
+    top_p = torch.full((m,), 0.9, device="cuda")
+    out = top_p_renorm_radix(probs, top_p)
+    assert torch.equal(out[-100:], top_p_renorm_radix(probs[-100:], top_p[-100:]))
+    differ = ((out > 0) != (top_p_renorm_prob(probs, top_p) > 0)).cpu()
+    assert not (differ & ~float32_edge(probs, top_p)).any()
 
 
 @pytest.mark.gpu
