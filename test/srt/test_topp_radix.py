@@ -10,13 +10,14 @@ implementations it is also compared with (the torch reference's running sum, Fla
 block sums) may misjudge a token by their summation error, up to ``V * 2**-24``
 (``float32_edge``): they are compared outside that band.
 
-CPU: the judge fails on a wrong nucleus; the kernel's source is found, or its absence named
-with the fix; CPU tensors are refused before anything is built; the kernel setting's parser
-and the start-up error that names the FlashInfer fallback. GPU (``gpu`` marker): V = 151,936
-rows of six shapes at 136 and 17 rows, rows with top_p = 1 and one-hot rows, the same bits on
-a second call, a CUDA-graph replay on new rows; vocabularies not a multiple of 4 and rows off
-a 16-byte boundary; from logits (the softmax never written) against torch's softmax;
-``target_probs`` with it (and top-k) against the FlashInfer path.
+CPU: the judge fails on a wrong nucleus; the kernel's source is found (in a checkout and in
+SGLang's tree), or its absence named with the fix; CPU tensors are refused before anything is
+built; the kernel setting's parser and the start-up error that names the FlashInfer fallback.
+GPU (``gpu`` marker): V = 151,936 rows of six shapes at 136 and 17 rows, rows with top_p = 1
+and one-hot rows, the same bits on a second call, a CUDA-graph replay on new rows; vocabularies
+not a multiple of 4, rows off a 16-byte boundary and 70,000 rows; from logits (the softmax
+never written) against torch's softmax; ``target_probs`` with it (and top-k) against the
+FlashInfer path.
 """
 
 from __future__ import annotations
@@ -179,6 +180,25 @@ def test_a_missing_kernel_source_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(topp_radix, "_CHECKOUT_SOURCE", tmp_path / "missing.cuh")
     with pytest.raises(RuntimeError, match=r"pip install -e \."):
         topp_radix.kernel_source()
+
+
+def test_in_tree_the_kernel_source_is_found_under_sglang_jit_sources(monkeypatch, tmp_path):
+    """In SGLang's tree (the upstream patch puts the kernel under ``sglang/kernels/jit/csrc/``)
+    the loader is handed the source by its path under SGLang's ``KERNEL_PATH``."""
+    import sys
+    import types
+
+    from sglang_ddtree.core import topp_radix
+
+    (tmp_path / "csrc" / "ddtree").mkdir(parents=True)
+    (tmp_path / "csrc" / topp_radix.SOURCE).write_text("// the kernel")
+    utils = types.ModuleType("sglang.kernels.jit.utils")
+    utils.KERNEL_PATH = str(tmp_path)
+    for name in ("sglang", "sglang.kernels", "sglang.kernels.jit"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.kernels.jit.utils", utils)
+    monkeypatch.setattr(topp_radix, "_CHECKOUT_SOURCE", tmp_path / "missing.cuh")
+    assert topp_radix.kernel_source() == {"cuda_files": [topp_radix.SOURCE]}
 
 
 def test_radix_refuses_cpu_tensors():
