@@ -93,9 +93,10 @@ def top_p_softmax_renorm_radix(
 ) -> torch.Tensor:
     """``[M, V]`` float32: ``top_p_renorm_radix(softmax(logits / temperature), top_p)`` without
     writing the softmax out: a first pass takes each row's max and sum of exponentials, then
-    every pass evaluates the probability of each entry where it reads the logit (seven reads of
-    the logits and one write, against nine reads and three writes for the division, the softmax
-    and the nucleus apart). The probabilities differ from ``torch.softmax``'s by rounding only."""
+    every pass evaluates the probability of each entry where it reads the logit (six reads of
+    the logits and one write, against eight reads and three writes for the division, the
+    softmax and the nucleus apart). The probabilities differ from ``torch.softmax``'s by
+    rounding only (the kernel works in base 2: one FMA and one exp2 per entry)."""
     assert logits.is_cuda, "the radix top-p needs CUDA tensors"
     assert logits.dim() == 2 and logits.dtype == torch.float32, "logits must be [M, V] float32"
     assert temperature.shape == logits.shape[:1] and top_p.shape == logits.shape[:1]

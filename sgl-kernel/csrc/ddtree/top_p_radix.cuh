@@ -22,13 +22,15 @@
 // shared atomic add is a compare-and-swap loop), the carry out of the low word added to the
 // high one.
 //
-// From logits (`TopPSoftmaxRadix`): the rows are softmax(logits / temperature), never written
-// out. A first kernel records, per program, the max and the sum of exp(x - max) of its chunk
-// (x = logit / temperature); every later program combines the row's pairs in one fixed order
-// and evaluates each entry's probability where it reads it, with round-to-nearest intrinsics
-// (no contraction into FMAs, which could differ between kernels), so the passes and the
-// finish see the same bits for the same entry. Seven reads of the logits and one write, where
-// a softmax followed by the nucleus reads and writes the rows nine and two times.
+// From logits (`TopPSoftmaxRadix`): the rows are softmax(logits / temperature), never written out,
+// in base 2: with y = logit * log2(e) / temperature, p = 2^(y - max y) / sum 2^(y - max y) (one
+// FMA and one exp2 per entry, fewer instructions than a division and an expf). A first kernel
+// records, per program, the max of its chunk's y and the sum of 2^(y - max); every later program
+// combines the row's pairs in one fixed order and evaluates each entry's probability where it
+// reads it, with explicit intrinsics (no contraction the compiler could choose differently per
+// kernel), so the passes and the finish see the same bits for the same entry. The probabilities
+// differ from a float32 softmax by rounding. Six reads of the logits and one write, where the
+// division, the softmax and the nucleus apart take eight reads and three writes.
 
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.cuh>
@@ -106,20 +108,26 @@ __device__ __forceinline__ void load_chunk(const float* base, int start, int V, 
 // Softmax rows from logits: where the constants live, and how an entry is evaluated.
 struct SoftmaxArgs {
   const float* temperature;  // [M] > 0, or nullptr: the input rows are probabilities
-  const float2* stats;       // [M, chunks] (max, sum of exp(x - max)) per program
+  const float2* stats;       // [M, chunks] (max y, sum of 2^(y - max y)) per program
   int chunks;                // programs per row (every kernel reads it, logits or not)
 };
 
 struct RowSoftmax {
-  float t, m, inv_s;
+  float k, m, inv_s;  // log2(e) / temperature, the row's max y, 1 / the row's sum
 };
 
-__device__ __forceinline__ float scaled_logit(float logit, float t) {
-  return __fdiv_rn(logit, t);
+// log2(e) / temperature: y = logit * k.
+__device__ __forceinline__ float base2_scale(float temperature) {
+  return __fdiv_rn(1.4426950408889634f, temperature);
+}
+
+// 2^(logit * k - m), rounded once before the exp2.
+__device__ __forceinline__ float exp2_shifted(float logit, float k, float m) {
+  return exp2f(__fmaf_rn(logit, k, -m));
 }
 
 __device__ __forceinline__ float softmax_entry(float logit, const RowSoftmax& r) {
-  return __fmul_rn(expf(__fsub_rn(scaled_logit(logit, r.t), r.m)), r.inv_s);
+  return __fmul_rn(exp2_shifted(logit, r.k, r.m), r.inv_s);
 }
 
 // The row's constants from its programs' (max, sum) pairs, combined in one fixed order: every
@@ -132,9 +140,9 @@ __device__ RowSoftmax row_softmax(const SoftmaxArgs& a, int row) {
     for (int c = 0; c < a.chunks; ++c) m = fmaxf(m, st[c].x);
     float s = 0.0f;
     for (int c = 0; c < a.chunks; ++c) {
-      if (st[c].x != -INFINITY) s = __fadd_rn(s, __fmul_rn(st[c].y, expf(__fsub_rn(st[c].x, m))));
+      if (st[c].x != -INFINITY) s = __fadd_rn(s, __fmul_rn(st[c].y, exp2f(__fsub_rn(st[c].x, m))));
     }
-    r = RowSoftmax{a.temperature[row], m, __frcp_rn(s)};
+    r = RowSoftmax{base2_scale(a.temperature[row]), m, __frcp_rn(s)};
   }
   __syncthreads();
   return r;
@@ -172,20 +180,20 @@ __device__ float block_reduce(float v) {
   return r;
 }
 
-// Per program: the max of its chunk's scaled logits and the sum of exp(x - max).
+// Per program: the max of its chunk's y = logit * k and the sum of 2^(y - max).
 template <int kLoads, bool kVec4>
 __global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxArgs a, float2* __restrict__ stats, int V) {
   constexpr int kChunk = kThreads * kLoads * 4;
   const int2 rc = row_and_chunk(a.chunks);
   const int row = rc.x;
-  const float t = a.temperature[row];
+  const float k2 = base2_scale(a.temperature[row]);
   float4 vals[kLoads];
   load_chunk<kLoads, kVec4>(logits + static_cast<int64_t>(row) * V, rc.y * kChunk, V, vals, -INFINITY);
   float m = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    m = fmaxf(m, fmaxf(fmaxf(scaled_logit(vals[k].x, t), scaled_logit(vals[k].y, t)),
-                       fmaxf(scaled_logit(vals[k].z, t), scaled_logit(vals[k].w, t))));
+    m = fmaxf(m, fmaxf(fmaxf(__fmul_rn(vals[k].x, k2), __fmul_rn(vals[k].y, k2)),
+                       fmaxf(__fmul_rn(vals[k].z, k2), __fmul_rn(vals[k].w, k2))));
   }
   m = block_reduce<true>(m);
   float s = 0.0f;
@@ -194,7 +202,7 @@ __global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxAr
     for (int k = 0; k < kLoads; ++k) {
       const float xs[4] = {vals[k].x, vals[k].y, vals[k].z, vals[k].w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) s = __fadd_rn(s, expf(__fsub_rn(scaled_logit(xs[j], t), m)));
+      for (int j = 0; j < 4; ++j) s = __fadd_rn(s, exp2_shifted(xs[j], k2, m));
     }
   }
   s = block_reduce<false>(s);
