@@ -33,10 +33,9 @@ EDGE = 1e-5  # |G - top_p| below this: either decision is a rounding of the same
 def off_float64(kept: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> int:
     """Tokens (of nonzero probability) whose kept / dropped decision in ``kept`` ([M, V] bool)
     differs from the float64 law's, ``EDGE`` or more away from its boundary."""
-    from sglang_ddtree.core.sampling import rank_and_mass_above
+    from sglang_ddtree.core.sampling import mass_above_each
 
-    _, order, _, above = rank_and_mass_above(probs.double())
-    g = torch.empty_like(above).scatter_(-1, order, above)
+    g = mass_above_each(probs.double())
     p = top_p.double()[:, None]
     law = (g < p) | (p >= 1)
     return int(((kept != law) & ((g - p).abs() >= EDGE) & (probs > 0)).sum())

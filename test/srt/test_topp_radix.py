@@ -25,7 +25,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm, rank_and_mass_above
+from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm, mass_above_each
 
 EDGE = 1e-5  # |G - top_p| below this: either decision is a rounding of the same law
 
@@ -34,14 +34,9 @@ def float32_edge(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """[M, V] bool: tokens a float32 sum of up to V terms may misjudge (``V * 2**-24``, the
     bound on a running sum's error for values summing to 1)."""
     band = probs.shape[-1] * 2.0**-24
-    return (mass_above(probs.cpu()) - top_p.cpu().double()[:, None]).abs() < max(band, EDGE)
-
-
-def mass_above(probs: torch.Tensor) -> torch.Tensor:
-    """[M, V] float64: per token, the mass of the tokens strictly more probable (the joint
-    law's own count, in float64)."""
-    _, order, _, above = rank_and_mass_above(probs.double())
-    return torch.empty_like(above).scatter_(-1, order, above)
+    return (mass_above_each(probs.cpu().double()) - top_p.cpu().double()[:, None]).abs() < max(
+        band, EDGE
+    )
 
 
 def check_nucleus(out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> int:
@@ -49,7 +44,7 @@ def check_nucleus(out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -
     tokens were at the edge (either decision allowed)."""
     assert out.shape == probs.shape and out.dtype == torch.float32
     out, probs, top_p = out.cpu(), probs.cpu(), top_p.cpu()
-    g = mass_above(probs)
+    g = mass_above_each(probs.double())
     edge = (g - top_p.double()[:, None]).abs() < EDGE
     keep = (g < top_p.double()[:, None]) | (top_p[:, None] >= 1)
     kept = out > 0
@@ -341,7 +336,10 @@ def test_target_probs_with_the_radix_nucleus_is_the_flashinfer_law():
     top_p = torch.tensor([0.95, 0.9, 0.8, 1.0]).cuda()
     # The nucleus is judged on the unfiltered softmax: its edge tokens may go either way.
     base = torch.softmax(logits.float() / temperature[:, None, None], dim=-1).cpu()
-    edge = mass_above(base.view(-1, vocab)) - top_p.cpu().double().repeat_interleave(n)[:, None]
+    edge = (
+        mass_above_each(base.view(-1, vocab).double())
+        - top_p.cpu().double().repeat_interleave(n)[:, None]
+    )
     edge = edge.abs().view(bs, n, vocab) < EDGE
     for need_top_k in (False, True):
         a = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k,

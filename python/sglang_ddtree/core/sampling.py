@@ -62,6 +62,13 @@ def rank_and_mass_above(
     return sorted_probs, order, above, torch.gather(before, -1, above)
 
 
+def mass_above_each(probs: torch.Tensor) -> torch.Tensor:  # [M, V] float, non-negative
+    """[M, V]: per token, in vocabulary order, the mass of the tokens strictly more probable
+    (`rank_and_mass_above` scattered back; pass float64 rows for a float64 judge)."""
+    _, order, _, above = rank_and_mass_above(probs)
+    return torch.empty_like(above).scatter_(-1, order, above)
+
+
 def joint_top_k_top_p_renorm(
     probs: torch.Tensor,  # [M, V] float32, rows sum to 1
     top_k: torch.Tensor,  # [M] int64; values <= 0 or > V mean "no top-k"
