@@ -39,29 +39,56 @@ def float32_edge(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     )
 
 
-def check_nucleus(out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> int:
+def check_nucleus(
+    out: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor, value_band=None
+) -> int:
     """Assert ``out`` is ``probs``' nucleus renormalized (module docstring); returns how many
-    tokens were at the edge (either decision allowed)."""
+    tokens were at the edge (either decision allowed). ``value_band`` ([M, 1] float64, for
+    kernels that compute the probabilities themselves): tokens whose value lies within that
+    relative distance of the nucleus' smallest value are also at the edge, since rounding the
+    probabilities may reorder them."""
     assert out.shape == probs.shape and out.dtype == torch.float32
     out, probs, top_p = out.cpu(), probs.cpu(), top_p.cpu()
     g = mass_above_each(probs.double())
     edge = (g - top_p.double()[:, None]).abs() < EDGE
     keep = (g < top_p.double()[:, None]) | (top_p[:, None] >= 1)
+    if value_band is not None:
+        cut = torch.where(keep, probs.double(), float("inf")).min(-1, keepdim=True).values
+        edge |= (probs.double() / cut - 1).abs() < value_band.cpu()
     kept = out > 0
     wrong = (kept != keep) & ~edge & (probs > 0)
     assert not wrong.any(), f"{int(wrong.sum())} tokens decided differently"
-    # Tied tokens share their fate; the kept set is everything at or above the cut.
+    # Tied tokens share their fate; the kept set is everything at or above the cut (with a
+    # value band: everything above the band, and no tied value split inside it).
     for r in range(probs.shape[0]):
         if kept[r].any():
             cut, nonzero = probs[r][kept[r]].min(), probs[r] > 0
-            assert torch.equal(kept[r] & nonzero, (probs[r] >= cut) & nonzero), r
+            if value_band is None:
+                assert torch.equal(kept[r] & nonzero, (probs[r] >= cut) & nonzero), r
+                continue
+            top = cut.double() * (1 + float(value_band[r]))
+            assert kept[r][probs[r].double() > top].all(), r
+            inside = (probs[r] >= cut) & (probs[r].double() <= top)
+            assert not torch.isin(probs[r][inside & ~kept[r]], probs[r][inside & kept[r]]).any(), r
     z = torch.where(kept, probs, 0).double().sum(-1, keepdim=True)
     want = torch.where(kept, probs.double() / z, 0)
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-9)
-    ref = joint_top_k_top_p_renorm(probs, torch.zeros(probs.shape[0], dtype=torch.int64), top_p)
-    loose = float32_edge(probs, top_p)
-    assert torch.equal((ref > 0) & ~loose, kept & ~loose)
+    if value_band is None:
+        ref = joint_top_k_top_p_renorm(probs, torch.zeros(probs.shape[0], dtype=torch.int64), top_p)
+        loose = float32_edge(probs, top_p)
+        assert torch.equal((ref > 0) & ~loose, kept & ~loose)
     return int(edge.sum())
+
+
+def softmax_law(logits: torch.Tensor, t: torch.Tensor):
+    """The float64 law of ``softmax(logits / t)`` ([M, V] float64) and the relative value band
+    ([M, 1] float64) within which a float32 evaluation may misorder it. With y = logits *
+    log2(e) / t, a float32 evaluation (torch's or the kernel's base-2 one) rounds the scale, y,
+    the row's max and y - max (each at most |y| * 2^-24, at most 2 * max|y| for y - max) and the
+    exp and 1 / sum (a few ulps): 2^-23 * (4 + max|y|) bounds twice the relative error."""
+    y = logits.cpu().double() * (1.4426950408889634 / t.cpu().double()[:, None])
+    law = torch.softmax(y * 0.6931471805599453, dim=-1)
+    return law, 2.0**-23 * (4 + y.abs().amax(-1, keepdim=True))
 
 
 def rows(m: int, vocab: int, kind: str, generator: torch.Generator) -> torch.Tensor:
@@ -104,14 +131,25 @@ def check_graph_replay(renorm, m: int, vocab: int, top_p: torch.Tensor, g: torch
         check_nucleus(out, static, top_p)
 
 
-def test_the_check_catches_a_wrong_nucleus():
+@pytest.mark.parametrize("from_logits", [False, True])
+def test_the_check_catches_a_wrong_nucleus(from_logits):
     """The comparison can fail: a nucleus cut one distinct value too low, a renormalization
-    off by a factor, and a tie split are each rejected."""
+    off by a factor, and a tie split are each rejected, with and without ``softmax_law``'s
+    value band."""
     g = torch.Generator().manual_seed(1)
-    probs = rows(4, 500, "ties", g)
+    logits = row_logits(4, 500, "ties", g)
+    probs, band = (
+        softmax_law(logits, torch.ones(4)) if from_logits else (rows(4, 500, "ties", g), None)
+    )
+    probs = probs.float()
     top_p = torch.tensor([0.5, 0.8, 0.3, 0.95])
     ref = joint_top_k_top_p_renorm(probs, torch.zeros(4, dtype=torch.int64), top_p)
-    assert check_nucleus(ref, probs, top_p) == 0
+    # At the edge: none; with the band, the tokens tied at each row's cut (distinct values are
+    # a factor e apart here, far outside it).
+    cuts = torch.where(ref > 0, probs, float("inf")).min(-1, keepdim=True).values
+    assert check_nucleus(ref, probs, top_p, band) == (
+        0 if band is None else int((probs == cuts).sum())
+    )
     # One more distinct value kept in row 0.
     cut = probs[0][ref[0] > 0].min()
     below = probs[0][probs[0] < cut].max()
@@ -119,16 +157,47 @@ def test_the_check_catches_a_wrong_nucleus():
     wider[0] = torch.where(probs[0] >= below, probs[0], 0)
     wider[0] /= wider[0].sum()
     with pytest.raises(AssertionError):
-        check_nucleus(wider, probs, top_p)
+        check_nucleus(wider, probs, top_p, band)
     with pytest.raises(AssertionError):
-        check_nucleus(ref * 1.01, probs, top_p)
+        check_nucleus(ref * 1.01, probs, top_p, band)
     split = ref.clone()
     tied = torch.nonzero(probs[1] == probs[1][ref[1] > 0].min()).flatten()
     assert len(tied) > 1
     split[1, tied[0]] = 0
     split[1] /= split[1].sum()
     with pytest.raises(AssertionError):
-        check_nucleus(split, probs, top_p)
+        check_nucleus(split, probs, top_p, band)
+
+
+def base2_softmax_float32(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """[M, V] float32: the from-logits kernel's probabilities, emulated on the CPU (header of
+    ``top_p_radix.cuh``): k = fl(log2(e) / t), m = max fl(logit * k), p = fl(2^fl(logit * k - m)
+    / sum), the FMA and exp2 exact in float64 before rounding."""
+    k = (torch.tensor(1.4426950408889634, dtype=torch.float32) / t.float()).double()[:, None]
+    x = logits.double()
+    m = (x * k).float().amax(-1, keepdim=True).double()
+    e = torch.exp2((x * k - m).float().double()).float().double()
+    return (e / e.sum(-1, keepdim=True)).float()
+
+
+def test_the_value_band_admits_the_kernels_rounding_of_the_law():
+    """The null for the from-logits judge: the exact nucleus of the kernel's float32
+    probabilities (emulated, ``base2_softmax_float32``) on flat rows, where rounding reorders
+    near-equal tokens, passes against the float64 law with ``softmax_law``'s band, and fails
+    without it."""
+    g = torch.Generator().manual_seed(7)
+    m, vocab = 20, 151936
+    logits = row_logits(m, vocab, "flat", g)
+    t = torch.tensor([1.0, 0.7, 1.3, 0.25, 2.0]).repeat(4)
+    top_p = torch.rand(m, generator=g).clamp(0.05, 1.0)
+    p32 = base2_softmax_float32(logits, t)
+    keep = mass_above_each(p32.double()) < top_p.double()[:, None]
+    ours = torch.where(keep, p32.double(), 0)
+    ours = (ours / ours.sum(-1, keepdim=True)).float()
+    law, band = softmax_law(logits, t)
+    check_nucleus(ours, law, top_p, band)
+    with pytest.raises(AssertionError, match="decided differently"):  # the band is needed
+        check_nucleus(ours, law, top_p, torch.zeros_like(band))
 
 
 def test_read_top_p_kernel_refuses_a_bad_value_and_a_build_failure_names_the_fix():
@@ -280,11 +349,12 @@ def test_radix_top_p_on_rows_not_16_byte_aligned_and_on_many_rows():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_radix_from_logits_is_the_nucleus_of_torch_softmax():
-    """``top_p_softmax_renorm_radix(logits, t, top_p)``: the nucleus of ``torch.softmax(logits /
-    t)`` (the judge above, on torch's probabilities: they differ from the kernel's by rounding,
-    far inside ``EDGE``), the same bits on a second call, rows not 16-byte aligned, and a
-    CUDA-graph replay; and close to the two-step path (softmax, then `top_p_renorm_radix`)."""
+def test_radix_from_logits_is_the_nucleus_of_the_softmax_law():
+    """``top_p_softmax_renorm_radix(logits, t, top_p)``: the nucleus of the float64
+    ``softmax(logits / t)`` (the judge above with ``softmax_law``'s value band: the kernel's
+    float32 probabilities, like torch's, misorder tokens closer than their rounding), the same
+    bits on a second call, rows not 16-byte aligned, and a CUDA-graph replay; and the two-step
+    path's (torch's softmax, then `top_p_renorm_radix`) outside the float32 band."""
     from sglang_ddtree.core.topp_radix import top_p_renorm_radix, top_p_softmax_renorm_radix
 
     g = torch.Generator().manual_seed(7)
@@ -297,8 +367,9 @@ def test_radix_from_logits_is_the_nucleus_of_torch_softmax():
         for kind in ("flat", "gaussian", "peaked", "ties", "bf16", "wide"):
             logits = row_logits(m, vocab, kind, g).cuda()
             ours = top_p_softmax_renorm_radix(logits, t, top_p)
+            law, band = softmax_law(logits, t)
+            check_nucleus(ours, law, top_p, band)
             probs = torch.softmax(logits / t[:, None], dim=-1)
-            check_nucleus(ours, probs, top_p)
             assert torch.equal(ours, top_p_softmax_renorm_radix(logits, t, top_p)), kind
             two_step = top_p_renorm_radix(probs, top_p)
             differ = ((ours > 0) != (two_step > 0)).cpu() & ~float32_edge(probs, top_p)
@@ -318,7 +389,8 @@ def test_radix_from_logits_is_the_nucleus_of_torch_softmax():
         torch.testing.assert_close(
             out, top_p_softmax_renorm_radix(static, t, top_p), rtol=0, atol=0
         )
-        check_nucleus(out, torch.softmax(static / t[:, None], dim=-1), top_p)
+        law, band = softmax_law(static, t)
+        check_nucleus(out, law, top_p, band)
 
 
 @pytest.mark.gpu
