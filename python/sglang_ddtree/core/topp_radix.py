@@ -8,12 +8,12 @@ edge stays); the kept tokens are renormalized, the rest are 0; a row with ``top_
 every token.
 
 How (the kernel's header has the details): float32 bit patterns of probabilities order like
-their values, so the smallest kept key is found digit by digit (8 + 8 + 8 + 6 bits) from
-256-bin histograms of the mass, one read of each row per digit, each row split over programs
+their values, so the smallest kept key is found digit by digit (10 + 10 + 10 bits) from
+1,024-bin histograms of the mass, one read of each row per digit, each row split over programs
 that run in parallel; then one more read writes ``p / Z``. Rows are read four floats at a time
 where they are 16-byte aligned (``V % 4 == 0``), one at a time otherwise. Masses are summed in
 62-bit fixed point by integer atomics, so the result does not depend on scheduling
-(tensor-parallel ranks agree) and a row's sums are off by at most ``V * 2^-63``. Five reads of
+(tensor-parallel ranks agree) and a row's sums are off by at most ``V * 2^-63``. Four reads of
 the rows in all, whatever the rows' shape (FlashInfer's per-row search slows down on flat
 rows).
 """
@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-PASSES = 4
-BINS = 256
-WORK = PASSES * BINS + 5 + PASSES  # int64 per row: histograms, state, per-pass done counts
+PASSES = 3
+BINS = 1024
+# int64 per row: histograms, state, per-pass done counts, the softmax constants and their count
+WORK = PASSES * BINS + 5 + PASSES + 3
 LOADS = 8  # float4 loads per thread: 8,192 vocabulary entries per program
 CHUNK = 256 * LOADS * 4  # entries per program (threads x loads x 4)
 # The kernel source: under SGLang's JIT sources in-tree; under ``sgl-kernel/csrc/`` in this
@@ -93,8 +94,8 @@ def top_p_softmax_renorm_radix(
 ) -> torch.Tensor:
     """``[M, V]`` float32: ``top_p_renorm_radix(softmax(logits / temperature), top_p)`` without
     writing the softmax out: a first pass takes each row's max and sum of exponentials, then
-    every pass evaluates the probability of each entry where it reads the logit (six reads of
-    the logits and one write, against eight reads and three writes for the division, the
+    every pass evaluates the probability of each entry where it reads the logit (five reads of
+    the logits and one write, against seven reads and three writes for the division, the
     softmax and the nucleus apart). The probabilities differ from ``torch.softmax``'s by
     rounding only (the kernel works in base 2: one FMA and one exp2 per entry)."""
     assert logits.is_cuda, "the radix top-p needs CUDA tensors"

@@ -7,7 +7,7 @@
 // Probabilities are non-negative, so their float32 bit patterns (keys, < 2^30 for p <= 1)
 // order like their values. The smallest kept key t* is the key at which the mass counted from
 // the top, inclusive, first reaches top_p. It is found digit by digit, most significant first
-// (key bits 29-22, 21-14, 13-6, 5-0): pass k histograms, over 256 bins, the mass of the
+// (key bits 29-20, 19-10, 9-0): pass k histograms, over 1,024 bins, the mass of the
 // entries whose higher digits equal t*'s digits found so far, and the digit is the highest bin
 // b where (mass above the prefix) + (mass of bins >= b) reaches top_p. Each pass reads the row
 // once, split over programs that run in parallel; a program sums its entries into shared
@@ -25,12 +25,13 @@
 // From logits (`TopPSoftmaxRadix`): the rows are softmax(logits / temperature), never written out,
 // in base 2: with y = logit * log2(e) / temperature, p = 2^(y - max y) / sum 2^(y - max y) (one
 // FMA and one exp2 per entry, fewer instructions than a division and an expf). A first kernel
-// records, per program, the max of its chunk's y and the sum of 2^(y - max); every later program
-// combines the row's pairs in one fixed order and evaluates each entry's probability where it
-// reads it, with explicit intrinsics (no contraction the compiler could choose differently per
-// kernel), so the passes and the finish see the same bits for the same entry. The probabilities
-// differ from a float32 softmax by rounding. Six reads of the logits and one write, where the
-// division, the softmax and the nucleus apart take eight reads and three writes.
+// records, per program, the max of its chunk's y and the sum of 2^(y - max); the row's last
+// program to finish combines the pairs in one fixed order into the row's constants, which every
+// later program reads; each entry's probability is evaluated where it is read, with explicit
+// intrinsics (no contraction the compiler could choose differently per kernel), so the passes
+// and the finish see the same bits for the same entry. The probabilities differ from a float32
+// softmax by rounding. Five reads of the logits and one write, where the division, the softmax
+// and the nucleus apart take seven reads and three writes.
 
 #include <sgl_kernel/tensor.h>
 #include <sgl_kernel/utils.cuh>
@@ -44,8 +45,9 @@
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBins = 256;  // == kThreads: one bin per thread in the scan
-constexpr int kPasses = 4;
+constexpr int kBins = 1024;
+constexpr int kBinsPerThread = kBins / kThreads;  // a thread's consecutive bins in the scan
+constexpr int kPasses = 3;
 constexpr double kFixedOne = 4611686018427387904.0;  // 2^62: p = 1 in fixed point
 
 // Per-row workspace (int64, zeroed before the call): the histograms, then the state.
@@ -56,14 +58,14 @@ constexpr int kAt = kState + 2;      // after the last pass: mass of the keys eq
 constexpr int kTotal = kState + 3;   // the row's mass (pass 0)
 constexpr int kKeepAll = kState + 4;  // 1: every token stays (the row sums below top_p)
 constexpr int kDone = kState + 5;     // + pass: programs of that pass finished
-constexpr int kWork = kDone + kPasses;
+constexpr int kRowSoftmax = kDone + kPasses;  // from logits: the row's RowSoftmax (two slots)
+constexpr int kStatsDone = kRowSoftmax + 2;   // from logits: programs of the stats kernel finished
+constexpr int kWork = kStatsDone + 1;
+
+constexpr int kDigit = 10;  // bits per digit: three digits cover the keys' 30 bits
 
 __device__ __forceinline__ int digit_shift(int pass) {
-  return pass == 0 ? 22 : pass == 1 ? 14 : pass == 2 ? 6 : 0;
-}
-
-__device__ __forceinline__ int digit_width(int pass) {
-  return pass == 3 ? 6 : 8;
+  return (kPasses - 1 - pass) * kDigit;
 }
 
 // A 1-D grid of rows x chunks programs, a row's chunks consecutive (a 2-D grid would cap the
@@ -130,29 +132,31 @@ __device__ __forceinline__ float softmax_entry(float logit, const RowSoftmax& r)
   return __fmul_rn(exp2_shifted(logit, r.k, r.m), r.inv_s);
 }
 
-// The row's constants from its programs' (max, sum) pairs, combined in one fixed order: every
-// program of every pass derives the same bits.
-__device__ RowSoftmax row_softmax(const SoftmaxArgs& a, int row) {
-  __shared__ RowSoftmax r;
-  if (threadIdx.x == 0) {
-    const float2* st = a.stats + static_cast<int64_t>(row) * a.chunks;
-    float m = -INFINITY;
-    for (int c = 0; c < a.chunks; ++c) m = fmaxf(m, st[c].x);
-    float s = 0.0f;
-    for (int c = 0; c < a.chunks; ++c) {
-      if (st[c].x != -INFINITY) s = __fadd_rn(s, __fmul_rn(st[c].y, exp2f(__fsub_rn(st[c].x, m))));
-    }
-    r = RowSoftmax{base2_scale(a.temperature[row]), m, __frcp_rn(s)};
+static_assert(sizeof(RowSoftmax) <= 2 * sizeof(uint64_t), "RowSoftmax takes two work slots");
+
+// The row's constants from its programs' (max, sum) pairs, combined in one fixed order (one
+// thread of the row's last stats program).
+__device__ RowSoftmax combine_row_softmax(const SoftmaxArgs& a, int row) {
+  const float2* st = a.stats + static_cast<int64_t>(row) * a.chunks;
+  float m = -INFINITY;
+  for (int c = 0; c < a.chunks; ++c) m = fmaxf(m, __ldcg(st + c).x);
+  float s = 0.0f;
+  for (int c = 0; c < a.chunks; ++c) {
+    const float2 p = __ldcg(st + c);
+    if (p.x != -INFINITY) s = __fadd_rn(s, __fmul_rn(p.y, exp2f(__fsub_rn(p.x, m))));
   }
-  __syncthreads();
-  return r;
+  return RowSoftmax{base2_scale(a.temperature[row]), m, __frcp_rn(s)};
+}
+
+// The row's constants, as the stats kernel recorded them (from logits only).
+__device__ __forceinline__ RowSoftmax row_softmax(const uint64_t* w) {
+  return *reinterpret_cast<const RowSoftmax*>(w + kRowSoftmax);
 }
 
 // The loaded entries as probabilities: themselves, or their softmax.
 template <int kLoads, bool kLogits>
-__device__ __forceinline__ void to_probs(const SoftmaxArgs& a, int row, float4 (&vals)[kLoads]) {
+__device__ __forceinline__ void to_probs(const RowSoftmax& r, float4 (&vals)[kLoads]) {
   if constexpr (kLogits) {
-    const RowSoftmax r = row_softmax(a, row);
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       vals[k] = make_float4(
@@ -180,9 +184,11 @@ __device__ float block_reduce(float v) {
   return r;
 }
 
-// Per program: the max of its chunk's y = logit * k and the sum of 2^(y - max).
+// Per program: the max of its chunk's y = logit * k and the sum of 2^(y - max); the row's last
+// program combines them into the row's constants.
 template <int kLoads, bool kVec4>
-__global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxArgs a, float2* __restrict__ stats, int V) {
+__global__ void softmax_stats_kernel(
+    const float* __restrict__ logits, SoftmaxArgs a, float2* __restrict__ stats, uint64_t* __restrict__ work, int V) {
   constexpr int kChunk = kThreads * kLoads * 4;
   const int2 rc = row_and_chunk(a.chunks);
   const int row = rc.x;
@@ -206,7 +212,13 @@ __global__ void softmax_stats_kernel(const float* __restrict__ logits, SoftmaxAr
     }
   }
   s = block_reduce<false>(s);
-  if (threadIdx.x == 0) stats[static_cast<int64_t>(row) * a.chunks + rc.y] = make_float2(m, s);
+  if (threadIdx.x != 0) return;
+  uint64_t* w = work + static_cast<int64_t>(row) * kWork;
+  stats[static_cast<int64_t>(row) * a.chunks + rc.y] = make_float2(m, s);
+  __threadfence();  // the pair is visible before this program counts itself done
+  if (atomicAdd(reinterpret_cast<unsigned long long*>(w + kStatsDone), 1ull) != a.chunks - 1) return;
+  __threadfence();
+  *reinterpret_cast<RowSoftmax*>(w + kRowSoftmax) = combine_row_softmax(a, row);
 }
 
 __device__ __forceinline__ void add_to_bin(uint32_t* lo, uint32_t* hi, int bin, uint64_t v) {
@@ -218,23 +230,40 @@ __device__ __forceinline__ void add_to_bin(uint32_t* lo, uint32_t* hi, int bin, 
 }
 
 // The last program of a row's pass: the digit, from the row's histogram for this pass.
-__device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, int* found) {
+// s [kBins + 1]: suffix sums, s[b] = mass of bins >= b; thread t owns bins
+// [t * kBinsPerThread, (t + 1) * kBinsPerThread).
+__device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, uint64_t* tail, int* found) {
   const int t = threadIdx.x;
-  s[t] = __ldcg(w + pass * kBins + t);  // summed in L2 by the other programs' atomics
+  const int first = t * kBinsPerThread;
+  uint64_t mine[kBinsPerThread];
+#pragma unroll
+  for (int i = kBinsPerThread - 1; i >= 0; --i) {  // summed in L2 by the other programs' atomics
+    mine[i] = __ldcg(w + pass * kBins + first + i) + (i + 1 < kBinsPerThread ? mine[i + 1] : 0);
+  }
+  tail[t] = mine[0];
   if (t == 0) {
     s[kBins] = 0;
     *found = -1;
   }
   __syncthreads();
-  for (int off = 1; off < kBins; off <<= 1) {  // inclusive suffix sums: s[b] = sum(hist[b:])
-    const uint64_t v = t + off < kBins ? s[t + off] : 0;
+  for (int off = 1; off < kThreads; off <<= 1) {  // inclusive suffix sums of the threads' totals
+    const uint64_t v = t + off < kThreads ? tail[t + off] : 0;
     __syncthreads();
-    s[t] += v;
+    tail[t] += v;
     __syncthreads();
   }
+  const uint64_t after = t + 1 < kThreads ? tail[t + 1] : 0;  // the mass of the later threads' bins
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) s[first + i] = mine[i] + after;
   const uint64_t above = __ldcg(w + kAbove);
   const uint64_t target = to_fixed(top_p);
-  if (above + s[t] >= target) atomicMax(found, t);
+#pragma unroll
+  for (int i = kBinsPerThread - 1; i >= 0; --i) {  // s falls with b: this thread's highest b
+    if (above + mine[i] + after >= target) {
+      atomicMax(found, first + i);
+      break;
+    }
+  }
   __syncthreads();
   if (t == 0) {
     const int b = *found;
@@ -242,7 +271,7 @@ __device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, int*
     if (b < 0) {  // the row sums below top_p (rounding): every token stays
       w[kKeepAll] = 1;
     } else {
-      w[kPrefix] = (__ldcg(w + kPrefix) << digit_width(pass)) | static_cast<uint64_t>(b);
+      w[kPrefix] = (__ldcg(w + kPrefix) << kDigit) | static_cast<uint64_t>(b);
       w[kAbove] = above + s[b + 1];
       w[kAt] = s[b] - s[b + 1];
     }
@@ -259,25 +288,29 @@ __global__ void top_p_radix_pass_kernel(
     int pass) {
   constexpr int kChunk = kThreads * kLoads * 4;
   __shared__ uint32_t lo[kBins], hi[kBins];
-  __shared__ uint64_t s[kBins + 1];
+  __shared__ uint64_t s[kBins + 1], tail[kThreads];
   __shared__ int found;
   __shared__ bool last;
   const int2 rc = row_and_chunk(softmax.chunks);
   const int row = rc.x;
   uint64_t* w = work + static_cast<int64_t>(row) * kWork;
+  // The chunk's loads are issued first, so that they overlap the reads of the row's state.
+  float4 vals[kLoads];
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, rc.y * kChunk, V, vals, kLogits ? -INFINITY : 0.0f);
   const float tp = top_p[row];
   // top_p >= 1 keeps every token: pass 0 still runs, for the row's total mass.
   if (pass > 0 && (tp >= 1.0f || w[kKeepAll] != 0)) return;
   const uint64_t prefix = pass > 0 ? w[kPrefix] : 0;
-  lo[threadIdx.x] = 0;
-  hi[threadIdx.x] = 0;
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) {
+    lo[threadIdx.x + i * kThreads] = 0;
+    hi[threadIdx.x + i * kThreads] = 0;
+  }
   __syncthreads();
   const int shift = digit_shift(pass);
-  const int high = shift + digit_width(pass);
-  const uint32_t mask = (1u << digit_width(pass)) - 1u;
-  float4 vals[kLoads];
-  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, rc.y * kChunk, V, vals, kLogits ? -INFINITY : 0.0f);
-  to_probs<kLoads, kLogits>(softmax, row, vals);
+  const int high = shift + kDigit;
+  const uint32_t mask = (1u << kDigit) - 1u;
+  if constexpr (kLogits) to_probs<kLoads, kLogits>(row_softmax(w), vals);
   // A thread's entries often share a bin (all of them on flat rows): add runs, not entries.
   int run_bin = -1;
   uint64_t run = 0;
@@ -299,8 +332,12 @@ __global__ void top_p_radix_pass_kernel(
   }
   if (run_bin >= 0) add_to_bin(lo, hi, run_bin, run);
   __syncthreads();
-  const uint64_t mine = (static_cast<uint64_t>(hi[threadIdx.x]) << 32) + lo[threadIdx.x];
-  if (mine != 0) atomicAdd(reinterpret_cast<unsigned long long*>(w + pass * kBins + threadIdx.x), mine);
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) {
+    const int bin = threadIdx.x + i * kThreads;
+    const uint64_t mine = (static_cast<uint64_t>(hi[bin]) << 32) + lo[bin];
+    if (mine != 0) atomicAdd(reinterpret_cast<unsigned long long*>(w + pass * kBins + bin), mine);
+  }
   __threadfence();  // this program's bins are visible before it counts itself done
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -309,7 +346,7 @@ __global__ void top_p_radix_pass_kernel(
   __syncthreads();
   if (!last) return;
   __threadfence();
-  pick_digit(w, pass, tp >= 1.0f ? 0.0f : tp, s, &found);
+  pick_digit(w, pass, tp >= 1.0f ? 0.0f : tp, s, tail, &found);
 }
 
 template <int kLoads, bool kVec4, bool kLogits>
@@ -324,14 +361,14 @@ __global__ void top_p_radix_finish_kernel(
   const int2 rc = row_and_chunk(softmax.chunks);
   const int row = rc.x;
   const uint64_t* w = work + static_cast<int64_t>(row) * kWork;
+  const int start = rc.y * kChunk;
+  float4 vals[kLoads];
+  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, start, V, vals, kLogits ? -INFINITY : 0.0f);
   const bool keep_all = top_p[row] >= 1.0f || w[kKeepAll] != 0;
   const uint32_t cut = keep_all ? 0u : static_cast<uint32_t>(w[kPrefix]);  // t*
   const uint64_t kept = keep_all ? w[kTotal] : w[kAbove] + w[kAt];
   const float z = static_cast<float>(static_cast<double>(kept) / kFixedOne);
-  const int start = rc.y * kChunk;
-  float4 vals[kLoads];
-  load_chunk<kLoads, kVec4>(probs + static_cast<int64_t>(row) * V, start, V, vals, kLogits ? -INFINITY : 0.0f);
-  to_probs<kLoads, kLogits>(softmax, row, vals);
+  if constexpr (kLogits) to_probs<kLoads, kLogits>(row_softmax(w), vals);
   float* dst = out + static_cast<int64_t>(row) * V;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
@@ -367,7 +404,7 @@ void launch_radix(
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(chunks) * M));
   const SoftmaxArgs softmax{temperature, stats, chunks};
   if constexpr (kLogits) {
-    LaunchKernel(grid, kThreads, device)(softmax_stats_kernel<kLoads, kVec4>, in, softmax, stats, V);
+    LaunchKernel(grid, kThreads, device)(softmax_stats_kernel<kLoads, kVec4>, in, softmax, stats, work, V);
   }
   for (int pass = 0; pass < kPasses; ++pass) {
     LaunchKernel(grid, kThreads, device)(
