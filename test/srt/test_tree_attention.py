@@ -72,17 +72,17 @@ def test_value_tiling_tiles_wide_values_and_the_prefix_only_on_a_small_grid():
 
 def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     """The prefix kernel's programs per request prefix (`prefix_splits`): doubled while the
-    grid stays within about 4 programs per SM, at most 8; 1 once the batch fills the GPU."""
+    grid stays within about 4 programs per SM, at most 16; 1 once the batch fills the GPU."""
     from sglang_ddtree.core.tree_attention import prefix_splits
 
     # Qwen3-8B heads (32 / 8, 128): bs x 8 KV heads x ceil(W * 4 / rows) row blocks.
     assert prefix_splits(1, 65, 32, 8, 128, None, 132) == 4  # 72 programs -> 288
-    assert prefix_splits(1, 17, 32, 8, 128, None, 132) == 8  # 24 -> 192 (the cap)
+    assert prefix_splits(1, 17, 32, 8, 128, None, 132) == 16  # 24 -> 384
     assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 2  # 192 -> 384
     assert prefix_splits(32, 16, 32, 8, 128, None, 132) == 1  # 512: the grid is full
     # K2.6's latent at TP 8, the prefix values in 4 tiles of 128: 9 x 4 = 36 programs at bs 1.
     assert prefix_splits(1, 33, 8, 1, 512, 128, 132) == 8
-    assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 8  # 9 programs
+    assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 16  # 9 programs -> 144 (the cap)
     assert prefix_splits(16, 33, 8, 1, 512, None, 132) == 2  # 144 -> 288
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
 
@@ -123,7 +123,7 @@ for case in cases:
         assert err < 1e-4, (case, blocks, err)
     # The prefix shared by several programs (shares of whole 32-key tiles; on short or empty
     # prefixes most shares are empty), alone and with the values tiled.
-    for splits, blocks in ((2, (None, None)), (3, (None, None)), (8, (None, None)), (4, (16, 16))):
+    for splits, blocks in ((2, (None, None)), (3, (None, None)), (16, (None, None)), (4, (16, 16))):
         got = tree_attention(*args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1],
                              prefix_splits=splits)
         err = (got - want).abs().max().item()
@@ -172,7 +172,7 @@ def test_tree_attention_interpreted_equals_reference(run_interpreted):
 @pytest.mark.parametrize("mla", [False, True])
 @pytest.mark.parametrize(
     "dv_blocks,splits",
-    [((None, None), 1), ((128, 128), 1), ((None, 128), 1), ((None, None), 4), ((128, 128), 8)],
+    [((None, None), 1), ((128, 128), 1), ((None, 128), 1), ((None, None), 4), ((128, 128), 16)],
 )
 def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
     from sglang_ddtree.core.tree_attention import tree_attention

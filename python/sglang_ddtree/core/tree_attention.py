@@ -232,7 +232,7 @@ if triton is not None:
 
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
-MAX_PREFIX_SPLITS = 8
+MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 20-36 programs per layer
 PROGRAMS_PER_SM = 4  # the prefix kernel's programs resident per SM, about
 
 
