@@ -19,7 +19,8 @@ per tile, the scores recomputed in each), for wide values: in both kernels
 (``split_dv_block_us``), and in the tree kernel only (``split_tree_dv_block_us``; the prefix
 kernel's tiling costs the difference of the two). ``split_auto_us`` times what the attention
 hook picks for the shape on this GPU: ``core.tree_attention.value_tiling``'s tiling and
-``prefix_splits``' programs per request prefix.
+``prefix_splits``' programs per request prefix; where that tiles the prefix's values,
+``split_untiled_shared_us`` times the prefix untiled with its shares chosen for that grid.
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
     tiling = value_tiling(bs, w, hq, hkv, t["v"].shape[-1], sms)
     auto = (*tiling, prefix_splits(bs, w, hq, hkv, t["v"].shape[-1], tiling[0], sms))
     variants.setdefault(auto, "auto")
+    # Wide values: the prefix untiled (its scores computed once) with its grid filled by
+    # shares of the prefix instead of value tiles.
+    shared = (None, tiling[1], prefix_splits(bs, w, hq, hkv, t["v"].shape[-1], None, sms))
+    if tiling[0] is not None:
+        variants.setdefault(shared, "untiled_shared")
     row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
     us = {name: graph_us(lambda b=blocks, n=name: split(n, *b), iters)
           for blocks, name in variants.items()}  # fmt: skip
@@ -140,6 +146,9 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
         row["split_dv_block_us"], row["split_tree_dv_block_us"] = us["tiled"], us["tree_tiled"]
     row["auto_dv_blocks"], row["auto_prefix_splits"] = list(auto[:2]), auto[2]
     row["split_auto_us"] = us[variants[auto]]
+    if tiling[0] is not None:
+        row["untiled_prefix_splits"] = shared[2]
+        row["split_untiled_shared_us"] = us[variants[shared]]
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
