@@ -87,6 +87,18 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
 
 
+def test_kernel_warps_keep_the_widest_tiles_in_registers():
+    """Warps per program (`kernel_warps`): 8 for the tree kernel at W = 65 (its 128 x 128
+    tiles) and for the prefix kernel over MLA's 576-wide keys (9 key tiles); 4 elsewhere."""
+    from sglang_ddtree.core.tree_attention import kernel_warps
+
+    assert kernel_warps(128, 128, 2) == (4, 8)  # 8B heads, W = 65
+    assert kernel_warps(64, 128, 2) == (4, 4)  # W = 33
+    assert kernel_warps(32, 128, 9) == (8, 4)  # K2.6's latent, W = 17, values in tiles of 128
+    assert kernel_warps(128, 128, 9) == (8, 8)
+    assert kernel_warps(16, 16, 1) == (4, 4)
+
+
 def test_merge_handles_an_empty_prefix():
     o1, o2 = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     lse1 = torch.tensor([[float("-inf"), 0.5]] * 3)
@@ -188,6 +200,29 @@ def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
         *args, scale, prefix_dv_block=dv_blocks[0], tree_dv_block=dv_blocks[1],
         prefix_splits=splits,
     )  # fmt: skip
+    want = tree_attention_reference(*args, scale)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mla", [False, True])
+def test_tree_attention_on_gpu_bf16_at_w65_with_shares(mla):
+    """W = 65 (budget 64): the tree kernel on 128 x 128 tiles at `kernel_warps`' 8 warps, a
+    long prefix in 4 shares merged by the share kernel, as the hook launches it at bs 1."""
+    from sglang_ddtree.core.tree_attention import tree_attention, value_tiling
+
+    if mla:
+        shape = dict(bs=2, w=65, hq=8, hkv=1, d=576, dv=512)
+    else:
+        shape = dict(bs=2, w=65, hq=32, hkv=8, d=128, dv=128)
+    args, scale = random_case(
+        **shape, prefix=[2000, 37], seed=6, dtype=torch.bfloat16, device="cuda", mla=mla
+    )
+    blocks = value_tiling(2, 65, shape["hq"], shape["hkv"], shape["dv"], 132)
+    got = tree_attention(
+        *args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1], prefix_splits=4
+    )
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 

@@ -13,13 +13,14 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   head against the prefix, with no mask, so each prefix tile is read once for all of them (a
   multi-query decode); on a small batch the prefix is shared by ``prefix_splits`` programs
   (consecutive shares of key tiles, each with its own output and log-sum-exp), as split-K
-  decoding kernels do, so that no program walks a long prefix alone;
+  decoding kernels do, so that no program walks a long prefix alone, and
+  ``_merge_prefix_shares_kernel`` merges the shares;
 - the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block, and in its epilogue
   the merge ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's log-sum-exp
-  (natural log) of its scaled scores (``merge_attention_states`` is its torch twin), over every
-  share of the prefix. The prefix part's output stays float32 until the merge. Two launches
-  per layer: a merge in separate torch kernels (a dozen per layer) cost more than the split
-  saved.
+  (natural log) of its scaled scores (``merge_attention_states`` is its torch twin). The prefix
+  part's output stays float32 until the merge. Two launches per layer, three with shares: a
+  merge in separate torch kernels (a dozen per layer) cost more than the split saved, and the
+  shares merged in the tree kernel's epilogue made it spill registers.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
 runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the switch
@@ -163,10 +164,10 @@ if triton is not None:
         Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, O1, Lse1, Out,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
+        stride_ot, stride_oh, stride_lt,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr,
-        BLOCK_DV: tl.constexpr, FULL_MASK: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK_DV: tl.constexpr, FULL_MASK: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         head = tl.program_id(1)
@@ -211,23 +212,46 @@ if triton is not None:
         )
         out2 = tl.dot(p.to(v.dtype), v).to(tl.float32) / tl.where(w_ok, l_sum, 1.0)[:, None]
         lse2 = m + tl.log(tl.where(w_ok, l_sum, 1.0))
-        # Merge with the prefix part's shares (an empty share's lse is -inf: weight 0).
+        # Merge with the prefix part (its lse is -inf for an empty prefix: weight 0).
         out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
         out_ok = w_ok[:, None] & (offs_dv[None, :] < DV)
-        lse_offs = token * stride_lt + head
-        top = lse2
-        for sp in tl.static_range(SPLITS):
-            top = tl.maximum(top, tl.load(Lse1 + sp * stride_ls + lse_offs, mask=w_ok, other=0.0))
+        o1 = tl.load(O1 + out_offs, mask=out_ok, other=0.0)
+        lse1 = tl.load(Lse1 + token * stride_lt + head, mask=w_ok, other=float("-inf"))
+        top = tl.maximum(lse1, lse2)
+        w1 = tl.exp(lse1 - top)
         w2 = tl.exp(lse2 - top)
-        num = out2 * w2[:, None]
-        den = w2
-        for sp in tl.static_range(SPLITS):
-            lse1 = tl.load(Lse1 + sp * stride_ls + lse_offs, mask=w_ok, other=float("-inf"))
-            w1 = tl.exp(lse1 - top)
-            num += tl.load(O1 + sp * stride_os + out_offs, mask=out_ok, other=0.0) * w1[:, None]
-            den += w1
-        out = num / den[:, None]
+        out = (o1 * w1[:, None] + out2 * w2[:, None]) / (w1 + w2)[:, None]
         tl.store(Out + out_offs, out.to(Out.dtype.element_ty), mask=out_ok)
+
+    @triton.jit
+    def _merge_prefix_shares_kernel(
+        O1, Lse1,
+        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
+        HQ: tl.constexpr, DV: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ):  # fmt: skip
+        """One token's prefix part from its SPLITS shares, into share 0 (in place)."""
+        token = tl.program_id(0)
+        offs_h = tl.arange(0, BLOCK_H)
+        h_ok = offs_h < HQ
+        offs_dv = tl.arange(0, BLOCK_DV)
+        ok = h_ok[:, None] & (offs_dv[None, :] < DV)
+        lse_at = Lse1 + token * stride_lt + offs_h
+        o_at = O1 + token * stride_ot + offs_h[:, None] * stride_oh + offs_dv[None, :]
+        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        for sp in tl.static_range(SPLITS):
+            top = tl.maximum(top, tl.load(lse_at + sp * stride_ls, mask=h_ok, other=float("-inf")))
+        top = tl.where(top == float("-inf"), 0.0, top)  # every share empty: weights 0 below
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+        den = tl.zeros([BLOCK_H], tl.float32)
+        for sp in range(SPLITS):
+            wt = tl.exp(tl.load(lse_at + sp * stride_ls, mask=h_ok, other=float("-inf")) - top)
+            acc += tl.load(o_at + sp * stride_os, mask=ok, other=0.0) * wt[:, None]
+            den += wt
+        has = den > 0
+        tl.store(o_at, acc / tl.where(has, den, 1.0)[:, None], mask=ok)
+        lse = tl.where(has, top + tl.log(tl.where(has, den, 1.0)), float("-inf"))
+        tl.store(lse_at, lse, mask=h_ok)
 
 
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
@@ -239,6 +263,17 @@ PROGRAMS_PER_SM = 4  # the prefix kernel's programs resident per SM, about
 def _rows_per_program(w: int, g: int) -> int:
     """The prefix kernel's query rows per program (node x head-in-group rows, W * G of them)."""
     return 16 if w * g <= 16 else 32
+
+
+def kernel_warps(block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
+    """``(prefix_warps, tree_warps)``: warps per program of the two kernels, so that their
+    tiles fit in registers. The tree kernel holds a ``[BLOCK_W, BLOCK_W]`` score tile and two
+    ``[BLOCK_W, BLOCK_DV]`` float32 tiles (at W = 65, 128 x 128 each: over 255 registers a
+    thread at 4 warps, so it spilled); the prefix kernel holds its query rows' key tiles, nine
+    of them for MLA's 576-wide keys."""
+    tree = 8 if block_w * (block_w + 2 * block_dv) > 25600 else 4
+    prefix = 8 if d_tiles > 2 else 4
+    return prefix, tree
 
 
 def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
@@ -287,6 +322,7 @@ def tree_attention(
     prefix_dv_block: int | None = None,  # prefix kernel: value columns per program (None: all)
     tree_dv_block: int | None = None,  # tree kernel: value columns per program (None: all)
     prefix_splits: int = 1,  # prefix kernel: programs sharing each request's prefix
+    warps: tuple[int, int] | None = None,  # (prefix, tree) warps per program; None: kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
     merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
@@ -329,21 +365,29 @@ def tree_attention(
     assert out.stride() == o1[0].stride()  # the kernels address both with o1's strides
     strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
                v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
-               lse1.stride(1), o1.stride(0), lse1.stride(0))  # fmt: skip
+               lse1.stride(1))  # fmt: skip
+    share_strides = (o1.stride(0), lse1.stride(0))
     block_m = _rows_per_program(w, g)
+    block_w = max(16, triton.next_power_of_2(w))
+    prefix_warps, tree_warps = warps or kernel_warps(block_w, tree_block_dv, d_tiles)
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides, *share_strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=PREFIX_BLOCK_N,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
-        SPLITS=prefix_splits,
+        SPLITS=prefix_splits, num_warps=prefix_warps,
     )  # fmt: skip
+    if prefix_splits > 1:  # the shares into share 0, which the tree kernel merges
+        _merge_prefix_shares_kernel[(n,)](
+            o1, lse1, *strides[6:], *share_strides, HQ=hq, DV=dv, SPLITS=prefix_splits,
+            BLOCK_H=triton.next_power_of_2(hq), BLOCK_DV=triton.next_power_of_2(dv),
+        )  # fmt: skip
     _tree_attention_kernel[(bs, hq, tree_dv_tiles)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
         o1, lse1, out, sm_scale, *strides,
-        W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
+        W=w, G=g, D=d, DV=dv, BLOCK_W=block_w,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=tree_block_dv, FULL_MASK=tree_mask is None,
-        SPLITS=prefix_splits,
+        num_warps=tree_warps,
     )  # fmt: skip
     return out
