@@ -17,8 +17,12 @@ values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's
 ``--dv-block N`` times the split twice more with the values in tiles of N columns (one program
 per tile, the scores recomputed in each), for wide values: in both kernels
 (``split_dv_block_us``), and in the tree kernel only (``split_tree_dv_block_us``; the prefix
-kernel's tiling costs the difference of the two). ``split_auto_us`` times the tiling
-``core.tree_attention.value_tiling`` picks for the shape on this GPU.
+kernel's tiling costs the difference of the two). ``split_auto_us`` times what the attention
+hook picks for the shape on this GPU: ``core.tree_attention.value_tiling``'s tiling and
+``prefix_splits``' programs per request prefix, ``kernel_warps``' warps; ``split_before_us``
+the same tiling with one program per prefix and 4 warps a program (the launch before shares
+and ``kernel_warps``); where the tiling splits the prefix's values,
+``split_untiled_shared_us`` times the prefix untiled with its shares chosen for that grid.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import (
+        prefix_splits,
         tree_attention,
         tree_attention_reference,
         value_tiling,
@@ -112,29 +117,47 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
 
     res = {}
 
-    def split(name="out", prefix_block=None, tree_block=None):
+    def split(name="out", prefix_block=None, tree_block=None, splits=1, warps=None):
         res[name] = tree_attention(
             t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
             full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
-            prefix_dv_block=prefix_block, tree_dv_block=tree_block,
+            prefix_dv_block=prefix_block, tree_dv_block=tree_block, prefix_splits=splits,
+            warps=warps,
         )  # fmt: skip
 
-    # Split variants by (prefix_dv_block, tree_dv_block): untiled, and with --dv-block both
-    # kernels tiled and the tree kernel alone; value_tiling's choice is one of them or its own.
-    variants = {(None, None): "out"}
+    # Split variants by (prefix_dv_block, tree_dv_block, prefix_splits, warps): untiled, and
+    # with --dv-block both kernels tiled and the tree kernel alone, the prefix read by one
+    # program per request and KV head, warps by `kernel_warps`; the hook's choice
+    # (value_tiling, prefix_splits) is one of them or its own; "before": the hook's choice
+    # with one program per prefix and 4 warps a program (the kernels' launch before shares).
+    variants = {(None, None, 1, None): "out"}
     if dv_block:
-        variants.update({(dv_block, dv_block): "tiled", (None, dv_block): "tree_tiled"})
+        variants.update(
+            {(dv_block, dv_block, 1, None): "tiled", (None, dv_block, 1, None): "tree_tiled"}
+        )
     sms = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
-    auto = value_tiling(bs, w, hq, hkv, t["v"].shape[-1], sms)
+    tiling = value_tiling(bs, w, hq, hkv, t["v"].shape[-1], sms)
+    auto = (*tiling, prefix_splits(bs, w, hq, hkv, t["v"].shape[-1], tiling[0], sms), None)
     variants.setdefault(auto, "auto")
+    before = (*tiling, 1, (4, 4))
+    variants.setdefault(before, "before")
+    # Wide values: the prefix untiled (its scores computed once) with its grid filled by
+    # shares of the prefix instead of value tiles.
+    shared = (None, tiling[1], prefix_splits(bs, w, hq, hkv, t["v"].shape[-1], None, sms), None)
+    if tiling[0] is not None:
+        variants.setdefault(shared, "untiled_shared")
     row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
     us = {name: graph_us(lambda b=blocks, n=name: split(n, *b), iters)
           for blocks, name in variants.items()}  # fmt: skip
     row["split_us"] = us["out"]
     if dv_block:
         row["split_dv_block_us"], row["split_tree_dv_block_us"] = us["tiled"], us["tree_tiled"]
-    row["auto_dv_blocks"] = list(auto)
+    row["auto_dv_blocks"], row["auto_prefix_splits"] = list(auto[:2]), auto[2]
     row["split_auto_us"] = us[variants[auto]]
+    row["split_before_us"] = us[variants[before]]
+    if tiling[0] is not None:
+        row["untiled_prefix_splits"] = shared[2]
+        row["split_untiled_shared_us"] = us[variants[shared]]
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
@@ -145,6 +168,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
         row["split_dv_block_max_err"] = (res["tiled"].float() - want).abs().max().item()
         row["split_tree_dv_block_max_err"] = (res["tree_tiled"].float() - want).abs().max().item()
     row["split_auto_max_err"] = (res[variants[auto]].float() - want).abs().max().item()
+    row["split_before_max_err"] = (res[variants[before]].float() - want).abs().max().item()
     row["ratio"] = row["split_us"] / row["extend_us"]
     return row
 

@@ -70,6 +70,35 @@ def test_value_tiling_tiles_wide_values_and_the_prefix_only_on_a_small_grid():
     assert value_tiling(32, 17, 8, 1, 512, 132) == (None, 128)
 
 
+def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
+    """The prefix kernel's programs per request prefix (`prefix_splits`): doubled while the
+    grid stays within about 4 programs per SM, at most 16; 1 once the batch fills the GPU."""
+    from sglang_ddtree.core.tree_attention import prefix_splits
+
+    # Qwen3-8B heads (32 / 8, 128): bs x 8 KV heads x ceil(W * 4 / rows) row blocks.
+    assert prefix_splits(1, 65, 32, 8, 128, None, 132) == 4  # 72 programs -> 288
+    assert prefix_splits(1, 17, 32, 8, 128, None, 132) == 16  # 24 -> 384
+    assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 2  # 192 -> 384
+    assert prefix_splits(32, 16, 32, 8, 128, None, 132) == 1  # 512: the grid is full
+    # K2.6's latent at TP 8, the prefix values in 4 tiles of 128: 9 x 4 = 36 programs at bs 1.
+    assert prefix_splits(1, 33, 8, 1, 512, 128, 132) == 8
+    assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 16  # 9 programs -> 144 (the cap)
+    assert prefix_splits(16, 33, 8, 1, 512, None, 132) == 2  # 144 -> 288
+    assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
+
+
+def test_kernel_warps_keep_the_widest_tiles_in_registers():
+    """Warps per program (`kernel_warps`): 8 for the tree kernel at W = 65 (its 128 x 128
+    tiles) and for the prefix kernel over MLA's 576-wide keys (9 key tiles); 4 elsewhere."""
+    from sglang_ddtree.core.tree_attention import kernel_warps
+
+    assert kernel_warps(128, 128, 2) == (4, 8)  # 8B heads, W = 65
+    assert kernel_warps(64, 128, 2) == (4, 4)  # W = 33
+    assert kernel_warps(32, 128, 9) == (8, 4)  # K2.6's latent, W = 17, values in tiles of 128
+    assert kernel_warps(128, 128, 9) == (8, 8)
+    assert kernel_warps(16, 16, 1) == (4, 4)
+
+
 def test_merge_handles_an_empty_prefix():
     o1, o2 = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     lse1 = torch.tensor([[float("-inf"), 0.5]] * 3)
@@ -89,6 +118,7 @@ cases = [
     dict(bs=3, w=7, hq=4, hkv=2, d=24, dv=20, prefix=[5, 0, 37], seed=1),  # grouped heads
     dict(bs=2, w=5, hq=4, hkv=1, d=40, dv=32, prefix=[9, 40], seed=2, mla=True),  # MLA-like
     dict(bs=1, w=17, hq=2, hkv=2, d=16, dv=16, prefix=[70], seed=3),  # W > 16, 3 prefix tiles
+    dict(bs=2, w=4, hq=2, hkv=1, d=16, dv=16, prefix=[200, 97], seed=5),  # 7 and 4 prefix tiles
     dict(bs=2, w=9, hq=4, hkv=1, d=144, dv=128, prefix=[33, 2], seed=4, mla=True),  # 3 key tiles
 ]
 for case in cases:
@@ -103,6 +133,13 @@ for case in cases:
         got = tree_attention(*args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1])
         err = (got - want).abs().max().item()
         assert err < 1e-4, (case, blocks, err)
+    # The prefix shared by several programs (shares of whole 32-key tiles; on short or empty
+    # prefixes most shares are empty), alone and with the values tiled.
+    for splits, blocks in ((2, (None, None)), (3, (None, None)), (16, (None, None)), (4, (16, 16))):
+        got = tree_attention(*args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1],
+                             prefix_splits=splits)
+        err = (got - want).abs().max().item()
+        assert err < 1e-4, (case, splits, blocks, err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
@@ -145,8 +182,11 @@ def test_tree_attention_interpreted_equals_reference(run_interpreted):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mla", [False, True])
-@pytest.mark.parametrize("dv_blocks", [(None, None), (128, 128), (None, 128)])
-def test_tree_attention_on_gpu_bf16(mla, dv_blocks):
+@pytest.mark.parametrize(
+    "dv_blocks,splits",
+    [((None, None), 1), ((128, 128), 1), ((None, 128), 1), ((None, None), 4), ((128, 128), 16)],
+)
+def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
     from sglang_ddtree.core.tree_attention import tree_attention
 
     if mla:  # K2.6-like latent widths: keys 576 (512 latent + 64 rope), values the latent
@@ -156,7 +196,33 @@ def test_tree_attention_on_gpu_bf16(mla, dv_blocks):
     args, scale = random_case(
         **shape, prefix=[300, 1, 0, 129], seed=4, dtype=torch.bfloat16, device="cuda", mla=mla
     )
-    got = tree_attention(*args, scale, prefix_dv_block=dv_blocks[0], tree_dv_block=dv_blocks[1])
+    got = tree_attention(
+        *args, scale, prefix_dv_block=dv_blocks[0], tree_dv_block=dv_blocks[1],
+        prefix_splits=splits,
+    )  # fmt: skip
+    want = tree_attention_reference(*args, scale)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mla", [False, True])
+def test_tree_attention_on_gpu_bf16_at_w65_with_shares(mla):
+    """W = 65 (budget 64): the tree kernel on 128 x 128 tiles at `kernel_warps`' 8 warps, a
+    long prefix in 4 shares merged by the share kernel, as the hook launches it at bs 1."""
+    from sglang_ddtree.core.tree_attention import tree_attention, value_tiling
+
+    if mla:
+        shape = dict(bs=2, w=65, hq=8, hkv=1, d=576, dv=512)
+    else:
+        shape = dict(bs=2, w=65, hq=32, hkv=8, d=128, dv=128)
+    args, scale = random_case(
+        **shape, prefix=[2000, 37], seed=6, dtype=torch.bfloat16, device="cuda", mla=mla
+    )
+    blocks = value_tiling(2, 65, shape["hq"], shape["hkv"], shape["dv"], 132)
+    got = tree_attention(
+        *args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1], prefix_splits=4
+    )
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 

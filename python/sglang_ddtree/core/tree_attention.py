@@ -11,12 +11,16 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
 
 - the prefix part (``_prefix_attention_kernel``): all ``W x G`` query rows of a request and KV
   head against the prefix, with no mask, so each prefix tile is read once for all of them (a
-  multi-query decode);
+  multi-query decode); on a small batch the prefix is shared by ``prefix_splits`` programs
+  (consecutive shares of key tiles, each with its own output and log-sum-exp), as split-K
+  decoding kernels do, so that no program walks a long prefix alone, and
+  ``_merge_prefix_shares_kernel`` merges the shares;
 - the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block, and in its epilogue
   the merge ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's log-sum-exp
   (natural log) of its scaled scores (``merge_attention_states`` is its torch twin). The prefix
-  part's output stays float32 until the merge. Two launches per layer: a merge in separate
-  torch kernels (a dozen per layer) cost more than the split saved.
+  part's output stays float32 until the merge. Two launches per layer, three with shares: a
+  merge in separate torch kernels (a dozen per layer) cost more than the split saved, and the
+  shares merged in the tree kernel's epilogue made it spill registers.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
 runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the switch
@@ -84,16 +88,17 @@ if triton is not None:
         Q, K, V, KvIndptr, KvIndices, Out, Lse,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_ot, stride_oh, stride_lt,
+        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DV_TILES: tl.constexpr,
+        DV_TILES: tl.constexpr, SPLITS: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         hkv = tl.program_id(1)
-        m_tile = tl.program_id(2) // DV_TILES
-        dv_tile = tl.program_id(2) % DV_TILES
+        split = tl.program_id(2) % SPLITS  # this program's share of the prefix
+        m_tile = tl.program_id(2) // SPLITS // DV_TILES
+        dv_tile = tl.program_id(2) // SPLITS % DV_TILES
         rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # node * G + head in group
         row_ok = rows < W * G
         token = b * W + rows // G
@@ -103,12 +108,17 @@ if triton is not None:
         q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         start = tl.load(KvIndptr + b)
         length = tl.load(KvIndptr + b + 1) - start
+        # Keys [lo, hi) of the prefix: SPLITS consecutive shares of whole BLOCK_N tiles (the
+        # last ones empty on a short prefix: their lse is -inf, weight 0 in the merge).
+        share = ((length + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo = split * share
+        hi = tl.minimum(lo + share, length)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        for n0 in range(0, length, BLOCK_N):
+        for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < length
+            n_ok = offs_n < hi
             slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
             k_rows = K + slot[:, None] * stride_kt + hkv * stride_kh
             s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -141,12 +151,13 @@ if triton is not None:
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(
-            Out + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+            Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
+            + offs_dv[None, :],
             out.to(Out.dtype.element_ty),
             mask=row_ok[:, None] & (offs_dv[None, :] < DV),
-        )
+        )  # fmt: skip
         first_tile = (rows * 0 + dv_tile) == 0  # one value tile writes the (shared) lse
-        tl.store(Lse + token * stride_lt + head, lse, mask=row_ok & first_tile)
+        tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=row_ok & first_tile)
 
     @triton.jit
     def _tree_attention_kernel(
@@ -212,13 +223,57 @@ if triton is not None:
         out = (o1 * w1[:, None] + out2 * w2[:, None]) / (w1 + w2)[:, None]
         tl.store(Out + out_offs, out.to(Out.dtype.element_ty), mask=out_ok)
 
+    @triton.jit
+    def _merge_prefix_shares_kernel(
+        O1, Lse1,
+        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
+        HQ: tl.constexpr, DV: tl.constexpr, SPLITS: tl.constexpr,
+        BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr,
+    ):  # fmt: skip
+        """One token's prefix part from its SPLITS shares, into share 0 (in place)."""
+        token = tl.program_id(0)
+        offs_h = tl.arange(0, BLOCK_H)
+        h_ok = offs_h < HQ
+        offs_dv = tl.arange(0, BLOCK_DV)
+        ok = h_ok[:, None] & (offs_dv[None, :] < DV)
+        lse_at = Lse1 + token * stride_lt + offs_h
+        o_at = O1 + token * stride_ot + offs_h[:, None] * stride_oh + offs_dv[None, :]
+        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        for sp in tl.static_range(SPLITS):
+            top = tl.maximum(top, tl.load(lse_at + sp * stride_ls, mask=h_ok, other=float("-inf")))
+        top = tl.where(top == float("-inf"), 0.0, top)  # every share empty: weights 0 below
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+        den = tl.zeros([BLOCK_H], tl.float32)
+        for sp in range(SPLITS):
+            wt = tl.exp(tl.load(lse_at + sp * stride_ls, mask=h_ok, other=float("-inf")) - top)
+            acc += tl.load(o_at + sp * stride_os, mask=ok, other=0.0) * wt[:, None]
+            den += wt
+        has = den > 0
+        tl.store(o_at, acc / tl.where(has, den, 1.0)[:, None], mask=ok)
+        lse = tl.where(has, top + tl.log(tl.where(has, den, 1.0)), float("-inf"))
+        tl.store(lse_at, lse, mask=h_ok)
+
 
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
+PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
+MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 20-36 programs per layer
+PROGRAMS_PER_SM = 4  # the prefix kernel's programs resident per SM, about
 
 
 def _rows_per_program(w: int, g: int) -> int:
     """The prefix kernel's query rows per program (node x head-in-group rows, W * G of them)."""
     return 16 if w * g <= 16 else 32
+
+
+def kernel_warps(block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
+    """``(prefix_warps, tree_warps)``: warps per program of the two kernels, so that their
+    tiles fit in registers. The tree kernel holds a ``[BLOCK_W, BLOCK_W]`` score tile and two
+    ``[BLOCK_W, BLOCK_DV]`` float32 tiles (at W = 65, 128 x 128 each: over 255 registers a
+    thread at 4 warps, so it spilled); the prefix kernel holds its query rows' key tiles, nine
+    of them for MLA's 576-wide keys."""
+    tree = 8 if block_w * (block_w + 2 * block_dv) > 25600 else 4
+    prefix = 8 if d_tiles > 2 else 4
+    return prefix, tree
 
 
 def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
@@ -232,6 +287,23 @@ def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> t
     rows = bs * hkv * -(-w * g // _rows_per_program(w, g))  # the prefix kernel's grid
     tiles = -(-dv // VALUE_TILE)
     return (VALUE_TILE if rows * tiles <= num_sms else None), VALUE_TILE
+
+
+def prefix_splits(
+    bs: int, w: int, hq: int, hkv: int, dv: int, prefix_dv_block: int | None, num_sms: int
+) -> int:
+    """How many programs share each request's prefix in `tree_attention`'s prefix kernel (a
+    power of two, at most ``MAX_PREFIX_SPLITS``): on a small batch the kernel's grid leaves SMs
+    idle and each program walks the whole prefix alone, one key tile after another; shares
+    shorten that walk until the grid fills about ``PROGRAMS_PER_SM`` programs per SM. Chosen
+    from shapes only (no host sync; prefix lengths vary between graph replays)."""
+    g = hq // hkv
+    dv_tiles = 1 if prefix_dv_block is None else -(-dv // prefix_dv_block)
+    programs = bs * hkv * -(-w * g // _rows_per_program(w, g)) * dv_tiles
+    splits = 1
+    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
+        splits *= 2
+    return splits
 
 
 def tree_attention(
@@ -249,6 +321,8 @@ def tree_attention(
     num_nodes: int | None = None,  # W, with full_mask
     prefix_dv_block: int | None = None,  # prefix kernel: value columns per program (None: all)
     tree_dv_block: int | None = None,  # tree kernel: value columns per program (None: all)
+    prefix_splits: int = 1,  # prefix kernel: programs sharing each request's prefix
+    warps: tuple[int, int] | None = None,  # (prefix, tree) warps per program; None: kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
     merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
@@ -282,24 +356,38 @@ def tree_attention(
 
     prefix_block_dv, prefix_dv_tiles = tiles(prefix_dv_block)
     tree_block_dv, tree_dv_tiles = tiles(tree_dv_block)
-    o1 = torch.empty(n, hq, dv, dtype=torch.float32, device=q.device)  # prefix part
-    lse1 = torch.empty(n, hq, dtype=torch.float32, device=q.device)
+    assert prefix_splits >= 1
+    # The prefix part per share of the prefix: normalized output and lse, merged by the tree
+    # kernel.
+    o1 = torch.empty(prefix_splits, n, hq, dv, dtype=torch.float32, device=q.device)
+    lse1 = torch.empty(prefix_splits, n, hq, dtype=torch.float32, device=q.device)
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
-    assert out.stride() == o1.stride()  # the kernels address both with o1's strides
+    assert out.stride() == o1[0].stride()  # the kernels address both with o1's strides
     strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-               v_buffer.stride(0), v_buffer.stride(1), o1.stride(0), o1.stride(1),
-               lse1.stride(0))  # fmt: skip
+               v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
+               lse1.stride(1))  # fmt: skip
+    share_strides = (o1.stride(0), lse1.stride(0))
     block_m = _rows_per_program(w, g)
-    _prefix_attention_kernel[(bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles)](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
-        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=32,
+    block_w = max(16, triton.next_power_of_2(w))
+    prefix_warps, tree_warps = warps or kernel_warps(block_w, tree_block_dv, d_tiles)
+    grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
+    _prefix_attention_kernel[grid](
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides, *share_strides,
+        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=PREFIX_BLOCK_N,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
+        SPLITS=prefix_splits, num_warps=prefix_warps,
     )  # fmt: skip
+    if prefix_splits > 1:  # the shares into share 0, which the tree kernel merges
+        _merge_prefix_shares_kernel[(n,)](
+            o1, lse1, *strides[6:], *share_strides, HQ=hq, DV=dv, SPLITS=prefix_splits,
+            BLOCK_H=triton.next_power_of_2(hq), BLOCK_DV=triton.next_power_of_2(dv),
+        )  # fmt: skip
     _tree_attention_kernel[(bs, hq, tree_dv_tiles)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
         o1, lse1, out, sm_scale, *strides,
-        W=w, G=g, D=d, DV=dv, BLOCK_W=max(16, triton.next_power_of_2(w)),
+        W=w, G=g, D=d, DV=dv, BLOCK_W=block_w,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=tree_block_dv, FULL_MASK=tree_mask is None,
+        num_warps=tree_warps,
     )  # fmt: skip
     return out

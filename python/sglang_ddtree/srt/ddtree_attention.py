@@ -97,7 +97,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     q: ``[n = bs * W, Hq * D]``; k, v: ``[n, Hkv, D]`` / ``[n, Hkv, Dv]``, the nodes' KV."""
     if not handles(backend, k, v, layer, forward_batch, kwargs):
         return None
-    from sglang_ddtree.core.tree_attention import tree_attention, value_tiling
+    from sglang_ddtree.core.tree_attention import prefix_splits, tree_attention, value_tiling
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
@@ -109,10 +109,9 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     n = q.shape[0]
     w = n // forward_batch.batch_size
     k_buffer = pool.get_key_buffer(layer.layer_id)
-    prefix_dv_block, tree_dv_block = value_tiling(
-        forward_batch.batch_size, w, layer.tp_q_head_num, k_buffer.shape[1], layer.v_head_dim,
-        _num_sms(q.device),
-    )
+    shape = (forward_batch.batch_size, w, layer.tp_q_head_num, k_buffer.shape[1], layer.v_head_dim)
+    prefix_dv_block, tree_dv_block = value_tiling(*shape, _num_sms(q.device))
+    splits = prefix_splits(*shape, prefix_dv_block, _num_sms(q.device))
     out = tree_attention(
         q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
         k_buffer,
@@ -127,6 +126,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
         num_nodes=w,
         prefix_dv_block=prefix_dv_block,
         tree_dv_block=tree_dv_block,
+        prefix_splits=splits,
     ).view(n, layer.tp_q_head_num * layer.v_head_dim)
     attn_out = getattr(forward_batch, "_attn_output", None)
     if attn_out is not None:  # a model that hands the backend its output buffer
