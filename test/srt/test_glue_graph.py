@@ -947,3 +947,61 @@ def test_e2e_top2_probe_starts_one_engine_and_reads_its_top_logprobs(monkeypatch
             with pytest.raises(RuntimeError, match="out of memory"):
                 probe([1])
     assert starts.count("broken") == 1
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3])
+def test_tree_segment_functions_build_the_tree_of_draft_to_tree(tp):
+    """`make_tree_fns` (the worker's and the start-up measurement's draft-tree segments): one
+    rank's ``tree`` is `draft_to_tree`; under tensor parallelism each rank's ``shard`` over its
+    LM-head rows, stacked as the all-gather would, then ``tree``, builds the same tree. The
+    request-to-token table is looked up at each call, not when the functions are made."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_utils import make_tree_fns
+
+    bs, block, hid, vocab, budget, topk = 3, 6, 16, 41, 10, 4
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(
+        bs, block, hid, vocab, "cpu", seed=11
+    )
+    shape = SimpleNamespace(block_size=block, max_depth=block - 1, budget=budget)
+    want = draft_to_tree(
+        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
+        block_size=block, max_depth=block - 1, budget=budget, topk=topk,
+    )  # fmt: skip
+    pool = {"req_to_token": None}  # attached after the functions are made, as in the worker
+    width = -(-vocab // tp)
+
+    def rank_rows(r):  # this rank's LM-head rows and the global id of the first
+        return lambda: (lm_head[r * width : (r + 1) * width], r * width)
+
+    fns = [
+        make_tree_fns(
+            shape,
+            vocab,
+            topk,
+            "torch",
+            lm_head=lambda: lm_head,
+            req_to_token=lambda: pool["req_to_token"],
+            lm_head_shard=None if tp == 1 else rank_rows(r),
+        )
+        for r in range(tp)
+    ]
+    pool["req_to_token"] = req_to_token
+    if tp == 1:
+        assert set(fns[0]) == {"tree"}
+        got = fns[0]["tree"](hidden, bonus, seq_lens, pool_rows)
+    else:
+        assert all(set(f) == {"shard", "tree"} for f in fns)
+        gathered = torch.stack([f["shard"](hidden) for f in fns])
+        got = fns[tp - 1]["tree"](gathered, bonus, seq_lens, pool_rows)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.verify_loc, want.verify_loc)
+    for name, a, b in zip(want.layout._fields, got.layout, want.layout):
+        assert torch.equal(a, b), name
+    pool["req_to_token"] = req_to_token + 1  # a later step's table reaches the same functions
+    again = (
+        fns[0]["tree"](hidden, bonus, seq_lens, pool_rows)
+        if tp == 1
+        else fns[0]["tree"](gathered, bonus, seq_lens, pool_rows)
+    )
+    assert torch.equal(again.verify_loc, want.verify_loc + 1)

@@ -38,14 +38,9 @@ from types import SimpleNamespace
 import torch
 
 from sglang_ddtree.core.sampling import draw_coins
-from sglang_ddtree.core.step import (
-    accept_and_commit,
-    draft_shard_candidates,
-    draft_to_tree,
-    gathered_to_tree,
-)
+from sglang_ddtree.core.step import accept_and_commit
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors
-from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn
+from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn, make_tree_fns
 
 logger = logging.getLogger(__name__)
 
@@ -160,24 +155,14 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        if worker._tp_size > 1:
-            rows, start = worker._lm_head_shard()
-            packed = draft_shard_candidates(
-                hidden, rows, vocab_start=start, vocab_size=vocab, block_size=b,
-                max_depth=shape.max_depth, topk=worker._topk[w],
-            )  # fmt: skip
+        fns = _tree_fns(worker, w, vocab, lm_head[:vocab], req_to_token)
+        if "shard" in fns:  # a stand-in gather: this rank's candidates, tp times
+            packed = fns["shard"](hidden)
             gathered = packed[None].expand(worker._tp_size, *packed.shape).contiguous()
             del packed
-            tree = gathered_to_tree(
-                gathered, zeros, zeros, zeros, req_to_token, budget=shape.budget,
-                topk=worker._topk[w],
-            )  # fmt: skip
+            tree = fns["tree"](gathered, zeros, zeros, zeros)
         else:
-            tree = draft_to_tree(
-                hidden, lm_head[:vocab], zeros, zeros, zeros, req_to_token,
-                block_size=b, max_depth=shape.max_depth, budget=shape.budget,
-                topk=worker._topk[w], draft_topk=worker._draft_topk[w],
-            )  # fmt: skip
+            tree = fns["tree"](hidden, zeros, zeros, zeros)
         coins, final_coins = draw_coins(bs, w, device)
         info = dummy_sampling_info(("sampled", True, True), bs, device)
         commit = accept_and_commit(
@@ -250,44 +235,34 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
     return max(int(kept), 0), int(pool)
 
 
+def _tree_fns(worker, w: int, vocab: int, lm_head, req_to_token) -> dict:
+    """The worker's draft-tree segment functions for W = ``w`` (`make_tree_fns`) over
+    placeholders: ``lm_head`` ([V, H]) and ``req_to_token`` stand in for the model's and the
+    pool's (which does not exist yet)."""
+    return make_tree_fns(
+        worker.ddtree_shapes[w], vocab, worker._topk[w], worker._draft_topk[w],
+        lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
+        lm_head_shard=worker._lm_head_shard if worker._tp_size > 1 else None,
+    )  # fmt: skip
+
+
 def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -> None:
     """One key of ``glue_capture_footprint``: its tree (under tensor parallelism: the shard
     candidates, a stand-in gather, the merged tree) and its accept in every mode."""
     shape = worker.ddtree_shapes[w]
     key = (bs,)
     copied = {"bonus": x.zeros, "seq_lens": x.zeros, "req_pool_indices": x.zeros}
-    if worker._tp_size > 1:
-        rows, start = worker._lm_head_shard()
-
-        def shard_fn(hidden):
-            return draft_shard_candidates(
-                hidden, rows, vocab_start=start, vocab_size=lm_head.shape[0],
-                block_size=shape.block_size, max_depth=shape.max_depth, topk=worker._topk[w],
-            )  # fmt: skip
-
-        def tree_fn(gathered, bonus, seq_lens, req_pool_indices):
-            return gathered_to_tree(
-                gathered, bonus, seq_lens, req_pool_indices, x.req_to_token,
-                budget=shape.budget, topk=worker._topk[w],
-            )  # fmt: skip
-
-        shard = SegmentGraphs(f"measure_shard_w{w}", shard_fn, **share)
+    fns = _tree_fns(worker, w, lm_head.shape[0], lm_head, x.req_to_token)
+    if "shard" in fns:
+        shard = SegmentGraphs(f"measure_shard_w{w}", fns["shard"], **share)
         segments.append(shard)
         packed = shard(key, bound={"hidden": x.hidden})
         gathered = packed[None].expand(worker._tp_size, *packed.shape).contiguous()
-        tree_seg = SegmentGraphs(f"measure_tree_w{w}", tree_fn, **share)
+        tree_seg = SegmentGraphs(f"measure_tree_w{w}", fns["tree"], **share)
         segments.append(tree_seg)
         tree = tree_seg(key, bound={}, copied={"gathered": gathered, **copied})
     else:
-
-        def tree_fn(hidden, bonus, seq_lens, req_pool_indices):
-            return draft_to_tree(
-                hidden, lm_head, bonus, seq_lens, req_pool_indices, x.req_to_token,
-                block_size=shape.block_size, max_depth=shape.max_depth, budget=shape.budget,
-                topk=worker._topk[w], draft_topk=worker._draft_topk[w],
-            )  # fmt: skip
-
-        tree_seg = SegmentGraphs(f"measure_tree_w{w}", tree_fn, **share)
+        tree_seg = SegmentGraphs(f"measure_tree_w{w}", fns["tree"], **share)
         segments.append(tree_seg)
         tree = tree_seg(key, bound={"hidden": x.hidden}, copied=copied)
     accept_fn = make_accept_fn(shape.accept_width, top_p_kernel=worker._top_p_kernel)

@@ -1,8 +1,8 @@
 """DDTREE verify helpers that need no SGLang import (as ``dflash_utils.py`` holds DFLASH's):
-the verify mask's buffer, the accept segment's function, the accept decision of one step
-(greedy and sampled requests in one pass) through that segment's captured graphs, the KV
-commit segment's call, and the fingerprint by which tensor-parallel ranks check that they took
-the same decision.
+the verify mask's buffer, the draft-tree and accept segments' functions, the accept decision of
+one step (greedy and sampled requests in one pass) through that segment's captured graphs, the
+KV commit segment's call, and the fingerprint by which tensor-parallel ranks check that they
+took the same decision.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ import torch
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
 from sglang_ddtree.core.sampling import TOP_P_KERNELS, draw_coins
-from sglang_ddtree.core.step import TreeStep, accept_and_commit
+from sglang_ddtree.core.step import (
+    TreeStep,
+    accept_and_commit,
+    draft_shard_candidates,
+    draft_to_tree,
+    gathered_to_tree,
+)
 
 
 def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Tensor:
@@ -33,6 +39,47 @@ def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Ten
         raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
     total = verify_mask_numel(num_nodes, prefix)
     return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
+
+
+def make_tree_fns(
+    shape,  # ddtree_args.DDTreeShape of this W
+    vocab: int,  # V, the real tokens of the target's vocabulary
+    topk: int,  # candidates per depth
+    draft_topk: str,  # select_candidates backend
+    lm_head: Callable[[], torch.Tensor],  # -> [V, H] the target's LM head rows of real tokens
+    req_to_token: Callable[[], torch.Tensor],  # -> [pool, max_len] int32
+    lm_head_shard: Callable[[], tuple[torch.Tensor, int]] | None = None,
+) -> dict[str, Callable[..., object]]:
+    """The draft-tree segment's functions for one W, by segment name: ``{"tree":
+    draft_to_tree}`` on one rank; under tensor parallelism (``lm_head_shard`` given: this rank's
+    real LM-head rows and the global id of the first) ``{"shard": the rank's candidates,
+    "tree": the tree from every rank's all-gathered candidates}``. Weights and pools are looked
+    up at each call: the worker's pools are attached after its segments are built."""
+    if lm_head_shard is None:
+
+        def tree_fn(hidden, bonus, seq_lens, req_pool_indices) -> TreeStep:
+            return draft_to_tree(
+                hidden, lm_head(), bonus, seq_lens, req_pool_indices, req_to_token(),
+                block_size=shape.block_size, max_depth=shape.max_depth, budget=shape.budget,
+                topk=topk, draft_topk=draft_topk,
+            )  # fmt: skip
+
+        return {"tree": tree_fn}
+
+    def shard_fn(hidden) -> torch.Tensor:
+        rows, start = lm_head_shard()
+        return draft_shard_candidates(
+            hidden, rows, vocab_start=start, vocab_size=vocab, block_size=shape.block_size,
+            max_depth=shape.max_depth, topk=topk,
+        )  # fmt: skip
+
+    def gathered_tree_fn(gathered, bonus, seq_lens, req_pool_indices) -> TreeStep:
+        return gathered_to_tree(
+            gathered, bonus, seq_lens, req_pool_indices, req_to_token(),
+            budget=shape.budget, topk=topk,
+        )  # fmt: skip
+
+    return {"shard": shard_fn, "tree": gathered_tree_fn}
 
 
 def make_accept_fn(

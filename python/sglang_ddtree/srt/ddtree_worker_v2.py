@@ -64,12 +64,7 @@ from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcac
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
-from sglang_ddtree.core.step import (
-    TreeStep,
-    draft_shard_candidates,
-    draft_to_tree,
-    gathered_to_tree,
-)
+from sglang_ddtree.core.step import TreeStep
 from sglang_ddtree.srt import ddtree_requests as requests
 from sglang_ddtree.srt.ddtree_args import (
     KV_MOVER_ENV,
@@ -99,6 +94,7 @@ from sglang_ddtree.srt.ddtree_utils import (
     accept_mode,
     commit_kv,
     make_accept_fn,
+    make_tree_fns,
     rank_fingerprint,
     ranks_agree,
 )
@@ -404,48 +400,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         vocab = int(self.model_runner.model_config.vocab_size)
         depth_offsets = torch.arange(s, device=self.device)
 
-        def tree_fn(hidden, bonus, seq_lens, req_pool_indices) -> TreeStep:
-            # Looked up per call: the pools are attached after this constructor.
-            return draft_to_tree(
-                hidden,
-                self.target_worker.model_runner.model.lm_head.weight[:vocab],
-                bonus,
-                seq_lens,
-                req_pool_indices,
-                self.model_runner.req_to_token_pool.req_to_token,
-                block_size=shape.block_size,
-                max_depth=shape.max_depth,
-                budget=shape.budget,
-                topk=self._topk[w],
-                draft_topk=self._draft_topk[w],
-            )
-
         # Tensor parallel: this rank's vocabulary rows of the LM head give its candidates; an
         # eager all-gather between the two segments; every rank merges the same gathered
         # tensor into the same tree.
-        def shard_fn(hidden) -> torch.Tensor:
-            rows, start = self._lm_head_shard()
-            return draft_shard_candidates(
-                hidden,
-                rows,
-                vocab_start=start,
-                vocab_size=vocab,
-                block_size=shape.block_size,
-                max_depth=shape.max_depth,
-                topk=self._topk[w],
-            )
-
-        def gathered_tree_fn(gathered, bonus, seq_lens, req_pool_indices) -> TreeStep:
-            return gathered_to_tree(
-                gathered,
-                bonus,
-                seq_lens,
-                req_pool_indices,
-                self.model_runner.req_to_token_pool.req_to_token,
-                budget=shape.budget,
-                topk=self._topk[w],
-            )
-
+        tree_fns = make_tree_fns(
+            shape,
+            vocab,
+            self._topk[w],
+            self._draft_topk[w],
+            lm_head=lambda: self.target_worker.model_runner.model.lm_head.weight[:vocab],
+            req_to_token=lambda: self.model_runner.req_to_token_pool.req_to_token,
+            lm_head_shard=self._lm_head_shard if self._tp_size > 1 else None,
+        )
         accept_fn = make_accept_fn(
             s, coin_scale=self._test_coin_scale, top_p_kernel=self._top_p_kernel
         )
@@ -479,18 +445,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 commit_lens=commit_lens,
             )
 
-        if self._tp_size > 1:
-            return {
-                "shard": SegmentGraphs(f"shard_w{w}", shard_fn, enabled=enabled, **share),
-                "tree": SegmentGraphs(f"tree_w{w}", gathered_tree_fn, enabled=enabled, **share),
-                "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share),
-                "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share),
-            }
-        return {
-            "tree": SegmentGraphs(f"tree_w{w}", tree_fn, enabled=enabled, **share),
-            "accept": SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share),
-            "kv": SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share),
+        glue = {
+            name: SegmentGraphs(f"{name}_w{w}", fn, enabled=enabled, **share)
+            for name, fn in tree_fns.items()
         }
+        glue["accept"] = SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share)
+        glue["kv"] = SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share)
+        return glue
 
     def _draft_tree(self, glue, key, hidden, bonus, batch) -> TreeStep:
         """Steps 1-2 after the drafter forward (glue graph): the draft tree and verify inputs.
