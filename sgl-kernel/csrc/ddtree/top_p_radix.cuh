@@ -395,7 +395,7 @@ inline bool rows_aligned(int V, const void* in, const void* out) {
 }
 
 template <int kLoads, bool kVec4, bool kLogits>
-void launch_radix(
+void launch_radix_kernels(
     const float* in, const float* top_p, uint64_t* work, float* out, float2* stats, const float* temperature,
     int M, int V, DLDevice device) {
   using namespace host;
@@ -412,6 +412,18 @@ void launch_radix(
   }
   LaunchKernel(grid, kThreads, device)(
       top_p_radix_finish_kernel<kLoads, kVec4, kLogits>, in, top_p, work, out, softmax, V);
+}
+
+// The kernels with four-float reads where every row is 16-byte aligned, one-float reads otherwise.
+template <int kLoads, bool kLogits>
+void launch_radix(
+    const float* in, const float* top_p, uint64_t* work, float* out, float2* stats, const float* temperature,
+    int M, int V, DLDevice device) {
+  if (rows_aligned(V, in, out)) {
+    launch_radix_kernels<kLoads, true, kLogits>(in, top_p, work, out, stats, temperature, M, V, device);
+  } else {
+    launch_radix_kernels<kLoads, false, kLogits>(in, top_p, work, out, stats, temperature, M, V, device);
+  }
 }
 
 template <int kLoads>
@@ -433,11 +445,7 @@ struct TopPRadix {
     const auto* tp = static_cast<const float*>(top_p.data_ptr());
     auto* w = static_cast<uint64_t*>(work.data_ptr());
     auto* o = static_cast<float*>(out.data_ptr());
-    if (rows_aligned(V, in, o)) {
-      launch_radix<kLoads, true, false>(in, tp, w, o, nullptr, nullptr, M, V, device_.unwrap());
-    } else {
-      launch_radix<kLoads, false, false>(in, tp, w, o, nullptr, nullptr, M, V, device_.unwrap());
-    }
+    launch_radix<kLoads, false>(in, tp, w, o, nullptr, nullptr, M, V, device_.unwrap());
   }
 };
 
@@ -473,11 +481,7 @@ struct TopPSoftmaxRadix {
     auto* st = static_cast<float2*>(stats.data_ptr());
     auto* w = static_cast<uint64_t*>(work.data_ptr());
     auto* o = static_cast<float*>(out.data_ptr());
-    if (rows_aligned(V, in, o)) {
-      launch_radix<kLoads, true, true>(in, tp, w, o, st, t, M, V, device_.unwrap());
-    } else {
-      launch_radix<kLoads, false, true>(in, tp, w, o, st, t, M, V, device_.unwrap());
-    }
+    launch_radix<kLoads, true>(in, tp, w, o, st, t, M, V, device_.unwrap());
   }
 };
 
