@@ -14,15 +14,13 @@ rounding.
 ``--mla``: absorbed MLA as SGLang's triton backend runs it, one KV head whose keys are the
 latent plus rope (``--heads`` default 8 1 576: K2.6's 64 query heads over 8 ranks) and whose
 values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's MLA pool.
-``--dv-block N`` times the split twice more with the values in tiles of N columns (one program
-per tile, the scores recomputed in each), for wide values: in both kernels
-(``split_dv_block_us``), and in the tree kernel only (``split_tree_dv_block_us``; the prefix
-kernel's tiling costs the difference of the two). ``split_auto_us`` times what the attention
-hook picks for the shape on this GPU: ``core.tree_attention.value_tiling``'s tiling and
-``prefix_splits``' programs per request prefix, ``kernel_warps``' warps; ``split_before_us``
-the same tiling with one program per prefix and 4 warps a program (the launch before shares
-and ``kernel_warps``); where the tiling splits the prefix's values,
-``split_untiled_shared_us`` times the prefix untiled with its shares chosen for that grid.
+``split_auto_us`` times what the attention hook launches for the shape on this GPU
+(``core.tree_attention.value_tiling``'s value tiles, ``prefix_splits``' programs per request
+prefix, the kernels' default rows and warps). ``--sweep`` also times the launch with one
+setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix shares,
+``rows<n>`` / ``rows<n>w<k>`` the tree kernel's query nodes per program / and its warps,
+``pw<k>`` the prefix kernel's warps, ``pm32`` its query rows per program, ``pdv256`` its values
+in tiles of 256), each checked against the reference (``sweep_max_err``).
 """
 
 from __future__ import annotations
@@ -94,7 +92,21 @@ def graph_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
-def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) -> dict:
+def sweep_variants(w: int, mla: bool) -> dict:
+    """``--sweep``'s launch settings, each one knob moved from the hook's choice."""
+    out = {f"S{n}": dict(prefix_splits=n) for n in (1, 2, 4, 8, 16)}
+    for rows in sorted({16, 32, max(16, 1 << (w - 1).bit_length())}):
+        for tree_warps in (4, 8):
+            out[f"rows{rows}w{tree_warps}"] = dict(tree_rows=rows, warps=(None, tree_warps))
+    for prefix_warps in (4, 8, 16):
+        out[f"pw{prefix_warps}"] = dict(warps=(prefix_warps, None))
+    if mla:
+        out["pm32"] = dict(prefix_rows=32)
+        out["pdv256"] = dict(prefix_dv_block=256)
+    return out
+
+
+def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False) -> dict:
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import (
@@ -117,59 +129,34 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, dv_block=None) ->
 
     res = {}
 
-    def split(name="out", prefix_block=None, tree_block=None, splits=1, warps=None):
+    def split(name, settings):
         res[name] = tree_attention(
             t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
-            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w,
-            prefix_dv_block=prefix_block, tree_dv_block=tree_block, prefix_splits=splits,
-            warps=warps,
+            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w, **settings,
         )  # fmt: skip
 
-    # Split variants by (prefix_dv_block, tree_dv_block, prefix_splits, warps): untiled, and
-    # with --dv-block both kernels tiled and the tree kernel alone, the prefix read by one
-    # program per request and KV head, warps by `kernel_warps`; the hook's choice
-    # (value_tiling, prefix_splits) is one of them or its own; "before": the hook's choice
-    # with one program per prefix and 4 warps a program (the kernels' launch before shares).
-    variants = {(None, None, 1, None): "out"}
-    if dv_block:
-        variants.update(
-            {(dv_block, dv_block, 1, None): "tiled", (None, dv_block, 1, None): "tree_tiled"}
-        )
     sms = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
-    tiling = value_tiling(bs, w, hq, hkv, t["v"].shape[-1], sms)
-    auto = (*tiling, prefix_splits(bs, w, hq, hkv, t["v"].shape[-1], tiling[0], sms), None)
-    variants.setdefault(auto, "auto")
-    before = (*tiling, 1, (4, 4))
-    variants.setdefault(before, "before")
-    # Wide values: the prefix untiled (its scores computed once) with its grid filled by
-    # shares of the prefix instead of value tiles.
-    shared = (None, tiling[1], prefix_splits(bs, w, hq, hkv, t["v"].shape[-1], None, sms), None)
-    if tiling[0] is not None:
-        variants.setdefault(shared, "untiled_shared")
-    row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
-    us = {name: graph_us(lambda b=blocks, n=name: split(n, *b), iters)
-          for blocks, name in variants.items()}  # fmt: skip
-    row["split_us"] = us["out"]
-    if dv_block:
-        row["split_dv_block_us"], row["split_tree_dv_block_us"] = us["tiled"], us["tree_tiled"]
-    row["auto_dv_blocks"], row["auto_prefix_splits"] = list(auto[:2]), auto[2]
-    row["split_auto_us"] = us[variants[auto]]
-    row["split_before_us"] = us[variants[before]]
-    if tiling[0] is not None:
-        row["untiled_prefix_splits"] = shared[2]
-        row["split_untiled_shared_us"] = us[variants[shared]]
+    dv_real = t["v"].shape[-1]
+    tiling = value_tiling(bs, w, hq, hkv, dv_real, sms)
+    auto = dict(prefix_dv_block=tiling[0], tree_dv_block=tiling[1],
+                prefix_splits=prefix_splits(bs, w, hq, hkv, dv_real, tiling[0], sms))  # fmt: skip
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
+    row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
+    row["auto"] = {k: v for k, v in auto.items()}
+    row["split_auto_us"] = graph_us(lambda: split("auto", auto), iters)
     row["extend_max_err"] = (out_ext.float() - want).abs().max().item()
-    row["split_max_err"] = (res["out"].float() - want).abs().max().item()
-    row["split_vs_extend_max"] = (res["out"].float() - out_ext.float()).abs().max().item()
-    if dv_block:
-        row["split_dv_block_max_err"] = (res["tiled"].float() - want).abs().max().item()
-        row["split_tree_dv_block_max_err"] = (res["tree_tiled"].float() - want).abs().max().item()
-    row["split_auto_max_err"] = (res[variants[auto]].float() - want).abs().max().item()
-    row["split_before_max_err"] = (res[variants[before]].float() - want).abs().max().item()
-    row["ratio"] = row["split_us"] / row["extend_us"]
+    row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
+    row["ratio"] = row["split_auto_us"] / row["extend_us"]
+    if sweep:
+        row["sweep_us"], errs = {}, []
+        for name, moved in sweep_variants(w, dv is not None).items():
+            settings = {**auto, **moved}
+            row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
+            errs.append((res[name].float() - want).abs().max().item())
+            del res[name]
+        row["sweep_max_err"] = max(errs)
     return row
 
 
@@ -182,8 +169,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, nargs=3, default=None, help="Hq Hkv D")
     ap.add_argument("--mla", action="store_true", help="absorbed MLA (values a key slice)")
     ap.add_argument("--mla-latent", type=int, default=512, help="MLA's value width")
-    ap.add_argument("--dv-block", type=int, default=None,
-                    help="also time the split with values in tiles of this width")  # fmt: skip
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time launch settings moved one at a time from the hook's")  # fmt: skip
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args(argv)
     args.heads = args.heads or ([8, 1, 576] if args.mla else [32, 8, 128])
@@ -198,8 +185,7 @@ def main(argv=None) -> int:
     for bs in args.batch_sizes:
         for w in args.widths:
             for prefix in args.prefixes:
-                row = measure(bs, w, prefix, hq, hkv, d, args.iters, dv=dv,
-                              dv_block=args.dv_block)  # fmt: skip
+                row = measure(bs, w, prefix, hq, hkv, d, args.iters, dv=dv, sweep=args.sweep)
                 rows.append(row)
                 print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items()}), flush=True)  # fmt: skip

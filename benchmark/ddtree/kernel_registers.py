@@ -85,17 +85,23 @@ def main(argv=None) -> int:
         dv_block = min(s["DV"], ta.VALUE_TILE)
         for w in (17, 33, 65):
             block_w = max(16, triton.next_power_of_2(w))
-            prefix_warps, tree_warps = ta.kernel_warps(block_w, dv_block, d_tiles)
-            tree = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"], BLOCK_W=block_w, BLOCK_DK=64,
-                        D_TILES=d_tiles, BLOCK_DV=dv_block, FULL_MASK=True)  # fmt: skip
-            picked = usage(ta._tree_attention_kernel, tree_ptrs, tree, tree_warps, args.arch)
-            four = usage(ta._tree_attention_kernel, tree_ptrs, tree, 4, args.arch)
-            print(f"| tree | {label} | {w} | - | {tree_warps}: {picked} | {four} |")
+            block_r = min(block_w, ta.TREE_ROWS)
+            prefix_warps, tree_warps = ta.kernel_warps(block_r, block_w, dv_block, d_tiles)
             for splits in (1, 16):
-                prefix = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"], BLOCK_M=32,
+                tree = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"], BLOCK_R=block_r,
+                            BLOCK_W=block_w, BLOCK_DK=64, D_TILES=d_tiles, BLOCK_DV=dv_block,
+                            DV_TILES=-(-s["DV"] // dv_block), FULL_MASK=True,
+                            SPLITS=splits)  # fmt: skip
+                fn = ta._tree_attention_kernel
+                picked = usage(fn, tree_ptrs, tree, tree_warps, args.arch)
+                four = usage(fn, tree_ptrs, tree, 4, args.arch)
+                print(f"| tree | {label} | {w} | {splits} | {tree_warps}: {picked} | {four} |")
+            for splits in (1, 16):  # the prefix kernel's values whole (`value_tiling`)
+                prefix = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"],
+                              BLOCK_M=ta._rows_per_program(w, s["G"], s["DV"]),
                               BLOCK_N=ta.PREFIX_BLOCK_N, BLOCK_DK=64, D_TILES=d_tiles,
-                              BLOCK_DV=dv_block, DV_TILES=-(-s["DV"] // dv_block),
-                              SPLITS=splits)  # fmt: skip
+                              BLOCK_DV=triton.next_power_of_2(s["DV"]), DV_TILES=1,
+                              SPLITS=splits, MIN_SHARE=ta.MIN_SHARE_KEYS)  # fmt: skip
                 fn = ta._prefix_attention_kernel
                 picked = usage(fn, prefix_ptrs, prefix, prefix_warps, args.arch)
                 four = usage(fn, prefix_ptrs, prefix, 4, args.arch)

@@ -58,16 +58,14 @@ def test_reference_equals_torch_sdpa():
         torch.testing.assert_close(got[b * w : (b + 1) * w], want, atol=1e-5, rtol=1e-5)
 
 
-def test_value_tiling_tiles_wide_values_and_the_prefix_only_on_a_small_grid():
+def test_value_tiling_tiles_wide_values_in_the_tree_kernel_only():
     from sglang_ddtree.core.tree_attention import value_tiling
 
     assert value_tiling(8, 33, 32, 8, 128, 132) == (None, None)  # MHA head dim: one tile
-    # K2.6's latent at TP 8 (8 query heads, one KV head, Dv 512): the prefix kernel's grid is
-    # bs x ceil(W * 8 / 32) row blocks, times 4 value tiles.
-    assert value_tiling(1, 65, 8, 1, 512, 132) == (128, 128)  # 17 x 4 = 68 programs
-    assert value_tiling(4, 33, 8, 1, 512, 132) == (None, 128)  # 36 x 4 = 144 > 132
-    assert value_tiling(3, 33, 8, 1, 512, 132) == (128, 128)  # 27 x 4 = 108
-    assert value_tiling(32, 17, 8, 1, 512, 132) == (None, 128)
+    # K2.6's latent at TP 8 (8 query heads, one KV head, Dv 512): the tree kernel in tiles of
+    # 128; the prefix kernel whole (its shares fill a small batch's SMs instead).
+    for bs, w in ((1, 65), (3, 33), (32, 17)):
+        assert value_tiling(bs, w, 8, 1, 512, 132) == (None, 128)
 
 
 def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
@@ -80,23 +78,23 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     assert prefix_splits(1, 17, 32, 8, 128, None, 132) == 16  # 24 -> 384
     assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 2  # 192 -> 384
     assert prefix_splits(32, 16, 32, 8, 128, None, 132) == 1  # 512: the grid is full
-    # K2.6's latent at TP 8, the prefix values in 4 tiles of 128: 9 x 4 = 36 programs at bs 1.
-    assert prefix_splits(1, 33, 8, 1, 512, 128, 132) == 8
-    assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 16  # 9 programs -> 144 (the cap)
-    assert prefix_splits(16, 33, 8, 1, 512, None, 132) == 2  # 144 -> 288
+    # K2.6's latent at TP 8: 16 query rows a program, ceil(W * 8 / 16) row blocks a request.
+    assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 16  # 17 programs -> 272 (the cap)
+    assert prefix_splits(4, 33, 8, 1, 512, None, 132) == 4  # 68 -> 272
+    assert prefix_splits(16, 33, 8, 1, 512, None, 132) == 1  # 272: the grid is full
+    assert prefix_splits(1, 33, 8, 1, 512, 128, 132) == 4  # values in 4 tiles: 68 -> 272
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
 
 
 def test_kernel_warps_keep_the_widest_tiles_in_registers():
-    """Warps per program (`kernel_warps`): 8 for the tree kernel at W = 65 (its 128 x 128
-    tiles) and for the prefix kernel over MLA's 576-wide keys (9 key tiles); 4 elsewhere."""
+    """Warps per program (`kernel_warps`): 8 for the prefix kernel over MLA's 576-wide keys (9
+    key tiles), and for a tree kernel whose W nodes' keys and values pass 16,384 elements."""
     from sglang_ddtree.core.tree_attention import kernel_warps
 
-    assert kernel_warps(128, 128, 2) == (4, 8)  # 8B heads, W = 65
-    assert kernel_warps(64, 128, 2) == (4, 4)  # W = 33
-    assert kernel_warps(32, 128, 9) == (8, 4)  # K2.6's latent, W = 17, values in tiles of 128
-    assert kernel_warps(128, 128, 9) == (8, 8)
-    assert kernel_warps(16, 16, 1) == (4, 4)
+    assert kernel_warps(16, 128, 128, 2) == (4, 8)  # 8B heads, W = 65
+    assert kernel_warps(16, 64, 128, 2) == (4, 4)  # W = 33
+    assert kernel_warps(16, 32, 128, 9) == (8, 8)  # K2.6's latent, W = 17, values in 128s
+    assert kernel_warps(16, 16, 16, 1) == (4, 4)
 
 
 def test_merge_handles_an_empty_prefix():
@@ -140,6 +138,11 @@ for case in cases:
                              prefix_splits=splits)
         err = (got - want).abs().max().item()
         assert err < 1e-4, (case, splits, blocks, err)
+    # The tree kernel's query nodes over several programs (row tiles, a ragged last one).
+    for rows, splits in ((16, 1), (16, 3)):
+        got = tree_attention(*args, scale, tree_rows=rows, prefix_splits=splits)
+        err = (got - want).abs().max().item()
+        assert err < 1e-4, (case, rows, splits, err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
@@ -208,8 +211,8 @@ def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mla", [False, True])
 def test_tree_attention_on_gpu_bf16_at_w65_with_shares(mla):
-    """W = 65 (budget 64): the tree kernel on 128 x 128 tiles at `kernel_warps`' 8 warps, a
-    long prefix in 4 shares merged by the share kernel, as the hook launches it at bs 1."""
+    """W = 65 (budget 64): the tree kernel over 128 key nodes in row tiles at 8 warps, a
+    long prefix in 4 shares merged in the tree kernel, as the hook launches it at bs 1."""
     from sglang_ddtree.core.tree_attention import tree_attention, value_tiling
 
     if mla:

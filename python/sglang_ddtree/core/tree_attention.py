@@ -13,14 +13,15 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   head against the prefix, with no mask, so each prefix tile is read once for all of them (a
   multi-query decode); on a small batch the prefix is shared by ``prefix_splits`` programs
   (consecutive shares of key tiles, each with its own output and log-sum-exp), as split-K
-  decoding kernels do, so that no program walks a long prefix alone, and
-  ``_merge_prefix_shares_kernel`` merges the shares;
-- the tree part (``_tree_attention_kernel``): the ``W x W`` ancestor block, and in its epilogue
-  the merge ``o = (o1 e^{l1} + o2 e^{l2}) / (e^{l1} + e^{l2})`` with ``l`` each part's log-sum-exp
-  (natural log) of its scaled scores (``merge_attention_states`` is its torch twin). The prefix
-  part's output stays float32 until the merge. Two launches per layer, three with shares: a
-  merge in separate torch kernels (a dozen per layer) cost more than the split saved, and the
-  shares merged in the tree kernel's epilogue made it spill registers.
+  decoding kernels do, so that no program walks a long prefix alone;
+- the tree part (``_tree_attention_kernel``): ``TREE_ROWS`` query nodes a program against the
+  request's ``W`` nodes under the ancestor mask, and in its epilogue the merge
+  ``o = sum_i o_i e^{l_i} / sum_i e^{l_i}`` over the tree part and the prefix shares, ``l`` each
+  part's log-sum-exp (natural log) of its scaled scores (``merge_attention_states`` is its
+  torch twin for two parts). The prefix shares stay float32 until the merge. Two launches per
+  layer: a merge in separate torch kernels (a dozen per layer) cost more than the split saved,
+  and a merge kernel of its own costs a launch. Row tiles keep the epilogue's tiles small (one
+  program over all 65 rows of W = 65 spilled registers) and give a small batch more programs.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
 runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the switch
@@ -92,7 +93,7 @@ if triton is not None:
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
-        DV_TILES: tl.constexpr, SPLITS: tl.constexpr,
+        DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         hkv = tl.program_id(1)
@@ -108,9 +109,11 @@ if triton is not None:
         q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         start = tl.load(KvIndptr + b)
         length = tl.load(KvIndptr + b + 1) - start
-        # Keys [lo, hi) of the prefix: SPLITS consecutive shares of whole BLOCK_N tiles (the
-        # last ones empty on a short prefix: their lse is -inf, weight 0 in the merge).
-        share = ((length + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        # Keys [lo, hi) of the prefix: SPLITS consecutive shares of whole BLOCK_N tiles, each at
+        # least MIN_SHARE keys (the last ones empty on a short prefix: their lse is -inf, weight
+        # 0 in the merge, which then reads nothing of them).
+        share = tl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
+        share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         lo = split * share
         hi = tl.minimum(lo + share, length)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -154,7 +157,7 @@ if triton is not None:
             Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
             + offs_dv[None, :],
             out.to(Out.dtype.element_ty),
-            mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+            mask=(row_ok & (rows * 0 + lo < hi))[:, None] & (offs_dv[None, :] < DV),
         )  # fmt: skip
         first_tile = (rows * 0 + dv_tile) == 0  # one value tile writes the (shared) lse
         tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=row_ok & first_tile)
@@ -164,26 +167,29 @@ if triton is not None:
         Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, O1, Lse1, Out,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_ot, stride_oh, stride_lt,
+        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-        BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr,
-        BLOCK_DV: tl.constexpr, FULL_MASK: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr,
+        D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr, DV_TILES: tl.constexpr,
+        FULL_MASK: tl.constexpr, SPLITS: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         head = tl.program_id(1)
         hkv = head // G
-        offs_w = tl.arange(0, BLOCK_W)
+        offs_r = tl.program_id(2) // DV_TILES * BLOCK_R + tl.arange(0, BLOCK_R)  # query nodes
+        r_ok = offs_r < W
+        offs_w = tl.arange(0, BLOCK_W)  # key nodes: all W of the request
         w_ok = offs_w < W
         offs_dk = tl.arange(0, BLOCK_DK)
-        offs_dv = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)
-        token = b * W + offs_w
-        slot = tl.load(NodeLoc + token, mask=w_ok, other=0).to(tl.int64)
-        s = tl.zeros([BLOCK_W, BLOCK_W], tl.float32)
+        offs_dv = tl.program_id(2) % DV_TILES * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        token = b * W + offs_r
+        slot = tl.load(NodeLoc + b * W + offs_w, mask=w_ok, other=0).to(tl.int64)
+        s = tl.zeros([BLOCK_R, BLOCK_W], tl.float32)
         for t in tl.static_range(D_TILES):  # scores over the key width in tiles
             d_ok = (t * BLOCK_DK + offs_dk) < D
             q = tl.load(
                 Q + token[:, None] * stride_qt + head * stride_qh + t * BLOCK_DK + offs_dk[None, :],
-                mask=w_ok[:, None] & d_ok[None, :],
+                mask=r_ok[:, None] & d_ok[None, :],
                 other=0.0,
             )
             k = tl.load(
@@ -192,17 +198,17 @@ if triton is not None:
                 other=0.0,
             )
             s += tl.dot(q, tl.trans(k)).to(tl.float32)
-        s = s * sm_scale  # [BLOCK_W, BLOCK_W]
+        s = s * sm_scale  # [BLOCK_R, BLOCK_W]
         if FULL_MASK:  # SGLang's verify mask: per request W rows of (prefix + W) columns
             prefix = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
-            cell = tl.load(MaskIndptr + b) + offs_w[:, None] * (prefix + W) + prefix
+            cell = tl.load(MaskIndptr + b) + offs_r[:, None] * (prefix + W) + prefix
             cell = cell + offs_w[None, :]
         else:
-            cell = b * W * W + offs_w[:, None] * W + offs_w[None, :]
-        allowed = tl.load(Mask + cell, mask=w_ok[:, None] & w_ok[None, :], other=0)
+            cell = b * W * W + offs_r[:, None] * W + offs_w[None, :]
+        allowed = tl.load(Mask + cell, mask=r_ok[:, None] & w_ok[None, :], other=0)
         s = tl.where(allowed != 0, s, float("-inf"))
         m = tl.max(s, 1)
-        m = tl.where(w_ok, m, 0.0)  # padded rows: no allowed key
+        m = tl.where(r_ok, m, 0.0)  # padded rows: no allowed key
         p = tl.exp(s - m[:, None])
         l_sum = tl.sum(p, 1)
         v = tl.load(
@@ -210,68 +216,46 @@ if triton is not None:
             mask=w_ok[:, None] & (offs_dv[None, :] < DV),
             other=0.0,
         )
-        out2 = tl.dot(p.to(v.dtype), v).to(tl.float32) / tl.where(w_ok, l_sum, 1.0)[:, None]
-        lse2 = m + tl.log(tl.where(w_ok, l_sum, 1.0))
-        # Merge with the prefix part (its lse is -inf for an empty prefix: weight 0).
-        out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
-        out_ok = w_ok[:, None] & (offs_dv[None, :] < DV)
-        o1 = tl.load(O1 + out_offs, mask=out_ok, other=0.0)
-        lse1 = tl.load(Lse1 + token * stride_lt + head, mask=w_ok, other=float("-inf"))
-        top = tl.maximum(lse1, lse2)
-        w1 = tl.exp(lse1 - top)
-        w2 = tl.exp(lse2 - top)
-        out = (o1 * w1[:, None] + out2 * w2[:, None]) / (w1 + w2)[:, None]
-        tl.store(Out + out_offs, out.to(Out.dtype.element_ty), mask=out_ok)
-
-    @triton.jit
-    def _merge_prefix_shares_kernel(
-        O1, Lse1,
-        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-        HQ: tl.constexpr, DV: tl.constexpr, SPLITS: tl.constexpr,
-        BLOCK_H: tl.constexpr, BLOCK_DV: tl.constexpr,
-    ):  # fmt: skip
-        """One token's prefix part from its SPLITS shares, into share 0 (in place)."""
-        token = tl.program_id(0)
-        offs_h = tl.arange(0, BLOCK_H)
-        h_ok = offs_h < HQ
-        offs_dv = tl.arange(0, BLOCK_DV)
-        ok = h_ok[:, None] & (offs_dv[None, :] < DV)
-        lse_at = Lse1 + token * stride_lt + offs_h
-        o_at = O1 + token * stride_ot + offs_h[:, None] * stride_oh + offs_dv[None, :]
-        top = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        for sp in tl.static_range(SPLITS):
-            top = tl.maximum(top, tl.load(lse_at + sp * stride_ls, mask=h_ok, other=float("-inf")))
-        top = tl.where(top == float("-inf"), 0.0, top)  # every share empty: weights 0 below
-        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-        den = tl.zeros([BLOCK_H], tl.float32)
+        lse2 = m + tl.log(tl.where(r_ok, l_sum, 1.0))
+        # Merge with the prefix part's shares (lse -inf for an empty share: weight 0, not read).
+        lse_at = Lse1 + token * stride_lt + head
+        top = lse2
         for sp in range(SPLITS):
-            wt = tl.exp(tl.load(lse_at + sp * stride_ls, mask=h_ok, other=float("-inf")) - top)
-            acc += tl.load(o_at + sp * stride_os, mask=ok, other=0.0) * wt[:, None]
+            top = tl.maximum(top, tl.load(lse_at + sp * stride_ls, mask=r_ok, other=float("-inf")))
+        w2 = tl.exp(lse2 - top)
+        acc = tl.dot(p.to(v.dtype), v).to(tl.float32) * (w2 / tl.where(r_ok, l_sum, 1.0))[:, None]
+        den = w2
+        out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
+        out_ok = r_ok[:, None] & (offs_dv[None, :] < DV)
+        for sp in range(SPLITS):
+            wt = tl.exp(tl.load(lse_at + sp * stride_ls, mask=r_ok, other=float("-inf")) - top)
+            o1 = tl.load(O1 + sp * stride_os + out_offs, mask=out_ok & (wt > 0)[:, None], other=0.0)
+            acc += o1 * wt[:, None]
             den += wt
-        has = den > 0
-        tl.store(o_at, acc / tl.where(has, den, 1.0)[:, None], mask=ok)
-        lse = tl.where(has, top + tl.log(tl.where(has, den, 1.0)), float("-inf"))
-        tl.store(lse_at, lse, mask=h_ok)
+        tl.store(Out + out_offs, (acc / den[:, None]).to(Out.dtype.element_ty), mask=out_ok)
 
 
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
 MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 20-36 programs per layer
+MIN_SHARE_KEYS = 128  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's programs resident per SM, about
+TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
 
 
-def _rows_per_program(w: int, g: int) -> int:
-    """The prefix kernel's query rows per program (node x head-in-group rows, W * G of them)."""
-    return 16 if w * g <= 16 else 32
+def _rows_per_program(w: int, g: int, dv: int) -> int:
+    """The prefix kernel's query rows per program (node x head-in-group rows, W * G of them):
+    16 for values wider than 256 (MLA's 512-wide latent: 32 rows' accumulator spilled)."""
+    return 16 if w * g <= 16 or dv > 256 else 32
 
 
-def kernel_warps(block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
+def kernel_warps(block_r: int, block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
     """``(prefix_warps, tree_warps)``: warps per program of the two kernels, so that their
-    tiles fit in registers. The tree kernel holds a ``[BLOCK_W, BLOCK_W]`` score tile and two
-    ``[BLOCK_W, BLOCK_DV]`` float32 tiles (at W = 65, 128 x 128 each: over 255 registers a
-    thread at 4 warps, so it spilled); the prefix kernel holds its query rows' key tiles, nine
-    of them for MLA's 576-wide keys."""
-    tree = 8 if block_w * (block_w + 2 * block_dv) > 25600 else 4
+    tiles fit in registers. A tree kernel program holds all ``BLOCK_W`` nodes' keys (``d_tiles``
+    tiles of 64) and values (``block_dv`` wide) besides its ``block_r`` rows' tiles; the prefix
+    kernel holds its query rows' key tiles, nine of them for MLA's 576-wide keys. At 4 warps
+    either spilled past these sizes (registers read from Triton's builds for sm_90)."""
+    tree = 8 if block_w * (d_tiles * 64 + block_dv) > 16384 else 4
     prefix = 8 if d_tiles > 2 else 4
     return prefix, tree
 
@@ -279,14 +263,12 @@ def kernel_warps(block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
 def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
     """``(prefix_dv_block, tree_dv_block)`` for `tree_attention` (None: all of Dv in one
     program). Values wider than ``VALUE_TILE`` go to the tree kernel in tiles: one program
-    would hold a ``[W, Dv]`` accumulator. The prefix kernel recomputes its scores per tile, so
-    it tiles only while its tiled grid still fits ``num_sms`` (a small batch leaves SMs idle)."""
+    would hold a ``[W, Dv]`` accumulator. The prefix kernel keeps its values whole: tiling them
+    would recompute its scores (576 wide for MLA) per tile, and shares of the prefix
+    (`prefix_splits`) fill a small batch's SMs at no such cost."""
     if dv <= VALUE_TILE:
         return None, None
-    g = hq // hkv
-    rows = bs * hkv * -(-w * g // _rows_per_program(w, g))  # the prefix kernel's grid
-    tiles = -(-dv // VALUE_TILE)
-    return (VALUE_TILE if rows * tiles <= num_sms else None), VALUE_TILE
+    return None, VALUE_TILE
 
 
 def prefix_splits(
@@ -296,10 +278,12 @@ def prefix_splits(
     power of two, at most ``MAX_PREFIX_SPLITS``): on a small batch the kernel's grid leaves SMs
     idle and each program walks the whole prefix alone, one key tile after another; shares
     shorten that walk until the grid fills about ``PROGRAMS_PER_SM`` programs per SM. Chosen
-    from shapes only (no host sync; prefix lengths vary between graph replays)."""
+    from shapes only (no host sync; prefix lengths vary between graph replays): a prefix
+    shorter than the shares' ``MIN_SHARE_KEYS`` leaves the last ones empty, and the merge
+    reads nothing of an empty share."""
     g = hq // hkv
     dv_tiles = 1 if prefix_dv_block is None else -(-dv // prefix_dv_block)
-    programs = bs * hkv * -(-w * g // _rows_per_program(w, g)) * dv_tiles
+    programs = bs * hkv * -(-w * g // _rows_per_program(w, g, dv)) * dv_tiles
     splits = 1
     while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
         splits *= 2
@@ -322,7 +306,9 @@ def tree_attention(
     prefix_dv_block: int | None = None,  # prefix kernel: value columns per program (None: all)
     tree_dv_block: int | None = None,  # tree kernel: value columns per program (None: all)
     prefix_splits: int = 1,  # prefix kernel: programs sharing each request's prefix
-    warps: tuple[int, int] | None = None,  # (prefix, tree) warps per program; None: kernel_warps
+    tree_rows: int | None = None,  # tree kernel: query nodes per program (None: TREE_ROWS)
+    prefix_rows: int | None = None,  # prefix kernel: query rows per program (None: by W * G)
+    warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
     merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
@@ -365,29 +351,25 @@ def tree_attention(
     assert out.stride() == o1[0].stride()  # the kernels address both with o1's strides
     strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
                v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
-               lse1.stride(1))  # fmt: skip
-    share_strides = (o1.stride(0), lse1.stride(0))
-    block_m = _rows_per_program(w, g)
+               lse1.stride(1), o1.stride(0), lse1.stride(0))  # fmt: skip
+    block_m = prefix_rows or _rows_per_program(w, g, dv)
     block_w = max(16, triton.next_power_of_2(w))
-    prefix_warps, tree_warps = warps or kernel_warps(block_w, tree_block_dv, d_tiles)
+    block_r = min(block_w, tree_rows or TREE_ROWS)
+    default_warps = kernel_warps(block_r, block_w, tree_block_dv, d_tiles)
+    prefix_warps, tree_warps = (x or y for x, y in zip(warps or (None, None), default_warps))
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides, *share_strides,
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=PREFIX_BLOCK_N,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
-        SPLITS=prefix_splits, num_warps=prefix_warps,
+        SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, num_warps=prefix_warps,
     )  # fmt: skip
-    if prefix_splits > 1:  # the shares into share 0, which the tree kernel merges
-        _merge_prefix_shares_kernel[(n,)](
-            o1, lse1, *strides[6:], *share_strides, HQ=hq, DV=dv, SPLITS=prefix_splits,
-            BLOCK_H=triton.next_power_of_2(hq), BLOCK_DV=triton.next_power_of_2(dv),
-        )  # fmt: skip
-    _tree_attention_kernel[(bs, hq, tree_dv_tiles)](
+    _tree_attention_kernel[(bs, hq, triton.cdiv(w, block_r) * tree_dv_tiles)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
         o1, lse1, out, sm_scale, *strides,
-        W=w, G=g, D=d, DV=dv, BLOCK_W=block_w,
-        BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=tree_block_dv, FULL_MASK=tree_mask is None,
-        num_warps=tree_warps,
+        W=w, G=g, D=d, DV=dv, BLOCK_R=block_r, BLOCK_W=block_w, BLOCK_DK=block_dk,
+        D_TILES=d_tiles, BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
+        FULL_MASK=tree_mask is None, SPLITS=prefix_splits, num_warps=tree_warps,
     )  # fmt: skip
     return out
