@@ -91,7 +91,8 @@ def main(argv=None) -> int:
                 tree = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"], BLOCK_R=block_r,
                             BLOCK_W=block_w, BLOCK_DK=64, D_TILES=d_tiles, BLOCK_DV=dv_block,
                             DV_TILES=-(-s["DV"] // dv_block), FULL_MASK=True,
-                            SPLITS=splits)  # fmt: skip
+                            SPLITS=splits, BLOCK_S=splits, MIN_SHARE=ta.MIN_SHARE_KEYS,
+                            BLOCK_N=ta.PREFIX_BLOCK_N)  # fmt: skip
                 fn = ta._tree_attention_kernel
                 picked = usage(fn, tree_ptrs, tree, tree_warps, args.arch)
                 four = usage(fn, tree_ptrs, tree, 4, args.arch)

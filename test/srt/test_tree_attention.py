@@ -70,30 +70,30 @@ def test_value_tiling_tiles_wide_values_in_the_tree_kernel_only():
 
 def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     """The prefix kernel's programs per request prefix (`prefix_splits`): doubled while the
-    grid stays within about 4 programs per SM, at most 16; 1 once the batch fills the GPU."""
+    grid stays within 32 programs per SM (16 for MLA's 512-wide values), at most 16."""
     from sglang_ddtree.core.tree_attention import prefix_splits
 
-    # Qwen3-8B heads (32 / 8, 128): bs x 8 KV heads x ceil(W * 4 / rows) row blocks.
-    assert prefix_splits(1, 65, 32, 8, 128, None, 132) == 4  # 72 programs -> 288
-    assert prefix_splits(1, 17, 32, 8, 128, None, 132) == 16  # 24 -> 384
-    assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 2  # 192 -> 384
-    assert prefix_splits(32, 16, 32, 8, 128, None, 132) == 1  # 512: the grid is full
+    # Qwen3-8B heads (32 / 8, 128): bs x 8 KV heads x ceil(W * 4 / 32) row blocks.
+    assert prefix_splits(1, 65, 32, 8, 128, None, 132) == 16  # 72 programs -> 1,152
+    assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 16  # 192 -> 3,072
+    assert prefix_splits(8, 65, 32, 8, 128, None, 132) == 4  # 576 -> 2,304
+    assert prefix_splits(32, 65, 32, 8, 128, None, 132) == 1  # 2,304: 4,608 would pass 4,224
     # K2.6's latent at TP 8: 16 query rows a program, ceil(W * 8 / 16) row blocks a request.
     assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 16  # 17 programs -> 272 (the cap)
-    assert prefix_splits(4, 33, 8, 1, 512, None, 132) == 4  # 68 -> 272
-    assert prefix_splits(16, 33, 8, 1, 512, None, 132) == 1  # 272: the grid is full
-    assert prefix_splits(1, 33, 8, 1, 512, 128, 132) == 4  # values in 4 tiles: 68 -> 272
+    assert prefix_splits(8, 65, 8, 1, 512, None, 132) == 8  # 264 -> 2,112
+    assert prefix_splits(32, 33, 8, 1, 512, None, 132) == 2  # 544 -> 1,088
+    assert prefix_splits(8, 65, 8, 1, 512, 128, 132) == 2  # values in 4 tiles: 1,056 -> 2,112
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
 
 
 def test_kernel_warps_keep_the_widest_tiles_in_registers():
-    """Warps per program (`kernel_warps`): 8 for the prefix kernel over MLA's 576-wide keys (9
-    key tiles), and for a tree kernel whose W nodes' keys and values pass 16,384 elements."""
+    """Warps per program (`kernel_warps`): 4 for the prefix kernel; 8 for a tree kernel whose W
+    nodes' keys and values pass 16,384 elements."""
     from sglang_ddtree.core.tree_attention import kernel_warps
 
     assert kernel_warps(16, 128, 128, 2) == (4, 8)  # 8B heads, W = 65
     assert kernel_warps(16, 64, 128, 2) == (4, 4)  # W = 33
-    assert kernel_warps(16, 32, 128, 9) == (8, 8)  # K2.6's latent, W = 17, values in 128s
+    assert kernel_warps(16, 32, 128, 9) == (4, 8)  # K2.6's latent, W = 17, values in 128s
     assert kernel_warps(16, 16, 16, 1) == (4, 4)
 
 
@@ -118,6 +118,7 @@ cases = [
     dict(bs=1, w=17, hq=2, hkv=2, d=16, dv=16, prefix=[70], seed=3),  # W > 16, 3 prefix tiles
     dict(bs=2, w=4, hq=2, hkv=1, d=16, dv=16, prefix=[200, 97], seed=5),  # 7 and 4 prefix tiles
     dict(bs=2, w=9, hq=4, hkv=1, d=144, dv=128, prefix=[33, 2], seed=4, mla=True),  # 3 key tiles
+    dict(bs=2, w=5, hq=2, hkv=1, d=16, dv=16, prefix=[600, 300], seed=7),  # shares of 256+ keys
 ]
 for case in cases:
     args, scale = random_case(**case)
@@ -131,8 +132,8 @@ for case in cases:
         got = tree_attention(*args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1])
         err = (got - want).abs().max().item()
         assert err < 1e-4, (case, blocks, err)
-    # The prefix shared by several programs (shares of whole 32-key tiles; on short or empty
-    # prefixes most shares are empty), alone and with the values tiled.
+    # The prefix shared by several programs (shares of whole 32-key tiles, at least 256 keys
+    # each: on short or empty prefixes most shares are empty), alone and with the values tiled.
     for splits, blocks in ((2, (None, None)), (3, (None, None)), (16, (None, None)), (4, (16, 16))):
         got = tree_attention(*args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1],
                              prefix_splits=splits)

@@ -85,6 +85,13 @@ def merge_attention_states(
 if triton is not None:
 
     @triton.jit
+    def _share_keys(length, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Keys a share of a ``length``-key prefix walks: SPLITS consecutive shares of whole
+        BLOCK_N tiles, each at least MIN_SHARE keys (on a short prefix the last ones are empty)."""
+        share = tl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
+        return (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+
+    @triton.jit
     def _prefix_attention_kernel(
         Q, K, V, KvIndptr, KvIndices, Out, Lse,
         sm_scale,
@@ -109,11 +116,8 @@ if triton is not None:
         q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         start = tl.load(KvIndptr + b)
         length = tl.load(KvIndptr + b + 1) - start
-        # Keys [lo, hi) of the prefix: SPLITS consecutive shares of whole BLOCK_N tiles, each at
-        # least MIN_SHARE keys (the last ones empty on a short prefix: their lse is -inf, weight
-        # 0 in the merge, which then reads nothing of them).
-        share = tl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
-        share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        # Keys [lo, hi) of the prefix (an empty share writes nothing: the merge skips it).
+        share = _share_keys(length, SPLITS, MIN_SHARE, BLOCK_N)
         lo = split * share
         hi = tl.minimum(lo + share, length)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -160,7 +164,8 @@ if triton is not None:
             mask=(row_ok & (rows * 0 + lo < hi))[:, None] & (offs_dv[None, :] < DV),
         )  # fmt: skip
         first_tile = (rows * 0 + dv_tile) == 0  # one value tile writes the (shared) lse
-        tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=row_ok & first_tile)
+        written = row_ok & first_tile & (rows * 0 + lo < hi)
+        tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=written)
 
     @triton.jit
     def _tree_attention_kernel(
@@ -171,7 +176,8 @@ if triton is not None:
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr,
         D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr, DV_TILES: tl.constexpr,
-        FULL_MASK: tl.constexpr, SPLITS: tl.constexpr,
+        FULL_MASK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+        MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         head = tl.program_id(1)
@@ -199,8 +205,8 @@ if triton is not None:
             )
             s += tl.dot(q, tl.trans(k)).to(tl.float32)
         s = s * sm_scale  # [BLOCK_R, BLOCK_W]
+        prefix = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
         if FULL_MASK:  # SGLang's verify mask: per request W rows of (prefix + W) columns
-            prefix = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
             cell = tl.load(MaskIndptr + b) + offs_r[:, None] * (prefix + W) + prefix
             cell = cell + offs_w[None, :]
         else:
@@ -217,29 +223,35 @@ if triton is not None:
             other=0.0,
         )
         lse2 = m + tl.log(tl.where(r_ok, l_sum, 1.0))
-        # Merge with the prefix part's shares (lse -inf for an empty share: weight 0, not read).
-        lse_at = Lse1 + token * stride_lt + head
-        top = lse2
-        for sp in range(SPLITS):
-            top = tl.maximum(top, tl.load(lse_at + sp * stride_ls, mask=r_ok, other=float("-inf")))
+        # Merge with the prefix part's shares: only the nonempty ones, as the prefix kernel
+        # cut them, are read (one on a prefix shorter than MIN_SHARE, none on an empty one).
+        share = _share_keys(prefix, SPLITS, MIN_SHARE, BLOCK_N)
+        shares = (prefix + share - 1) // share
+        splits = tl.arange(0, BLOCK_S)
+        lse1 = tl.load(
+            Lse1 + splits[None, :] * stride_ls + token[:, None] * stride_lt + head,
+            mask=r_ok[:, None] & (splits[None, :] < shares),
+            other=float("-inf"),
+        )  # [BLOCK_R, BLOCK_S]
+        top = tl.maximum(lse2, tl.max(lse1, 1))
         w2 = tl.exp(lse2 - top)
         acc = tl.dot(p.to(v.dtype), v).to(tl.float32) * (w2 / tl.where(r_ok, l_sum, 1.0))[:, None]
-        den = w2
+        den = w2 + tl.sum(tl.exp(lse1 - top[:, None]), 1)
         out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
         out_ok = r_ok[:, None] & (offs_dv[None, :] < DV)
-        for sp in range(SPLITS):
-            wt = tl.exp(tl.load(lse_at + sp * stride_ls, mask=r_ok, other=float("-inf")) - top)
-            o1 = tl.load(O1 + sp * stride_os + out_offs, mask=out_ok & (wt > 0)[:, None], other=0.0)
+        for sp in range(shares):
+            lse_sp = tl.load(Lse1 + sp * stride_ls + token * stride_lt + head, mask=r_ok, other=0.0)
+            wt = tl.exp(lse_sp - top)
+            o1 = tl.load(O1 + sp * stride_os + out_offs, mask=out_ok, other=0.0)
             acc += o1 * wt[:, None]
-            den += wt
         tl.store(Out + out_offs, (acc / den[:, None]).to(Out.dtype.element_ty), mask=out_ok)
 
 
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
 MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 20-36 programs per layer
-MIN_SHARE_KEYS = 128  # a share walks at least this many keys: a short prefix takes few shares
-PROGRAMS_PER_SM = 4  # the prefix kernel's programs resident per SM, about
+MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
+SHARED_PROGRAMS_PER_SM = 32  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
 
 
@@ -250,14 +262,14 @@ def _rows_per_program(w: int, g: int, dv: int) -> int:
 
 
 def kernel_warps(block_r: int, block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
-    """``(prefix_warps, tree_warps)``: warps per program of the two kernels, so that their
-    tiles fit in registers. A tree kernel program holds all ``BLOCK_W`` nodes' keys (``d_tiles``
-    tiles of 64) and values (``block_dv`` wide) besides its ``block_r`` rows' tiles; the prefix
-    kernel holds its query rows' key tiles, nine of them for MLA's 576-wide keys. At 4 warps
-    either spilled past these sizes (registers read from Triton's builds for sm_90)."""
+    """``(prefix_warps, tree_warps)``: warps per program of the two kernels. A tree kernel
+    program holds all ``block_w`` nodes' keys (``d_tiles`` tiles of 64) and values
+    (``block_dv`` wide) besides its ``block_r`` rows' tiles: past 16,384 elements it spilled
+    registers at 4 warps (Triton's builds for sm_90), so it takes 8. The prefix kernel takes 4:
+    over MLA's 576-wide keys its 16-row programs spill a little at 4 warps yet ran faster than
+    at 8 (bench_tree_attention --sweep on an H200, at every K2.6 shape timed)."""
     tree = 8 if block_w * (d_tiles * 64 + block_dv) > 16384 else 4
-    prefix = 8 if d_tiles > 2 else 4
-    return prefix, tree
+    return 4, tree
 
 
 def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
@@ -275,17 +287,20 @@ def prefix_splits(
     bs: int, w: int, hq: int, hkv: int, dv: int, prefix_dv_block: int | None, num_sms: int
 ) -> int:
     """How many programs share each request's prefix in `tree_attention`'s prefix kernel (a
-    power of two, at most ``MAX_PREFIX_SPLITS``): on a small batch the kernel's grid leaves SMs
-    idle and each program walks the whole prefix alone, one key tile after another; shares
-    shorten that walk until the grid fills about ``PROGRAMS_PER_SM`` programs per SM. Chosen
-    from shapes only (no host sync; prefix lengths vary between graph replays): a prefix
-    shorter than the shares' ``MIN_SHARE_KEYS`` leaves the last ones empty, and the merge
-    reads nothing of an empty share."""
+    power of two, at most ``MAX_PREFIX_SPLITS``): the most that keep the grid within
+    ``SHARED_PROGRAMS_PER_SM`` programs per SM (half that for values wider than 256, MLA's
+    heavier rows). Each program walks its prefix one key tile after another; with one program
+    per prefix a small batch leaves SMs idle, and a grid of a few waves ends in a ragged last
+    one, so long prefixes ran fastest with more shares than the SMs hold at once, at every
+    batch size timed (bench_tree_attention --sweep on an H200). Chosen from shapes only (no
+    host sync; prefix lengths vary between graph replays): a prefix shorter than the shares'
+    ``MIN_SHARE_KEYS`` leaves the last ones empty, and the merge reads only the nonempty."""
     g = hq // hkv
     dv_tiles = 1 if prefix_dv_block is None else -(-dv // prefix_dv_block)
     programs = bs * hkv * -(-w * g // _rows_per_program(w, g, dv)) * dv_tiles
+    per_sm = SHARED_PROGRAMS_PER_SM if dv <= 256 else SHARED_PROGRAMS_PER_SM // 2
     splits = 1
-    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
+    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= per_sm * num_sms:
         splits *= 2
     return splits
 
@@ -370,6 +385,8 @@ def tree_attention(
         o1, lse1, out, sm_scale, *strides,
         W=w, G=g, D=d, DV=dv, BLOCK_R=block_r, BLOCK_W=block_w, BLOCK_DK=block_dk,
         D_TILES=d_tiles, BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
-        FULL_MASK=tree_mask is None, SPLITS=prefix_splits, num_warps=tree_warps,
+        FULL_MASK=tree_mask is None, SPLITS=prefix_splits,
+        BLOCK_S=triton.next_power_of_2(prefix_splits), MIN_SHARE=MIN_SHARE_KEYS,
+        BLOCK_N=PREFIX_BLOCK_N, num_warps=tree_warps,
     )  # fmt: skip
     return out
