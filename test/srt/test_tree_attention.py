@@ -70,19 +70,19 @@ def test_value_tiling_tiles_wide_values_in_the_tree_kernel_only():
 
 def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     """The prefix kernel's programs per request prefix (`prefix_splits`): doubled while the
-    grid stays within 32 programs per SM (16 for MLA's 512-wide values), at most 16."""
+    grid stays within 4 programs per SM, at most 16; 1 once the batch fills the GPU."""
     from sglang_ddtree.core.tree_attention import prefix_splits
 
     # Qwen3-8B heads (32 / 8, 128): bs x 8 KV heads x ceil(W * 4 / 32) row blocks.
-    assert prefix_splits(1, 65, 32, 8, 128, None, 132) == 16  # 72 programs -> 1,152
-    assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 16  # 192 -> 3,072
-    assert prefix_splits(8, 65, 32, 8, 128, None, 132) == 4  # 576 -> 2,304
-    assert prefix_splits(32, 65, 32, 8, 128, None, 132) == 1  # 2,304: 4,608 would pass 4,224
+    assert prefix_splits(1, 65, 32, 8, 128, None, 132) == 4  # 72 programs -> 288
+    assert prefix_splits(1, 17, 32, 8, 128, None, 132) == 16  # 24 -> 384
+    assert prefix_splits(8, 17, 32, 8, 128, None, 132) == 2  # 192 -> 384
+    assert prefix_splits(32, 16, 32, 8, 128, None, 132) == 1  # 512: the grid is full
     # K2.6's latent at TP 8: 16 query rows a program, ceil(W * 8 / 16) row blocks a request.
     assert prefix_splits(1, 33, 8, 1, 512, None, 132) == 16  # 17 programs -> 272 (the cap)
-    assert prefix_splits(8, 65, 8, 1, 512, None, 132) == 8  # 264 -> 2,112
-    assert prefix_splits(32, 33, 8, 1, 512, None, 132) == 2  # 544 -> 1,088
-    assert prefix_splits(8, 65, 8, 1, 512, 128, 132) == 2  # values in 4 tiles: 1,056 -> 2,112
+    assert prefix_splits(8, 17, 8, 1, 512, None, 132) == 4  # 72 -> 288
+    assert prefix_splits(8, 65, 8, 1, 512, None, 132) == 2  # 264 -> 528
+    assert prefix_splits(1, 65, 8, 1, 512, 128, 132) == 4  # values in 4 tiles: 132 -> 528
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
 
 

@@ -104,9 +104,13 @@ if triton is not None:
     ):  # fmt: skip
         b = tl.program_id(0)
         hkv = tl.program_id(1)
-        split = tl.program_id(2) % SPLITS  # this program's share of the prefix
-        m_tile = tl.program_id(2) // SPLITS // DV_TILES
-        dv_tile = tl.program_id(2) // SPLITS % DV_TILES
+        # The share is the slowest index of the grid: every request's first share is dispatched
+        # before any second one, so on a short prefix the empty shares, dispatched last, exit
+        # while the first ones run.
+        tiles: tl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M * DV_TILES
+        split = tl.program_id(2) // tiles  # this program's share of the prefix
+        m_tile = tl.program_id(2) % tiles // DV_TILES
+        dv_tile = tl.program_id(2) % DV_TILES
         rows = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # node * G + head in group
         row_ok = rows < W * G
         token = b * W + rows // G
@@ -251,7 +255,7 @@ VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
 MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 20-36 programs per layer
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
-SHARED_PROGRAMS_PER_SM = 32  # the prefix kernel's grid with shares, per SM, at most
+PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
 
 
@@ -288,19 +292,17 @@ def prefix_splits(
 ) -> int:
     """How many programs share each request's prefix in `tree_attention`'s prefix kernel (a
     power of two, at most ``MAX_PREFIX_SPLITS``): the most that keep the grid within
-    ``SHARED_PROGRAMS_PER_SM`` programs per SM (half that for values wider than 256, MLA's
-    heavier rows). Each program walks its prefix one key tile after another; with one program
-    per prefix a small batch leaves SMs idle, and a grid of a few waves ends in a ragged last
-    one, so long prefixes ran fastest with more shares than the SMs hold at once, at every
-    batch size timed (bench_tree_attention --sweep on an H200). Chosen from shapes only (no
-    host sync; prefix lengths vary between graph replays): a prefix shorter than the shares'
-    ``MIN_SHARE_KEYS`` leaves the last ones empty, and the merge reads only the nonempty."""
+    ``PROGRAMS_PER_SM`` programs per SM. Each program walks its prefix one key tile after
+    another, so with one program per prefix a small batch leaves SMs idle and a long prefix
+    is walked alone. The grid is fixed at capture while prefix lengths vary between graph
+    replays (no host sync), so the shares are launched whatever the length: on a prefix
+    shorter than ``MIN_SHARE_KEYS`` all but the first exit at once, and still cost their
+    dispatch, which bounds the grid."""
     g = hq // hkv
     dv_tiles = 1 if prefix_dv_block is None else -(-dv // prefix_dv_block)
     programs = bs * hkv * -(-w * g // _rows_per_program(w, g, dv)) * dv_tiles
-    per_sm = SHARED_PROGRAMS_PER_SM if dv <= 256 else SHARED_PROGRAMS_PER_SM // 2
     splits = 1
-    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= per_sm * num_sms:
+    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
         splits *= 2
     return splits
 
