@@ -137,7 +137,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False) -> d
 
     sms = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
     dv_real = t["v"].shape[-1]
-    tiling = value_tiling(bs, w, hq, hkv, dv_real, sms)
+    tiling = value_tiling(dv_real)
     auto = dict(prefix_dv_block=tiling[0], tree_dv_block=tiling[1],
                 prefix_splits=prefix_splits(bs, w, hq, hkv, dv_real, tiling[0], sms))  # fmt: skip
     want = tree_attention_reference(

@@ -61,11 +61,10 @@ def test_reference_equals_torch_sdpa():
 def test_value_tiling_tiles_wide_values_in_the_tree_kernel_only():
     from sglang_ddtree.core.tree_attention import value_tiling
 
-    assert value_tiling(8, 33, 32, 8, 128, 132) == (None, None)  # MHA head dim: one tile
+    assert value_tiling(128) == (None, None)  # MHA head dim: one tile
     # K2.6's latent at TP 8 (8 query heads, one KV head, Dv 512): the tree kernel in tiles of
     # 128; the prefix kernel whole (its shares fill a small batch's SMs instead).
-    for bs, w in ((1, 65), (3, 33), (32, 17)):
-        assert value_tiling(bs, w, 8, 1, 512, 132) == (None, 128)
+    assert value_tiling(512) == (None, 128)
 
 
 def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
@@ -223,7 +222,7 @@ def test_tree_attention_on_gpu_bf16_at_w65_with_shares(mla):
     args, scale = random_case(
         **shape, prefix=[2000, 37], seed=6, dtype=torch.bfloat16, device="cuda", mla=mla
     )
-    blocks = value_tiling(2, 65, shape["hq"], shape["hkv"], shape["dv"], 132)
+    blocks = value_tiling(shape["dv"])
     got = tree_attention(
         *args, scale, prefix_dv_block=blocks[0], tree_dv_block=blocks[1], prefix_splits=4
     )

@@ -276,7 +276,7 @@ def kernel_warps(block_r: int, block_w: int, block_dv: int, d_tiles: int) -> tup
     return 4, tree
 
 
-def value_tiling(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> tuple:
+def value_tiling(dv: int) -> tuple:
     """``(prefix_dv_block, tree_dv_block)`` for `tree_attention` (None: all of Dv in one
     program). Values wider than ``VALUE_TILE`` go to the tree kernel in tiles: one program
     would hold a ``[W, Dv]`` accumulator. The prefix kernel keeps its values whole: tiling them
