@@ -144,7 +144,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False) -> d
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()
     row = {"bs": bs, "W": w, "prefix": prefix, "extend_us": graph_us(extend, iters)}
-    row["auto"] = {k: v for k, v in auto.items()}
+    row["auto"] = dict(auto)
     row["split_auto_us"] = graph_us(lambda: split("auto", auto), iters)
     row["extend_max_err"] = (out_ext.float() - want).abs().max().item()
     row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
