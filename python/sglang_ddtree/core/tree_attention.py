@@ -253,7 +253,7 @@ if triton is not None:
 
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
-MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 20-36 programs per layer
+MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 9-33 prefix programs a layer
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
