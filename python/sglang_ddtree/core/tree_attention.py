@@ -372,8 +372,9 @@ def tree_attention(
     block_m = prefix_rows or _rows_per_program(w, g, dv)
     block_w = max(16, triton.next_power_of_2(w))
     block_r = min(block_w, tree_rows or TREE_ROWS)
-    default_warps = kernel_warps(block_r, block_w, tree_block_dv, d_tiles)
-    prefix_warps, tree_warps = (x or y for x, y in zip(warps or (None, None), default_warps))
+    prefix_warps, tree_warps = kernel_warps(block_r, block_w, tree_block_dv, d_tiles)
+    if warps is not None:  # the bench's sweep: either may be None (kernel_warps' choice)
+        prefix_warps, tree_warps = warps[0] or prefix_warps, warps[1] or tree_warps
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,

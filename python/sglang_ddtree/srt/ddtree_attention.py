@@ -111,7 +111,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     k_buffer = pool.get_key_buffer(layer.layer_id)
     shape = (forward_batch.batch_size, w, layer.tp_q_head_num, k_buffer.shape[1], layer.v_head_dim)
     prefix_dv_block, tree_dv_block = value_tiling(layer.v_head_dim)
-    splits = prefix_splits(*shape, prefix_dv_block, _num_sms(q.device))
+    splits = prefix_splits(*shape, prefix_dv_block, _num_sms(q.device))  # from shapes: no sync
     out = tree_attention(
         q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
         k_buffer,
