@@ -86,11 +86,11 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
 
 
 def test_kernel_warps_keep_the_widest_tiles_in_registers():
-    """Warps per program (`kernel_warps`): 4 for the prefix kernel; 8 for a tree kernel whose W
-    nodes' keys and values pass 16,384 elements."""
+    """Warps per program (`kernel_warps`): 4 for the prefix kernel; 8 for a tree kernel over
+    wide (MLA) keys whose W nodes' keys and values pass 16,384 elements."""
     from sglang_ddtree.core.tree_attention import kernel_warps
 
-    assert kernel_warps(16, 128, 128, 2) == (4, 8)  # 8B heads, W = 65
+    assert kernel_warps(16, 128, 128, 2) == (4, 4)  # 8B heads, W = 65
     assert kernel_warps(16, 64, 128, 2) == (4, 4)  # W = 33
     assert kernel_warps(16, 32, 128, 9) == (4, 8)  # K2.6's latent, W = 17, values in 128s
     assert kernel_warps(16, 16, 16, 1) == (4, 4)
