@@ -3,7 +3,7 @@
 ``bench_step.py --torch-profile-skip N --out OUT`` writes ``OUT/profile_<model>_<config>/
 torchprof.<pid>.<k>.txt``, one ``key_averages`` table over 20 decode steps per run. This
 prints, per step, where B spends more device time than A (kernel by kernel, and grouped into
-GEMM / attention / other)::
+GEMM / attention / tree build / other)::
 
     python3 benchmark/ddtree/profile_diff.py OUT/profile_8b_dflash/torchprof.<pid>.1.txt \\
         OUT/profile_8b_ddtree-64/torchprof.<pid>.1.txt
@@ -15,8 +15,14 @@ import argparse
 import re
 
 STEPS = 20  # step_timing.TORCH_PROFILE_STEPS
-SKIP = ("scheduler.", "step[")  # record_function ranges, not kernels
-GROUPS = (("gemm", ("nvjet", "void cublasLt", "aten::mm")), ("attention", ("_fwd_kernel",)))
+# record_function ranges and aten ops: not kernels (an op's self device time is its kernels',
+# which have rows of their own)
+SKIP = ("scheduler.", "step[", "aten::")
+GROUPS = (
+    ("gemm", ("nvjet", "void cublasLt")),
+    ("attention", ("_fwd_kernel", "_prefix_attention_kernel", "_tree_attention_kernel")),
+    ("tree build", ("_ddtree_heap_kernel", "_layout_kernel", "_chunk_topk_kernel")),
+)
 
 
 def _us(cell: str) -> float:
@@ -65,7 +71,8 @@ def main() -> None:
         sums: dict[str, float] = {}
         for n, (t, _) in d.items():
             sums[group(n)] = sums.get(group(n), 0.0) + t / STEPS
-        print(f"{name} us/step: " + ", ".join(f"{g} {v:.0f}" for g, v in sorted(sums.items())))
+        groups = ", ".join(f"{g} {v:.0f}" for g, v in sorted(sums.items()))
+        print(f"{name} us/step: {groups}; all {sum(sums.values()):.0f}")
 
 
 if __name__ == "__main__":
