@@ -85,7 +85,8 @@ def test_read_draft_topk():
 
 
 def test_auto_draft_topk_picks_triton_where_measured_faster():
-    # Measured (RESULTS.md): Triton faster at K <= 32 on V = 151,936, slower at K = 64.
+    # Measured (benchmark/ddtree/NOTEBOOK.md, the draft top-K): Triton faster at K <= 32 on
+    # V = 151,936, slower at K = 64.
     assert draft_topk_backend("auto", 32, 151936) == "triton"
     assert draft_topk_backend("auto", 15, 163840) == "triton"
     assert draft_topk_backend("auto", 64, 151936) == "torch"

@@ -33,13 +33,11 @@ EXAMPLE = "1:65,8:33,32:17"
 def default_schedule(block_size: int) -> BudgetSchedule:
     """The schedule used when neither the env var nor ``--speculative-num-draft-tokens`` is given.
 
-    bs 1..3 -> 2B+1, bs 4..31 -> B+1, bs >= 32 -> B (the chain's own verify width). Measured
-    on the H200 (Qwen3-8B shape, B = 16, ``benchmark/ddtree/RESULTS.md``): a DDTREE step with
-    W = 33 costs 1.26x the DFLASH chain step at bs 1 but 1.84x at bs 8 and 2.7x at bs 32,
-    because the verify compute grows with bs x W; a tree's accept gain (~1.3x) pays for 2B+1
-    only at the smallest batches. At bs >= 32 even W = B+1 over the chain's B costs GEMM tiles:
-    the target's GEMMs over bs x 17 rows took 2.0 ms (bs 32) and 4.1 ms (bs 64) more than over
-    bs x 16 (H200); at bs 8 the difference was 0.17 ms.
+    bs 1..3 -> 2B+1, bs 4..31 -> B+1, bs >= 32 -> B (the chain's own verify width). The verify
+    forward's work grows with bs x W while a tree's accept gain over the chain does not, so
+    2B+1 pays only at the smallest batches; at bs >= 32 even B+1 rows a request cost the
+    target's GEMMs a further tile over the chain's B (cuBLAS picks other tiles for bs x (B+1)
+    rows; measured on an H200 with the Qwen3-8B shape).
     """
     b = int(block_size)
     return BudgetSchedule(thresholds=(1, 4, 32), num_nodes=(2 * b + 1, b + 1, b))
