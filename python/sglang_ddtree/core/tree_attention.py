@@ -270,7 +270,8 @@ def kernel_warps(block_r: int, block_w: int, block_dv: int, d_tiles: int) -> tup
     program holds all ``block_w`` nodes' keys (``d_tiles`` tiles of 64) and values
     (``block_dv`` wide) besides its ``block_r`` rows' tiles: over MLA's wide keys, past 16,384
     elements, it spilled registers at 4 warps (Triton's builds for sm_90), so it takes 8; over
-    128-wide heads 4 warps ran as fast or faster at every shape timed. The prefix kernel takes 4:
+    128-wide heads it takes 4 (no spill; faster on short prefixes, within 2 % on long ones,
+    bench_tree_attention on an H200). The prefix kernel takes 4:
     over MLA's 576-wide keys its 16-row programs spill a little at 4 warps yet ran faster than
     at 8 (bench_tree_attention --sweep on an H200, at every K2.6 shape timed)."""
     tree = 8 if d_tiles > 2 and block_w * (d_tiles * 64 + block_dv) > 16384 else 4
