@@ -26,7 +26,8 @@ writes ``<dir>/cprofile_window.<pid>.<k>.txt`` when it disappears (a benchmark
 driver creates it for the length of one measurement).
 ``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
 activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
-summed device time per decode step), which shows whether a step is GPU-bound or launch-bound.
+summed device time per decode step, and where the device sat idle between kernels:
+``device_gaps``), which shows whether a step is GPU-bound or launch-bound.
 ``SGLANG_DDTREE_SYNC_TRACE=1`` (with the above) records the Python stack of every host-device
 synchronization inside a decode batch: torch's sync debug mode (``.item()``, device-to-host
 copies, ...) and explicit ``Stream`` / ``Event`` / device synchronizes. Unique stacks with their
@@ -127,6 +128,37 @@ def write_cprofile(prof: cProfile.Profile, path: str, head: str, by_own: int, by
         f.write(buf.getvalue())
 
 
+def device_gaps(kernels: list[tuple[str, float, float]], steps: int, top: int = 12) -> str:
+    """Where the device sat idle, from ``(name, start_us, end_us)`` of every device activity
+    (kernels, copies) of ``steps`` decode steps: the idle time between the first start and the
+    last end, per step, and the ``top`` largest idle spans summed per (kernel before -> kernel
+    after) pair. Overlapping activities (several streams) leave no gap."""
+    per = max(steps, 1)
+    if not kernels:
+        return "device idle between kernels per step: no device activity\n"
+    kernels = sorted(kernels, key=lambda k: k[1])
+    busy_until, last = kernels[0][2], kernels[0][0]
+    gaps: Counter = Counter()
+    calls: Counter = Counter()
+    for name, start, end in kernels[1:]:
+        if start > busy_until:
+            pair = (last[:60], name[:60])
+            gaps[pair] += start - busy_until
+            calls[pair] += 1
+        if end >= busy_until:
+            busy_until, last = end, name
+    idle = sum(gaps.values())
+    span = busy_until - kernels[0][1]
+    lines = [
+        f"device idle between kernels per step: {idle / per / 1e3:.3f} ms "
+        f"(first start to last end: {span / per / 1e3:.3f} ms)",
+        "idle us per step, gaps per step: kernel before -> kernel after",
+    ]
+    for pair, us in gaps.most_common(top):
+        lines.append(f"{us / per:9.1f} {calls[pair] / per:5.1f}  {pair[0]} -> {pair[1]}")
+    return "\n".join(lines) + "\n"
+
+
 class _Segments:
     """What the profilers share: the open profiler (or None) and one numbered file per
     closed segment."""
@@ -215,10 +247,18 @@ class HostProfiler(_Segments):
             and not getattr(e, "is_user_annotation", False)
         )
         cpu_us = sum(e.self_cpu_time_total for e in avg)
+        activity = [
+            (e.name, e.time_range.start, e.time_range.end)
+            for e in prof.events()
+            if e.device_type != torch.autograd.DeviceType.CPU
+            and not getattr(e, "is_user_annotation", False)
+        ]
         head = (
             f"decode batches profiled: {steps}\n"
             f"device kernel time per step: {device_us / max(steps, 1) / 1e3:.3f} ms\n"
-            f"host CPU time per step (profiler on): {cpu_us / max(steps, 1) / 1e3:.3f} ms\n\n"
+            f"host CPU time per step (profiler on): {cpu_us / max(steps, 1) / 1e3:.3f} ms\n"
+            + device_gaps(activity, steps)
+            + "\n"
         )
         by_dev = avg.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70)
         by_cpu = avg.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)

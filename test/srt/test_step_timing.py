@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from sglang_ddtree import step_timing
-from sglang_ddtree.step_timing import HostProfiler, StepRecorder, WindowProfiler, read_steps
+from sglang_ddtree.step_timing import (
+    HostProfiler,
+    StepRecorder,
+    WindowProfiler,
+    device_gaps,
+    read_steps,
+)
 
 
 class FakeEvent:
@@ -301,3 +307,21 @@ def test_sync_tracer_records_sync_stacks_and_restores(tmp_path):
     text = (tmp_path / "syncs.txt").read_text()
     assert text.startswith("decode batches traced: 2\nsynchronizations: 4\n")
     assert text.count("=== 2 x ") == 2
+
+
+def test_device_gaps_sum_idle_between_kernels_per_pair():
+    """Two steps of three kernels: 10 us idle after `gemm` in each, 30 us after the first
+    `accept` (between the steps); an activity overlapping others (a second stream) adds none."""
+    acts = []
+    for t0 in (0.0, 100.0):
+        acts += [("gemm", t0, t0 + 40), ("attn", t0 + 50, t0 + 60), ("accept", t0 + 60, t0 + 70)]
+    acts.append(("copy", 55.0, 65.0))  # overlaps attn and accept
+    lines = device_gaps(acts, steps=2).splitlines()
+    # 10 + 10 + 30 = 50 us idle over 2 steps; first start 0, last end 170.
+    assert lines[0] == (
+        "device idle between kernels per step: 0.025 ms (first start to last end: 0.085 ms)"
+    )
+    assert lines[2].split() == ["15.0", "0.5", "accept", "->", "gemm"]
+    assert lines[3].split() == ["10.0", "1.0", "gemm", "->", "attn"]
+    assert len(lines) == 4
+    assert device_gaps([], steps=3).endswith("no device activity\n")
