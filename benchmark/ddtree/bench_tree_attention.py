@@ -15,8 +15,8 @@ rounding.
 latent plus rope (``--heads`` default 8 1 576: K2.6's 64 query heads over 8 ranks) and whose
 values are the keys' first ``--mla-latent`` (512) columns, a view as in SGLang's MLA pool.
 ``split_auto_us`` times what the attention hook launches for the shape on this GPU
-(``core.tree_attention.value_tiling``'s value tiles, ``prefix_splits``' programs per request
-prefix, the kernels' default rows and warps). ``--sweep`` also times the launch with one
+(``core.tree_attention.launch_settings``: value tiles and programs per request prefix; the
+kernels' default rows and warps). ``--sweep`` also times the launch with one
 setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix shares,
 ``rows<n>`` / ``rows<n>w<k>`` the tree kernel's query nodes per program / and its warps,
 ``pw<k>`` the prefix kernel's warps, ``pm32`` its query rows per program, ``pdv256`` its values
@@ -110,10 +110,9 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False) -> d
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import (
-        prefix_splits,
+        launch_settings,
         tree_attention,
         tree_attention_reference,
-        value_tiling,
     )
 
     t = random_verify(bs, w, prefix, hq, hkv, d, seed, dv)
@@ -137,9 +136,7 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False) -> d
 
     sms = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
     dv_real = t["v"].shape[-1]
-    tiling = value_tiling(dv_real)
-    auto = dict(prefix_dv_block=tiling[0], tree_dv_block=tiling[1],
-                prefix_splits=prefix_splits(bs, w, hq, hkv, dv_real, tiling[0], sms))  # fmt: skip
+    auto = launch_settings(bs, w, hq, hkv, dv_real, sms)
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     ).float()

@@ -85,6 +85,20 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
 
 
+def test_launch_settings_are_the_hooks_choice():
+    """`launch_settings` (what the attention hook launches): `value_tiling`'s tiles and
+    `prefix_splits`' shares for the shape."""
+    from sglang_ddtree.core.tree_attention import launch_settings
+
+    assert launch_settings(1, 65, 32, 8, 128, 132) == dict(
+        prefix_dv_block=None, tree_dv_block=None, prefix_splits=4
+    )
+    assert launch_settings(1, 33, 8, 1, 512, 132) == dict(
+        prefix_dv_block=None, tree_dv_block=128, prefix_splits=16
+    )
+    assert launch_settings(32, 16, 32, 8, 128, 132)["prefix_splits"] == 1
+
+
 def test_kernel_warps_keep_the_widest_tiles_in_registers():
     """Warps per program (`kernel_warps`): 4 for the prefix kernel; 8 for a tree kernel over
     wide (MLA) keys whose W nodes' keys and values pass 16,384 elements."""
@@ -211,8 +225,9 @@ def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mla", [False, True])
 def test_tree_attention_on_gpu_bf16_at_w65_with_shares(mla):
-    """W = 65 (budget 64): the tree kernel over 128 key nodes in row tiles at 8 warps, a
-    long prefix in 4 shares merged in the tree kernel, as the hook launches it at bs 1."""
+    """W = 65 (budget 64): the tree kernel over 128 key nodes in row tiles (at `kernel_warps`'
+    warps), a long prefix in 4 shares merged in the tree kernel, as the hook launches it at
+    bs 1."""
     from sglang_ddtree.core.tree_attention import tree_attention, value_tiling
 
     if mla:

@@ -309,6 +309,18 @@ def prefix_splits(
     return splits
 
 
+def launch_settings(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> dict:
+    """`tree_attention`'s launch keywords for a verify of this shape, as the attention hook
+    passes them: the value tiles (`value_tiling`) and the prefix shares (`prefix_splits`).
+    From shapes only, so the same launch replays in a graph whatever the prefix lengths."""
+    prefix_dv_block, tree_dv_block = value_tiling(dv)
+    return dict(
+        prefix_dv_block=prefix_dv_block,
+        tree_dv_block=tree_dv_block,
+        prefix_splits=prefix_splits(bs, w, hq, hkv, dv, prefix_dv_block, num_sms),
+    )
+
+
 def tree_attention(
     q: torch.Tensor,  # [bs * W, Hq, D]
     k_buffer: torch.Tensor,  # [slots, Hkv, D]

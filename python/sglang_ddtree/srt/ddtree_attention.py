@@ -10,7 +10,7 @@ runs in the process) and reads the backend's own metadata: the prefix's ``kv_ind
 with each step's values. MLA targets come through the same call: SGLang's absorbed MLA on
 triton hands the backend queries and keys of the latent plus rope width over one KV head, and
 the pool's value buffer is the key buffer's latent slice, which the kernels read through its
-strides. Values wider than 128 (MLA's latent) are tiled per ``value_tiling``. Anything else
+strides. The launch (value tiles, prefix shares) is ``launch_settings``'. Anything else
 (the drafter's block, prefill, sinks, sliding windows, logit caps, scaled KV, paged KV) returns
 None and stays with the backend.
 """
@@ -97,7 +97,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     q: ``[n = bs * W, Hq * D]``; k, v: ``[n, Hkv, D]`` / ``[n, Hkv, Dv]``, the nodes' KV."""
     if not handles(backend, k, v, layer, forward_batch, kwargs):
         return None
-    from sglang_ddtree.core.tree_attention import prefix_splits, tree_attention, value_tiling
+    from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
@@ -109,9 +109,10 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     n = q.shape[0]
     w = n // forward_batch.batch_size
     k_buffer = pool.get_key_buffer(layer.layer_id)
-    shape = (forward_batch.batch_size, w, layer.tp_q_head_num, k_buffer.shape[1], layer.v_head_dim)
-    prefix_dv_block, tree_dv_block = value_tiling(layer.v_head_dim)
-    splits = prefix_splits(*shape, prefix_dv_block, _num_sms(q.device))  # from shapes: no sync
+    settings = launch_settings(  # from shapes: no host sync
+        forward_batch.batch_size, w, layer.tp_q_head_num, k_buffer.shape[1], layer.v_head_dim,
+        _num_sms(q.device),
+    )
     out = tree_attention(
         q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
         k_buffer,
@@ -124,9 +125,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
         full_mask=md.custom_mask,
         mask_indptr=md.mask_indptr,
         num_nodes=w,
-        prefix_dv_block=prefix_dv_block,
-        tree_dv_block=tree_dv_block,
-        prefix_splits=splits,
+        **settings,
     ).view(n, layer.tp_q_head_num * layer.v_head_dim)
     attn_out = getattr(forward_batch, "_attn_output", None)
     if attn_out is not None:  # a model that hands the backend its output buffer
