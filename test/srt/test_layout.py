@@ -125,9 +125,10 @@ from sglang_ddtree.core.layout_triton import tree_layout_triton
 for seed, (bs, depth, vocab, budget) in enumerate(LAYOUT_CASES):
     tree = random_tree(seed, bs, depth, vocab, budget)
     prefix = torch.randint(0, 50, (bs,))
-    want = tree_to_retrieve_arrays(tree, prefix, backend="torch")
-    for a, b, name in zip(want, tree_layout_triton(tree, prefix), want._fields):
-        assert torch.equal(a, b), name
+    for bound in (None, depth, max(1, depth // 2)):  # the worker passes the drafter's depth
+        want = tree_to_retrieve_arrays(tree, prefix, max_depth=bound, backend="torch")
+        for a, b, name in zip(want, tree_layout_triton(tree, prefix, bound), want._fields):
+            assert torch.equal(a, b), (name, bound)
 print("interpreted triton layout OK")
 """
 
@@ -142,7 +143,8 @@ def test_triton_layout_equals_torch_on_gpu():
         tree = random_tree(seed, bs, depth, vocab, budget)
         tree = type(tree)(*(t.cuda() for t in tree))
         prefix = torch.randint(0, 50, (bs,), device="cuda")
-        want = tree_to_retrieve_arrays(tree, prefix, backend="torch")
-        got = tree_to_retrieve_arrays(tree, prefix, backend="triton")
-        for a, b, name in zip(want, got, want._fields):
-            assert torch.equal(a, b), name
+        for bound in (None, depth, max(1, depth // 2)):
+            want = tree_to_retrieve_arrays(tree, prefix, max_depth=bound, backend="torch")
+            got = tree_to_retrieve_arrays(tree, prefix, max_depth=bound, backend="triton")
+            for a, b, name in zip(want, got, want._fields):
+                assert torch.equal(a, b), (name, bound)

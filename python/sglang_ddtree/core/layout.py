@@ -85,7 +85,7 @@ def tree_to_retrieve_arrays(
             if backend == "triton":
                 raise
         else:
-            return TreeLayout(*tree_layout_triton(tree, prefix_lens))
+            return TreeLayout(*tree_layout_triton(tree, prefix_lens, max_depth))
     elif backend == "triton":
         raise RuntimeError("the triton layout needs CUDA tensors")
     device = parents.device

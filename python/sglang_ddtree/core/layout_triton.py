@@ -1,10 +1,13 @@
 """`tree_to_retrieve_arrays` as one Triton kernel: one program per request, no host sync.
 
 The torch layout takes about 25 small launches (scatter-min, an N x N sibling search, pointer
-jumping over N x N masks). Because parents precede children, one pass over the slots suffices:
-slot i is appended to its parent's child list (first child / next sibling, in slot order) and
-its ancestor set is its parent's set plus itself, kept as 64-bit words in registers. The words
-are then expanded into the bool mask.
+jumping over N x N masks). Here every row is independent, so nothing waits on the row before:
+
+- first child of p: the smallest child slot whose parent is p; next sibling of i: the
+  smallest later child slot with i's parent. Both are min-reductions over an N x N compare,
+  done ``ROWS`` rows at a time.
+- ancestors: every row walks its parent chain at once, ``STEPS`` gathers, collecting the
+  slots it meets as bits of 64-bit words; the words are then expanded into the bool mask.
 """
 
 from __future__ import annotations
@@ -40,43 +43,44 @@ def _layout_kernel(
     N_PAD: tl.constexpr,
     W_PAD: tl.constexpr,
     ROWS: tl.constexpr,
+    STEPS: tl.constexpr,  # slots on the longest parent chain walked, the row's own included
 ):
     b = tl.program_id(0)
     o = tl.arange(0, N_PAD)
     m = o < N
-    par = tl.load(parents_ptr + b * N + o, mask=m, other=-1).to(tl.int32)
-    val = tl.load(valid_ptr + b * N + o, mask=m, other=0) != 0
-    is_child = (val & (par >= 0)).to(tl.int32)
+    par = tl.load(parents_ptr + b * N + o, mask=m, other=-1)
+    child = (tl.load(valid_ptr + b * N + o, mask=m, other=0) != 0) & (par >= 0)
 
-    first = tl.full([N_PAD], -1, tl.int32)
-    last = tl.full([N_PAD], -1, tl.int32)
-    nsib = tl.full([N_PAD], -1, tl.int32)
-    rows = o[:, None]
-    wcol = tl.arange(0, W_PAD)[None, :]
-    anc = tl.where((rows == 0) & (wcol == 0), 1, 0).to(tl.int64)  # the root sees itself
-
-    for i in range(1, N):
-        sel = o == i
-        p = tl.max(tl.where(sel, par, -1), axis=0)
-        ok = tl.max(tl.where(sel, is_child, 0), axis=0) > 0
-        prev = tl.max(tl.where(o == p, last, -1), axis=0)  # p's last child so far
-        first = tl.where(_and(o == p, ok & (prev < 0)), i, first)
-        nsib = tl.where(_and(o == prev, ok & (prev >= 0)), i, nsib)
-        last = tl.where(_and(o == p, ok), i, last)
-        # Ancestors of i = ancestors of its parent, plus i (padding: just i).
-        row_p = tl.sum(tl.where(rows == p, anc, 0), axis=0)  # [W_PAD]
-        shift = tl.zeros([W_PAD], tl.int64) + (i % 64)
-        bit = tl.where(tl.arange(0, W_PAD) == i // 64, tl.full([W_PAD], 1, tl.int64) << shift, 0)
-        anc = tl.where(rows == i, (row_p | bit)[None, :], anc)
+    # First child and next sibling, ROWS rows at a time (N_PAD = none).
+    for r0 in tl.static_range(0, N_PAD, ROWS):
+        r = r0 + tl.arange(0, ROWS)
+        r_ok = r < N
+        par_r = tl.load(parents_ptr + b * N + r, mask=r_ok, other=-1)
+        child_r = (tl.load(valid_ptr + b * N + r, mask=r_ok, other=0) != 0) & (par_r >= 0)
+        kids = (par[None, :] == r[:, None]) & child[None, :]  # [ROWS, N_PAD]
+        first = tl.min(tl.where(kids, o[None, :], N_PAD), axis=1)
+        sibs = (par[None, :] == par_r[:, None]) & child[None, :] & child_r[:, None]
+        sibs = sibs & (o[None, :] > r[:, None])
+        nsib = tl.min(tl.where(sibs, o[None, :], N_PAD), axis=1)
+        tl.store(next_token_ptr + b * N + r, tl.where(first == N_PAD, -1, first).to(tl.int64), mask=r_ok)
+        tl.store(next_sibling_ptr + b * N + r, tl.where(nsib == N_PAD, -1, nsib).to(tl.int64), mask=r_ok)
 
     out = b * N + o
-    tl.store(next_token_ptr + out, first.to(tl.int64), mask=m)
-    tl.store(next_sibling_ptr + out, nsib.to(tl.int64), mask=m)
     depth = tl.load(depths_ptr + out, mask=m, other=0)
     tl.store(positions_ptr + out, tl.load(prefix_ptr + b) + depth, mask=m)
     tl.store(retrieve_index_ptr + out, out.to(tl.int64), mask=m)
 
+    # Ancestor-or-self bitsets: all rows walk their parent chains together.
+    wcol = tl.arange(0, W_PAD)[None, :]
+    anc = tl.zeros([N_PAD, W_PAD], tl.int64)
+    cur = tl.where(m, o, -1).to(tl.int64)
+    for _ in range(STEPS):
+        bit = tl.full([N_PAD], 1, tl.int64) << (tl.maximum(cur, 0) % 64)
+        anc |= tl.where((wcol == (cur // 64)[:, None]) & (cur >= 0)[:, None], bit[:, None], 0)
+        cur = tl.load(parents_ptr + b * N + cur, mask=cur >= 0, other=-1)
+
     # Expand the bitsets into the bool mask, ROWS rows at a time (via scratch memory).
+    rows = o[:, None]
     wbase = words_ptr + b * N * W_PAD
     tl.store(wbase + rows * W_PAD + wcol, anc, mask=rows < N)
     tl.debug_barrier()
@@ -91,9 +95,14 @@ def _layout_kernel(
             tl.store(ptrs, bits.to(tl.int8), mask=(r[:, None] < N) & (col[None, :] < N))
 
 
-def tree_layout_triton(tree: DraftTree, prefix_lens: torch.Tensor):
-    """(retrieve_index, next_token, next_sibling, positions, tree_mask) in one launch."""
+def tree_layout_triton(tree: DraftTree, prefix_lens: torch.Tensor, max_depth: int | None = None):
+    """(retrieve_index, next_token, next_sibling, positions, tree_mask) in one launch.
+
+    ``max_depth`` bounds the tree depth as in `layout.ancestor_mask` (default N - 1): each row
+    collects itself and ``2 ** bit_length(max_depth)`` ancestors, the distance that function's
+    pointer jumping covers, so both give the same mask on any tree."""
     bs, n = tree.parents.shape
+    depth_bound = n - 1 if max_depth is None else int(max_depth)
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     assert tree.parents.is_cuda or interpreted, "the triton layout needs CUDA tensors"
     dev = tree.parents.device
@@ -120,6 +129,7 @@ def tree_layout_triton(tree: DraftTree, prefix_lens: torch.Tensor):
         N_PAD=n_pad,
         W_PAD=w_pad,
         ROWS=min(32, n_pad),
+        STEPS=(1 << max(1, depth_bound.bit_length())) + 1,
         num_warps=4,
     )
     return retrieve_index, next_token, next_sibling, positions, mask

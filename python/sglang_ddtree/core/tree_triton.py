@@ -6,9 +6,12 @@ docstring); this is the GPU fast path. The torch builder takes ``D`` rounds of s
 the candidate log-probs and the output rows in registers and pops ``budget`` times, so a
 whole tree costs one launch.
 
-Per pop: the live frontier entry with the largest packed key (score desc, then depth, parent
-slot and rank asc) becomes the next slot; its entry is replaced by its next sibling and its
-first child takes a free entry. At most ``budget + 1`` entries are ever live.
+Frontier entry ``j`` is the next untaken child of output slot ``j`` (entry 0: the root's), so
+a pop needs no free-entry search and the popped entry's parent is its index. Per pop: one
+max-reduction over the packed keys (score desc, then depth, parent slot and rank asc) yields
+the entry, decoded from the key, together with its parent's score; the entry is replaced by
+its next sibling and the new slot's entry takes its first child. At most ``budget + 1``
+entries are ever live.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ _DEAD = tl.constexpr(-9223372036854775807)
 
 
 @triton.jit
-def _pick(mask, values, empty):
-    """The value at the single True position of `mask` (reduction; `empty` if none)."""
-    return tl.max(tl.where(mask, values, empty), axis=0)
-
-
-@triton.jit
 def _and(mask, cond):
     """``mask & cond`` for a scalar ``cond``, broadcast explicitly (also runs in the
     interpreter, which cannot `&` a tensor with a scalar bool)."""
     return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
+
+
+@triton.jit
+def _larger_key(key_a, value_a, key_b, value_b):
+    """Combine of a max-reduction that carries one value along with the key."""
+    take_a = key_a > key_b
+    return tl.where(take_a, key_a, key_b), tl.where(take_a, value_a, value_b)
 
 
 @triton.jit
@@ -51,29 +55,21 @@ def _ddtree_heap_kernel(
     D: tl.constexpr,
     K: tl.constexpr,
     BUDGET: tl.constexpr,
-    DK_PAD: tl.constexpr,  # power of two >= D * K
-    FRONT: tl.constexpr,  # power of two >= BUDGET + 2
-    N_PAD: tl.constexpr,  # power of two >= BUDGET + 1
+    N_PAD: tl.constexpr,  # power of two >= BUDGET + 1: output slots, one frontier entry each
 ):
     b = tl.program_id(0)
     N: tl.constexpr = BUDGET + 1
     neg_inf = float("-inf")
-
-    # Candidate log-probs of this request, flattened (depth-1) * K + rank, in registers.
-    c = tl.arange(0, DK_PAD)
-    cand = tl.load(lp_ptr + b * D * K + c, mask=c < D * K, other=neg_inf)
-
-    f = tl.arange(0, FRONT)
-    f_score = tl.full([FRONT], neg_inf, tl.float32)
-    f_depth = tl.zeros([FRONT], tl.int32)
-    f_parent = tl.zeros([FRONT], tl.int32)
-    f_rank = tl.zeros([FRONT], tl.int32)
-    seed = _pick(c == 0, cand, neg_inf)  # depth 1, rank 0, parent = root
-    f_score = tl.where(f == 0, seed, f_score)
-    f_depth = tl.where(f == 0, 1, f_depth)
-    f_live = _and(f == 0, seed > neg_inf)
+    lp = lp_ptr + b * D * K  # candidate (depth d, rank r) at lp[(d - 1) * K + r]
 
     o = tl.arange(0, N_PAD)
+    # Frontier, entry j = the next untaken child of slot j (its depth, rank and score).
+    seed = tl.load(lp) + 0.0  # depth 1, rank 0; + 0.0 turns -0.0 into the key's 0.0
+    f_score = tl.where(o == 0, seed, tl.full([N_PAD], neg_inf, tl.float32))
+    f_depth = tl.full([N_PAD], 1, tl.int32)
+    f_rank = tl.zeros([N_PAD], tl.int32)
+    f_live = _and(o == 0, seed > neg_inf)
+    # Output slots.
     o_parent = tl.full([N_PAD], -1, tl.int32)
     o_depth = tl.zeros([N_PAD], tl.int32)
     o_rank = tl.zeros([N_PAD], tl.int32)
@@ -84,16 +80,18 @@ def _ddtree_heap_kernel(
         # Pack (score desc, depth asc, parent asc, rank asc) into one int64; larger = better.
         bits = (f_score + 0.0).to(tl.int32, bitcast=True)
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-        sec = (f_depth.to(tl.int64) << 26) | (f_parent.to(tl.int64) << 13) | f_rank.to(tl.int64)
+        sec = (f_depth.to(tl.int64) << 26) | (o.to(tl.int64) << 13) | f_rank.to(tl.int64)
         key = (ordered << 32) | (0x7FFFFFFF - sec)  # sec < 2**31: depth 5, parent 13, rank 13 bits
         key = tl.where(f_live, key, _DEAD)
-        best = tl.argmax(key, axis=0)
-        live = tl.max(key, axis=0) > _DEAD
-        sel = f == best
-        score = _pick(sel, f_score, neg_inf)
-        depth = _pick(sel, f_depth, 0)
-        parent = _pick(sel, f_parent, 0)
-        rank = _pick(sel, f_rank, 0)
+        best, parent_score = tl.reduce((key, o_logw), 0, _larger_key)
+        live = best > _DEAD
+        # Decode the popped entry from its key.
+        hi = (best >> 32).to(tl.int32)
+        score = tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi).to(tl.float32, bitcast=True)
+        sec_best = 0x7FFFFFFF - (best & 0xFFFFFFFF)
+        depth = (sec_best >> 26).to(tl.int32)
+        parent = ((sec_best >> 13) & 0x1FFF).to(tl.int32)
+        rank = (sec_best & 0x1FFF).to(tl.int32)
 
         slot = i + 1
         put = _and(o == slot, live)
@@ -104,25 +102,23 @@ def _ddtree_heap_kernel(
         o_valid = o_valid | put
 
         # Next sibling (same parent and depth, rank + 1) replaces the popped entry.
-        parent_score = _pick(o == parent, o_logw, neg_inf)
-        sib_lp = _pick(c == (depth - 1) * K + rank + 1, cand, neg_inf)
+        has_sib = live & (rank + 1 < K)
+        sib_lp = tl.load(lp + (depth - 1) * K + rank + 1, mask=has_sib, other=neg_inf)
         sib_score = parent_score + sib_lp
-        sib_ok = live & (rank + 1 < K) & (sib_score > neg_inf)
+        sib_ok = has_sib & (sib_score > neg_inf)
+        sel = _and(o == parent, live)
         f_score = tl.where(sel, sib_score, f_score)
         f_rank = tl.where(sel, rank + 1, f_rank)
         f_live = tl.where(_and(sel, sib_ok), True, tl.where(sel, False, f_live))
 
-        # First child (depth + 1, rank 0) takes the first free entry.
-        child_lp = _pick(c == depth * K, cand, neg_inf)
+        # First child (depth + 1, rank 0): the new slot's own entry.
+        has_child = live & (depth < D)
+        child_lp = tl.load(lp + depth * K, mask=has_child, other=neg_inf)
         child_score = score + child_lp
-        child_ok = live & (depth < D) & (child_score > neg_inf)
-        free = tl.min(tl.where(f_live, FRONT, f), axis=0)
-        put_c = _and(f == free, child_ok)
-        f_score = tl.where(put_c, child_score, f_score)
-        f_depth = tl.where(put_c, depth + 1, f_depth)
-        f_parent = tl.where(put_c, slot, f_parent)
-        f_rank = tl.where(put_c, 0, f_rank)
-        f_live = f_live | put_c
+        child_ok = has_child & (child_score > neg_inf)
+        f_score = tl.where(put, child_score, f_score)
+        f_depth = tl.where(put, depth + 1, f_depth)
+        f_live = f_live | _and(put, child_ok)
 
     # Tokens: one gather for all slots once their (depth, rank) are known.
     body = o_valid & (o > 0)
@@ -169,9 +165,7 @@ def build_tree_triton(
         D=depth,
         K=k,
         BUDGET=budget,
-        DK_PAD=triton.next_power_of_2(depth * k),
-        FRONT=triton.next_power_of_2(budget + 2),
         N_PAD=triton.next_power_of_2(n),
-        num_warps=1 if depth * k <= 1024 else 4,
+        num_warps=1 if n <= 1024 else 4,
     )
     return DraftTree(parents, depths, tokens, logw, valid)
