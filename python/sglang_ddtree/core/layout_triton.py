@@ -59,11 +59,13 @@ def _layout_kernel(
         child_r = (tl.load(valid_ptr + b * N + r, mask=r_ok, other=0) != 0) & (par_r >= 0)
         kids = (par[None, :] == r[:, None]) & child[None, :]  # [ROWS, N_PAD]
         first = tl.min(tl.where(kids, o[None, :], N_PAD), axis=1)
+        first = tl.where(first == N_PAD, -1, first).to(tl.int64)
         sibs = (par[None, :] == par_r[:, None]) & child[None, :] & child_r[:, None]
         sibs = sibs & (o[None, :] > r[:, None])
         nsib = tl.min(tl.where(sibs, o[None, :], N_PAD), axis=1)
-        tl.store(next_token_ptr + b * N + r, tl.where(first == N_PAD, -1, first).to(tl.int64), mask=r_ok)
-        tl.store(next_sibling_ptr + b * N + r, tl.where(nsib == N_PAD, -1, nsib).to(tl.int64), mask=r_ok)
+        nsib = tl.where(nsib == N_PAD, -1, nsib).to(tl.int64)
+        tl.store(next_token_ptr + b * N + r, first, mask=r_ok)
+        tl.store(next_sibling_ptr + b * N + r, nsib, mask=r_ok)
 
     out = b * N + o
     depth = tl.load(depths_ptr + out, mask=m, other=0)
