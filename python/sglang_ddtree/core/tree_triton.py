@@ -2,9 +2,9 @@
 
 Same contract, order and tie-breaking as `tree.build_tree_from_candidates` (see its module
 docstring); this is the GPU fast path. The torch builder takes ``D`` rounds of sorts over
-``budget x K`` candidates (about 15 small kernels per round); this kernel keeps the frontier,
-the candidate log-probs and the output rows in registers and pops ``budget`` times, so a
-whole tree costs one launch.
+``budget x K`` candidates (about 15 small kernels per round); this kernel keeps the frontier
+and the output rows in registers, reads two candidate log-probs a pop and pops ``budget``
+times, so a whole tree costs one launch.
 
 Frontier entry ``j`` is the next untaken child of output slot ``j`` (entry 0: the root's), so
 a pop needs no free-entry search and the popped entry's parent is its index. Per pop: one
