@@ -68,7 +68,7 @@ def test_check_names_the_bucket_and_the_fix():
     errors = s.check(block_size=8)
     assert len(errors) == 1
     assert "W=5 for bs >= 32" in errors[0] and "below the drafter block size 8" in errors[0]
-    assert "1:17,4:9,32:8" in errors[0]  # the default for B=8, valid
+    assert "1:16,4:8" in errors[0]  # the default for B=8, valid
     first = BudgetSchedule.parse("1:7,4:9").check(8)[0]
     assert first.startswith(f"{SCHEDULE_ENV}: W=7 for bs 1..3")
 
@@ -76,9 +76,11 @@ def test_check_names_the_bucket_and_the_fix():
 def test_default_schedule():
     for b in (2, 8, 16):
         s = default_schedule(b)
-        assert str(s) == f"1:{2 * b + 1},4:{b + 1},32:{b}"
+        assert str(s) == f"1:{2 * b},4:{b}"
         assert s.check(b) == []
-        assert s.max_num_nodes == 2 * b + 1
+        assert s.max_num_nodes == 2 * b
+        # W = B at bs >= 4: no request verifies fewer nodes than the chain's block.
+        assert s.num_nodes_for(4) == s.num_nodes_for(512) == b
 
 
 def test_buckets_example():

@@ -373,9 +373,9 @@ def test_server_args_resolution(tmp_path, monkeypatch):
     except RuntimeError as e:  # machines without an accelerator stop before our hook
         pytest.skip(str(e))
     # Neither flag nor env: the default adaptive schedule; SGLang sizes for its largest W.
-    default = budget.default_schedule(8)  # "1:17,4:9,32:8" for the tiny block-8 drafter
-    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (17, 8)
-    assert sa._ddtree_budget_schedule == str(default) == "1:17,4:9,32:8"
+    default = budget.default_schedule(8)  # "1:16,4:8" for the tiny block-8 drafter
+    assert (sa.speculative_num_draft_tokens, sa.speculative_dflash_block_size) == (16, 8)
+    assert sa._ddtree_budget_schedule == str(default) == "1:16,4:8"
     fixed = ServerArgs(attention_backend="triton", speculative_num_draft_tokens=17, **kw)
     assert fixed.speculative_num_draft_tokens == 17 and fixed._ddtree_budget_schedule == "1:17"
     monkeypatch.setenv("SGLANG_DDTREE_BUDGET_SCHEDULE", "1:33,4:17")

@@ -33,14 +33,15 @@ EXAMPLE = "1:65,8:33,32:17"
 def default_schedule(block_size: int) -> BudgetSchedule:
     """The schedule used when neither the env var nor ``--speculative-num-draft-tokens`` is given.
 
-    bs 1..3 -> 2B+1, bs 4..31 -> B+1, bs >= 32 -> B (the chain's own verify width). The verify
-    forward's work grows with bs x W while a tree's accept gain over the chain does not, so
-    2B+1 pays only at the smallest batches; at bs >= 32 even B+1 rows a request cost the
-    target's GEMMs a further tile over the chain's B (cuBLAS picks other tiles for bs x (B+1)
-    rows; measured on an H200 with the Qwen3-8B shape).
+    bs 1..3 -> 2B, bs >= 4 -> B (the chain's own verify width, its B - 1 draft nodes arranged as
+    a tree). The verify forward's work grows with bs x W while a tree's accept gain over the
+    chain does not, so a wider tree pays only at the smallest batches. W stays a multiple of
+    the block rather than one over it: cuBLAS opens a further row tile for bs x (W + 1) rows,
+    which costs more step time than the last node of a best-first tree adds in accept length
+    (measured on an H200 with the Qwen3-8B shape and the trained pair).
     """
     b = int(block_size)
-    return BudgetSchedule(thresholds=(1, 4, 32), num_nodes=(2 * b + 1, b + 1, b))
+    return BudgetSchedule(thresholds=(1, 4), num_nodes=(2 * b, b))
 
 
 @dataclass(frozen=True)
