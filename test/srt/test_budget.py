@@ -81,6 +81,7 @@ def test_default_schedule():
         assert s.max_num_nodes == 2 * b
         # W = B at bs >= 4: no request verifies fewer nodes than the chain's block.
         assert s.num_nodes_for(4) == s.num_nodes_for(512) == b
+        assert all(w % b == 0 for w in s.num_nodes)  # multiples of the block, never one over
 
 
 def test_buckets_example():
