@@ -6,7 +6,7 @@ whole path can be tried without any checkpoint. With ``--pair`` it serves the sh
 pair instead. Every other argument goes to ``sglang.launch_server`` unchanged, e.g.::
 
     python -m sglang_ddtree.serve --model-path /models/target \\
-        --draft-model-path /models/dflash-drafter --speculative-num-draft-tokens 33 --port 30000
+        --draft-model-path /models/dflash-drafter --speculative-num-draft-tokens 32 --port 30000
 
 On a machine without CUDA or without SGLang there is nothing to serve: it says so, and runs the
 CPU demo (``python -m sglang_ddtree.demo``) instead, unless ``--no-demo`` is given or a server

@@ -153,4 +153,4 @@ def test_fixed_w_below_block_keeps_the_flag_message():
     # A fixed W is checked by args.check_shape (the existing rule and message).
     s = resolve_schedule({}, 4, 8)
     shape = dargs.DDTreeShape(num_nodes=s.max_num_nodes, block_size=8, topk=8)
-    assert "--speculative-num-draft-tokens 17" in dargs.check_shape(shape)[0]
+    assert "--speculative-num-draft-tokens 16" in dargs.check_shape(shape)[0]

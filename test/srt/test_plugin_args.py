@@ -84,8 +84,8 @@ def test_shape_and_topk(monkeypatch):
     assert s.candidates_per_depth(vocab_size=4) == 4
     assert dargs.check_shape(s) == []
     bad = dargs.check_shape(dargs.DDTreeShape(num_nodes=4, block_size=8, topk=8))
-    assert bad and "--speculative-num-draft-tokens 17" in bad[0]
-    assert dargs.default_num_nodes(16) == 33
+    assert bad and "--speculative-num-draft-tokens 16" in bad[0]
+    assert dargs.default_num_nodes(16) == 32 == budget.default_schedule(16).max_num_nodes
     assert dargs.read_topk({}) == dargs.DEFAULT_TOPK
     assert dargs.read_topk({dargs.TOPK_ENV: "3"}) == 3
     for bad_val in ("0", "x", "-2"):
@@ -387,7 +387,7 @@ def test_server_args_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv("SGLANG_DDTREE_BUDGET_SCHEDULE")
     with pytest.raises(ValueError, match="--attention-backend triton"):
         ServerArgs(attention_backend="fa3", **kw)
-    with pytest.raises(ValueError, match="--speculative-num-draft-tokens 17"):
+    with pytest.raises(ValueError, match="--speculative-num-draft-tokens 16"):
         ServerArgs(attention_backend="triton", speculative_num_draft_tokens=4, **kw)
     monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "yes")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION must be 0"):

@@ -93,7 +93,8 @@ def req_to_token_headroom(max_num_nodes: int, block_size: int) -> int:
 
 
 def default_num_nodes(block_size: int) -> int:
-    return 2 * int(block_size) + 1
+    """The fixed W a refusal suggests: the default schedule's widest (``1:2B,4:B``)."""
+    return 2 * int(block_size)
 
 
 # Server flags: ServerArgs fields in SGLang's tree; added to SGLang's parser by the plugin.
