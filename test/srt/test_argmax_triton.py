@@ -5,8 +5,9 @@ compared with torch's CPU argmax, whose rule (first index of the max, the first 
 everything) is checked first on a hand case: several chunks with a partial last chunk and a
 partial last block, one chunk larger than the vocabulary, V = 1, float32 / bf16 / fp16, exact
 ties (also across chunks and across lanes), NaN / -inf / +inf / signed-zero rows, strided row
-views. GPU (``gpu`` marker): the Qwen3-8B vocabulary at 1-1024 rows against torch's CUDA
-argmax, and a CUDA-graph replay on new logits.
+views; `step.target_argmax` is torch's argmax on CPU tensors. GPU (``gpu`` marker): the
+Qwen3-8B vocabulary at 1-1024 rows against torch's CUDA argmax, a CUDA-graph replay on new
+logits, and `step.target_argmax` on CUDA logits.
 """
 
 from __future__ import annotations
@@ -188,3 +189,22 @@ def test_triton_argmax_in_cuda_graph():
         static[seed, [7, 151000]] = NAN if seed == 2 else 1e4
         graph.replay()
         assert torch.equal(out, torch.argmax(static, dim=-1)), seed
+
+
+def test_step_target_argmax_is_torch_argmax_on_cpu():
+    """accept_and_commit's argmax: torch's on CPU tensors (the CPU suite never needs triton)."""
+    from sglang_ddtree.core.step import target_argmax
+
+    x = special_rows(1000)
+    for dtype in DTYPES:
+        assert torch.equal(target_argmax(x.to(dtype)), torch.argmax(x.to(dtype), dim=-1))
+
+
+@pytest.mark.gpu
+def test_step_target_argmax_on_gpu():
+    from sglang_ddtree.core.step import target_argmax
+
+    x = torch.randn(65, 151936, device="cuda")
+    x[3, [5, 90000]] = NAN
+    for view in (x, x.bfloat16(), x.t().contiguous().t()[:, :1000]):
+        assert torch.equal(target_argmax(view), torch.argmax(view, dim=-1))

@@ -20,6 +20,7 @@ about `TARGET_PROGRAMS` programs: several waves over the SMs at 16-128 rows, a h
 chunks per row (small partials) at 1024 rows (the target, the block size and the warps are
 reasoned starting points, not tuned). Both launches have shapes fixed by (R, V) and read
 nothing on the host, so the function can be captured in a CUDA graph.
+`step.target_argmax` (the greedy walk's argmax) takes it for CUDA logits, torch's elsewhere.
 
 Comparisons run in float32 (bf16 and fp16 convert exactly, order and NaN preserved); NaN is
 detected on the bits (exponent all ones, mantissa non-zero), independent of compiler

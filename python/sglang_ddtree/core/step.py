@@ -161,6 +161,20 @@ def candidates_to_tree(
     )
 
 
+def target_argmax(logits: torch.Tensor) -> torch.Tensor:  # [rows, V] float -> [rows] int64
+    """``torch.argmax(logits, dim=-1)``; on CUDA (float32 / bf16 / fp16, last dim contiguous)
+    the bit-identical split-row Triton kernel, `sglang_ddtree.core.argmax_triton`."""
+    if logits.is_cuda and logits.dim() == 2 and logits.stride(-1) == 1:
+        if logits.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            try:
+                from sglang_ddtree.core.argmax_triton import argmax_rows
+            except ImportError:  # no triton: torch's argmax
+                pass
+            else:
+                return argmax_rows(logits)
+    return torch.argmax(logits, dim=-1)
+
+
 def accept_and_commit(
     logits: torch.Tensor,  # [bs * W, V] float, target logits at every node (penalties applied)
     tokens: torch.Tensor,  # [bs, W] int64
@@ -181,7 +195,7 @@ def accept_and_commit(
     """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
     bs, w = tokens.shape
     assert logits.shape[0] == bs * w, (logits.shape, bs, w)
-    target_predict = torch.argmax(logits, dim=-1).view(bs, w)
+    target_predict = target_argmax(logits).view(bs, w)
     result = accept_greedy(layout, tokens, target_predict, accept_width)
     if temperatures is not None:
         assert top_ks is not None and top_ps is not None
