@@ -47,6 +47,7 @@ MODULE_MAP = {
     # The pure algorithm: a subpackage, one file per module.
     "sglang_ddtree.core": f"{SPEC}/ddtree/__init__.py",
     "sglang_ddtree.core.accept": f"{SPEC}/ddtree/accept.py",
+    "sglang_ddtree.core.argmax_triton": f"{SPEC}/ddtree/argmax_triton.py",
     "sglang_ddtree.core.batch_accept": f"{SPEC}/ddtree/batch_accept.py",
     "sglang_ddtree.core.commit": f"{SPEC}/ddtree/commit.py",
     "sglang_ddtree.core.kv_move_triton": f"{SPEC}/ddtree/kv_move_triton.py",
