@@ -202,9 +202,12 @@ def test_step_target_argmax_is_torch_argmax_on_cpu():
 
 @pytest.mark.gpu
 def test_step_target_argmax_on_gpu():
-    from sglang_ddtree.core.step import target_argmax
+    from sglang_ddtree.core.step import SPLIT_ARGMAX_MAX_ROWS, target_argmax
 
     x = torch.randn(65, 151936, device="cuda")
     x[3, [5, 90000]] = NAN
     for view in (x, x.bfloat16(), x.t().contiguous().t()[:, :1000]):
         assert torch.equal(target_argmax(view), torch.argmax(view, dim=-1))
+    # Past SPLIT_ARGMAX_MAX_ROWS rows: torch's argmax, the same answer.
+    y = torch.randn(SPLIT_ARGMAX_MAX_ROWS + 1, 4096, device="cuda")
+    assert torch.equal(target_argmax(y), torch.argmax(y, dim=-1))

@@ -20,7 +20,9 @@ about `TARGET_PROGRAMS` programs: several waves over the SMs at 16-128 rows, a h
 chunks per row (small partials) at 1024 rows (the target, the block size and the warps are
 reasoned starting points, not tuned). Both launches have shapes fixed by (R, V) and read
 nothing on the host, so the function can be captured in a CUDA graph.
-`step.target_argmax` (the greedy walk's argmax) takes it for CUDA logits, torch's elsewhere.
+`step.target_argmax` (the greedy walk's argmax) takes it for CUDA logits of up to
+`step.SPLIT_ARGMAX_MAX_ROWS` rows, torch's elsewhere (with hundreds of rows torch's own
+reduction already runs at the memory bandwidth).
 
 Comparisons run in float32 (bf16 and fp16 convert exactly, order and NaN preserved); NaN is
 detected on the bits (exponent all ones, mantissa non-zero), independent of compiler

@@ -161,10 +161,18 @@ def candidates_to_tree(
     )
 
 
+# Up to this many rows (bs x W) the target argmax takes the split-row kernel: with few rows
+# torch.argmax leaves most SMs idle; with hundreds it streams the logits at full bandwidth
+# itself and the split kernel measured slower (H200, benchmark/ddtree/RESULTS.md).
+SPLIT_ARGMAX_MAX_ROWS = 128
+
+
 def target_argmax(logits: torch.Tensor) -> torch.Tensor:  # [rows, V] float -> [rows] int64
-    """``torch.argmax(logits, dim=-1)``; on CUDA (float32 / bf16 / fp16, last dim contiguous)
-    the bit-identical split-row Triton kernel, `sglang_ddtree.core.argmax_triton`."""
-    if logits.is_cuda and logits.dim() == 2 and logits.stride(-1) == 1:
+    """``torch.argmax(logits, dim=-1)``; on CUDA (float32 / bf16 / fp16, last dim contiguous,
+    at most `SPLIT_ARGMAX_MAX_ROWS` rows) the bit-identical split-row Triton kernel,
+    `sglang_ddtree.core.argmax_triton`. Which one runs follows from the shape alone."""
+    small = logits.dim() == 2 and logits.shape[0] <= SPLIT_ARGMAX_MAX_ROWS
+    if logits.is_cuda and small and logits.stride(-1) == 1:
         if logits.dtype in (torch.float32, torch.bfloat16, torch.float16):
             try:
                 from sglang_ddtree.core.argmax_triton import argmax_rows
