@@ -22,12 +22,6 @@ from sglang_ddtree.core.tree import DraftTree
 
 
 @triton.jit
-def _and(mask, cond):
-    """``mask & cond`` for a scalar ``cond`` (explicit broadcast; interpreter-safe)."""
-    return mask & ((mask.to(tl.int32) * 0 + cond.to(tl.int32)) != 0)
-
-
-@triton.jit
 def _layout_kernel(
     parents_ptr,  # [bs, N] int64
     valid_ptr,  # [bs, N] int8
