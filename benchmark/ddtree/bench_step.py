@@ -25,7 +25,7 @@ Models (``--model``):
 
 - ``kimi``: Kimi K2.6's layer shapes (DeepSeek-V3: MLA with kv_lora_rank 512 / qk 128+64 / v 128,
   64 heads, hidden 7168, 384 routed experts top-8 of size 2048 + 1 shared, vocab 163,840, YaRN),
-  ``--kimi-layers`` layers (the first dense), routed experts in bf16 (not K2.6's INT4), with a
+  ``--kimi-layers`` layers (the first dense), routed experts in bf16 (INT4 with ``--tp-rank-of``), with a
   drafter of the K2.6 DFlash drafter's shape (6 Qwen3 layers, 64 / 8 heads, block 8); random
   weights; ``--tp`` GPUs. Configurations ``dflash`` (the block-8 chain) and ``ddtree-N``.
 
@@ -60,13 +60,23 @@ steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (hos
 the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair) and ``T1`` (no
 top-p, which isolates the top-p renorm's cost).
 
-H200 (through the ``run`` tool, ``carry: [".gpu"]``, after the README's bundle setup)::
+One-rank K2.6 (``--tp-rank-of 8``): a tp-1 engine of exactly one TP-8 rank's shapes (8 MLA query
+heads, all 384 routed experts at a 2048 / 8 = 256 intermediate in INT4, dense and shared MLPs / 8,
+vocabulary 163,840 / 8, the drafter's 64 / 8 heads / 8), 61 layers, which does one rank's work
+per decode step less the all-reduces. A configuration may name the target's attention backend
+(``dflash@flashmla``, ``ddtree-16@triton``; else ``--attention-backend``); flashmla runs at page
+size 64. ``--prompt-lens`` runs the step phase at each prompt length; ``--max-kv-tokens`` skips
+the cells whose KV does not fit.
 
-    python3 benchmark/ddtree/bench_step.py --model pair --phases accept,step --out $OUT
+On an H200 (after the README's bundle setup), writing into ``bench_out/``::
+
+    python3 benchmark/ddtree/bench_step.py --model pair --phases accept,step --out bench_out
     python3 benchmark/ddtree/bench_step.py --model 8b --configs none,dflash,ddtree-32,ddtree-64 \\
-        --out $OUT
-    python3 benchmark/ddtree/bench_step.py --model kimi --tp 2 --batch-sizes 1 4 16 64 --out $OUT
-    python3 benchmark/ddtree/bench_step.py --model kimi --tp 2 --phases experts --out $OUT
+        --out bench_out
+    python3 benchmark/ddtree/bench_step.py --model kimi --tp-rank-of 8 --prompt-lens 256 16384 \\
+        --batch-sizes 1 4 16 --configs none@flashmla,dflash@flashmla,ddtree@flashmla \\
+        --out bench_out
+    python3 benchmark/ddtree/bench_step.py --model kimi --tp 2 --phases experts --out bench_out
 """
 
 from __future__ import annotations
@@ -223,6 +233,68 @@ def kimi_configs(layers: int) -> tuple[dict, dict]:
     return target, drafter
 
 
+# K2.6's routed experts as it ships them: compressed-tensors W4A16 (INT4, group 32, symmetric),
+# attention, the dense and shared MLPs and the LM head in bf16. SGLang's dummy loader fills the
+# packed weights and runs its Marlin MoE kernel on them.
+KIMI_INT4_EXPERTS = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "input_activations": None,
+            "output_activations": None,
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "group",
+                "group_size": 32,
+                "dynamic": False,
+                "actorder": None,
+                "block_structure": None,
+                "observer": "minmax",
+                "observer_kwargs": {},
+            },
+        }
+    },
+    "ignore": [
+        "lm_head",
+        "re:.*self_attn.*",
+        "re:.*shared_experts.*",
+        "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+    ],
+    "kv_cache_scheme": None,
+}
+
+
+def kimi_rank_configs(layers: int, tp: int) -> tuple[dict, dict]:
+    """One TP-``tp`` rank of K2.6 and its drafter as a tp-1 model: the rank's query heads,
+    expert, dense and shared MLP intermediates, vocabulary and drafter heads (each / ``tp``),
+    all 384 routed experts in INT4 (`KIMI_INT4_EXPERTS`), ``layers`` layers. Such an engine
+    does one rank's work per decode step, less the all-reduces."""
+    target, drafter = kimi_configs(layers)
+    vocab = target["vocab_size"] // tp
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        target[key] //= tp
+    target.update(
+        moe_intermediate_size=target["moe_intermediate_size"] // tp,
+        vocab_size=vocab,
+        bos_token_id=vocab - 4,
+        eos_token_id=vocab - 3,
+        quantization_config=KIMI_INT4_EXPERTS,
+    )
+    drafter.update(
+        vocab_size=vocab,
+        num_attention_heads=drafter["num_attention_heads"] // tp,
+        num_key_value_heads=max(1, drafter["num_key_value_heads"] // tp),
+        intermediate_size=drafter["intermediate_size"] // tp,
+        dflash_config={**drafter["dflash_config"], "mask_token_id": vocab - 2},
+    )
+    return target, drafter
+
+
 def _write_configs(pairs) -> None:
     for path, cfg in pairs:
         os.makedirs(path, exist_ok=True)
@@ -231,10 +303,17 @@ def _write_configs(pairs) -> None:
 
 
 def model_spec(
-    name: str, workdir: str, prompt_len: int | None = None, kimi_layers: int = KIMI_TP2_LAYERS
+    name: str,
+    workdir: str,
+    prompt_len: int | None = None,
+    kimi_layers: int = KIMI_TP2_LAYERS,
+    rank_of: int | None = None,
+    prompt_lens: tuple[int, ...] = (256,),
 ) -> dict:
     """Paths and engine settings of one model family. ``prompt_len`` (8B shape only): every
-    prompt has that many tokens instead of 64-128."""
+    prompt has that many tokens instead of 64-128. ``rank_of`` (kimi only): one TP-N rank's
+    shapes (`kimi_rank_configs`); ``prompt_lens`` (kimi): the prompt lengths of the step
+    phase (``spec["prompts_by_len"]``)."""
     if name == "pair":
         from sglang_ddtree.pair import ASSETS_DIR, heldout_prompts
 
@@ -268,18 +347,24 @@ def model_spec(
         }
     if name == "kimi":
         target, drafter = os.path.join(workdir, "kimi-k2.6"), os.path.join(workdir, "dflash-kimi")
-        _write_configs(zip((target, drafter), kimi_configs(kimi_layers)))
+        configs = kimi_rank_configs(kimi_layers, rank_of) if rank_of else kimi_configs(kimi_layers)
+        _write_configs(zip((target, drafter), configs))
+        vocab = configs[0]["vocab_size"]
         rng = random.Random(0)
         # >= 256 tokens: no prefill forward has as few tokens as a verify (bs x W <= 64 x 65).
-        prompts = [[rng.randrange(1000, 160000) for _ in range(256)] for _ in range(64)]
+        by_len = {
+            n: [[rng.randrange(1000, vocab - 8) for _ in range(n)] for _ in range(64)]
+            for n in prompt_lens
+        }
         return {
             "target": target,
             "drafter": drafter,
             "block": 8,
-            "prompts": prompts,
+            "prompts": by_len[prompt_lens[0]],
+            "prompts_by_len": by_len,
             "engine": {
                 "mem_fraction_static": 0.85,
-                "context_length": 4096,
+                "context_length": max(4096, max(prompt_lens) + 1024),
                 "load_format": "dummy",
                 "skip_tokenizer_init": True,
             },
@@ -430,6 +515,18 @@ DEFAULT_VARIANT_ENV = {
 }
 
 
+ATTENTION_BACKENDS = ("triton", "flashmla", "flashinfer")
+
+
+def split_backend(config: str, default: str) -> tuple[str, str]:
+    """``"dflash@flashmla"`` -> (``"dflash"``, ``"flashmla"``); no ``@``: ``default``."""
+    config, _, backend = config.partition("@")
+    backend = backend or default
+    if backend not in ATTENTION_BACKENDS:
+        raise SystemExit(f"unknown attention backend {backend!r} (known: {ATTENTION_BACKENDS})")
+    return config, backend
+
+
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
     """``"ddtree-64+eagerglue+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
     the worker's defaults). Unknown suffixes exit with the known ones."""
@@ -452,7 +549,8 @@ def run_config(spec, config, args, timing_dir) -> dict:
         os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
     os.environ[SYNC_TRACE_ENV] = "1" if args.sync_trace else "0"
     row = {"config": config, "accept": {}, "step": []}
-    base, variant_env = split_variant(config)
+    config_only, backend = split_backend(config, args.attention_backend)
+    base, variant_env = split_variant(config_only)
     os.environ.update(variant_env)
     counting = "experts" in args.phases
     if counting:  # graphs off: the counter runs at every MoE call
@@ -468,6 +566,11 @@ def run_config(spec, config, args, timing_dir) -> dict:
         graphs=not counting,
         plain_all_reduce=args.plain_all_reduce,
     )
+    kw["attention_backend"] = backend
+    if backend == "flashmla":
+        kw["page_size"] = 64
+    if args.draft_attention_backend and base != "none":
+        kw["speculative_draft_attention_backend"] = args.draft_attention_backend
     eng = sgl.Engine(**kw)
     row["engine_up_s"] = round(time.monotonic() - t_start, 1)
     print(f"[bench_step] {config}: engine up in {row['engine_up_s']} s", flush=True)
@@ -479,6 +582,8 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 "speculative_algorithm",
                 "speculative_num_draft_tokens",
                 "attention_backend",
+                "page_size",
+                "speculative_draft_attention_backend",
                 "disable_cuda_graph",
                 "cuda_graph_max_bs_decode",
                 "disable_overlap_schedule",
@@ -495,7 +600,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 }
                 print(f"[bench_step] {config} accept {tname}: {row['accept'][tname]}", flush=True)
         if counting:
-            w = verify_tokens_per_request(spec, config)
+            w = verify_tokens_per_request(spec, config_only)
             row["experts"] = []
             for bs in args.batch_sizes:
                 prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(bs)]
@@ -505,21 +610,29 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 print(f"[bench_step] {config} experts: {row['experts'][-1]}", flush=True)
         if "step" in args.phases:
             windows = []
-            for bs in args.batch_sizes:
-                prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(bs)]
-                for tname, tparams in args.temps:
-                    params = {"max_new_tokens": args.step_tokens, "ignore_eos": True, **tparams}
-                    outs, t0 = generate(eng, prompts, params)
-                    t1 = time.monotonic()
-                    windows.append((bs, tname, t0, t1, accept_length(outs)))
+            by_len = spec.get("prompts_by_len") or {None: spec["prompts"]}
+            for plen, pool in by_len.items():
+                for bs in args.batch_sizes:
+                    if args.max_kv_tokens and bs * ((plen or 0) + args.step_tokens) > (
+                        args.max_kv_tokens
+                    ):
+                        row["step"].append({"bs": bs, "prompt_len": plen, "skipped": "KV"})
+                        continue
+                    prompts = [pool[i % len(pool)] for i in range(bs)]
+                    for tname, tparams in args.temps:
+                        params = {"max_new_tokens": args.step_tokens, "ignore_eos": True}
+                        outs, t0 = generate(eng, prompts, {**params, **tparams})
+                        t1 = time.monotonic()
+                        windows.append((plen, bs, tname, t0, t1, accept_length(outs)))
             flush_timing(eng, spec)
             records = read_steps(timing_dir)
-            for bs, tname, t0, t1, acc in windows:
+            for plen, bs, tname, t0, t1, acc in windows:
                 st = step_stats(records, t0, t1, bs)
                 tok = (bs * (acc or 1.0) / st["step_ms"] * 1e3) if st["step_ms"] else None
                 row["step"].append(
                     {
                         "bs": bs,
+                        "prompt_len": plen,
                         "temp": tname,
                         "accept_length": acc,
                         "tok_per_s": tok,
@@ -557,24 +670,25 @@ def table(result: dict) -> str:
             lines.append(f"| {r['config']} | " + " | ".join(cells) + " |")
         lines.append("")
     configs = [r["config"] for r in rows]
-    by = {(r["config"], s["bs"], s["temp"]): s for r in rows for s in r["step"]}
-    keys = sorted({(s["temp"], s["bs"]) for r in rows for s in r["step"]})
+    steps = [(r["config"], s) for r in rows for s in r["step"] if "temp" in s]
+    by = {(c, s.get("prompt_len"), s["bs"], s["temp"]): s for c, s in steps}
+    keys = sorted({(s["temp"], s.get("prompt_len") or 0, s["bs"]) for _, s in steps})
     lines += [
         "step ms (accept length, tokens/s) per configuration",
         "",
-        "| T | bs | " + " | ".join(configs) + " |",
-        "|---|---:|" + "---|" * len(configs),
+        "| T | prompt | bs | " + " | ".join(configs) + " |",
+        "|---|---:|---:|" + "---|" * len(configs),
     ]
-    for temp, bs in keys:
+    for temp, plen, bs in keys:
         cells = []
         for c in configs:
-            s = by.get((c, bs, temp))
+            s = by.get((c, plen or None, bs, temp))
             if not s or s["step_ms"] is None:
                 cells.append("-")
                 continue
             acc = f"{s['accept_length']:.2f}" if s["accept_length"] else "1"
             cells.append(f"{s['step_ms']:.2f} ({acc}, {s['tok_per_s']:.0f})")
-        lines.append(f"| {temp} | {bs} | " + " | ".join(cells) + " |")
+        lines.append(f"| {temp} | {plen or '-'} | {bs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -589,7 +703,7 @@ def plot(result: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in result["rows"]:
         for temp, style in (("T0", "-"), ("T1_p0.95", "--"), ("T1", ":")):
-            pts = [s for s in r.get("step", []) if s["temp"] == temp and s["step_ms"]]
+            pts = [s for s in r.get("step", []) if s.get("temp") == temp and s["step_ms"]]
             if not pts:
                 continue
             xs = [s["bs"] for s in pts]
@@ -632,8 +746,40 @@ def main() -> None:
     ap.add_argument(
         "--kimi-layers",
         type=int,
-        default=KIMI_TP2_LAYERS,
-        help="kimi: target layers (K2.6 has 61; the default fits two H200s in bf16)",
+        default=None,
+        help=f"kimi: target layers (K2.6 has 61; default {KIMI_TP2_LAYERS}, which fits two "
+        "H200s in bf16, or 61 with --tp-rank-of)",
+    )
+    ap.add_argument(
+        "--tp-rank-of",
+        type=int,
+        default=None,
+        help="kimi: one TP-N rank's shapes on one GPU (heads, expert / MLP intermediates, "
+        "vocabulary and drafter heads / N; INT4 routed experts; --kimi-layers 61 by default)",
+    )
+    ap.add_argument(
+        "--prompt-lens",
+        type=int,
+        nargs="+",
+        default=None,
+        help="kimi: prompt lengths of the step phase (default 256); cells run per length and bs",
+    )
+    ap.add_argument(
+        "--max-kv-tokens",
+        type=int,
+        default=None,
+        help="skip (prompt length, bs) cells whose bs x (prompt + --step-tokens) exceeds this",
+    )
+    ap.add_argument(
+        "--attention-backend",
+        default="triton",
+        choices=ATTENTION_BACKENDS,
+        help="the target's backend where a configuration names none (config@backend does)",
+    )
+    ap.add_argument(
+        "--draft-attention-backend",
+        default=None,
+        help="the drafter's backend (default: SGLang's choice for the target's backend)",
     )
     ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
     ap.add_argument("--phases", default="step", help="comma list of: accept, step; or experts")
@@ -681,6 +827,10 @@ def main() -> None:
         raise SystemExit(f"bench_step.py runs SGLang engines on a GPU: {missing}.")
     if args.prompt_len is not None and args.model != "8b":
         raise SystemExit("--prompt-len applies to --model 8b only")
+    if (args.tp_rank_of or args.prompt_lens) and args.model != "kimi":
+        raise SystemExit("--tp-rank-of and --prompt-lens apply to --model kimi only")
+    if args.kimi_layers is None:
+        args.kimi_layers = 61 if args.tp_rank_of else KIMI_TP2_LAYERS
     unknown = [t for t in args.temps.split(",") if t not in ALL_TEMPS]
     if unknown:
         raise SystemExit(f"unknown --temps {unknown}; known: {list(ALL_TEMPS)}")
@@ -693,12 +843,20 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     t_begin = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="bench_step_")
-    spec = model_spec(args.model, workdir, args.prompt_len, args.kimi_layers)
+    spec = model_spec(
+        args.model,
+        workdir,
+        args.prompt_len,
+        args.kimi_layers,
+        rank_of=args.tp_rank_of,
+        prompt_lens=tuple(args.prompt_lens or (256,)),
+    )
     result = {
         "model": args.model,
         "command": " ".join(sys.argv),
         "gpu": gpu_name(),
         "batch_sizes": args.batch_sizes,
+        "tp_rank_of": args.tp_rank_of,
         "rows": [],
         "not_run": [],
     }
@@ -707,7 +865,7 @@ def main() -> None:
         if time.monotonic() - t_begin > args.deadline_s:
             result["not_run"].append(config)
             continue
-        timing_dir = os.path.join(workdir, f"steps_{config}")
+        timing_dir = os.path.join(workdir, f"steps_{config.replace('@', '_')}")
         try:
             result["rows"].append(run_config(spec, config, args, timing_dir))
         except Exception as e:  # record and go on: one failed config must not lose the rest

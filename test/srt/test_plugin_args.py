@@ -8,6 +8,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sglang_ddtree.srt import ddtree_args as dargs
 from sglang_ddtree.srt import ddtree_budget as budget
@@ -49,7 +50,9 @@ def test_good_config_passes():
         (dict(attention_backend="fa3"), "--attention-backend triton"),
         (dict(attention_backend=None), "--attention-backend triton"),
         (dict(prefill_attention_backend="fa3"), "--attention-backend triton"),
-        (dict(page_size=16), "--page-size 1"),
+        (dict(attention_backend="flashinfer", page_size=16), "--page-size 1"),
+        (dict(attention_backend="flashmla", page_size=32), "--page-size 64"),
+        (dict(kv_cache_dtype="fp8_e4m3"), "--kv-cache-dtype auto"),
         (dict(pp_size=2), "--pp-size 1"),
         (dict(enable_dp_attention=True), "--enable-dp-attention"),
         (dict(tokenizer_worker_num=4), "--tokenizer-worker-num 1"),
@@ -214,13 +217,34 @@ def test_tiny_pair_files(tmp_path):
     assert f"layers.{cfg.draft_layers - 1}.mlp.down_proj.weight" in keys
 
 
-def test_mla_targets_need_triton():
+def test_page_sizes_and_kv_dtypes_served():
+    """triton at any page size, flashmla at its 64, flashinfer at 1; bfloat16 KV only."""
+    for cfg in (
+        good_cfg(page_size=16),
+        good_cfg(page_size=64),
+        good_cfg(attention_backend="flashmla", page_size=64),
+        good_cfg(attention_backend="flashinfer", page_size=1),
+        good_cfg(kv_cache_dtype="auto"),
+        good_cfg(kv_cache_dtype="bfloat16"),
+    ):
+        assert dargs.check_server_args(cfg) == [], vars(cfg)
+
+
+def test_mla_targets_verify_on_flashmla_or_triton():
     assert dargs.check_target(good_cfg(), is_mla=True) == []
+    assert dargs.check_target(good_cfg(attention_backend="flashmla"), is_mla=True) == []
     assert dargs.check_target(good_cfg(attention_backend="flashinfer"), is_mla=False) == []
-    errors = dargs.check_target(good_cfg(attention_backend="flashinfer"), is_mla=True)
-    assert len(errors) == 1 and "--attention-backend triton" in errors[0]
-    errors = dargs.check_target(good_cfg(prefill_attention_backend="flashmla"), is_mla=True)
-    assert "flashmla" in errors[0]
+    for backend in ("flashinfer", "trtllm_mla", "cutlass_mla"):
+        errors = dargs.check_target(good_cfg(attention_backend=backend), is_mla=True)
+        assert len(errors) == 1, errors
+        assert "--attention-backend flashmla" in errors[0]
+        assert "--attention-backend triton" in errors[0]
+    errors = dargs.check_target(good_cfg(attention_backend="flashmla"), is_mla=False)
+    assert len(errors) == 1 and "MLA targets only" in errors[0]
+    # The resolved KV dtype: a checkpoint's FP8 cache is refused at startup, not mid-serving.
+    assert dargs.check_target(good_cfg(), is_mla=True, kv_dtype=torch.bfloat16) == []
+    errors = dargs.check_target(good_cfg(), is_mla=True, kv_dtype=torch.float8_e4m3fn)
+    assert len(errors) == 1 and "--kv-cache-dtype bfloat16" in errors[0]
 
 
 def test_tiny_mla_pair_files(tmp_path):

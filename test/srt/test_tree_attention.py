@@ -343,8 +343,8 @@ def test_attention_hook_interpreted(run_interpreted):
 
 def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
     """``handles``: a DDTREE target verify on a layout the kernels read, with the switch on;
-    anything else (switch off, no DDTREE worker, another mode, a logit cap, sinks, paged KV)
-    stays with the backend, and ``tree_verify_attention`` returns None for it."""
+    anything else (switch off, no DDTREE worker, another mode, a logit cap, sinks, a pool
+    that is not slot rows) stays with the backend, and ``tree_verify_attention`` returns None for it."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt import ddtree_attention as attn
@@ -365,7 +365,9 @@ def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
         backend, k, v, SimpleNamespace(**dict(vars(layer), logit_cap=30.0)), fb, {}
     )
     paged = SimpleNamespace(**dict(vars(backend), page_size=16))
-    assert not attn.handles(paged, k, v, layer, fb, {})
+    assert attn.handles(paged, k, v, layer, fb, {})  # pages of slot rows: read by slot
+    hnd = SimpleNamespace(**dict(vars(backend), token_to_kv_pool=SimpleNamespace(use_hnd=True)))
+    assert not attn.handles(hnd, k, v, layer, fb, {})  # head-major pages: not slot rows
     other = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
     assert not attn.handles(backend, k, v, layer, other, {})
     assert attn.tree_verify_attention(backend, None, k, v, layer, other) is None

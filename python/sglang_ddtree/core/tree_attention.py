@@ -176,13 +176,18 @@ if triton is not None:
         Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, O1, Lse1, Out,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
+        stride_ot, stride_oh,
+        stride_pb, stride_pr, stride_ph, stride_ps,
+        stride_lb, stride_lr, stride_lh, stride_ls,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_DK: tl.constexpr,
         D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr, DV_TILES: tl.constexpr,
         FULL_MASK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-        MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr,
+        MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr, GIVEN_PREFIX: tl.constexpr,
     ):  # fmt: skip
+        # O1 / Lse1: the prefix part, addressed per (request, node, head, share): this file's
+        # prefix kernel writes it token-major, FlashMLA's decode kernel as [bs, W, Hq, Dv] /
+        # [bs, Hq, W]. GIVEN_PREFIX: one part covering the whole prefix, always nonempty.
         b = tl.program_id(0)
         head = tl.program_id(1)
         hkv = head // G
@@ -229,11 +234,15 @@ if triton is not None:
         lse2 = m + tl.log(tl.where(r_ok, l_sum, 1.0))
         # Merge with the prefix part's shares: only the nonempty ones, as the prefix kernel
         # cut them, are read (one on a prefix shorter than MIN_SHARE, none on an empty one).
-        share = _share_keys(prefix, SPLITS, MIN_SHARE, BLOCK_N)
-        shares = (prefix + share - 1) // share
+        if GIVEN_PREFIX:
+            shares = 1
+        else:
+            share = _share_keys(prefix, SPLITS, MIN_SHARE, BLOCK_N)
+            shares = (prefix + share - 1) // share
         splits = tl.arange(0, BLOCK_S)
+        lse_rows = Lse1 + b * stride_lb + offs_r * stride_lr + head * stride_lh
         lse1 = tl.load(
-            Lse1 + splits[None, :] * stride_ls + token[:, None] * stride_lt + head,
+            lse_rows[:, None] + splits[None, :] * stride_ls,
             mask=r_ok[:, None] & (splits[None, :] < shares),
             other=float("-inf"),
         )  # [BLOCK_R, BLOCK_S]
@@ -241,13 +250,14 @@ if triton is not None:
         w2 = tl.exp(lse2 - top)
         acc = tl.dot(p.to(v.dtype), v).to(tl.float32) * (w2 / tl.where(r_ok, l_sum, 1.0))[:, None]
         den = w2 + tl.sum(tl.exp(lse1 - top[:, None]), 1)
-        out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
         out_ok = r_ok[:, None] & (offs_dv[None, :] < DV)
+        o1_rows = O1 + b * stride_pb + offs_r[:, None] * stride_pr + head * stride_ph
         for sp in range(shares):
-            lse_sp = tl.load(Lse1 + sp * stride_ls + token * stride_lt + head, mask=r_ok, other=0.0)
+            lse_sp = tl.load(lse_rows + sp * stride_ls, mask=r_ok, other=0.0)
             wt = tl.exp(lse_sp - top)
-            o1 = tl.load(O1 + sp * stride_os + out_offs, mask=out_ok, other=0.0)
-            acc += o1 * wt[:, None]
+            o1 = tl.load(o1_rows + sp * stride_ps + offs_dv[None, :], mask=out_ok, other=0.0)
+            acc += o1.to(tl.float32) * wt[:, None]
+        out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
         tl.store(Out + out_offs, (acc / den[:, None]).to(Out.dtype.element_ty), mask=out_ok)
 
 
@@ -367,43 +377,112 @@ def tree_attention(
     # One value tile holds the accumulator of every row of a program; a ``*_dv_block`` splits
     # wide values (MLA's 512) over programs, each recomputing the scores (their lse is equal).
     # The kernels tile apart: the merge reads the prefix part per column, whatever its tiling.
-    def tiles(dv_block):
-        block = max(16, triton.next_power_of_2(dv if dv_block is None else dv_block))
-        return block, triton.cdiv(dv, block)
-
-    prefix_block_dv, prefix_dv_tiles = tiles(prefix_dv_block)
-    tree_block_dv, tree_dv_tiles = tiles(tree_dv_block)
+    prefix_block_dv, prefix_dv_tiles = _value_tiles(dv, prefix_dv_block)
     assert prefix_splits >= 1
     # The prefix part per share of the prefix: normalized output and lse, merged by the tree
     # kernel.
     o1 = torch.empty(prefix_splits, n, hq, dv, dtype=torch.float32, device=q.device)
     lse1 = torch.empty(prefix_splits, n, hq, dtype=torch.float32, device=q.device)
-    out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
-    assert out.stride() == o1[0].stride()  # the kernels address both with o1's strides
-    strides = (q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-               v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
-               lse1.stride(1), o1.stride(0), lse1.stride(0))  # fmt: skip
     block_m = prefix_rows or _rows_per_program(w, g, dv)
     block_w = max(16, triton.next_power_of_2(w))
     block_r = min(block_w, tree_rows or TREE_ROWS)
-    prefix_warps, tree_warps = kernel_warps(block_r, block_w, tree_block_dv, d_tiles)
+    prefix_warps, tree_warps = kernel_warps(
+        block_r, block_w, _value_tiles(dv, tree_dv_block)[0], d_tiles
+    )
     if warps is not None:  # the bench's sweep: either may be None (kernel_warps' choice)
         prefix_warps, tree_warps = warps[0] or prefix_warps, warps[1] or tree_warps
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, *strides,
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
+        lse1.stride(1), o1.stride(0), lse1.stride(0),
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=PREFIX_BLOCK_N,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, num_warps=prefix_warps,
     )  # fmt: skip
+    # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
+    o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
+    lse_strides = (w * lse1.stride(1), lse1.stride(1), lse1.stride(2), lse1.stride(0))
+    return _tree_part_and_merge(
+        q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides,
+        lse1, lse_strides, sm_scale, bs=bs, w=w, full_mask=tree_mask is None,
+        prefix_splits=prefix_splits, tree_dv_block=tree_dv_block, block_r=block_r,
+        warps=tree_warps,
+    )  # fmt: skip
+
+
+def _value_tiles(dv: int, dv_block: int | None) -> tuple[int, int]:
+    """``(block, tiles)``: a program's value columns and how many programs cover Dv."""
+    block = max(16, triton.next_power_of_2(dv if dv_block is None else dv_block))
+    return block, triton.cdiv(dv, block)
+
+
+def _tree_part_and_merge(
+    q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides, lse1,
+    lse_strides, sm_scale, *, bs, w, full_mask, prefix_splits, tree_dv_block, block_r, warps,
+    given_prefix=False,
+) -> torch.Tensor:  # fmt: skip
+    """The tree kernel's launch: ``[bs * W, Hq, Dv]``, the ancestor block merged with the
+    prefix part ``o1`` / ``lse1`` (strides per request, node, head and share)."""
+    n, hq, d = q.shape
+    hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
+    block_dk = min(64, max(16, triton.next_power_of_2(d)))
+    tree_block_dv, tree_dv_tiles = _value_tiles(dv, tree_dv_block)
+    out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
     _tree_attention_kernel[(bs, hq, triton.cdiv(w, block_r) * tree_dv_tiles)](
         q, k_buffer, v_buffer, node_loc, mask,
         mask_indptr if mask_indptr is not None else kv_indptr, kv_indptr,
-        o1, lse1, out, sm_scale, *strides,
-        W=w, G=g, D=d, DV=dv, BLOCK_R=block_r, BLOCK_W=block_w, BLOCK_DK=block_dk,
-        D_TILES=d_tiles, BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
-        FULL_MASK=tree_mask is None, SPLITS=prefix_splits,
+        o1, lse1, out, sm_scale,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
+        *o1_strides, *lse_strides,
+        W=w, G=hq // hkv, D=d, DV=dv, BLOCK_R=block_r,
+        BLOCK_W=max(16, triton.next_power_of_2(w)), BLOCK_DK=block_dk,
+        D_TILES=triton.cdiv(d, block_dk), BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
+        FULL_MASK=full_mask, SPLITS=prefix_splits,
         BLOCK_S=triton.next_power_of_2(prefix_splits), MIN_SHARE=MIN_SHARE_KEYS,
-        BLOCK_N=PREFIX_BLOCK_N, num_warps=tree_warps,
+        BLOCK_N=PREFIX_BLOCK_N, GIVEN_PREFIX=given_prefix, num_warps=warps,
     )  # fmt: skip
     return out
+
+
+def tree_attention_with_prefix(
+    q: torch.Tensor,  # [bs * W, Hq, D]
+    k_buffer: torch.Tensor,  # [slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [slots, Hkv, Dv] (may be a view of k_buffer, as in MLA)
+    node_loc: torch.Tensor,  # [bs * W] int, the nodes' KV slots
+    tree_mask: torch.Tensor,  # [bs, W, W] bool (or int8), ancestor-or-self, contiguous
+    sm_scale: float,
+    prefix_out: torch.Tensor,  # [bs, W, Hq, Dv] the prefix part's normalized output
+    prefix_lse: torch.Tensor,  # [bs, Hq, W] float32, its natural-log log-sum-exp
+    *,
+    tree_dv_block: int | None = None,  # value columns per program (None: value_tiling's)
+    tree_rows: int | None = None,  # query nodes per program (None: TREE_ROWS)
+) -> torch.Tensor:
+    """[bs * W, Hq, Dv]: the verify attention from a prefix part computed elsewhere (a paged
+    decode kernel that returns its log-sum-exp, as FlashMLA's does: every node against the
+    whole cached prefix, no mask) and the ancestor block, merged in the tree kernel's
+    epilogue. Every prefix must be nonempty (a verify's prefix holds at least the prompt)."""
+    n, hq, d = q.shape
+    bs, w, _ = tree_mask.shape
+    hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
+    assert n == bs * w and hq % hkv == 0 and node_loc.numel() == n and tree_mask.is_contiguous()
+    assert prefix_out.shape == (bs, w, hq, dv) and prefix_out.stride(-1) == 1
+    assert prefix_lse.shape == (bs, hq, w) and prefix_lse.dtype == torch.float32
+    assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
+    if tree_dv_block is None:
+        tree_dv_block = value_tiling(dv)[1]
+    block_dk = min(64, max(16, triton.next_power_of_2(d)))
+    block_w = max(16, triton.next_power_of_2(w))
+    block_r = min(block_w, tree_rows or TREE_ROWS)
+    warps = kernel_warps(
+        block_r, block_w, _value_tiles(dv, tree_dv_block)[0], triton.cdiv(d, block_dk)
+    )[1]
+    o1_strides = (*prefix_out.stride()[:3], 0)
+    lse_strides = (prefix_lse.stride(0), prefix_lse.stride(2), prefix_lse.stride(1), 0)
+    return _tree_part_and_merge(
+        q, k_buffer, v_buffer, node_loc, tree_mask, None, node_loc, prefix_out, o1_strides,
+        prefix_lse, lse_strides, sm_scale, bs=bs, w=w, full_mask=False, prefix_splits=1,
+        tree_dv_block=tree_dv_block, block_r=block_r, warps=warps, given_prefix=True,
+    )  # fmt: skip

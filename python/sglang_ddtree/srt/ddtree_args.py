@@ -46,8 +46,16 @@ KV_MOVERS = ("ddtree", "sglang")
 # The sampled verify's nucleus kernel: core.topp_radix (default) or sgl_kernel's (FlashInfer).
 TOP_P_KERNEL_ENV = "SGLANG_DDTREE_TOP_P_KERNEL"
 TOP_P_KERNELS = ("radix", "flashinfer")
-# Backends whose TARGET_VERIFY path (eager and CUDA graph) reads a custom tree mask.
-TREE_MASK_BACKENDS = ("triton", "flashinfer")
+# Backends whose TARGET_VERIFY path (eager and CUDA graph) applies the tree mask: triton's and
+# flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
+TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
+# MLA backends whose verify DDTREE serves: triton (the split attention over slot rows) and
+# flashmla (FlashMLA's paged decode kernel for the prefix part, with its log-sum-exp).
+MLA_BACKENDS = ("triton", "flashmla")
+# Page sizes DDTREE serves per verify backend (None: any); flashmla's is SGLang's own 64.
+PAGE_SIZES = {"flashinfer": (1,), "flashmla": (64,)}
+# KV cache dtypes DDTREE serves: the model's (bfloat16 for every target it was tested on).
+KV_CACHE_DTYPES = (None, "auto", "bfloat16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -224,11 +232,21 @@ def check_server_args(cfg: Any) -> list[str]:
         errors.append(
             f"DDTREE needs a target-verify attention backend that applies the tree mask; "
             f"got {backend!r} (fa3 is the Hopper default and ignores it). "
-            "Pass --attention-backend triton (or flashinfer)."
+            "Pass --attention-backend triton (or flashinfer; flashmla for MLA targets)."
         )
     page_size = _get(cfg, "page_size")
-    if page_size not in (None, 1):
-        errors.append(f"DDTREE supports page_size 1 only (got {page_size}); pass --page-size 1.")
+    sizes = PAGE_SIZES.get(backend)
+    if page_size is not None and sizes is not None and int(page_size) not in sizes:
+        errors.append(
+            f"DDTREE on the {backend} backend supports page_size {sizes[0]} (got {page_size}); "
+            f"pass --page-size {sizes[0]} (triton serves any page size)."
+        )
+    kv_dtype = _get(cfg, "kv_cache_dtype")
+    if kv_dtype not in KV_CACHE_DTYPES:
+        errors.append(
+            f"DDTREE serves bfloat16 KV caches only (got --kv-cache-dtype {kv_dtype}): its "
+            "tree-verify kernels read unscaled keys and values. Pass --kv-cache-dtype auto."
+        )
     if int(_get(cfg, "pp_size", 1) or 1) != 1:
         errors.append("DDTREE does not support pipeline parallelism; pass --pp-size 1.")
     if _get(cfg, "enable_dp_attention", False):
@@ -286,17 +304,31 @@ def check_server_args(cfg: Any) -> list[str]:
     return errors
 
 
-def check_target(cfg: Any, is_mla: bool) -> list[str]:
-    """Refusals that need the loaded target: among SGLang's MLA backends only triton applies a
-    per-branch tree mask in target verify (flashinfer's MLA path, flashmla, trtllm_mla and
-    cutlass_mla do not)."""
+def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None) -> list[str]:
+    """Refusals that need the loaded target: an MLA target verifies on triton or flashmla
+    (`MLA_BACKENDS`; flashinfer's MLA path, trtllm_mla and cutlass_mla apply no per-branch
+    tree mask and return no log-sum-exp DDTREE's split could merge), an MHA target not on
+    flashmla; ``kv_dtype``, the resolved KV cache dtype (a torch dtype), must be bfloat16 or
+    another 16-bit float (a checkpoint may turn ``auto`` into FP8)."""
     backend = target_verify_backend(cfg)
-    if is_mla and backend != "triton":
-        return [
-            f"DDTREE on an MLA target needs the triton attention backend for the tree verify "
-            f"(got {backend!r}); pass --attention-backend triton."
-        ]
-    return []
+    errors = []
+    if is_mla and backend not in MLA_BACKENDS:
+        errors.append(
+            f"DDTREE on an MLA target needs the flashmla or triton attention backend for the "
+            f"tree verify (got {backend!r}); pass --attention-backend flashmla (page size 64) "
+            "or --attention-backend triton."
+        )
+    if not is_mla and backend == "flashmla":
+        errors.append(
+            "The flashmla backend serves MLA targets only; pass --attention-backend triton "
+            "(or flashinfer)."
+        )
+    if kv_dtype is not None and getattr(kv_dtype, "itemsize", 2) != 2:
+        errors.append(
+            f"DDTREE serves 16-bit KV caches only (this target's resolves to {kv_dtype}); "
+            "pass --kv-cache-dtype bfloat16."
+        )
+    return errors
 
 
 def check_shape(shape: DDTreeShape) -> list[str]:

@@ -11,8 +11,17 @@ with each step's values. MLA targets come through the same call: SGLang's absorb
 triton hands the backend queries and keys of the latent plus rope width over one KV head, and
 the pool's value buffer is the key buffer's latent slice, which the kernels read through its
 strides. The launch (value tiles, prefix shares) is ``launch_settings``'. Anything else
-(the drafter's block, prefill, sinks, sliding windows, logit caps, scaled KV, paged KV) returns
-None and stays with the backend.
+(the drafter's block, prefill, sinks, sliding windows, logit caps, scaled KV, key buffers
+that are not slot rows) returns None and stays with the backend. The kernels address KV by
+slot, so a paged pool (page size 16, 64) is read as it is: a page is a run of slots.
+
+On ``--attention-backend flashmla`` (MLA targets, page size 64) the prefix part is FlashMLA's
+own paged decode kernel (``flash_mla_with_kvcache``: every node of a request against its cached
+prefix, no mask, ``causal=False``; it returns the log-sum-exp), and the ancestor block and the
+merge are ``core.tree_attention_with_prefix``. FlashMLA's tile schedule for the prefix lengths
+and W x Hq query rows, the prefix lengths and the step's ancestor mask are set once per forward
+by the backend's metadata calls (`set_flashmla_verify`), into static buffers where a CUDA
+graph replays (refreshed before each replay), so every layer reads them as they are.
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from typing import NamedTuple
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +77,7 @@ def handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
         and getattr(md, "custom_mask", None) is not None
         and getattr(md, "mask_indptr", None) is not None
         and getattr(backend, "token_to_kv_pool", None) is not None
-        and getattr(backend, "page_size", 1) == 1
+        and not getattr(backend.token_to_kv_pool, "use_hnd", False)  # slot rows, any page
         and getattr(backend, "dcp_size", 1) == 1
         and getattr(backend, "_translate_kv_loc", None) is None  # unified pools
         and getattr(md, "swa_out_cache_loc", None) is None
@@ -110,7 +122,11 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     w = n // forward_batch.batch_size
     k_buffer = pool.get_key_buffer(layer.layer_id)
     settings = launch_settings(  # from shapes: no host sync
-        forward_batch.batch_size, w, layer.tp_q_head_num, k_buffer.shape[1], layer.v_head_dim,
+        forward_batch.batch_size,
+        w,
+        layer.tp_q_head_num,
+        k_buffer.shape[1],
+        layer.v_head_dim,
         _num_sms(q.device),
     )
     out = tree_attention(
@@ -132,3 +148,137 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
         attn_out.view(n, -1).copy_(out)
         return attn_out
     return out
+
+
+# --- FlashMLA ---------------------------------------------------------------------------------
+FLASHMLA_PAGE = 64  # the flashmla backend's page size (SGLang sets it for that backend)
+
+
+class FlashMLAVerify(NamedTuple):
+    """What every layer of one DDTREE verify on FlashMLA reads (`set_flashmla_verify`)."""
+
+    prefix_lens: torch.Tensor  # [bs] int32, the committed lengths the prefix part reads
+    tile_metadata: torch.Tensor  # [parts, 8] int32, FlashMLA's tile schedule for them
+    num_splits: torch.Tensor  # [bs + 1] int32, its splits per request
+    tree_mask: torch.Tensor  # [bs, W, W] bool, ancestor-or-self
+
+
+class _FlashMLAGraphBuffers:
+    """Static tensors the captured verify graphs read, sized for the largest captured batch and
+    W; refreshed before every replay."""
+
+    def __init__(self, backend):
+        device = backend.req_to_token.device
+        max_bs = int(backend.cuda_graph_num_splits.shape[0]) - 1
+        max_w = int(backend.num_draft_tokens)
+        self.prefix_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
+        self.tile_metadata = torch.empty_like(backend.cuda_graph_mla_metadata)
+        self.num_splits = torch.empty_like(backend.cuda_graph_num_splits)
+        # All True: rows of padded requests attend to every node, never to none.
+        self.tree_mask = torch.ones(max_bs * max_w * max_w, dtype=torch.bool, device=device)
+
+
+def flashmla_handles(backend, forward_batch) -> bool:
+    """Whether the DDTREE split takes this FlashMLA call: a target verify of a DDTREE worker
+    (also its capture, whose dummy has no tree yet) on a bfloat16 latent cache."""
+    return (
+        _switch_on()
+        and forward_batch.forward_mode.is_target_verify()
+        and not backend.is_draft_runner
+        and not backend.is_fp8_kvcache
+        and backend.dcp_world_size == 1
+        and _ddtree_active()
+    )
+
+
+def _ddtree_active() -> bool:
+    from sglang_ddtree.srt import ddtree_requests
+
+    return ddtree_requests.ddtree_active()
+
+
+def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
+    """Per verify forward, before its layers (eager) or before its replay (``in_graph``): the
+    prefix lengths, FlashMLA's tile schedule for them and W x Hq query rows a request, and the
+    ancestor mask, onto ``backend.ddtree_verify``. No host sync: the schedule is FlashMLA's
+    device kernel, the rest device copies."""
+    from sgl_kernel.flash_mla import get_mla_metadata
+
+    bs = forward_batch.batch_size
+    spec_info = forward_batch.spec_info
+    w = int(spec_info.draft_token_num)
+    prefix_lens = forward_batch.seq_lens[:bs].to(torch.int32)
+    tile_metadata, num_splits = get_mla_metadata(prefix_lens, w * backend.num_q_heads, 1)
+    tree = getattr(spec_info, "tree", None)  # None in the capture dummy
+    tree_mask = None if tree is None else tree.layout.tree_mask
+    if not in_graph:
+        if tree_mask is None:
+            raise RuntimeError("DDTREE: an eager FlashMLA verify without the step's tree.")
+        backend.ddtree_verify = FlashMLAVerify(
+            prefix_lens, tile_metadata, num_splits, tree_mask.contiguous()
+        )
+        return
+    buffers = getattr(backend, "_ddtree_graph_buffers", None)
+    if buffers is None:
+        buffers = backend._ddtree_graph_buffers = _FlashMLAGraphBuffers(backend)
+    parts = tile_metadata.shape[0]
+    buffers.prefix_lens[:bs].copy_(prefix_lens)
+    buffers.tile_metadata[:parts].copy_(tile_metadata)
+    buffers.num_splits[: bs + 1].copy_(num_splits)
+    if tree_mask is not None:  # a replay's real requests (bs is padded; the rest keep theirs)
+        buffers.tree_mask[: tree_mask.numel()].copy_(tree_mask.reshape(-1))
+    backend.ddtree_verify = FlashMLAVerify(
+        buffers.prefix_lens[:bs],
+        buffers.tile_metadata[:parts],
+        buffers.num_splits[: bs + 1],
+        buffers.tree_mask[: bs * w * w].view(bs, w, w),
+    )
+
+
+def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=True):
+    """``[n, Hq * Dv]``: the verify attention on FlashMLA's latent cache (prefix part by
+    FlashMLA, ancestor block and merge by ``core.tree_attention_with_prefix``), or None where
+    `flashmla_handles` says no.
+
+    q: ``[n = bs * W, Hq * 576]`` (absorbed MLA: latent 512 + rope 64); k: ``[n, 1, 576]``,
+    v: ``[n, 1, 512]``, the nodes' latent."""
+    if not flashmla_handles(backend, forward_batch):
+        return None
+    from sgl_kernel.flash_mla import flash_mla_with_kvcache
+
+    from sglang_ddtree.core.tree_attention import tree_attention_with_prefix
+
+    if not _announced:
+        _announced.append(True)
+        logger.warning("DDTREE: %s, prefix part by FlashMLA (%s=0 keeps it).", SPLIT_LOG_LINE, ENV)
+    pool = backend.token_to_kv_pool
+    if k is not None and save_kv_cache:
+        pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+    state = backend.ddtree_verify
+    bs = forward_batch.batch_size
+    n = q.shape[0]
+    w = n // bs
+    hq, dv = layer.tp_q_head_num, backend.kv_lora_rank
+    k_cache = pool.get_key_buffer(layer.layer_id)  # [slots, 1, 576]
+    prefix_out, prefix_lse = flash_mla_with_kvcache(
+        q=q.view(bs, w, hq, layer.head_dim),
+        k_cache=k_cache.view(-1, FLASHMLA_PAGE, 1, backend.kv_cache_dim),
+        block_table=backend.forward_metadata.block_kv_indices[:bs],
+        cache_seqlens=state.prefix_lens,
+        head_dim_v=dv,
+        tile_scheduler_metadata=state.tile_metadata,
+        num_splits=state.num_splits,
+        softmax_scale=layer.scaling,
+        causal=False,
+    )
+    out = tree_attention_with_prefix(
+        q.view(n, hq, layer.head_dim),
+        k_cache,
+        k_cache[..., :dv],
+        forward_batch.out_cache_loc,
+        state.tree_mask,
+        layer.scaling,
+        prefix_out,
+        prefix_lse,
+    )
+    return out.view(n, hq * dv)

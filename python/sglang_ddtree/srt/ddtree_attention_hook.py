@@ -1,11 +1,19 @@
-"""Plugin registration of ``ddtree_attention.tree_verify_attention``: an AROUND hook on
-``TritonAttnBackend.forward_extend`` (in SGLang's tree, a call at the top of that method)."""
+"""Plugin registration of the DDTREE tree-verify attention: AROUND hooks on
+``TritonAttnBackend.forward_extend`` and on ``FlashMLABackend``'s ``forward_extend`` and
+metadata calls (in SGLang's tree, a call at the top of each method)."""
 
 from __future__ import annotations
 
-from sglang_ddtree.srt.ddtree_attention import enabled, tree_verify_attention
+from sglang_ddtree.srt.ddtree_attention import (
+    enabled,
+    flashmla_handles,
+    flashmla_tree_verify_attention,
+    set_flashmla_verify,
+    tree_verify_attention,
+)
 
 TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
+FLASHMLA = "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend"
 
 
 def register_if_enabled() -> bool:
@@ -14,6 +22,15 @@ def register_if_enabled() -> bool:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, forward_extend_hook, HookType.AROUND)
+    HookRegistry.register(
+        f"{FLASHMLA}.forward_extend", flashmla_forward_extend_hook, HookType.AROUND
+    )
+    HookRegistry.register(
+        f"{FLASHMLA}.init_forward_metadata", flashmla_eager_metadata_hook, HookType.AROUND
+    )
+    HookRegistry.register(
+        f"{FLASHMLA}.init_forward_metadata_out_graph", flashmla_graph_metadata_hook, HookType.AROUND
+    )
     return True
 
 
@@ -25,4 +42,29 @@ def forward_extend_hook(
         out = tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
     if out is None:
         return original_fn(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+    return out
+
+
+def flashmla_forward_extend_hook(
+    original_fn, backend, q, k, v, layer, forward_batch, save_kv_cache=True, *args, **kwargs
+):
+    out = None
+    if not args and not kwargs:
+        out = flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache)
+    if out is None:
+        return original_fn(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
+    return out
+
+
+def flashmla_eager_metadata_hook(original_fn, backend, forward_batch, *args, **kwargs):
+    out = original_fn(backend, forward_batch, *args, **kwargs)
+    if flashmla_handles(backend, forward_batch):
+        set_flashmla_verify(backend, forward_batch, in_graph=False)
+    return out
+
+
+def flashmla_graph_metadata_hook(original_fn, backend, forward_batch, *args, **kwargs):
+    out = original_fn(backend, forward_batch, *args, **kwargs)
+    if flashmla_handles(backend, forward_batch):
+        set_flashmla_verify(backend, forward_batch, in_graph=True)
     return out

@@ -409,7 +409,9 @@ def _dummy_step(worker, bs: int) -> None:
     )
     hidden = worker._draft_hidden(batch, draft_input, bs, shape)
     tree = worker._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
-    verify_input = DDTreeVerifyInput.from_tree(tree, batch, draft_input)
+    verify_input = DDTreeVerifyInput.from_tree(
+        tree, batch, draft_input, full_mask=worker._verify_full_mask
+    )
     seq_lens_cpu, seq_lens_sum = worker._host_seq_lens(batch, draft_input, w)
     target_runner = worker.target_worker.model_runner
     forward_batch = ForwardBatch(

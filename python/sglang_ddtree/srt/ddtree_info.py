@@ -29,13 +29,17 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     tree: TreeStep | None = None
 
     @classmethod
-    def from_tree(cls, tree: TreeStep, batch, draft_input) -> DDTreeVerifyInput:
+    def from_tree(
+        cls, tree: TreeStep, batch, draft_input, full_mask: bool = True
+    ) -> DDTreeVerifyInput:
+        """``full_mask``: whether the target's backend reads SGLang's FULL_MASK (triton,
+        flashinfer); flashmla's verify reads the tree's own ``[bs, W, W]`` mask instead."""
         w = tree.tokens.shape[1]
         return cls(
             draft_token=tree.tokens.reshape(-1),
             positions=tree.layout.positions.reshape(-1),
             draft_token_num=w,
-            custom_mask=verify_mask(tree, batch, draft_input, w),
+            custom_mask=verify_mask(tree, batch, draft_input, w) if full_mask else None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             tree=tree,
         )

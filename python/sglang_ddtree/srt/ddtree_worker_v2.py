@@ -57,6 +57,7 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import (
     apply_dflash_verify_logits_adjustments,
     is_dflash_sampling_verify_available,
+    resolve_dflash_verify_mask_policy,
 )
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -208,6 +209,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
+        # flashmla's verify (DDTREE's split) reads the tree's own mask, not SGLang's FULL_MASK.
+        backend_name, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
+        self._verify_full_mask = backend_name != "FlashMLABackend"
         from sglang.srt.distributed import get_tp_group
 
         self._tp_group = get_tp_group()
@@ -303,7 +307,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if mambaish_config(self.model_runner.model_config) is not None:
             raise ValueError("DDTREE does not support hybrid (Mamba/linear-attention) targets.")
         arch = getattr(self.model_runner.model_config, "attention_arch", None)
-        errors = check_target(self.model_runner.server_args, is_mla="MLA" in str(arch))
+        errors = check_target(
+            self.model_runner.server_args,
+            is_mla="MLA" in str(arch),
+            kv_dtype=self.model_runner.kv_cache_dtype,
+        )
         if errors:
             raise ValueError(format_errors(errors))
         if not is_dflash_sampling_verify_available():
@@ -577,7 +585,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         tree = self._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
 
         # 3) Tree verify on the target.
-        verify_input = DDTreeVerifyInput.from_tree(tree, batch, draft_input)
+        verify_input = DDTreeVerifyInput.from_tree(
+            tree, batch, draft_input, full_mask=self._verify_full_mask
+        )
         # A copy: the batch keeps out_cache_loc past this step; the graph output is reused.
         batch.out_cache_loc = tree.verify_loc.clone()
         sampling_info = batch.sampling_info

@@ -491,6 +491,18 @@ def main() -> int:
         "runs in float16)",
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
+    ap.add_argument(
+        "--attention-backend",
+        default="triton",
+        choices=("triton", "flashmla", "flashinfer"),
+        help="every engine's attention backend (flashmla: MLA targets, page size 64)",
+    )
+    ap.add_argument("--page-size", type=int, default=None, help="every engine's KV page size")
+    ap.add_argument(
+        "--draft-attention-backend",
+        default=None,
+        help="the drafter's attention backend (default: SGLang's choice for the target's)",
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -501,12 +513,20 @@ def main() -> int:
         ENGINE_EXTRA["dtype"] = args.dtype
     if args.tp > 1:
         ENGINE_EXTRA.update(tp_size=args.tp, **TP_CHECK_ENGINE)
+    ENGINE_EXTRA["attention_backend"] = args.attention_backend
+    page_size = args.page_size or (64 if args.attention_backend == "flashmla" else None)
+    if page_size:
+        ENGINE_EXTRA["page_size"] = page_size
+    if args.draft_attention_backend:
+        ENGINE_EXTRA["speculative_draft_attention_backend"] = args.draft_attention_backend
     prompts = make_prompts(len(tiny_models.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     summary: dict = {
         "models": models,
         "arch": args.arch,
         "dtype": args.dtype or "auto",
         "tp": args.tp,
+        "attention_backend": args.attention_backend,
+        "page_size": page_size or 1,
     }
     checks = [c for c in args.checks.split(",") if c]
     unknown = set(checks) - set(ALL_CHECKS)

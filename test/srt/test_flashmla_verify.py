@@ -1,0 +1,140 @@
+"""The tree verify on a prefix part computed elsewhere (``core.tree_attention_with_prefix``), as
+the flashmla backend's DDTREE verify runs it: FlashMLA's paged decode kernel over each request's
+cached prefix (with its log-sum-exp), the ancestor block and the merge in the tree kernel.
+
+CPU: the merge's logic under Triton's interpreter, the prefix part from torch, against the
+masked reference; calibrated (a prefix part with a wrong log-sum-exp fails). GPU (``gpu``
+marker): FlashMLA itself on a 64-slot paged latent cache (K2.6's one-rank widths: 8 query heads,
+keys 576, values 512), ragged prefixes on and across page boundaries, the nodes' KV crossing
+into the next page, bs 1-64, one case replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_ddtree.core.tree_attention import tree_attention_reference
+
+
+def prefix_part_reference(q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale):
+    """Every node against its request's prefix alone, no mask: ``([bs, W, Hq, Dv] output,
+    [bs, Hq, W] float32 natural-log log-sum-exp)``, as FlashMLA's decode kernel returns them."""
+    bs = kv_indptr.numel() - 1
+    hq, hkv = q.shape[1], k_buffer.shape[1]
+    heads = torch.arange(hq) // (hq // hkv)
+    out = torch.empty(bs, w, hq, v_buffer.shape[-1], dtype=q.dtype)
+    lse = torch.empty(bs, hq, w, dtype=torch.float32)
+    for b in range(bs):
+        pre = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+        k = k_buffer[pre][:, heads].float()  # [P, Hq, D]
+        v = v_buffer[pre][:, heads].float()
+        scores = torch.einsum("ihd,jhd->hij", q[b * w : (b + 1) * w].float(), k) * sm_scale
+        lse[b] = torch.logsumexp(scores, -1)
+        out[b] = torch.einsum("hij,jhd->ihd", scores.softmax(-1), v).to(q.dtype)
+    return out, lse
+
+
+_INTERPRETED_CHECK = """
+import torch
+from test_tree_attention import random_case
+from test_flashmla_verify import prefix_part_reference
+from sglang_ddtree.core.tree_attention import tree_attention_reference, tree_attention_with_prefix
+
+cases = [
+    dict(bs=3, w=7, hq=4, hkv=1, d=40, dv=32, prefix=[5, 1, 37], seed=1, mla=True),
+    dict(bs=2, w=17, hq=2, hkv=1, d=144, dv=128, prefix=[9, 70], seed=2, mla=True),  # W > 16
+    dict(bs=2, w=5, hq=4, hkv=2, d=24, dv=20, prefix=[3, 11], seed=3),  # grouped heads
+]
+for case in cases:
+    args, scale = random_case(**case)
+    q, k, v, indptr, indices, loc, mask = args
+    w = mask.shape[1]
+    out, lse = prefix_part_reference(q, k, v, indptr, indices, w, scale)
+    want = tree_attention_reference(*args, scale)
+    for dv_block, rows in ((None, None), (16, None), (None, 16)):
+        got = tree_attention_with_prefix(q, k, v, loc, mask, scale, out, lse,
+                                         tree_dv_block=dv_block, tree_rows=rows)
+        err = (got - want).abs().max().item()
+        assert err < 1e-4, (case, dv_block, rows, err)
+    # Calibration: a prefix part whose log-sum-exp is off by log 2 is far from the reference.
+    bad = tree_attention_with_prefix(q, k, v, loc, mask, scale, out, lse + 0.693)
+    assert (bad - want).abs().max().item() > 1e-2, case
+print("interpreted prefix merge OK")
+"""
+
+
+def test_tree_attention_with_prefix_interpreted(run_interpreted):
+    run_interpreted(_INTERPRETED_CHECK, "interpreted prefix merge OK")
+
+
+def test_prefix_part_reference_merges_to_the_reference():
+    """The torch prefix part, merged with the tree part by ``merge_attention_states``, is the
+    masked reference: the interpreted check's input is right."""
+    from test_tree_attention import random_case
+
+    from sglang_ddtree.core.tree_attention import merge_attention_states
+
+    args, scale = random_case(2, 5, 4, 1, 24, 16, [6, 2], seed=5, mla=True)
+    q, k, v, indptr, indices, loc, mask = args
+    w = 5
+    out, lse = prefix_part_reference(q, k, v, indptr, indices, w, scale)
+    # The tree part alone: each request's nodes under the ancestor mask, with its lse.
+    want = tree_attention_reference(*args, scale)
+    parts = []
+    for b in range(2):
+        qb = q[b * w : (b + 1) * w].float()
+        kb = k[loc[b * w : (b + 1) * w].long()][:, 0].float()
+        vb = v[loc[b * w : (b + 1) * w].long()][:, 0].float()
+        s = torch.einsum("ihd,jd->hij", qb, kb) * scale
+        s = s.masked_fill(~mask[b], float("-inf"))
+        parts.append((torch.einsum("hij,jd->ihd", s.softmax(-1), vb), torch.logsumexp(s, -1)))
+    o2 = torch.cat([p[0] for p in parts])
+    l2 = torch.cat([p[1].transpose(0, 1) for p in parts])
+    o1 = out.reshape(2 * w, 4, -1)
+    l1 = lse.transpose(1, 2).reshape(2 * w, 4)
+    got = merge_attention_states(o1, l1, o2, l2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "bs,w,prefix",
+    [
+        (1, 16, [8192]),
+        (4, 16, [1, 63, 64, 65]),  # on and across a page boundary; nodes spill into a new page
+        (3, 33, [127, 128, 129]),
+        (8, 32, [5000, 64, 2, 700, 4097, 33, 640, 1]),
+        (64, 8, [37 + 61 * i for i in range(64)]),
+        (2, 65, [2000, 50]),
+    ],
+)
+def test_flashmla_split_equals_reference(bs, w, prefix, load_benchmark):
+    """FlashMLA's prefix part (paged latent cache, 64-slot pages, shuffled) merged with the
+    ancestor block equals the masked reference within bf16 rounding, and a CUDA-graph replay
+    gives the same bits as the eager call."""
+    pytest.importorskip("sgl_kernel.flash_mla")
+    bench = load_benchmark("bench_tree_attention")
+    t = bench.random_verify(bs, w, prefix, 8, 1, 576, seed=bs + w, dv=512, page=64)
+    scale = 576**-0.5
+    prefix_part, split = bench.flashmla_split(t, w, scale)
+    got = split()
+    want = tree_attention_reference(
+        t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
+    )
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    # FlashMLA's lse is the natural log of the prefix part's sum (what the merge assumes).
+    _, lse = prefix_part()
+    out_ref, lse_ref = prefix_part_reference(
+        t["q"].cpu(), t["k"].cpu(), t["v"].cpu(), t["kv_indptr"].cpu(), t["kv_indices"].cpu(),
+        w, scale,
+    )  # fmt: skip
+    torch.testing.assert_close(lse.cpu(), lse_ref, atol=2e-2, rtol=1e-3)
+    graph = torch.cuda.CUDAGraph()
+    holder = {}
+    with torch.cuda.graph(graph):
+        holder["out"] = split()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(holder["out"], got)
