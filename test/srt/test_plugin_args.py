@@ -441,3 +441,16 @@ def test_dense_mla_control_pair(tmp_path):
     assert isinstance(qwen, tm.TinyPairConfig)
     with pytest.raises(ValueError):
         tm.make_pair("mla-moe", str(tmp_path / "bad"))
+
+
+def test_verify_backend_named_by_the_backend_object():
+    """The worker names the verify backend by SGLang's backend class; a prefill / decode split
+    falls back to the server args' verify side."""
+    assert dargs.verify_backend_name("FlashMLABackend", good_cfg()) == "flashmla"
+    assert dargs.verify_backend_name("TritonAttnBackend", good_cfg(attention_backend="fa3")) == (
+        "triton"
+    )
+    split = good_cfg(prefill_attention_backend="flashinfer", decode_attention_backend="flashmla")
+    assert dargs.verify_backend_name("HybridAttnBackend", split) == "flashinfer"
+    errors = dargs.check_target(good_cfg(), is_mla=True, backend="trtllm_mla")
+    assert len(errors) == 1 and "'trtllm_mla'" in errors[0]

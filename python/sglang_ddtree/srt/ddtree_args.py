@@ -304,13 +304,33 @@ def check_server_args(cfg: Any) -> list[str]:
     return errors
 
 
-def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None) -> list[str]:
+# SGLang's attention backend classes by the --attention-backend name that builds them.
+BACKEND_CLASSES = {
+    "TritonAttnBackend": "triton",
+    "FlashInferAttnBackend": "flashinfer",
+    "FlashInferMLAAttnBackend": "flashinfer",
+    "FlashMLABackend": "flashmla",
+    "TRTLLMMLABackend": "trtllm_mla",
+    "CutlassMLABackend": "cutlass_mla",
+    "FlashAttentionBackend": "fa3",
+}
+
+
+def verify_backend_name(backend_class: str, cfg: Any) -> str | None:
+    """The backend name of the target's attention backend object (its class name, through
+    SGLang's hybrid wrappers); a prefill / decode split (``HybridAttnBackend``) verifies on the
+    side ``target_verify_backend`` names."""
+    return BACKEND_CLASSES.get(backend_class) or target_verify_backend(cfg)
+
+
+def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | None = None):
     """Refusals that need the loaded target: an MLA target verifies on triton or flashmla
     (`MLA_BACKENDS`; flashinfer's MLA path, trtllm_mla and cutlass_mla apply no per-branch
     tree mask and return no log-sum-exp DDTREE's split could merge), an MHA target not on
     flashmla; ``kv_dtype``, the resolved KV cache dtype (a torch dtype), must be bfloat16 or
-    another 16-bit float (a checkpoint may turn ``auto`` into FP8)."""
-    backend = target_verify_backend(cfg)
+    another 16-bit float (a checkpoint may turn ``auto`` into FP8). ``backend``: the verify
+    backend's name where the caller knows it (`verify_backend_name`), else from ``cfg``."""
+    backend = backend or target_verify_backend(cfg)
     errors = []
     if is_mla and backend not in MLA_BACKENDS:
         errors.append(

@@ -81,6 +81,7 @@ from sglang_ddtree.srt.ddtree_args import (
     read_top_p_kernel,
     read_topk,
     top_p_kernel_unavailable,
+    verify_backend_name,
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
@@ -307,12 +308,16 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if mambaish_config(self.model_runner.model_config) is not None:
             raise ValueError("DDTREE does not support hybrid (Mamba/linear-attention) targets.")
         arch = getattr(self.model_runner.model_config, "attention_arch", None)
+        backend_class, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
+        server_args = self.model_runner.server_args
         errors = check_target(
-            self.model_runner.server_args,
+            server_args,
             is_mla="MLA" in str(arch),
             kv_dtype=self.model_runner.kv_cache_dtype,
+            backend=verify_backend_name(backend_class, server_args),
         )
         if errors:
+            logger.error("DDTREE refused the target (attention backend %s).", backend_class)
             raise ValueError(format_errors(errors))
         if not is_dflash_sampling_verify_available():
             raise RuntimeError(
