@@ -40,6 +40,7 @@ buffers, draft spec info, KV helper bounds) sees the drafter block.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -210,9 +211,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
-        # flashmla's verify (DDTREE's split) reads the tree's own mask, not SGLang's FULL_MASK.
-        backend_name, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
-        self._verify_full_mask = backend_name != "FlashMLABackend"
         from sglang.srt.distributed import get_tp_group
 
         self._tp_group = get_tp_group()
@@ -298,6 +296,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self._glue_on and glue_at_startup_enabled(os.environ):
             capture_glue_at_startup(self)
 
+    @functools.cached_property
+    def _verify_full_mask(self) -> bool:
+        """Whether the target's verify reads SGLang's FULL_MASK (triton, flashinfer) or the
+        tree's own ``[bs, W, W]`` mask (flashmla, DDTREE's split). Asked at the first verify:
+        the target's backend object is built after the worker."""
+        name, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
+        return verify_backend_name(name, self.model_runner.server_args) != "flashmla"
+
     def shape_for(self, bs: int) -> DDTreeShape:
         """The step shape for ``bs`` requests (host int; no device read)."""
         return self.ddtree_shapes[self.budget_schedule.num_nodes_for(bs)]
@@ -308,16 +314,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if mambaish_config(self.model_runner.model_config) is not None:
             raise ValueError("DDTREE does not support hybrid (Mamba/linear-attention) targets.")
         arch = getattr(self.model_runner.model_config, "attention_arch", None)
-        backend_class, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
-        server_args = self.model_runner.server_args
+        from sglang.srt.configs.model_config import AttentionArch
+
+        # AttentionArch is an IntEnum: compared by value (its str() is the number).
         errors = check_target(
-            server_args,
-            is_mla="MLA" in str(arch),
+            self.model_runner.server_args,
+            is_mla=arch == AttentionArch.MLA,
             kv_dtype=self.model_runner.kv_cache_dtype,
-            backend=verify_backend_name(backend_class, server_args),
         )
         if errors:
-            logger.error("DDTREE refused the target (attention backend %s).", backend_class)
             raise ValueError(format_errors(errors))
         if not is_dflash_sampling_verify_available():
             raise RuntimeError(
