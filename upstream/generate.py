@@ -87,7 +87,9 @@ NOT_UPSTREAM = {
     "sglang_ddtree.serve": "launcher tooling",
     "sglang_ddtree.demo": "CPU demo",
     "sglang_ddtree.step_timing": "benchmark instrumentation",
-    "sglang_ddtree.srt.ddtree_attention_hook": "plugin hook; in-tree the triton_backend.py edit",
+    "sglang_ddtree.srt.ddtree_attention_hook": (
+        "plugin hooks; in-tree the triton_backend.py and flashmla_backend.py edits"
+    ),
     "sglang_ddtree.pair": "the shipped trained model pair and its training",
     "sglang_ddtree.testing": "this repository's GPU checks",
 }
@@ -118,6 +120,9 @@ KERNEL_FILES = [
 PRISTINE_SHA256 = {
     "python/sglang/srt/layers/attention/triton_backend.py": (
         "5b60f958359d03d742776c29bbb3cf412661a6b6cf0feec6da4886d922092fbe"
+    ),
+    "python/sglang/srt/layers/attention/flashmla_backend.py": (
+        "1568c9f98ab127a5d40552f235d0389bfc1144ade29568863e7aea80ae8d9ce5"
     ),
     "python/sglang/srt/arg_groups/speculative_hook.py": (
         "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
@@ -281,6 +286,47 @@ _register_ddtree()
             )  # fmt: skip
             if out is not None:
                 return out
+""",
+    ),
+    # 7. On flashmla: the DDTREE verify's prefix part through FlashMLA's paged kernel, the
+    #    ancestor block and merge of core.tree_attention_with_prefix; its tile schedule and
+    #    tree mask set per forward by the two metadata calls (eager, and before each replay).
+    Edit(
+        "python/sglang/srt/layers/attention/flashmla_backend.py",
+        "            # target_verify / draft_extend_v2: fixed-q decode-style kernel.\n",
+        """            from sglang.srt.speculative.ddtree_attention import (
+                flashmla_tree_verify_attention,
+            )
+
+            out = flashmla_tree_verify_attention(
+                self, q, k, v, layer, forward_batch, save_kv_cache
+            )
+            if out is not None:
+                return out
+""",
+    ),
+    Edit(
+        "python/sglang/srt/layers/attention/flashmla_backend.py",
+        (
+            "            super().init_forward_metadata(forward_batch)\n",
+            "\n    def init_cuda_graph_state(",
+        ),
+        """        from sglang.srt.speculative import ddtree_attention
+
+        if ddtree_attention.flashmla_handles(self, forward_batch):
+            ddtree_attention.set_flashmla_verify(self, forward_batch, in_graph=False)
+""",
+    ),
+    Edit(
+        "python/sglang/srt/layers/attention/flashmla_backend.py",
+        (
+            "                forward_batch, in_capture=in_capture\n            )\n",
+            "\n    def _eager_block_kv_indices(",
+        ),
+        """        from sglang.srt.speculative import ddtree_attention
+
+        if ddtree_attention.flashmla_handles(self, forward_batch):
+            ddtree_attention.set_flashmla_verify(self, forward_batch, in_graph=True)
 """,
     ),
 ]

@@ -673,11 +673,12 @@ def table(result: dict) -> str:
     steps = [(r["config"], s) for r in rows for s in r["step"] if "temp" in s]
     by = {(c, s.get("prompt_len"), s["bs"], s["temp"]): s for c, s in steps}
     keys = sorted({(s["temp"], s.get("prompt_len") or 0, s["bs"]) for _, s in steps})
+    by_prompt = any(plen for _, plen, _ in keys)  # a prompt column where lengths were set
     lines += [
         "step ms (accept length, tokens/s) per configuration",
         "",
-        "| T | prompt | bs | " + " | ".join(configs) + " |",
-        "|---|---:|---:|" + "---|" * len(configs),
+        "| T | " + ("prompt | " if by_prompt else "") + "bs | " + " | ".join(configs) + " |",
+        "|---|" + ("---:|" if by_prompt else "") + "---:|" + "---|" * len(configs),
     ]
     for temp, plen, bs in keys:
         cells = []
@@ -688,7 +689,8 @@ def table(result: dict) -> str:
                 continue
             acc = f"{s['accept_length']:.2f}" if s["accept_length"] else "1"
             cells.append(f"{s['step_ms']:.2f} ({acc}, {s['tok_per_s']:.0f})")
-        lines.append(f"| {temp} | {plen or '-'} | {bs} | " + " | ".join(cells) + " |")
+        prompt = f"{plen or '-'} | " if by_prompt else ""
+        lines.append(f"| {temp} | {prompt}{bs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

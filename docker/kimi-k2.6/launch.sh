@@ -29,9 +29,9 @@ case "$HW" in
 esac
 MEM="${MEM_FRACTION_STATIC:-$default_mem}"
 
-# DDTREE needs page size 1 and the triton attention backend: among SGLang's MLA backends only
-# triton applies the per-branch tree mask in target verify (flashmla, trtllm_mla and cutlass_mla
-# cannot). No --speculative-num-draft-tokens: DDTREE's default adaptive tree budget applies.
+# The triton attention backend at page size 1: the tree verify with its end-to-end checks (see
+# README.md for flashmla at page size 64, served but not yet checked end to end). No
+# --speculative-num-draft-tokens: DDTREE's default adaptive tree budget applies.
 cmd=(
   python3 -m sglang.launch_server
   --model-path "$MODEL"

@@ -386,11 +386,14 @@ def test_server_args_resolution(tmp_path, monkeypatch):
 
     plugin.register()
     target, draft = make_tiny_pair(str(tmp_path))
+    # The sampling backend named: without CUDA, SGLang would resolve it to pytorch, which
+    # DDTREE refuses (its law is the flashinfer sampler's).
     kw = dict(
         model_path=target,
         speculative_algorithm="DDTREE",
         speculative_draft_model_path=draft,
         device="cuda",
+        sampling_backend="flashinfer",
     )
     try:
         sa = ServerArgs(attention_backend="triton", **kw)

@@ -325,3 +325,57 @@ def test_device_gaps_sum_idle_between_kernels_per_pair():
     assert lines[3].split() == ["10.0", "1.0", "gemm", "->", "attn"]
     assert len(lines) == 4
     assert device_gaps([], steps=3).endswith("no device activity\n")
+
+
+def test_kimi_one_rank_shapes(bench):
+    """``--tp-rank-of 8``: one TP-8 rank of K2.6 as a tp-1 model, its routed experts in INT4."""
+    target, drafter = bench.kimi_rank_configs(61, 8)
+    assert target["num_hidden_layers"] == 61 and target["n_routed_experts"] == 384
+    assert (target["num_attention_heads"], target["num_key_value_heads"]) == (8, 8)
+    assert target["moe_intermediate_size"] == 256 and target["intermediate_size"] == 2304
+    assert target["vocab_size"] == drafter["vocab_size"] == 20480
+    assert target["kv_lora_rank"] == 512 and target["q_lora_rank"] == 1536  # not split by TP
+    assert max(target["bos_token_id"], target["eos_token_id"]) < 20480
+    assert drafter["dflash_config"]["mask_token_id"] < 20480
+    assert (drafter["num_attention_heads"], drafter["num_key_value_heads"]) == (8, 1)
+    assert drafter["intermediate_size"] == 18432 // 8
+    quant = target["quantization_config"]
+    weights = quant["config_groups"]["group_0"]["weights"]
+    assert quant["quant_method"] == "compressed-tensors"
+    assert (weights["num_bits"], weights["group_size"], weights["symmetric"]) == (4, 32, True)
+    # Only routed experts are quantized: attention, dense and shared MLPs stay in bf16.
+    import re
+
+    ignored = [p[3:] for p in quant["ignore"] if p.startswith("re:")]
+
+    def kept_bf16(name):
+        return any(re.fullmatch(p, name) for p in ignored)
+
+    assert kept_bf16("model.layers.3.self_attn.kv_a_proj_with_mqa")
+    assert kept_bf16("model.layers.0.mlp.gate_up_proj")
+    assert kept_bf16("model.layers.5.mlp.shared_experts.down_proj")
+    assert not kept_bf16("model.layers.5.mlp.experts.17.gate_proj")
+
+
+def test_configs_name_their_attention_backend(bench):
+    assert bench.split_backend("dflash@flashmla", "triton") == ("dflash", "flashmla")
+    assert bench.split_backend("ddtree-15+extendattn", "triton") == (
+        "ddtree-15+extendattn",
+        "triton",
+    )
+    with pytest.raises(SystemExit, match="unknown attention backend"):
+        bench.split_backend("dflash@fa3", "triton")
+
+
+def test_table_has_a_prompt_column_when_lengths_were_set(bench):
+    step = {"temp": "T1", "step_ms": 19.0, "accept_length": None, "tok_per_s": 52.6}
+    result = {
+        "rows": [
+            {"config": "dflash@flashmla", "step": [{**step, "bs": 1, "prompt_len": 16384},
+                                                   {"bs": 16, "prompt_len": 65536,
+                                                    "skipped": "KV"}]},
+        ],
+    }  # fmt: skip
+    md = bench.table(result)
+    assert "| T | prompt | bs | dflash@flashmla |" in md
+    assert "| T1 | 16384 | 1 | 19.00 (1, 53) |" in md

@@ -378,6 +378,16 @@ def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
     assert not attn.handles(backend, k, v, layer, fb, {})
 
 
+def test_attention_switch_off_is_refused_on_flashmla():
+    from sglang_ddtree.srt.ddtree_attention import ENV, flashmla_switch_error
+
+    assert flashmla_switch_error("flashmla", {}) is None
+    assert flashmla_switch_error("triton", {ENV: "0"}) is None
+    error = flashmla_switch_error("flashmla", {ENV: "0"})
+    assert error is not None and "no tree" in error and "--attention-backend triton" in error
+    assert "must be 0" in flashmla_switch_error("triton", {ENV: "on"})
+
+
 def test_attention_switch_is_on_by_default():
     from sglang_ddtree.srt.ddtree_attention import ENV, enabled, env_error
 

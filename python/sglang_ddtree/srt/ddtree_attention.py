@@ -61,6 +61,18 @@ def env_error(environ=None) -> str | None:
     return f"{ENV} must be 0 (the backend's custom-mask kernel) or 1 (the default), not {value!r}"
 
 
+def flashmla_switch_error(verify_backend: str | None, environ=None) -> str | None:
+    """`env_error`, and on flashmla the switch at 0 too: FlashMLA's own verify is a causal
+    block with no tree mask, so there the split is the only tree verify."""
+    error = env_error(environ)
+    if error is None and verify_backend == "flashmla" and not enabled(environ):
+        error = (
+            f"{ENV}=0 keeps the backend's own verify kernel, and flashmla's applies no tree "
+            f"mask; unset {ENV} (or pass --attention-backend triton)."
+        )
+    return error
+
+
 def handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
     """Whether ``tree_verify_attention`` takes this call: a DDTREE target verify with the
     switch on, on a layout its kernels read (anything else stays with the backend)."""

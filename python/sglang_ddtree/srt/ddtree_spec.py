@@ -26,10 +26,11 @@ def validate_server_args(server_args) -> None:
     """Early refusals (called by SGLang before ``handle_server_args``)."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
-    from sglang_ddtree.srt.ddtree_attention import env_error
+    from sglang_ddtree.srt.ddtree_attention import flashmla_switch_error
 
-    errors = dargs.check_server_args(resolved_view(server_args))
-    switch_error = env_error()
+    view = resolved_view(server_args)
+    errors = dargs.check_server_args(view)
+    switch_error = flashmla_switch_error(dargs.target_verify_backend(view))
     if switch_error is not None:
         errors.append(switch_error)
     if errors:

@@ -1,6 +1,8 @@
 """torch.argmax vs core.argmax_triton.argmax_rows under CUDA-graph replay (us per call).
 
-The script run 105 ran (reformatted for the linter afterwards; same statements)."""
+Rows of float32 and bfloat16 logits over Qwen3's 151,936-token vocabulary, 16 to 1,024 rows:
+each call replayed from a CUDA graph and timed between CUDA events; the last column says
+whether the two results are equal (the split kernel keeps torch's first-index tie rule)."""
 
 import torch
 
