@@ -311,10 +311,9 @@ _register_ddtree()
             "            super().init_forward_metadata(forward_batch)\n",
             "\n    def init_cuda_graph_state(",
         ),
-        """        from sglang.srt.speculative import ddtree_attention
+        """        from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
 
-        if ddtree_attention.flashmla_handles(self, forward_batch):
-            ddtree_attention.set_flashmla_verify(self, forward_batch, in_graph=False)
+        set_flashmla_verify(self, forward_batch, in_graph=False)  # DDTREE verify only
 """,
     ),
     Edit(
@@ -323,10 +322,9 @@ _register_ddtree()
             "                forward_batch, in_capture=in_capture\n            )\n",
             "\n    def _eager_block_kv_indices(",
         ),
-        """        from sglang.srt.speculative import ddtree_attention
+        """        from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
 
-        if ddtree_attention.flashmla_handles(self, forward_batch):
-            ddtree_attention.set_flashmla_verify(self, forward_batch, in_graph=True)
+        set_flashmla_verify(self, forward_batch, in_graph=True)  # DDTREE verify only
 """,
     ),
 ]

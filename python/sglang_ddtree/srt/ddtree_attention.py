@@ -210,10 +210,12 @@ def _ddtree_active() -> bool:
 
 
 def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
-    """Per verify forward, before its layers (eager) or before its replay (``in_graph``): the
-    prefix lengths, FlashMLA's tile schedule for them and W x Hq query rows a request, and the
-    ancestor mask, onto ``backend.ddtree_verify``. No host sync: the schedule is FlashMLA's
-    device kernel, the rest device copies."""
+    """Per verify forward that `flashmla_handles`, before its layers (eager) or before its
+    replay (``in_graph``): the prefix lengths, FlashMLA's tile schedule for them and W x Hq
+    query rows a request, and the ancestor mask, onto ``backend.ddtree_verify``. No host sync:
+    the schedule is FlashMLA's device kernel, the rest device copies. Any other forward: no-op."""
+    if not flashmla_handles(backend, forward_batch):
+        return
     from sgl_kernel.flash_mla import get_mla_metadata
 
     bs = forward_batch.batch_size

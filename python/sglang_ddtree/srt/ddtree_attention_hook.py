@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from sglang_ddtree.srt.ddtree_attention import (
     enabled,
-    flashmla_handles,
     flashmla_tree_verify_attention,
     set_flashmla_verify,
     tree_verify_attention,
@@ -58,13 +57,11 @@ def flashmla_forward_extend_hook(
 
 def flashmla_eager_metadata_hook(original_fn, backend, forward_batch, *args, **kwargs):
     out = original_fn(backend, forward_batch, *args, **kwargs)
-    if flashmla_handles(backend, forward_batch):
-        set_flashmla_verify(backend, forward_batch, in_graph=False)
+    set_flashmla_verify(backend, forward_batch, in_graph=False)
     return out
 
 
 def flashmla_graph_metadata_hook(original_fn, backend, forward_batch, *args, **kwargs):
     out = original_fn(backend, forward_batch, *args, **kwargs)
-    if flashmla_handles(backend, forward_batch):
-        set_flashmla_verify(backend, forward_batch, in_graph=True)
+    set_flashmla_verify(backend, forward_batch, in_graph=True)
     return out
