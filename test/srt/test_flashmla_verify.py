@@ -138,3 +138,97 @@ def test_flashmla_split_equals_reference(bs, w, prefix, load_benchmark):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(holder["out"], got)
+
+
+def _fake_flash_mla(monkeypatch, calls):
+    """A stand-in ``sgl_kernel.flash_mla`` whose tile schedule records its inputs: the host
+    logic of `set_flashmla_verify` on machines without FlashMLA."""
+    import sys
+    import types
+
+    def get_mla_metadata(cache_seqlens, rows_per_kv_head, kv_heads):
+        calls.append((cache_seqlens.clone(), rows_per_kv_head, kv_heads))
+        parts = 4 if rows_per_kv_head <= 64 else 2  # depends on W x Hq, as FlashMLA's does
+        tile = torch.full((parts, 8), rows_per_kv_head, dtype=torch.int32)
+        return tile, torch.arange(cache_seqlens.numel() + 1, dtype=torch.int32)
+
+    mod = types.ModuleType("sgl_kernel.flash_mla")
+    mod.get_mla_metadata = get_mla_metadata
+    monkeypatch.setitem(sys.modules, "sgl_kernel", types.ModuleType("sgl_kernel"))
+    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_mla", mod)
+
+
+def _verify_batch(seq_lens, w, tree_mask=None):
+    from types import SimpleNamespace
+
+    tree = (
+        None if tree_mask is None else SimpleNamespace(layout=SimpleNamespace(tree_mask=tree_mask))
+    )
+    return SimpleNamespace(
+        batch_size=len(seq_lens),
+        seq_lens=torch.tensor(seq_lens),
+        forward_mode=SimpleNamespace(is_target_verify=lambda: True),
+        spec_info=SimpleNamespace(draft_token_num=w, tree=tree),
+    )
+
+
+def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
+    """Graph forwards: the schedule (for the prefix lengths and W x Hq rows), the int32 prefix
+    lengths and the tree mask land in buffers whose addresses stay put across replays and
+    widths; a capture's dummy (no tree) keeps the all-True mask; a replay's padded requests keep
+    their rows; eager forwards carry the step's own tensors."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt import ddtree_attention as attn
+    from sglang_ddtree.srt import ddtree_requests
+
+    calls = []
+    _fake_flash_mla(monkeypatch, calls)
+    monkeypatch.setattr(attn, "_switch_on", lambda: True)
+    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: True)
+    backend = SimpleNamespace(
+        req_to_token=torch.zeros(1),
+        cuda_graph_num_splits=torch.zeros(8 + 1, dtype=torch.int32),  # graphs up to bs 8
+        cuda_graph_mla_metadata=torch.zeros(16, 8, dtype=torch.int32),
+        num_draft_tokens=16,  # the largest W
+        num_q_heads=8,
+        is_draft_runner=False,
+        is_fp8_kvcache=False,
+        dcp_world_size=1,
+    )
+    # Capture at bs 4, W 8: no tree yet.
+    attn.set_flashmla_verify(backend, _verify_batch([1, 1, 1, 1], 8), in_graph=True)
+    state = backend.ddtree_verify
+    assert calls[-1][1:] == (8 * 8, 1) and calls[-1][0].dtype == torch.int32
+    assert state.tree_mask.shape == (4, 8, 8) and bool(state.tree_mask.all())
+    assert state.tile_metadata.shape == (4, 8) and state.num_splits.shape == (5,)
+    pointers = (state.prefix_lens.data_ptr(), state.tile_metadata.data_ptr(),
+                state.tree_mask.data_ptr())  # fmt: skip
+    # Replay at padded bs 4 with 3 real requests: their masks copied, the padded row kept.
+    masks = torch.rand(3, 8, 8) > 0.5
+    attn.set_flashmla_verify(backend, _verify_batch([70, 5, 129, 1], 8, masks), in_graph=True)
+    state = backend.ddtree_verify
+    assert (state.prefix_lens.data_ptr(), state.tile_metadata.data_ptr(),
+            state.tree_mask.data_ptr()) == pointers  # fmt: skip
+    assert state.prefix_lens.tolist() == [70, 5, 129, 1]
+    assert torch.equal(state.tree_mask[:3], masks) and bool(state.tree_mask[3].all())
+    # Another W (16): its schedule's own number of parts, the same buffers.
+    attn.set_flashmla_verify(backend, _verify_batch([9, 9], 16), in_graph=True)
+    state = backend.ddtree_verify
+    assert calls[-1][1] == 16 * 8 and state.tile_metadata.shape == (2, 8)
+    assert state.tile_metadata.data_ptr() == pointers[1] and state.tree_mask.shape == (2, 16, 16)
+    # Eager: the step's own tensors, no buffer; without a tree it refuses.
+    masks = torch.rand(2, 8, 8) > 0.5
+    attn.set_flashmla_verify(backend, _verify_batch([300, 2], 8, masks), in_graph=False)
+    assert torch.equal(backend.ddtree_verify.tree_mask, masks)
+    assert backend.ddtree_verify.prefix_lens.tolist() == [300, 2]
+    with pytest.raises(RuntimeError, match="without the step's tree"):
+        attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
+    # Not a DDTREE verify (the drafter, an FP8 cache, DDTREE not running): untouched.
+    before = len(calls)
+    for changed in (dict(is_draft_runner=True), dict(is_fp8_kvcache=True)):
+        other = SimpleNamespace(**{**vars(backend), **changed})
+        attn.set_flashmla_verify(other, _verify_batch([3], 8, masks[:1]), in_graph=False)
+    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: False)
+    attn.set_flashmla_verify(backend, _verify_batch([3], 8, masks[:1]), in_graph=False)
+    assert len(calls) == before
