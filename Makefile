@@ -5,71 +5,74 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install install-plugin install-serve run test test-gpu test-gpu-core lint format bench bench-serving demo train-pair upstream-patch
+.PHONY: help install install-plugin install-serve run test test-gpu test-gpu-core lint format bench bench-step bench-serving demo train-pair upstream-patch
 
-install:
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+
+install:  ## the package, editable, with its test tools (torch from the machine, else TORCH_SPEC)
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[test]"
 
 # The plugin alone on a machine that already has SGLang 0.5.17 (the serving image, the GPU runs):
 # the same install step everywhere, editable, no dependency touched.
-install-plugin:
+install-plugin:  ## the plugin alone where SGLang 0.5.17 is installed (no dependency touched)
 	$(PIP) install --no-deps --no-build-isolation -e .
 
 # GPU host with network: SGLang 0.5.17 and its CUDA stack.
-install-serve:
+install-serve:  ## SGLang 0.5.17 and its CUDA stack, with the plugin
 	$(PIP) install -e ".[serve,test]"
 
 # The main job: a DDTREE server (tiny models unless MODEL/DRAFT are given); the CPU demo where
 # no GPU or SGLang is available.
-run:
+run:  ## the main job: a DDTREE server (MODEL=, DRAFT=, ARGS=); the CPU demo without a GPU
 	$(PYTHON) -m sglang_ddtree.serve $(if $(MODEL),--model-path $(MODEL) --draft-model-path $(DRAFT)) $(ARGS)
 
-test:
+test:  ## the tests (GPU tests skip themselves without CUDA)
 	$(PYTHON) -m pytest test/srt -q
 
-test-gpu:
+test-gpu:  ## every gpu test (a CUDA machine with SGLang)
 	$(PYTHON) -m pytest test/srt -m gpu -v
 
 # The gpu tests without the two long server checks (the law against the non-speculative server,
 # faults and load): the kernels, CUDA graphs and the tiny-pair end-to-end suite, ~6 minutes.
-test-gpu-core:
+test-gpu-core:  ## the gpu tests without the law and fault-and-load server checks
 	$(PYTHON) -m pytest test/srt -m gpu -v --ignore test/srt/test_law_vs_nospec.py \
 		--ignore test/srt/test_faults_e2e.py
 
-lint:
+lint:  ## ruff check and format check
 	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py
 	$(PYTHON) -m ruff format --check python/sglang_ddtree/core python/sglang_ddtree/demo.py benchmark test/srt \
 		upstream/generate.py upstream/smoke_in_tree.py
 
-format:
+format:  ## ruff format and fix
 	$(PYTHON) -m ruff format python test benchmark
 	$(PYTHON) -m ruff check --fix python test benchmark
 
-bench:
+bench:  ## the core's step time (bench_core.json)
 	$(PYTHON) benchmark/ddtree/bench_core.py --out bench_core.json
 
 # In SGLang on a CUDA machine: step cost + accept lengths (pair, 8B shape), serving benchmark.
-bench-step:
+bench-step:  ## decode-step cost and accept lengths inside SGLang (a GPU)
 	$(PYTHON) benchmark/ddtree/bench_step.py --model pair --phases accept,step --out bench_out
 	$(PYTHON) benchmark/ddtree/bench_step.py --model 8b --out bench_out
 
 # Serving with SGLang's own client (sglang.benchmark.serving): none / DFLASH / DDTREE servers in
 # alternating order, 3 repeats, c = 1/8/32/64, T = 0 and T = 1 / top_p 0.95; resumable (--out).
-bench-serving:
+bench-serving:  ## serving with SGLang's own client: none / DFLASH / DDTREE servers (a GPU)
 	$(PYTHON) benchmark/ddtree/bench_serving.py --out bench_out
 
 # The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md).
 # Pristine SGLang sources: SGLANG_SRC=DIR, an installed sglang 0.5.17, or pip download (cached).
-upstream-patch:
+upstream-patch:  ## regenerate the SGLang pull request (upstream/sglang-ddtree.patch)
 	$(PYTHON) upstream/generate.py $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
 
-demo:
+demo:  ## the CPU demo on the shipped trained pair
 	$(PYTHON) -m sglang_ddtree.demo
 
 # Rebuild the shipped trained pair: data on the CPU, training on one GPU (~7 min on an H200),
 # then the CPU evaluation that fills metrics.json.
-train-pair:
+train-pair:  ## rebuild the shipped trained pair (one GPU, ~7 min)
 	$(PYTHON) -m sglang_ddtree.pair.corpus --out .pair-data
 	$(PYTHON) -m sglang_ddtree.pair.train --data .pair-data --out python/sglang_ddtree/pair/assets
 	$(PYTHON) -m sglang_ddtree.pair.evaluate

@@ -68,7 +68,7 @@ per decode step less the all-reduces. A configuration may name the target's atte
 size 64. ``--prompt-lens`` runs the step phase at each prompt length; ``--max-kv-tokens`` skips
 the cells whose KV does not fit.
 
-On an H200 (after the README's bundle setup), writing into ``bench_out/``::
+On an H200 with SGLang 0.5.17 and the plugin installed, writing into ``bench_out/``::
 
     python3 benchmark/ddtree/bench_step.py --model pair --phases accept,step --out bench_out
     python3 benchmark/ddtree/bench_step.py --model 8b --configs none,dflash,ddtree-32,ddtree-64 \\

@@ -440,12 +440,15 @@ def run_method(pair, prompt, new_tokens, method, sampling, trace=False) -> Run:
     return generate_spec(target, drafter, prompt, new_tokens, method, sampling, trace)
 
 
-def run_all(pair, prompt, new_tokens, rows, samplings, trace_budget=None) -> dict:
+def run_all(pair, prompt, new_tokens, rows, samplings, trace_budget=None, stage=None) -> dict:
     """Every method at every sampling setting -> {(method name, temperature): Run}. The greedy
-    run of the method whose budget is ``trace_budget`` keeps its trees."""
+    run of the method whose budget is ``trace_budget`` keeps its trees. ``stage``: called with a
+    line as each run starts (the demo prints it: the whole table takes minutes on a CPU)."""
     runs = {}
     for s in samplings:
         for m in rows:
+            if stage is not None:
+                stage(f"{m.name}, T={s.temperature:g}: {new_tokens} tokens ...")
             trace = s.greedy and m.budget == trace_budget and m.topk > 1
             runs[m.name, s.temperature] = run_method(pair, prompt, new_tokens, m, s, trace)
     return runs
@@ -495,10 +498,17 @@ def run_pair(args: argparse.Namespace) -> None:
         f"{torch.get_num_threads()} threads"
     )
     print(f"held-out prompt {args.prompt} ({len(prompt)} tokens), {args.new_tokens} new tokens")
-    print("-" * 72 + "\n" + text.rstrip("\n") + "\n" + "-" * 72)
+    print("-" * 72 + "\n" + text.rstrip("\n") + "\n" + "-" * 72, flush=True)
 
-    run_all(pair, prompt, 8, rows, samplings)  # warm-up
-    runs = run_all(pair, prompt, args.new_tokens, rows, samplings, trace_budget=args.show_budget)
+    def stage(line: str) -> None:
+        print(f"[{time.perf_counter() - t0:5.1f} s] {line}", flush=True)
+
+    stage(f"warm-up: every method for 8 tokens ({len(rows)} methods x {len(samplings)} settings)")
+    run_all(pair, prompt, 8, rows, samplings)
+    runs = run_all(
+        pair, prompt, args.new_tokens, rows, samplings, trace_budget=args.show_budget, stage=stage
+    )
+    stage("done")
 
     greedy = runs[rows[0].name, 0.0]
     print(f"\ngreedy continuation (no speculation):\n{tok.decode(greedy.tokens)}")

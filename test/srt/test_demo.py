@@ -96,3 +96,14 @@ def test_bad_arguments_exit_2_with_the_range(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         D.main(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_each_run_announces_itself_as_it_starts(pair, prompt):
+    """The demo prints a line as each (method, temperature) run starts, before its result."""
+    rows = D.methods([16], pair[1].block_size - 1)
+    samplings = [D.Sampling(), D.Sampling(1.0, 0.95, 0)]
+    lines = []
+    runs = D.run_all(pair, prompt, 3, rows, samplings, stage=lines.append)
+    assert len(lines) == len(runs) == len(rows) * len(samplings)
+    assert lines[0] == "no speculation, T=0: 3 tokens ..."
+    assert lines[-1] == "DDTree budget 16, T=1: 3 tokens ..."
