@@ -65,8 +65,8 @@ heads, all 384 routed experts at a 2048 / 8 = 256 intermediate in INT4, dense an
 vocabulary 163,840 / 8, the drafter's 64 / 8 heads / 8), 61 layers, which does one rank's work
 per decode step less the all-reduces. A configuration may name the target's attention backend
 (``dflash@flashmla``, ``ddtree-16@triton``; else ``--attention-backend``); flashmla runs at page
-size 64. ``--prompt-lens`` runs the step phase at each prompt length; ``--max-kv-tokens`` skips
-the cells whose KV does not fit.
+size 64. ``--prompt-lens`` runs the step phase at each prompt length; a cell whose requests do
+not fit the engine's KV pool together (or ``--max-kv-tokens``) is skipped.
 
 On an H200 with SGLang 0.5.17 and the plugin installed, writing into ``bench_out/``::
 
@@ -386,6 +386,16 @@ def verify_tokens_per_request(spec: dict, config: str) -> int:
     raise SystemExit(f"--phases experts needs a fixed W: none, dflash or ddtree-N, not {config!r}")
 
 
+def widest_verify_width(spec: dict, config: str) -> int:
+    """The widest W a configuration verifies (the default DDTREE schedule's is 2B; 0 without
+    speculation). SGLang's DFLASH-family scheduler reserves 2 W of KV slots a request."""
+    if config == "none":
+        return 0
+    if config == "ddtree":
+        return 2 * spec["block"]
+    return verify_tokens_per_request(spec, config)
+
+
 def uniform_distinct_experts(tokens: int, experts: int, top_k: int) -> float:
     """Expected distinct experts when each of ``tokens`` tokens picks ``top_k`` of ``experts``
     uniformly at random: the spread of an untrained router, an upper reference for a trained
@@ -587,8 +597,12 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 "disable_cuda_graph",
                 "cuda_graph_max_bs_decode",
                 "disable_overlap_schedule",
+                "max_total_num_tokens",
             )
         }
+        # The KV pool holds this many tokens: a cell whose requests do not fit together never
+        # runs as one batch of bs, so it is skipped, not timed.
+        pool_tokens = info.get("max_total_num_tokens")
         if "accept" in args.phases and config != "none" and args.model == "pair":
             for tname, tparams in TEMPS:
                 params = {"max_new_tokens": args.accept_tokens, "ignore_eos": True, **tparams}
@@ -613,10 +627,17 @@ def run_config(spec, config, args, timing_dir) -> dict:
             by_len = spec.get("prompts_by_len") or {None: spec["prompts"]}
             for plen, pool in by_len.items():
                 for bs in args.batch_sizes:
-                    if args.max_kv_tokens and bs * ((plen or 0) + args.step_tokens) > (
-                        args.max_kv_tokens
+                    limits = [n for n in (args.max_kv_tokens, pool_tokens) if n]
+                    kv_limit = min(limits) if limits else None
+                    if (
+                        kv_limit
+                        and bs
+                        * ((plen or 0) + args.step_tokens + 2 * widest_verify_width(spec, base))
+                        > kv_limit
                     ):
-                        row["step"].append({"bs": bs, "prompt_len": plen, "skipped": "KV"})
+                        row["step"].append(
+                            {"bs": bs, "prompt_len": plen, "skipped": f"KV (pool {kv_limit})"}
+                        )
                         continue
                     prompts = [pool[i % len(pool)] for i in range(bs)]
                     for tname, tparams in args.temps:
