@@ -139,3 +139,25 @@ def test_launch_commands_of_the_checks():
     assert "--enforce-disable-flashinfer-allreduce-fusion" in two
     flags = dict(zip(two[3::2], two[4::2]))
     assert flags["--speculative-algorithm"] == "DFLASH" and flags["--tp-size"] == "2"
+
+
+def test_backend_flags_of_the_checks():
+    """flashmla runs at its page size 64 unless a page size is given; the drafter's backend and
+    the dtype pass through; no flags keep the server on triton at page 1."""
+    from sglang_ddtree.testing import faults
+
+    assert faults.backend_flags(None, None, None, None) == []
+    mla = faults.backend_flags("flashmla", None, "triton", "bfloat16")
+    flags = dict(zip(mla[::2], mla[1::2]))
+    assert flags == {
+        "--attention-backend": "flashmla",
+        "--page-size": "64",
+        "--speculative-draft-attention-backend": "triton",
+        "--dtype": "bfloat16",
+    }
+    assert faults.backend_flags("triton", 16, None, None) == [
+        "--attention-backend", "triton", "--page-size", "16",
+    ]  # fmt: skip
+    cmd = faults.launch_cmd("/t", "/d", 1234, backend=mla)
+    assert cmd.count("--attention-backend") == 1  # the launcher adds triton only when unnamed
+    assert dict(zip(cmd[3::2], cmd[4::2]))["--page-size"] == "64"

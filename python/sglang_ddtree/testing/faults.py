@@ -57,8 +57,15 @@ ABORT_FRACTION = 0.25
 
 
 def launch_cmd(
-    target: str, draft: str, port: int, algorithm: str = "DDTREE", tp: int = 1
+    target: str,
+    draft: str,
+    port: int,
+    algorithm: str = "DDTREE",
+    tp: int = 1,
+    backend: list[str] | None = None,
 ) -> list[str]:
+    """The server of the cases; ``backend``: extra flags (`backend_flags`) that pick the
+    attention backend, page size and dtype."""
     from sglang_ddtree.serve import launch_command
 
     return launch_command(
@@ -76,9 +83,32 @@ def launch_cmd(
             "--host", "127.0.0.1",
             "--tp-size", str(tp),
             *(tp_check_cli() if tp > 1 else []),
+            *(backend or []),
         ],
         algorithm=algorithm,
     )  # fmt: skip
+
+
+def backend_flags(
+    attention_backend: str | None,
+    page_size: int | None,
+    draft_attention_backend: str | None,
+    dtype: str | None,
+) -> list[str]:
+    """Server flags for a backend other than triton at page 1: flashmla (MLA pairs) runs at its
+    page size 64 unless ``page_size`` says otherwise; the drafter (MHA) needs a backend of its
+    own there."""
+    flags = []
+    if attention_backend:
+        flags += ["--attention-backend", attention_backend]
+    page = page_size or (64 if attention_backend == "flashmla" else None)
+    if page:
+        flags += ["--page-size", str(page)]
+    if draft_attention_backend:
+        flags += ["--speculative-draft-attention-backend", draft_attention_backend]
+    if dtype:
+        flags += ["--dtype", dtype]
+    return flags
 
 
 def generate(base: str, ids: list[int], params: dict, timeout: float = 300) -> tuple[int, dict]:
@@ -307,6 +337,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--concurrency", type=int, default=LOAD_CONCURRENCY, help="load: requests in flight"
     )
+    ap.add_argument(
+        "--attention-backend",
+        default=None,
+        choices=("triton", "flashmla", "flashinfer"),
+        help="the server's attention backend (default triton; flashmla: MLA pairs, page 64)",
+    )
+    ap.add_argument("--page-size", type=int, default=None, help="the server's KV page size")
+    ap.add_argument(
+        "--draft-attention-backend", default=None, help="the drafter's attention backend"
+    )
+    ap.add_argument(
+        "--dtype", default=None, help="weights and server dtype (default: float32 weights)"
+    )
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
@@ -315,7 +358,12 @@ def main(argv: list[str] | None = None) -> int:
 
     LOAD_CONCURRENCY = args.concurrency
     os.makedirs(args.out, exist_ok=True)
-    target, draft, cfg = tiny_models.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_faults_"))
+    target, draft, cfg = tiny_models.make_pair(
+        args.arch, tempfile.mkdtemp(prefix="ddtree_faults_"), args.dtype or "float32"
+    )
+    backend = backend_flags(
+        args.attention_backend, args.page_size, args.draft_attention_backend, args.dtype
+    )
     vocab = cfg.vocab_size
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -323,9 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {
         "algorithm": args.algorithm, "arch": args.arch, "tp": args.tp,
         "concurrency": args.concurrency, "context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK,
+        "server_flags": backend,
     }  # fmt: skip
     with launched_server(
-        launch_cmd(target, draft, port, args.algorithm, args.tp), base, log_path, ready=alive
+        launch_cmd(target, draft, port, args.algorithm, args.tp, backend),
+        base,
+        log_path,
+        ready=alive,
     ):
         rng = random.Random(0)
         for name in cases:
@@ -345,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(summary[c].get("differences") for c in cases):
         port = free_port()
         ref, ref_log = f"http://127.0.0.1:{port}", os.path.join(args.out, "nospec_server.log")
-        with launched_server(launch_cmd(target, draft, port, None, args.tp), ref, ref_log, ready=alive):
+        ref_cmd = launch_cmd(target, draft, port, None, args.tp, backend)
+        with launched_server(ref_cmd, ref, ref_log, ready=alive):
             judge_differences(summary, cases, lambda ids: top2(ref, ids))
     else:
         judge_differences(summary, cases, None)
