@@ -6,8 +6,10 @@ One decode step, in order:
                                          root_tokens, budget)
     layout  = tree_to_retrieve_arrays(tree, prefix_lens)
     # ... target verify forward over the N = budget + 1 nodes with layout.tree_mask ...
+    logits  = apply_tree_penalties(logits, tree.tokens, layout.tree_mask, penalties)
     result  = accept_greedy(...)   or   accept_sampled(...)
     plan    = commit_accepted(result, prefix_lens, N)
+    penalties = count_emitted(penalties, plan.out_tokens)   # the next step's penalty state
 """
 
 from sglang_ddtree.core.accept import (
@@ -25,6 +27,11 @@ from sglang_ddtree.core.layout import (
     tree_to_retrieve_arrays,
     verify_mask_cells,
 )
+from sglang_ddtree.core.penalties import (
+    RequestPenalties,
+    apply_tree_penalties,
+    count_emitted,
+)
 from sglang_ddtree.core.sampling import draw_coins, joint_top_k_top_p_renorm, target_probs
 from sglang_ddtree.core.tree import (
     DraftTree,
@@ -38,14 +45,17 @@ __all__ = [
     "AcceptResult",
     "CommitPlan",
     "DraftTree",
+    "RequestPenalties",
     "TreeLayout",
     "accept_greedy",
     "accept_sampled",
     "accept_sampled_reference",
     "ancestor_mask",
+    "apply_tree_penalties",
     "build_tree",
     "build_tree_from_candidates",
     "commit_accepted",
+    "count_emitted",
     "draw_coins",
     "flatten_verify_mask",
     "joint_top_k_top_p_renorm",
