@@ -14,9 +14,9 @@ per (sampling setting T, prompt length, bs) cell of every configuration (``none`
 ratio of its tokens/s per user to the DFLASH chain's of the same backend and variant.
 
 Verify width W, the tokens each request puts through the target in one step: 1 without
-speculation; the block, 8, for the DFLASH chain; ``ddtree`` the budget schedule's W (the
-plugin's default for block 8, ``1:16,4:8``: W 16 at bs 1-3, 8 at bs >= 4; ``--ddtree-schedule``);
-``ddtree-N`` N + 1.
+speculation; the block, 8, for the DFLASH chain; ``ddtree`` the budget schedule's W
+(``--ddtree-schedule``: the one the run used; the plugin's default for K2.6, a mixture-of-experts
+target, is ``1:8``, W 8 at every bs; before it, ``1:16,4:8``); ``ddtree-N`` N + 1.
 
 Collectives per decode step at TP 8, as SGLang 0.5.17 runs K2.6 (a DeepseekV3 model) with
 tensor parallelism alone:
@@ -497,8 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--ddtree-schedule",
-        default=str(default_schedule(BLOCK_SIZE)),
-        help="the budget schedule the ddtree configuration ran (min_bs:W,...)",
+        default=str(default_schedule(BLOCK_SIZE, moe=True)),
+        help="the budget schedule the ddtree configuration ran (min_bs:W,...; default: the "
+        "plugin's default for a mixture-of-experts target, 1:8)",
     )
     ap.add_argument("--ar-latency-us", type=float, default=ALL_REDUCE.latency_us)
     ap.add_argument("--ar-bandwidth-gbps", type=float, default=ALL_REDUCE.bandwidth_gbps)

@@ -15,6 +15,7 @@ from sglang_ddtree.srt.ddtree_budget import (
     BudgetSchedule,
     capture_union,
     default_schedule,
+    is_moe_target,
     resolve_schedule,
 )
 
@@ -82,6 +83,30 @@ def test_default_schedule():
         # W = B at bs >= 4: no request verifies fewer nodes than the chain's block.
         assert s.num_nodes_for(4) == s.num_nodes_for(512) == b
         assert all(w % b == 0 for w in s.num_nodes)  # multiples of the block, never one over
+
+
+def test_default_schedule_of_moe_targets():
+    """Mixture-of-experts targets verify the chain's width, B, at every batch size."""
+    for b in (2, 8, 16):
+        s = default_schedule(b, moe=True)
+        assert str(s) == f"1:{b}" and s.check(b) == [] and s.max_num_nodes == b
+        assert s.num_nodes_for(1) == s.num_nodes_for(512) == b
+    assert resolve_schedule({}, None, 8, moe=True) == default_schedule(8, moe=True)
+    # What is given wins over the default, for MoE targets as for dense ones.
+    assert str(resolve_schedule({SCHEDULE_ENV: "1:16,4:8"}, None, 8, moe=True)) == "1:16,4:8"
+    assert str(resolve_schedule({}, 24, 8, moe=True)) == "1:24"
+
+
+def test_is_moe_target():
+    """Routed experts by any of the names the families use, also under ``text_config``."""
+    from types import SimpleNamespace as Cfg
+
+    assert is_moe_target(Cfg(n_routed_experts=384))  # DeepSeek-V3 / Kimi K2
+    assert is_moe_target(Cfg(num_experts=128))  # Qwen3-MoE
+    assert is_moe_target(Cfg(num_local_experts=8))  # Mixtral
+    assert is_moe_target(Cfg(text_config=Cfg(num_experts=64)))  # a multimodal wrapper
+    assert not is_moe_target(Cfg(num_hidden_layers=36))  # Qwen3-8B
+    assert not is_moe_target(Cfg(num_experts=0, n_routed_experts=None))
 
 
 def test_buckets_example():

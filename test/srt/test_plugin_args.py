@@ -423,6 +423,17 @@ def test_server_args_resolution(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_TOP_P_KERNEL", "cuda")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_TOP_P_KERNEL='cuda' is not one of"):
         ServerArgs(attention_backend="triton", **kw)
+    monkeypatch.delenv("SGLANG_DDTREE_TOP_P_KERNEL")
+    # A mixture-of-experts target (the Kimi-shaped pair, block 8): W = B at every batch size.
+    from sglang_ddtree.testing.tiny_models import make_pair
+
+    moe_target, moe_draft, _ = make_pair("mla", str(tmp_path / "moe"))
+    moe = ServerArgs(
+        attention_backend="triton",
+        **{**kw, "model_path": moe_target, "speculative_draft_model_path": moe_draft},
+    )
+    assert moe._ddtree_budget_schedule == str(budget.default_schedule(8, moe=True)) == "1:8"
+    assert moe.speculative_num_draft_tokens == 8
 
 
 def test_dense_mla_control_pair(tmp_path):

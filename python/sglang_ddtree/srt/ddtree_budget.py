@@ -17,8 +17,9 @@ Terms:
 
 ``SGLANG_DDTREE_BUDGET_SCHEDULE`` sets a schedule. ``--speculative-num-draft-tokens W`` alone
 fixes W (a one-bucket schedule); both together are refused as ambiguous; neither gives
-``default_schedule(B)``. SGLang's ``speculative_num_draft_tokens`` is then set to the schedule's
-largest W, because the KV reservation, the verify buffers and ``out_cache_loc`` are sized from it.
+``default_schedule(B, moe)`` (``1:2B,4:B``, or ``1:B`` for a mixture-of-experts target).
+SGLang's ``speculative_num_draft_tokens`` is then set to the schedule's largest W, because the
+KV reservation, the verify buffers and ``out_cache_loc`` are sized from it.
 """
 
 from __future__ import annotations
@@ -30,18 +31,41 @@ SCHEDULE_ENV = "SGLANG_DDTREE_BUDGET_SCHEDULE"
 EXAMPLE = "1:65,8:33,32:17"
 
 
-def default_schedule(block_size: int) -> BudgetSchedule:
+def default_schedule(block_size: int, moe: bool = False) -> BudgetSchedule:
     """The schedule used when neither the env var nor ``--speculative-num-draft-tokens`` is given.
 
-    bs 1..3 -> 2B, bs >= 4 -> B (the chain's own verify width, its B - 1 draft nodes arranged as
-    a tree). The verify forward's work grows with bs x W while a tree's accept gain over the
-    chain does not, so a wider tree pays only at the smallest batches. W stays a multiple of
-    the block rather than one over it: cuBLAS opens a further row tile for bs x (W + 1) rows,
-    which costs more step time than the last node of a best-first tree adds in accept length
-    (measured on an H200 with the Qwen3-8B shape and the trained pair).
+    Dense targets: bs 1..3 -> 2B, bs >= 4 -> B (the chain's own verify width, its B - 1 draft
+    nodes arranged as a tree). The verify forward's work grows with bs x W while a tree's accept
+    gain over the chain does not, so a wider tree pays only at the smallest batches. W stays a
+    multiple of the block rather than one over it: cuBLAS opens a further row tile for
+    bs x (W + 1) rows, which costs more step time than the last node of a best-first tree adds
+    in accept length (measured on an H200 with the Qwen3-8B shape and the trained pair).
+
+    Mixture-of-experts targets (``moe``): B at every batch size. There every verified token
+    routes to its own experts, so W = 2B reads up to twice the expert weights of the chain's
+    step even at bs 1, where a dense target's wider verify is nearly free; and on FlashMLA the
+    prefix part of a TP-8 rank of an MLA target (8 query heads) is one 64-row tile at W = 8 and
+    two at W = 16, each reading the whole latent prefix (measured on one TP-8 rank of
+    Kimi K2.6 on an H200: W = 16 costs 1.12-1.17x the chain's step at bs 1, W = 8 0.98-1.08x).
     """
     b = int(block_size)
+    if moe:
+        return BudgetSchedule(thresholds=(1,), num_nodes=(b,))
     return BudgetSchedule(thresholds=(1, 4), num_nodes=(2 * b, b))
+
+
+# Config fields that name a positive routed-expert count (DeepSeek-V3 / Kimi, Qwen-MoE, Mixtral).
+_EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def is_moe_target(hf_config) -> bool:
+    """Whether a target's Hugging Face config (or its ``text_config``) has routed experts."""
+    for cfg in (hf_config, getattr(hf_config, "text_config", None)):
+        if cfg is None:
+            continue
+        if any((getattr(cfg, name, None) or 0) > 0 for name in _EXPERT_COUNT_FIELDS):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -180,10 +204,12 @@ def resolve_schedule(
     explicit_num_nodes: int | None,
     block_size: int,
     flag: str | None = None,
+    moe: bool = False,
 ) -> BudgetSchedule:
     """The schedule from ``--speculative-ddtree-budget-schedule`` (``flag``) or the env var, an
-    explicit ``--speculative-num-draft-tokens``, or the default; ValueError (saying what to
-    pass) when two disagree or W < B somewhere.
+    explicit ``--speculative-num-draft-tokens``, or the default for the target (``moe``: a
+    mixture-of-experts target, `default_schedule`); ValueError (saying what to pass) when two
+    disagree or W < B somewhere.
 
     The W >= B check of a fixed W is ``ddtree_args.check_shape``'s (the caller runs it); this function
     checks given and default schedules.
@@ -206,7 +232,7 @@ def resolve_schedule(
     env_schedule = given
     if explicit_num_nodes is not None:
         return BudgetSchedule.fixed(int(explicit_num_nodes))
-    schedule = env_schedule if env_schedule is not None else default_schedule(block_size)
+    schedule = env_schedule if env_schedule is not None else default_schedule(block_size, moe)
     errors = schedule.check(block_size)
     if errors:
         raise ValueError("Invalid DDTREE budget schedule:\n  - " + "\n  - ".join(errors))

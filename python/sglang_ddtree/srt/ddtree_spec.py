@@ -124,7 +124,8 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
             raise
         block = int(server_args.speculative_num_draft_tokens)
         flag = getattr(server_args, dargs.BUDGET_FLAG, None)
-        schedule = budget.resolve_schedule(os.environ, user_nodes, block, flag)
+        moe = budget.is_moe_target(server_args.get_model_config().hf_config)
+        schedule = budget.resolve_schedule(os.environ, user_nodes, block, flag, moe)
         nodes = schedule.max_num_nodes
         server_args.speculative_dflash_block_size = block
         server_args.speculative_num_draft_tokens = nodes
