@@ -8,8 +8,8 @@ configuration one ``sgl.Engine`` (triton attention, CUDA graphs on, overlap sche
   verify step = sum(completion_tokens) / sum(spec_verify_ct) over the prompts (SGLang's own
   per-request counters, ``meta_info``).
 - phase ``step``: for every batch size ``bs`` and both temperatures, ``bs`` requests at once
-  (``--step-tokens`` new tokens, ``ignore_eos``) so the decode batch holds exactly ``bs``
-  requests. The step cost is timed inside the scheduler by ``sglang_ddtree.step_timing`` (CUDA
+  (``--step-tokens`` new tokens, ``ignore_eos``; their prompts prefilled into the radix cache
+  by a one-token request first) so the decode batch holds exactly ``bs`` requests. The step cost is timed inside the scheduler by ``sglang_ddtree.step_timing`` (CUDA
   events on the forward stream around ``Scheduler.run_batch``, read back without syncs): the
   median GPU time from one decode step's start to the next one's, over the steps whose batch had
   all ``bs`` requests (the first 2 dropped). Also reported: the median GPU span of the step's own
@@ -640,6 +640,10 @@ def run_config(spec, config, args, timing_dir) -> dict:
                         )
                         continue
                     prompts = [pool[i % len(pool)] for i in range(bs)]
+                    # Prefill every prompt first (into the radix cache), so that the timed
+                    # requests start decoding together: long prompts otherwise finish their
+                    # prefills while the first ones decode, and no step holds all bs requests.
+                    generate(eng, prompts, {"max_new_tokens": 1, "temperature": 0.0})
                     for tname, tparams in args.temps:
                         params = {"max_new_tokens": args.step_tokens, "ignore_eos": True}
                         outs, t0 = generate(eng, prompts, {**params, **tparams})
