@@ -1,11 +1,13 @@
-"""The tree verify of an MHA target on a prefix part laid out as FlashInfer's batch prefill
-returns it (W query rows a request: a token-major output and a base-2 log-sum-exp), then the
-ancestor block and the merge in the tree kernel (``core.tree_attention_with_prefix`` with
-``prefix_lse_log2``, over `token_major_prefix_part`'s views).
+"""The tree verify of an MHA target on FlashInfer's prefix part: FlashInfer's paged batch prefill
+over each request's cached prefix (W query rows a request, ``causal=False``; a token-major output
+and a base-2 log-sum-exp), then the ancestor block and the merge in the tree kernel
+(``core.tree_attention_with_prefix`` with ``prefix_lse_log2``, over `token_major_prefix_part`'s
+views).
 
 CPU: the views; the merge of a token-major, base-2 prefix part under Triton's interpreter, the
 prefix part from torch, against the masked reference; calibrated (the same part read as a
-natural log fails).
+natural log fails); the benchmark's FlashInfer glue (page tables, plan) over a stand-in that
+follows FlashInfer's documented paged layout.
 """
 
 from __future__ import annotations
@@ -66,3 +68,73 @@ print("interpreted base-2 prefix merge OK")
 
 def test_base2_token_major_prefix_merge_interpreted(run_interpreted):
     run_interpreted(_INTERPRETED_CHECK, "interpreted base-2 prefix merge OK")
+
+
+_FAKE_FLASHINFER_CHECK = """
+import math
+import sys
+import types
+import torch
+from conftest import _load_benchmark
+from sglang_ddtree.core.tree_attention import tree_attention_reference
+
+plans = []
+
+
+class PagedPrefill:
+    # FlashInfer's paged batch prefill as its documentation defines it (NHD pages; request b's
+    # keys: its pages kv_indices[kv_indptr[b]:kv_indptr[b + 1]], the last one holding
+    # last_page_len[b]), non-causal, returning the output and a base-2 log-sum-exp token-major.
+    def __init__(self, workspace, kv_layout, use_cuda_graph=False, backend="auto", **buffers):
+        assert kv_layout == "NHD" and backend == "fa2" and bool(buffers) == use_cuda_graph
+        self.use_cuda_graph = use_cuda_graph
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, d, page, *,
+             causal, sm_scale, q_data_type, kv_data_type):
+        assert not causal and kv_indptr.dtype == kv_indices.dtype == torch.int32
+        plans.append((page, self.use_cuda_graph))
+        self.plan_args = (qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, page, sm_scale)
+
+    def run(self, q, kv_cache, *, out, lse, return_lse):
+        qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, page, scale = self.plan_args
+        k_pages, v_pages = kv_cache
+        assert return_lse and k_pages.shape[1:] == (page, hkv, q.shape[-1])
+        heads = torch.arange(hq) // (hq // hkv)
+        for b in range(len(qo_indptr) - 1):
+            pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+            keys = (len(pages) - 1) * page + int(last_page_len[b])
+            slots = (pages[:, None] * page + torch.arange(page)).flatten()[:keys]
+            k = k_pages.flatten(0, 1)[slots][:, heads].float()
+            v = v_pages.flatten(0, 1)[slots][:, heads].float()
+            rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            s = torch.einsum("ihd,jhd->ihj", q[rows].float(), k) * scale
+            out[rows] = torch.einsum("ihj,jhd->ihd", s.softmax(-1), v).to(out.dtype)
+            lse[rows] = torch.logsumexp(s, -1) / math.log(2)
+        return out, lse
+
+
+sys.modules["flashinfer"] = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=PagedPrefill)
+bench = _load_benchmark("bench_tree_attention")
+w, scale = 5, 32 ** -0.5
+for page, prefix in ((1, [1, 16, 37]), (4, [1, 4, 5]), (16, [15, 16, 17])):
+    for graph_plan in (True, False):
+        t = bench.random_verify(3, w, prefix, 4, 2, 32, seed=page, page=page if page > 1 else None,
+                                device="cpu")
+        for name in ("q", "k", "v"):  # float32 under the interpreter
+            t[name] = t[name].float()
+        prefix_part, split = bench.flashinfer_split(t, w, scale, page, graph_plan)
+        want = tree_attention_reference(t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"],
+                                         t["node_loc"], t["mask"], scale)
+        err = (split() - want).abs().max().item()
+        assert err < 1e-4, (page, prefix, graph_plan, err)
+assert plans == [(page, graph) for page in (1, 4, 16) for graph in (True, False)], plans
+print("flashinfer glue OK")
+"""
+
+
+def test_flashinfer_split_glue_interpreted(run_interpreted):
+    """The benchmark's FlashInfer split on the CPU: a stand-in for FlashInfer's paged prefill that
+    follows its documented page layout, so the page indptr, indices and last-page lengths built
+    from the block table (pages of 1, 4 and 16 slots; a prefix ending on, before and after a page
+    boundary) select each request's prefix exactly; both plans; the merge under the interpreter."""
+    run_interpreted(_FAKE_FLASHINFER_CHECK, "flashinfer glue OK")
