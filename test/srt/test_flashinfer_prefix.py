@@ -8,13 +8,24 @@ CPU: the views; the merge of a token-major, base-2 prefix part under Triton's in
 prefix part from torch, against the masked reference; calibrated (the same part read as a
 natural log fails); the benchmark's FlashInfer glue (page tables, plan) over a stand-in that
 follows FlashInfer's documented paged layout.
+
+GPU (``gpu`` marker; skipped without FlashInfer): FlashInfer's fa2 kernels (the JIT SGLang's
+flashinfer backend builds for Qwen3-8B: bf16, 32 query heads over 8 KV heads, 128 wide) on
+ragged prefixes of 1 to 8,192 tokens in 1- and 16-slot pages, bs 1-32, W 8-33, under the
+CUDA-graph plan and the exact plan; FlashInfer's lse checked to be base 2; a CUDA-graph replay
+equal to the eager call; a base-2 lse read as natural caught.
 """
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
-from sglang_ddtree.core.tree_attention import token_major_prefix_part
+from sglang_ddtree.core.tree_attention import token_major_prefix_part, tree_attention_reference
+
+QWEN3_8B_HEADS = (32, 8, 128)  # Hq, Hkv, D
 
 
 def test_token_major_prefix_part_is_a_view():
@@ -138,3 +149,81 @@ def test_flashinfer_split_glue_interpreted(run_interpreted):
     from the block table (pages of 1, 4 and 16 slots; a prefix ending on, before and after a page
     boundary) select each request's prefix exactly; both plans; the merge under the interpreter."""
     run_interpreted(_FAKE_FLASHINFER_CHECK, "flashinfer glue OK")
+
+
+def _flashinfer_verify(load_benchmark, bs, w, prefix, page, seed):
+    """``(bench module, verify inputs, scale)`` at Qwen3-8B's heads: slot-addressed for page 1,
+    else paged (request b's prefix in the first pages of its block table, its nodes after)."""
+    pytest.importorskip("flashinfer")
+    bench = load_benchmark("bench_tree_attention")
+    t = bench.random_verify(
+        bs, w, prefix, *QWEN3_8B_HEADS, seed=seed, page=page if page > 1 else None
+    )
+    return bench, t, QWEN3_8B_HEADS[2] ** -0.5
+
+
+def _reference(t, scale):
+    return tree_attention_reference(
+        t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
+    )
+
+
+RAGGED = [1, 15, 16, 17, 1000, 8192]  # a page of 16 and either side of it, a long prompt
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "bs,w,prefix,page,graph_plan",
+    [
+        (1, 16, [8192], 1, True),
+        (6, 8, RAGGED, 1, True),
+        (6, 33, RAGGED, 16, True),  # on and across a page boundary; nodes in the last page
+        (4, 17, [16, 1, 8192, 17], 1, False),
+        (32, 8, RAGGED * 5 + [2, 3], 1, True),
+        (32, 32, [37 + 255 * i for i in range(32)], 16, False),
+    ],
+)
+def test_flashinfer_split_equals_reference(bs, w, prefix, page, graph_plan, load_benchmark):
+    """FlashInfer's prefix part merged with the ancestor block equals the masked reference within
+    bf16 rounding; FlashInfer's lse is token-major ([bs * W, Hq]) and base 2 (what the merge is
+    told); a CUDA-graph replay gives the same bits as the eager call."""
+    from conftest import graph_replayed
+    from test_flashmla_verify import prefix_part_reference
+
+    bench, t, scale = _flashinfer_verify(load_benchmark, bs, w, prefix, page, seed=bs + w)
+    prefix_part, split = bench.flashinfer_split(t, w, scale, page, graph_plan)
+    got = split()
+    torch.testing.assert_close(got.float(), _reference(t, scale).float(), atol=2e-2, rtol=2e-2)
+    out, lse = prefix_part()
+    out_ref, lse_ref = prefix_part_reference(
+        t["q"].cpu(), t["k"].cpu(), t["v"].cpu(), t["kv_indptr"].cpu(), t["kv_indices"].cpu(),
+        w, scale,
+    )  # fmt: skip
+    hq, dv = QWEN3_8B_HEADS[0], t["v"].shape[-1]
+    lse_rows = lse_ref.transpose(1, 2).reshape(bs * w, hq)  # natural log, token-major
+    torch.testing.assert_close(lse.cpu() * math.log(2), lse_rows, atol=2e-2, rtol=1e-3)
+    torch.testing.assert_close(
+        out.cpu().float(), out_ref.reshape(bs * w, hq, dv).float(), atol=2e-2, rtol=2e-2
+    )
+    replayed, _graph = graph_replayed(split)
+    assert torch.equal(replayed, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_flashinfer_lse_read_in_the_wrong_base_is_caught(load_benchmark):
+    """Calibration: FlashInfer's lse merged as a natural log (short prefixes, where the ancestor
+    block weighs most) is far outside the tolerance the right base meets."""
+    from sglang_ddtree.core.tree_attention import tree_attention_with_prefix
+
+    w = 33
+    bench, t, scale = _flashinfer_verify(load_benchmark, 5, w, [1, 2, 15, 16, 17], 1, seed=7)
+    prefix_part, split = bench.flashinfer_split(t, w, scale)
+    want = _reference(t, scale).float()
+    assert (split().float() - want).abs().max().item() < 2e-2
+    prefix_out, prefix_lse = token_major_prefix_part(*prefix_part(), w)
+    wrong = tree_attention_with_prefix(
+        t["q"], t["k"], t["v"], t["node_loc"], t["mask"].contiguous(), scale, prefix_out, prefix_lse
+    )
+    assert (wrong.float() - want).abs().max().item() > 0.1
