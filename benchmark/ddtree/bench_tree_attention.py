@@ -11,6 +11,7 @@ rounding.
     python benchmark/ddtree/bench_tree_attention.py --out DIR          # Qwen3-8B's heads
     python benchmark/ddtree/bench_tree_attention.py --mla --out DIR    # Kimi K2.6's MLA, TP 8
     python benchmark/ddtree/bench_tree_attention.py --mla --flashmla --out DIR  # and on FlashMLA
+    python benchmark/ddtree/bench_tree_attention.py --flashinfer --out DIR      # MHA on FlashInfer
 
 ``--mla``: absorbed MLA as SGLang's triton backend runs it, one KV head whose keys are the
 latent plus rope (``--heads`` default 8 1 576: K2.6's 64 query heads over 8 ranks) and whose
@@ -22,11 +23,26 @@ setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix
 ``rows<n>`` / ``rows<n>w<k>`` the tree kernel's query nodes per program / and its warps,
 ``pw<k>`` the prefix kernel's warps, ``pm32`` its query rows per program, ``pdv256`` its values
 in tiles of 256), each checked against the reference (``sweep_max_err``).
+
+``--flashinfer`` (MHA; by default bs 1 4 8 16 32, W 8 16 32, prefix 8192): also FlashInfer's
+batch prefill as the prefix part (every node a query row against its request's paged prefix,
+``causal=False``, with its log-sum-exp; ``--page-size`` 1 as SGLang's MHA backends hold the
+cache, or 16), alone (``flashinfer_prefix_us``) and with the ancestor block merged by
+``core.tree_attention_with_prefix`` (``flashinfer_split_us``), under the plan SGLang's verify
+graphs make (``use_cuda_graph``: the tiles fixed for any lengths, as ``launch_settings`` are)
+and under the plan for these exact lengths (``flashinfer_exact_*``);
+``split_over_flashinfer_prefix`` and ``split_over_flashinfer_split``: the own split's time over
+the graph plan's two. FlashInfer compiles its kernels at first use (the JIT needs FlashInfer's
+CCCL headers).
+
+Every mode writes ``bench_tree_attention.json`` (all fields) and ``bench_tree_attention.md`` (a
+table of the timings, µs per call; "floor": reading the prefix KV once at 4.8 TB/s).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -34,8 +50,8 @@ import sys
 import torch
 
 
-def random_verify(bs, w, prefix, hq, hkv, d, seed, dv=None, page=None):
-    """bf16 inputs of one verify layer on the GPU; returns a dict of tensors and host ints.
+def random_verify(bs, w, prefix, hq, hkv, d, seed, dv=None, page=None, device="cuda"):
+    """bf16 inputs of one verify layer on ``device``; returns a dict of tensors and host ints.
     ``prefix``: one length for every request or a list of ``bs``. ``dv``: MLA's latent width
     (values = the keys' first ``dv`` columns, a view), else None. ``page``: KV in pages of that
     many slots as SGLang's paged pools hold it (request b's position p at slot ``block_table[b,
@@ -92,7 +108,7 @@ def random_verify(bs, w, prefix, hq, hkv, d, seed, dv=None, page=None):
     if block_table is not None:
         t["block_table"] = block_table
         t["prefix_lens"] = prefix_lens
-    t = {k: v.cuda() for k, v in t.items()}
+    t = {k: v.to(device) for k, v in t.items()}
     for name in ("q", "k", "v"):
         t[name] = t[name].to(torch.bfloat16)
     if dv is not None:
@@ -135,6 +151,71 @@ def flashmla_split(t: dict, w: int, scale: float):
     return prefix_part, split
 
 
+def flashinfer_split(t: dict, w: int, scale: float, page: int = 1, graph_plan: bool = True,
+                     backend: str = "fa2"):  # fmt: skip
+    """The DDTREE verify attention of an MHA target with FlashInfer's prefix part: ``(prefix_part,
+    split)``, two callables over ``t`` (`random_verify`: slot-addressed for ``page`` 1, else its
+    block table of ``page``-slot pages): FlashInfer's paged batch prefill over the prefixes alone
+    (W query rows a request, ``causal=False``; token-major output and base-2 log-sum-exp), and
+    that plus ``core.tree_attention_with_prefix`` (ancestor block and merge). plan() runs here,
+    once, outside the timed calls, as the backend plans once per forward; ``graph_plan``: the
+    plan of a CUDA-graph wrapper (SGLang's verify graphs: tiles and KV chunks fixed for any
+    lengths), else the plan for these lengths. ``backend``: ``fa2``, what SGLang's flashinfer
+    backend runs."""
+    import flashinfer
+
+    from sglang_ddtree.core.tree_attention import (
+        token_major_prefix_part,
+        tree_attention_with_prefix,
+    )
+
+    q, k, v = t["q"], t["k"], t["v"]
+    bs, (n, hq, d), hkv, dv = t["mask"].shape[0], q.shape, k.shape[1], v.shape[-1]
+    if page == 1:
+        page_indptr, page_indices = t["kv_indptr"], t["kv_indices"]
+        last_page_len = torch.ones(bs, dtype=torch.int32, device=q.device)
+    else:  # each request's prefix pages: the first ceil(prefix / page) of its block table
+        pages = (t["prefix_lens"] + page - 1) // page  # [bs]
+        page_indptr = torch.nn.functional.pad(pages.cumsum(0), (1, 0)).to(torch.int32)
+        used = torch.arange(t["block_table"].shape[1], device=q.device)[None, :] < pages[:, None]
+        page_indices = t["block_table"][used].to(torch.int32)  # request by request
+        last_page_len = (t["prefix_lens"] - (pages - 1) * page).to(torch.int32)
+    plan_inputs = [t["qo_indptr"], page_indptr, page_indices, last_page_len]
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device=q.device)  # SGLang's for Qwen3
+    buffers = {}
+    if graph_plan:  # the graph wrapper's own index buffers, filled by plan()
+        names = ("qo_indptr_buf", "paged_kv_indptr_buf", "paged_kv_indices_buf",
+                 "paged_kv_last_page_len_buf")  # fmt: skip
+        buffers = {name: x.clone() for name, x in zip(names, plan_inputs)}
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        workspace, "NHD", use_cuda_graph=graph_plan, backend=backend, **buffers
+    )
+    wrapper.plan(*plan_inputs, hq, hkv, d, page, causal=False, sm_scale=scale,
+                 q_data_type=q.dtype, kv_data_type=k.dtype)  # fmt: skip
+    kv_cache = (k.view(-1, page, hkv, d), v.view(-1, page, hkv, dv))  # [pages, page, Hkv, D]
+    out = q.new_empty(n, hq, dv)
+    lse = torch.empty(n, hq, dtype=torch.float32, device=q.device)
+    mask = t["mask"].contiguous()
+
+    def prefix_part():
+        return wrapper.run(q, kv_cache, out=out, lse=lse, return_lse=True)
+
+    def split():
+        prefix_out, prefix_lse = token_major_prefix_part(*prefix_part(), w)
+        return tree_attention_with_prefix(q, k, v, t["node_loc"], mask, scale, prefix_out,
+                                          prefix_lse, prefix_lse_log2=True)  # fmt: skip
+
+    return prefix_part, split
+
+
+def prefix_floor_us(t: dict) -> float:
+    """Microseconds to read every request's prefix KV once at the H200's 4.8 TB/s (MLA's values,
+    a slice of the keys, come with them)."""
+    k, v = t["k"], t["v"]
+    width = k.shape[-1] + (0 if v.data_ptr() == k.data_ptr() else v.shape[-1])
+    return int(t["kv_indptr"][-1]) * k.shape[1] * width * k.element_size() / 4.8e6
+
+
 def graph_us(fn, iters: int) -> float:
     """Microseconds per call of ``fn`` replayed from a CUDA graph."""
     fn()  # compile and warm up outside the capture
@@ -152,6 +233,17 @@ def graph_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
+def time_prefix_and_split(row: dict, name: str, parts: tuple, want: torch.Tensor, iters: int):
+    """Times ``parts`` (``(prefix_part, split)``, as `flashmla_split` returns them) into ``row``:
+    ``{name}_prefix_us``, ``{name}_split_us`` and ``{name}_split_max_err`` (the split's largest
+    absolute error against ``want``, the float32 reference)."""
+    prefix_part, split = parts
+    row[f"{name}_prefix_us"] = graph_us(prefix_part, iters)
+    out = {}
+    row[f"{name}_split_us"] = graph_us(lambda: out.update(o=split()), iters)
+    row[f"{name}_split_max_err"] = (out["o"].float() - want).abs().max().item()
+
+
 def sweep_variants(w: int, mla: bool) -> dict:
     """``--sweep``'s launch settings, each one knob moved from the hook's choice."""
     out = {f"S{n}": dict(prefix_splits=n) for n in (1, 2, 4, 8, 16)}
@@ -166,7 +258,10 @@ def sweep_variants(w: int, mla: bool) -> dict:
     return out
 
 
-def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flashmla=False):
+def measure(
+    bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flashmla=False,
+    flashinfer=False, page_size=1, flashinfer_backend="fa2",
+):  # fmt: skip
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import (
@@ -175,7 +270,8 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flas
         tree_attention_reference,
     )
 
-    t = random_verify(bs, w, prefix, hq, hkv, d, seed, dv, page=64 if flashmla else None)
+    page = 64 if flashmla else (page_size if flashinfer and page_size > 1 else None)
+    t = random_verify(bs, w, prefix, hq, hkv, d, seed, dv, page=page)
     scale = d**-0.5
     k_ext, v_ext = t["k"][t["node_loc"].long()], t["v"][t["node_loc"].long()]
     out_ext = t["q"].new_empty(t["q"].shape[0], hq, t["v"].shape[-1])
@@ -207,14 +303,16 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flas
     row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
     row["ratio"] = row["split_auto_us"] / row["extend_us"]
     if flashmla:
-        prefix_part, fm_split = flashmla_split(t, w, scale)
-        row["flashmla_prefix_us"] = graph_us(prefix_part, iters)
-        out = {}
-        row["flashmla_split_us"] = graph_us(lambda: out.update(o=fm_split()), iters)
-        row["flashmla_split_max_err"] = (out["o"].float() - want).abs().max().item()
-        # Reading each request's prefix latent once at the H200's 4.8 TB/s.
-        row["floor_us"] = int(t["prefix_lens"].sum()) * d * 2 / 4.8e6
+        time_prefix_and_split(row, "flashmla", flashmla_split(t, w, scale), want, iters)
+        row["floor_us"] = prefix_floor_us(t)
         row["flashmla_split_over_prefix"] = row["flashmla_split_us"] / row["flashmla_prefix_us"]
+    if flashinfer:
+        for name, graph_plan in (("flashinfer", True), ("flashinfer_exact", False)):
+            parts = flashinfer_split(t, w, scale, page_size, graph_plan, flashinfer_backend)
+            time_prefix_and_split(row, name, parts, want, iters)
+        row["floor_us"] = prefix_floor_us(t)
+        row["split_over_flashinfer_prefix"] = row["split_auto_us"] / row["flashinfer_prefix_us"]
+        row["split_over_flashinfer_split"] = row["split_auto_us"] / row["flashinfer_split_us"]
     if sweep:
         row["sweep_us"], errs = {}, []
         for name, moved in sweep_variants(w, dv is not None).items():
@@ -226,12 +324,53 @@ def measure(bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flas
     return row
 
 
-def main(argv=None) -> int:
+US, ERR, RATIO = "{:,.1f}", "{:.4f}", "{:.2f}"
+BASE_COLUMNS = [
+    ("bs", "bs", "{}"), ("prefix", "prefix", "{:,}"), ("W", "W", "{}"),
+    ("triton extend", "extend_us", US), ("own split (a)", "split_auto_us", US),
+]  # fmt: skip
+MODE_COLUMNS = {  # markdown columns after BASE_COLUMNS: (header, row key, format)
+    "triton": [("a / extend", "ratio", RATIO), ("max err extend", "extend_max_err", ERR),
+               ("max err a", "split_auto_max_err", ERR)],
+    "flashmla": [("FlashMLA prefix", "flashmla_prefix_us", US),
+                 ("FlashMLA prefix + block", "flashmla_split_us", US), ("floor", "floor_us", US),
+                 ("FlashMLA (prefix + block) / prefix", "flashmla_split_over_prefix", RATIO),
+                 ("max err a", "split_auto_max_err", ERR),
+                 ("max err FlashMLA + block", "flashmla_split_max_err", ERR)],
+    "flashinfer": [("FlashInfer prefix (b)", "flashinfer_prefix_us", US),
+                   ("FlashInfer prefix + block (c)", "flashinfer_split_us", US),
+                   ("b, exact plan", "flashinfer_exact_prefix_us", US),
+                   ("c, exact plan", "flashinfer_exact_split_us", US), ("floor", "floor_us", US),
+                   ("a / b", "split_over_flashinfer_prefix", RATIO),
+                   ("a / c", "split_over_flashinfer_split", RATIO),
+                   ("max err a", "split_auto_max_err", ERR),
+                   ("max err c", "flashinfer_split_max_err", ERR)],
+}  # fmt: skip
+
+
+def markdown(rows: list, mode: str, heads: list) -> str:
+    """The rows as a markdown table: µs per call and ratios, columns by ``mode``."""
+    cols = BASE_COLUMNS + MODE_COLUMNS[mode]
+    lines = [
+        f"Heads (Hq Hkv D) {heads}, bf16, µs per call from CUDA-graph replays; max err: against "
+        "the float32 masked reference; floor: each request's prefix KV read once at 4.8 TB/s.",
+        "",
+        "| " + " | ".join(header for header, _, _ in cols) + " |",
+        "|" + "---:|" * len(cols),
+    ]
+    for row in rows:  # "-": a field the row lacks (a table is never what stops a run)
+        fields = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in cols]
+        lines.append("| " + " | ".join(fields) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with each mode's default cells and heads filled in."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--widths", type=int, nargs="+", default=[17, 33, 65])
-    ap.add_argument("--prefixes", type=int, nargs="+", default=[128, 1024])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", help="1 8 32 (--flashinfer: 1 4 8 16 32)")
+    ap.add_argument("--widths", type=int, nargs="+", help="W: 17 33 65 (--flashinfer: 8 16 32)")
+    ap.add_argument("--prefixes", type=int, nargs="+", help="128 1024 (--flashinfer: 8192)")
     ap.add_argument("--heads", type=int, nargs=3, default=None, help="Hq Hkv D")
     ap.add_argument("--mla", action="store_true", help="absorbed MLA (values a key slice)")
     ap.add_argument("--mla-latent", type=int, default=512, help="MLA's value width")
@@ -240,33 +379,84 @@ def main(argv=None) -> int:
     ap.add_argument("--flashmla", action="store_true",
                     help="--mla on a paged cache (64 slots a page): also FlashMLA's prefix part "
                     "alone and with the ancestor block merged (the flashmla backend's verify)")  # fmt: skip
+    ap.add_argument(
+        "--flashinfer",
+        action="store_true",
+        help="MHA: also FlashInfer's paged prefill as the prefix part, alone and with the "
+        "ancestor block merged",
+    )
+    ap.add_argument(
+        "--page-size",
+        type=int,
+        default=1,
+        help="--flashinfer: slots a KV page (1 as SGLang's MHA backends, or 16)",
+    )
+    ap.add_argument(
+        "--flashinfer-backend",
+        choices=["fa2", "fa3"],
+        default="fa2",
+        help="FlashInfer's kernels (fa2: as SGLang's flashinfer backend runs them)",
+    )
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args(argv)
     args.heads = args.heads or ([8, 1, 576] if args.mla else [32, 8, 128])
-    hq, hkv, d = args.heads
+    hkv, d = args.heads[1:]
     dv = args.mla_latent if args.mla else None
     if dv is not None and (hkv != 1 or dv > d):
         ap.error("--mla: one KV head (Hkv 1) and --mla-latent <= D")
     if args.flashmla and dv is None:
         ap.error("--flashmla needs --mla")
+    if args.flashinfer and dv is not None:
+        ap.error("--flashinfer times MHA heads: without --mla")
+    if args.page_size < 1 or (args.page_size != 1 and not args.flashinfer):
+        ap.error("--page-size: a positive number of slots, with --flashinfer")
+    args.batch_sizes = args.batch_sizes or ([1, 4, 8, 16, 32] if args.flashinfer else [1, 8, 32])
+    args.widths = args.widths or ([8, 16, 32] if args.flashinfer else [17, 33, 65])
+    args.prefixes = args.prefixes or ([8192] if args.flashinfer else [128, 1024])
+    args.mode = "flashinfer" if args.flashinfer else "flashmla" if args.flashmla else "triton"
+    return args
+
+
+def cells(args: argparse.Namespace) -> list[tuple[dict, dict]]:
+    """Each measured cell as `measure`'s keyword arguments: ``(shape, options)``."""
+    hq, hkv, d = args.heads
+    options = dict(
+        dv=args.mla_latent if args.mla else None, sweep=args.sweep, flashmla=args.flashmla,
+        flashinfer=args.flashinfer, page_size=args.page_size,
+        flashinfer_backend=args.flashinfer_backend,
+    )  # fmt: skip
+    return [
+        (dict(bs=bs, w=w, prefix=prefix, hq=hq, hkv=hkv, d=d, iters=args.iters), options)
+        for bs in args.batch_sizes
+        for w in args.widths
+        for prefix in args.prefixes
+    ]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_tree_attention.py times CUDA kernels: no CUDA GPU here.", file=sys.stderr)
         return 2
-    rows = []
-    for bs in args.batch_sizes:
-        for w in args.widths:
-            for prefix in args.prefixes:
-                row = measure(
-                    bs, w, prefix, hq, hkv, d, args.iters, dv=dv, sweep=args.sweep,
-                    flashmla=args.flashmla,
-                )  # fmt: skip
-                rows.append(row)
-                print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                  for k, v in row.items()}), flush=True)  # fmt: skip
+    if args.flashinfer and importlib.util.find_spec("flashinfer") is None:
+        print("--flashinfer needs FlashInfer (flashinfer-python) installed.", file=sys.stderr)
+        return 2
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_tree_attention.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "heads": args.heads, "mla_latent": dv,
-                   "rows": rows}, f, indent=1)  # fmt: skip
+    rows = []
+    for shape, options in cells(args):
+        row = measure(**shape, **options)
+        rows.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                          for k, v in row.items()}), flush=True)  # fmt: skip
+        # Both files rewritten after every cell: a run cut short keeps what it measured.
+        with open(os.path.join(args.out, "bench_tree_attention.json"), "w") as f:
+            json.dump({"command": " ".join(sys.argv), "heads": args.heads,
+                       "mla_latent": args.mla_latent if args.mla else None, "rows": rows}, f,
+                      indent=1)  # fmt: skip
+        table = markdown(rows, args.mode, args.heads)
+        with open(os.path.join(args.out, "bench_tree_attention.md"), "w") as f:
+            f.write(table)
+    print(table)
     return 0
 
 

@@ -93,6 +93,17 @@ def run_interpreted():
     return _run_interpreted
 
 
+def graph_replayed(fn):
+    """``(result, graph)``: ``fn()`` captured in a CUDA graph (``fn`` already run once: compiled,
+    warmed up) and replayed once; the graph is returned to keep the result's memory alive."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return result, graph
+
+
 def _cuda_and_sglang_missing() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device"

@@ -209,6 +209,11 @@ def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
         # K2.6's MLA shape is valid; MLA's values are a slice of one KV head's keys.
         ("bench_tree_attention", "no CUDA GPU here", ["--mla"],
          ["--mla", "--heads", "16", "2", "576"]),
+        # FlashInfer's prefix part is timed on MHA heads, paged or not; pages only with it.
+        ("bench_tree_attention", "no CUDA GPU here", ["--flashinfer", "--page-size", "16"],
+         ["--flashinfer", "--mla"]),
+        ("bench_tree_attention", "no CUDA GPU here",
+         ["--flashinfer", "--flashinfer-backend", "fa3"], ["--page-size", "16"]),
         # Row shapes are bench_core's.
         ("bench_top_p", "needs a CUDA GPU", [], ["--shapes", "uniform"]),
     ],
@@ -226,6 +231,33 @@ def test_kernel_bench_refuses_without_a_gpu(
     assert mod.main(["--out", str(tmp_path), *valid]) == 2
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path), *invalid])
+
+
+def test_bench_tree_attention_flashinfer_cells(load_benchmark, tmp_path):
+    """``--flashinfer``: Qwen3-8B's heads at bs 1 4 8 16 32, W 8 16 32 and prefix 8192 by
+    default, each cell measured with FlashInfer's prefix part; the table has a column per field
+    and marks a missing one."""
+    mod = load_benchmark("bench_tree_attention")
+    args = mod.parse_args(["--out", str(tmp_path), "--flashinfer"])
+    cells = mod.cells(args)
+    shapes = [(shape["bs"], shape["w"], shape["prefix"]) for shape, _ in cells]
+    assert shapes == [(bs, w, 8192) for bs in (1, 4, 8, 16, 32) for w in (8, 16, 32)]
+    shape, options = cells[0]
+    assert (shape["hq"], shape["hkv"], shape["d"]) == (32, 8, 128)
+    assert options == dict(dv=None, sweep=False, flashmla=False, flashinfer=True, page_size=1,
+                           flashinfer_backend="fa2")  # fmt: skip
+    # The other modes keep their cells.
+    plain = mod.parse_args(["--out", str(tmp_path)])
+    assert len(mod.cells(plain)) == 3 * 3 * 2 and plain.mode == "triton"
+    assert mod.parse_args(["--out", str(tmp_path), "--mla", "--flashmla"]).mode == "flashmla"
+    row = {"bs": 1, "W": 8, "prefix": 8192, "extend_us": 1234.5, "split_auto_us": 40.0,
+           "flashinfer_prefix_us": 20.0, "flashinfer_split_us": 25.0, "floor_us": 7.0,
+           "split_over_flashinfer_prefix": 2.0, "split_over_flashinfer_split": 1.6}  # fmt: skip
+    table = mod.markdown([row], args.mode, args.heads).splitlines()
+    columns = len(mod.BASE_COLUMNS) + len(mod.MODE_COLUMNS["flashinfer"])
+    assert table[2].count("|") == table[3].count("|") == table[4].count("|") == columns + 1
+    assert table[4].startswith("| 1 | 8,192 | 8 | 1,234.5 | 40.0 | 20.0 | 25.0 | - | - | 7.0 |")
+    assert table[4].endswith("| 2.00 | 1.60 | - | - |")
 
 
 def test_bench_top_p_counts_decisions_against_the_float64_law(load_benchmark):

@@ -114,6 +114,8 @@ def test_flashmla_split_equals_reference(bs, w, prefix, load_benchmark):
     """FlashMLA's prefix part (paged latent cache, 64-slot pages, shuffled) merged with the
     ancestor block equals the masked reference within bf16 rounding, and a CUDA-graph replay
     gives the same bits as the eager call."""
+    from conftest import graph_replayed
+
     pytest.importorskip("sgl_kernel.flash_mla")
     bench = load_benchmark("bench_tree_attention")
     t = bench.random_verify(bs, w, prefix, 8, 1, 576, seed=bs + w, dv=512, page=64)
@@ -131,13 +133,8 @@ def test_flashmla_split_equals_reference(bs, w, prefix, load_benchmark):
         w, scale,
     )  # fmt: skip
     torch.testing.assert_close(lse.cpu(), lse_ref, atol=2e-2, rtol=1e-3)
-    graph = torch.cuda.CUDAGraph()
-    holder = {}
-    with torch.cuda.graph(graph):
-        holder["out"] = split()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(holder["out"], got)
+    replayed, _graph = graph_replayed(split)
+    assert torch.equal(replayed, got)
 
 
 def _fake_flash_mla(monkeypatch, calls):

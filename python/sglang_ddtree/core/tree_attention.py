@@ -184,10 +184,12 @@ if triton is not None:
         D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr, DV_TILES: tl.constexpr,
         FULL_MASK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
         MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr, GIVEN_PREFIX: tl.constexpr,
+        LSE_LOG2: tl.constexpr,
     ):  # fmt: skip
         # O1 / Lse1: the prefix part, addressed per (request, node, head, share): this file's
         # prefix kernel writes it token-major, FlashMLA's decode kernel as [bs, W, Hq, Dv] /
         # [bs, Hq, W]. GIVEN_PREFIX: one part covering the whole prefix, always nonempty.
+        # LSE_LOG2: Lse1 is a base-2 log-sum-exp (FlashInfer's), turned natural as it is read.
         b = tl.program_id(0)
         head = tl.program_id(1)
         hkv = head // G
@@ -246,6 +248,8 @@ if triton is not None:
             mask=r_ok[:, None] & (splits[None, :] < shares),
             other=float("-inf"),
         )  # [BLOCK_R, BLOCK_S]
+        if LSE_LOG2:
+            lse1 = lse1 * 0.6931471805599453  # ln 2
         top = tl.maximum(lse2, tl.max(lse1, 1))
         w2 = tl.exp(lse2 - top)
         acc = tl.dot(p.to(v.dtype), v).to(tl.float32) * (w2 / tl.where(r_ok, l_sum, 1.0))[:, None]
@@ -254,6 +258,8 @@ if triton is not None:
         o1_rows = O1 + b * stride_pb + offs_r[:, None] * stride_pr + head * stride_ph
         for sp in range(shares):
             lse_sp = tl.load(lse_rows + sp * stride_ls, mask=r_ok, other=0.0)
+            if LSE_LOG2:
+                lse_sp = lse_sp * 0.6931471805599453
             wt = tl.exp(lse_sp - top)
             o1 = tl.load(o1_rows + sp * stride_ps + offs_dv[None, :], mask=out_ok, other=0.0)
             acc += o1.to(tl.float32) * wt[:, None]
@@ -421,10 +427,11 @@ def _value_tiles(dv: int, dv_block: int | None) -> tuple[int, int]:
 def _tree_part_and_merge(
     q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides, lse1,
     lse_strides, sm_scale, *, bs, w, full_mask, prefix_splits, tree_dv_block, block_r, warps,
-    given_prefix=False,
+    given_prefix=False, lse_log2=False,
 ) -> torch.Tensor:  # fmt: skip
     """The tree kernel's launch: ``[bs * W, Hq, Dv]``, the ancestor block merged with the
-    prefix part ``o1`` / ``lse1`` (strides per request, node, head and share)."""
+    prefix part ``o1`` / ``lse1`` (strides per request, node, head and share; ``lse_log2``:
+    ``lse1`` in base 2)."""
     n, hq, d = q.shape
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
@@ -442,7 +449,7 @@ def _tree_part_and_merge(
         D_TILES=triton.cdiv(d, block_dk), BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
         FULL_MASK=full_mask, SPLITS=prefix_splits,
         BLOCK_S=triton.next_power_of_2(prefix_splits), MIN_SHARE=MIN_SHARE_KEYS,
-        BLOCK_N=PREFIX_BLOCK_N, GIVEN_PREFIX=given_prefix, num_warps=warps,
+        BLOCK_N=PREFIX_BLOCK_N, GIVEN_PREFIX=given_prefix, LSE_LOG2=lse_log2, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -455,15 +462,18 @@ def tree_attention_with_prefix(
     tree_mask: torch.Tensor,  # [bs, W, W] bool (or int8), ancestor-or-self, contiguous
     sm_scale: float,
     prefix_out: torch.Tensor,  # [bs, W, Hq, Dv] the prefix part's normalized output
-    prefix_lse: torch.Tensor,  # [bs, Hq, W] float32, its natural-log log-sum-exp
+    prefix_lse: torch.Tensor,  # [bs, Hq, W] float32, its log-sum-exp (natural log by default)
     *,
     tree_dv_block: int | None = None,  # value columns per program (None: value_tiling's)
     tree_rows: int | None = None,  # query nodes per program (None: TREE_ROWS)
+    prefix_lse_log2: bool = False,  # prefix_lse in base 2, as FlashInfer's kernels return it
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: the verify attention from a prefix part computed elsewhere (a paged
-    decode kernel that returns its log-sum-exp, as FlashMLA's does: every node against the
-    whole cached prefix, no mask) and the ancestor block, merged in the tree kernel's
-    epilogue. Every prefix must be nonempty (a verify's prefix holds at least the prompt)."""
+    kernel that returns its log-sum-exp, as FlashMLA's decode and FlashInfer's batch prefill
+    do: every node against the whole cached prefix, no mask) and the ancestor block, merged in
+    the tree kernel's epilogue. Both parts are read through their strides (a token-major part
+    through `token_major_prefix_part`'s views). Every prefix must be nonempty (a verify's
+    prefix holds at least the prompt)."""
     n, hq, d = q.shape
     bs, w, _ = tree_mask.shape
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
@@ -485,4 +495,18 @@ def tree_attention_with_prefix(
         q, k_buffer, v_buffer, node_loc, tree_mask, None, node_loc, prefix_out, o1_strides,
         prefix_lse, lse_strides, sm_scale, bs=bs, w=w, full_mask=False, prefix_splits=1,
         tree_dv_block=tree_dv_block, block_r=block_r, warps=warps, given_prefix=True,
+        lse_log2=prefix_lse_log2,
     )  # fmt: skip
+
+
+def token_major_prefix_part(
+    prefix_out: torch.Tensor,  # [bs * W, Hq, Dv] row b * W + i: node i of request b
+    prefix_lse: torch.Tensor,  # [bs * W, Hq] float32
+    w: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefix part laid out token-major (FlashInfer's batch prefill with W query rows a
+    request) as `tree_attention_with_prefix` takes it: ``([bs, W, Hq, Dv], [bs, Hq, W])``,
+    views of the same memory (the tree kernel reads the lse through its strides, no copy)."""
+    n, hq, dv = prefix_out.shape
+    assert n % w == 0 and prefix_lse.shape == (n, hq)
+    return prefix_out.view(n // w, w, hq, dv), prefix_lse.view(n // w, w, hq).transpose(1, 2)
