@@ -329,9 +329,11 @@ def _run_adaptive(eng, prompts, stats_path) -> dict:
     return {"outputs": outputs, "accept": accept, "stats": stats, "startup_stats": startup}
 
 
-def run_checks(target, draft, prompts, checks, summary) -> None:
+def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None:
     """One engine per configuration, shared by the checks that need it (engine starts dominate
-    the run time): no-spec, DDTREE, DFLASH, DDTREE with the wrong law, then the server."""
+    the run time): no-spec, DDTREE, DFLASH, DDTREE with the wrong law, then the server. The
+    greedy verdict is reached (and handed to ``on_verdict(summary)``) as soon as its two
+    engines have run, so a run stopped later keeps it."""
     want_g, want_s, want_a = ("greedy" in checks), ("sampling" in checks), ("accept" in checks)
     want_ad = "adaptive" in checks
     sp = prompts[:SAMPLE_PROMPTS]
@@ -366,6 +368,11 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
     algo_is_tree[0] = True
     if want_g or want_s or want_a:
         phase("ddtree", "DDTREE", both)
+    if want_g:
+        with ExitStack() as stack:
+            _summarize(got, prompts, ["greedy"], summary, _lazy_top2_probe(stack, target, draft))
+        if on_verdict is not None:
+            on_verdict(summary)
     if want_ad:
         from sglang_ddtree.srt.ddtree_budget import SCHEDULE_ENV
         from sglang_ddtree.srt.ddtree_worker_v2 import GRAPH_STATS_ENV
@@ -392,7 +399,7 @@ def run_checks(target, draft, prompts, checks, summary) -> None:
 
     with ExitStack() as stack:
         probe = _lazy_top2_probe(stack, target, draft)
-        _summarize(got, prompts, checks, summary, probe)
+        _summarize(got, prompts, [c for c in checks if c not in summary], summary, probe)
 
 
 def _lazy_top2_probe(stack: ExitStack, target: str, draft: str):
@@ -533,7 +540,13 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown checks: {sorted(unknown)}")
     t0 = time.time()
-    run_checks(target, draft, prompts, checks, summary)
+    summary_path = os.path.join(args.out, "e2e_summary.json")
+
+    def write_summary(partial: dict) -> None:
+        with open(summary_path, "w") as f:
+            json.dump(partial, f, indent=2)
+
+    run_checks(target, draft, prompts, checks, summary, on_verdict=write_summary)
     if "server" in checks:
         from sglang_ddtree.testing.server_check import check_server
 
@@ -544,8 +557,7 @@ def main() -> int:
     for name in checks:
         print(f"[e2e] {name}: {json.dumps(summary[name])[:2000]}", flush=True)
     summary["seconds"] = round(time.time() - t0, 1)
-    with open(os.path.join(args.out, "e2e_summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_summary(summary)
     ok = all(summary[c].get("passed") for c in checks)
     npass = sum(bool(summary[c].get("passed")) for c in checks)
     print(f"[e2e] SUMMARY: {npass} passed, {len(checks) - npass} failed ({checks})", flush=True)

@@ -368,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log_path = os.path.join(args.out, "faults_server.log")
+
+    def write_summary(partial: dict) -> None:
+        with open(os.path.join(args.out, "faults_summary.json"), "w") as f:
+            json.dump(partial, f, indent=1)
+
     summary: dict = {
         "algorithm": args.algorithm, "arch": args.arch, "tp": args.tp,
         "concurrency": args.concurrency, "context": CONTEXT, "kv_tokens": KV_TOKENS, "chunk": CHUNK,
@@ -389,10 +394,17 @@ def main(argv: list[str] | None = None) -> int:
             res["serving_after"] = alive(base)
             res["seconds"] = round(time.time() - t0, 1)
             summary[name] = res
+            # Each case's raw result as it ends (its near-tie verdict comes last): a run
+            # stopped later keeps what it measured.
+            print(f"[faults] {name} (raw): {json.dumps(res)[:600]}", flush=True)
+            write_summary(summary)
         time.sleep(10)  # idle: SGLang's scheduler runs its KV-leak check
         summary["serving_after_idle"] = alive(base)
     with open(log_path, errors="replace") as f:
         text = f.read()
+    summary["log_traceback"] = "Traceback" in text
+    summary["log_leak"] = "leak detected" in text.lower()  # SGLang: "memory leak detected"
+    write_summary(summary)
     # Greedy differences, if any, are judged by the non-speculative server's top two tokens.
     if any(summary[c].get("differences") for c in cases):
         port = free_port()
@@ -404,16 +416,13 @@ def main(argv: list[str] | None = None) -> int:
         judge_differences(summary, cases, None)
     for name in cases:
         print(f"[faults] {name}: {json.dumps(summary[name])[:600]}", flush=True)
-    summary["log_traceback"] = "Traceback" in text
-    summary["log_leak"] = "leak detected" in text.lower()  # SGLang: "memory leak detected"
     summary["passed"] = (
         all(summary[c]["passed"] for c in cases)
         and summary["serving_after_idle"]
         and not summary["log_traceback"]
         and not summary["log_leak"]
     )
-    with open(os.path.join(args.out, "faults_summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_summary(summary)
     print(f"[faults] passed={summary['passed']}", flush=True)
     return 0 if summary["passed"] else 1
 
