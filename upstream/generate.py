@@ -247,7 +247,7 @@ _register_ddtree()
 """,
         """    speculative_ddtree_budget_schedule: A[
         Optional[str],
-        "DDTREE only. Adaptive tree budget: tree nodes verified per request (root included) by running batch size, as comma-separated min_batch_size:num_nodes pairs, e.g. '1:65,8:33,32:17' (bs 1-7 verify 65 nodes, 8-31 33, 32+ 17). Thresholds start at 1 and increase; every value must be >= the drafter block size B. Exclusive with --speculative-num-draft-tokens (a fixed budget). Default: 1:2B,4:B.",
+        "DDTREE only. Adaptive tree budget: tree nodes verified per request (root included) by running batch size, as comma-separated min_batch_size:num_nodes pairs, e.g. '1:65,8:33,32:17' (bs 1-7 verify 65 nodes, 8-31 33, 32+ 17). Thresholds start at 1 and increase; every value must be >= the drafter block size B. Exclusive with --speculative-num-draft-tokens (a fixed budget). Default: 1:2B,4:B (1:B for mixture-of-experts targets).",
         NS("spec"),
     ] = None
     speculative_ddtree_topk: A[

@@ -6,7 +6,8 @@
 #   DRY_RUN=1 bash docker/kimi-k2.6/launch.sh          # print the command, one argument a line
 #
 # Env: MODEL (default moonshotai/Kimi-K2.6), DRAFT (default z-lab/Kimi-K2.6-DFlash), HW (h200 |
-# b300, default h200), PORT (default 30000), MEM_FRACTION_STATIC (overrides the HW default).
+# b300, default h200), PORT (default 30000), MEM_FRACTION_STATIC (overrides the HW default),
+# ATTENTION (triton | flashmla, default triton; flashmla: H200 only, page size 64).
 # Extra arguments are passed on to sglang.launch_server unchanged.
 set -euo pipefail
 
@@ -29,17 +30,35 @@ case "$HW" in
 esac
 MEM="${MEM_FRACTION_STATIC:-$default_mem}"
 
-# The triton attention backend at page size 1: the tree verify with its end-to-end checks (see
-# README.md for flashmla at page size 64, served but not yet checked end to end). No
-# --speculative-num-draft-tokens: DDTREE's default adaptive tree budget applies.
+# triton at page size 1: the tree verify with its end-to-end checks against the non-speculative
+# server. flashmla at page size 64 (Hopper only): FlashMLA reads the prefix, at the DFLASH
+# chain's step cost at long contexts, but its end-to-end checks have no verdict yet (README.md).
+ATTENTION="${ATTENTION:-triton}"
+case "$ATTENTION" in
+  triton) page=1 ;;
+  flashmla)
+    page=64
+    if [[ "$HW" != h200 ]]; then
+      echo "launch.sh: ATTENTION=flashmla runs FlashMLA's Hopper kernel: use it with HW=h200" >&2
+      exit 2
+    fi
+    ;;
+  *)
+    echo "launch.sh: ATTENTION must be triton or flashmla, not '$ATTENTION'" >&2
+    exit 2
+    ;;
+esac
+
+# No --speculative-num-draft-tokens: DDTREE's default tree budget applies (for a mixture-of-
+# experts target such as K2.6, W = the drafter's block at every batch size).
 cmd=(
   python3 -m sglang.launch_server
   --model-path "$MODEL"
   --speculative-algorithm DDTREE
   --speculative-draft-model-path "$DRAFT"
   --tp 8
-  --attention-backend triton
-  --page-size 1
+  --attention-backend "$ATTENTION"
+  --page-size "$page"
   --mem-fraction-static "$MEM"
   --trust-remote-code
   --reasoning-parser kimi_k2

@@ -88,6 +88,24 @@ def test_launch_env_and_extra_args():
     assert flag_value(launch_argv(), "--mem-fraction-static") == str(MEM_FRACTION["h200"])
 
 
+def test_launch_flashmla_on_h200_only():
+    """ATTENTION=flashmla: FlashMLA at its page size 64, on H200 (Hopper) only; other values
+    are refused with a message and exit 2."""
+    argv = launch_argv(ATTENTION="flashmla")
+    assert flag_value(argv, "--attention-backend") == "flashmla"
+    assert flag_value(argv, "--page-size") == "64"
+    for env, needle in (({"ATTENTION": "flashmla", "HW": "b300"}, "HW=h200"),
+                        ({"ATTENTION": "fa3"}, "ATTENTION must be triton or flashmla")):  # fmt: skip
+        out = subprocess.run(
+            ["bash", str(LAUNCH)],
+            env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 2 and out.stdout == "" and needle in out.stderr
+
+
 def test_launch_refuses_unknown_hw():
     out = subprocess.run(
         ["bash", str(LAUNCH)],

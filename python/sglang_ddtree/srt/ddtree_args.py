@@ -10,7 +10,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
   ``min_bs:W`` pairs, e.g. ``1:65,8:33,32:17`` (bs 1..7 -> W=65, 8..31 -> 33, >= 32 -> 17).
   Thresholds start at 1 and increase; every W >= the drafter block size. Setting it together
   with ``--speculative-num-draft-tokens`` is refused (ambiguous). With neither,
-  ``budget.default_schedule(B)`` applies (``1:2B,4:B``). SGLang's
+  ``budget.default_schedule(B, moe)`` applies (``1:2B,4:B``; ``1:B`` for a mixture-of-experts
+  target). SGLang's
   ``speculative_num_draft_tokens`` becomes the schedule's largest W (it sizes KV reservations and
   the verify buffers); each bucket gets its own target-verify CUDA graphs (``ddtree_cuda_graph_runner``).
 - ``--speculative-dflash-block-size B``: optional; read from the drafter config otherwise.
@@ -119,7 +120,8 @@ def add_cli_flags(parser) -> None:
         type=str,
         default=None,
         help="DDTREE: tree nodes verified per request (root included) by running batch size, "
-        "as min_bs:W pairs, e.g. 1:33,4:17,32:16. Default: 1:2B,4:B for drafter block B.",
+        "as min_bs:W pairs, e.g. 1:33,4:17,32:16. Default: 1:2B,4:B for drafter block B (1:B "
+        "for a mixture-of-experts target).",
     )
     parser.add_argument(
         "--speculative-ddtree-topk",
