@@ -1,14 +1,29 @@
 """DDTree core: pure, batched, sync-free tensor functions (no SGLang imports).
 
+Terms, fixed here and used in every module of the core (each module's docstring adds its own):
+
+- **block** (B): what the DFlash drafter reads and fills in one forward, the root then B - 1
+  masked slots, which give D = B - 1 per-depth draft distributions.
+- **node**: one draft prefix; its token is the prefix's last one. **depth**: its length.
+- **root**: node 0 of every tree, the token the target emitted last step (the previous step's
+  bonus token), not yet in the target's KV cache; depth 0.
+- **budget**: draft nodes per request, root excluded. **W** = budget + 1: the tree's slots,
+  which is what one request puts through the target's verify forward (the verify width).
+- **accepted path**: the root, then the draft nodes the target accepts, each a child of the
+  one before; **accept length**: its draft nodes (0..S - 1, S = max depth + 1).
+- **bonus token**: the target's own token after the accepted path's last node; the step
+  commits accept length + 1 tokens and the bonus token becomes the next root.
+- **K**: draft candidates per depth (`select_candidates`).
+
 One decode step, in order:
 
     tree    = build_tree_from_candidates(*select_candidates(draft_logits, K, normalize=True),
                                          root_tokens, budget)
     layout  = tree_to_retrieve_arrays(tree, prefix_lens)
-    # ... target verify forward over the N = budget + 1 nodes with layout.tree_mask ...
+    # ... target verify forward over the W = budget + 1 nodes with layout.tree_mask ...
     logits  = apply_tree_penalties(logits, tree.tokens, layout.tree_mask, penalties)
     result  = accept_greedy(...)   or   accept_sampled(...)
-    plan    = commit_accepted(result, prefix_lens, N)
+    plan    = commit_accepted(result, prefix_lens, W)
     penalties = count_emitted(penalties, plan.out_tokens)   # the next step's penalty state
 """
 

@@ -1,16 +1,16 @@
 """Accept a verified draft tree: greedy and sampled requests, one result type.
 
-Terms (see also `sglang_ddtree.core.tree`):
+Terms (as in `sglang_ddtree.core`; the accept-side ones in more detail):
 
 - **accepted path.** Root first, then the draft nodes the target agrees with, each a child of
-  the previous one. Stored as global node ids ``b * N + i`` in ``accept_index`` [bs, S],
+  the previous one. Stored as global node ids ``b * W + i`` in ``accept_index`` [bs, S],
   padded with -1. ``S`` = longest path the walk may take, root included (max depth + 1).
 - **accept length.** Accepted draft nodes, root excluded: 0..S-1. A step commits
   ``accept_length + 1`` tokens.
 - **bonus token.** The target's own token after the last accepted node: at T = 0 its argmax;
   at T > 0 a draw from its distribution with the rejected children removed (which makes every
   emitted token an exact target sample). It becomes the next step's root.
-- ``predict`` [bs * N] int32, the accept kernels' output: for each accepted node, the token
+- ``predict`` [bs * W] int32, the accept kernels' output: for each accepted node, the token
   emitted after it (the next accepted node's token, or the bonus at the last one). Entries of
   other nodes are 0.
 
@@ -37,7 +37,7 @@ from sglang_ddtree.core.sampling import clamp_coins
 class AcceptResult(NamedTuple):
     """Accepted path per request, in the layout of SGLang's accept kernels.
 
-    predict:       [bs * N] int32. Token emitted after each accepted node (0 elsewhere).
+    predict:       [bs * W] int32. Token emitted after each accepted node (0 elsewhere).
     accept_index:  [bs, S] int32. Global ids of root + accepted nodes; -1 padded.
     accept_length: [bs] int32. Accepted draft nodes (root excluded).
     """
@@ -57,10 +57,10 @@ def _empty_result(bs: int, n: int, max_accept: int, layout: TreeLayout) -> Accep
 
 def _check(layout: TreeLayout, tokens: torch.Tensor, max_accept: int) -> tuple[int, int]:
     bs, n = layout.retrieve_index.shape
-    assert tokens.shape == (bs, n), "tokens must be [bs, N]"
+    assert tokens.shape == (bs, n), "tokens must be [bs, W]"
     assert layout.retrieve_next_token.shape == (bs, n)
     assert layout.retrieve_next_sibling.shape == (bs, n)
-    assert 1 <= max_accept <= n, "max_accept (S) must be in [1, N]"
+    assert 1 <= max_accept <= n, "max_accept (S) must be in [1, W]"
     return bs, n
 
 
@@ -83,8 +83,8 @@ def _use_kernel(device: torch.device, backend: str) -> bool:
 
 def accept_greedy(
     layout: TreeLayout,
-    tokens: torch.Tensor,  # [bs, N] int64, node tokens (slot 0 = root)
-    target_predict: torch.Tensor,  # [bs, N] int64, target argmax at each node
+    tokens: torch.Tensor,  # [bs, W] int64, node tokens (slot 0 = root)
+    target_predict: torch.Tensor,  # [bs, W] int64, target argmax at each node
     max_accept: int,  # S
     backend: str = "auto",
 ) -> AcceptResult:
@@ -139,9 +139,9 @@ def accept_greedy(
 
 def accept_sampled(
     layout: TreeLayout,
-    tokens: torch.Tensor,  # [bs, N] int64
-    probs: torch.Tensor,  # [bs, N, V] float32, target distribution at each node (filters applied)
-    coins: torch.Tensor,  # [bs, N] float32 in (0, 1), one per node
+    tokens: torch.Tensor,  # [bs, W] int64
+    probs: torch.Tensor,  # [bs, W, V] float32, target distribution at each node (filters applied)
+    coins: torch.Tensor,  # [bs, W] float32 in (0, 1), one per node
     final_coins: torch.Tensor,  # [bs] float32 in (0, 1), one per request for the bonus
     max_accept: int,  # S
     backend: str = "auto",
@@ -153,7 +153,7 @@ def accept_sampled(
     """
     bs, n = _check(layout, tokens, max_accept)
     vocab = probs.shape[-1]
-    assert probs.shape == (bs, n, vocab), "probs must be [bs, N, V]"
+    assert probs.shape == (bs, n, vocab), "probs must be [bs, W, V]"
     assert coins.shape == (bs, n) and final_coins.shape == (bs,)
     coins, final_coins = clamp_coins(coins), clamp_coins(final_coins)
     if not _use_kernel(tokens.device, backend):
@@ -185,9 +185,9 @@ def accept_sampled(
 
 def accept_sampled_reference(
     layout: TreeLayout,
-    tokens: torch.Tensor,  # [bs, N] int64
-    probs: torch.Tensor,  # [bs, N, V] float32
-    coins: torch.Tensor,  # [bs, N] float32 in (0, 1)
+    tokens: torch.Tensor,  # [bs, W] int64
+    probs: torch.Tensor,  # [bs, W, V] float32
+    coins: torch.Tensor,  # [bs, W] float32 in (0, 1)
     final_coins: torch.Tensor,  # [bs] float32 in (0, 1)
     max_accept: int,  # S
 ) -> AcceptResult:

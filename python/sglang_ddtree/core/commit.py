@@ -16,11 +16,11 @@ from sglang_ddtree.core.accept import AcceptResult
 
 
 class CommitPlan(NamedTuple):
-    """What one decode step commits, per request (S = accept_index width, N nodes per request).
+    """What one decode step commits, per request (S = accept_index width, W nodes per request).
 
     out_tokens:     [bs, S] int64. Emitted tokens: accepted draft tokens, then the bonus; -1 pad.
     next_token_ids: [bs * S] int64. ``out_tokens`` flattened with pads 0 (SGLang's layout).
-    keep_index:     [bs, S] int64. Global node ids (b * N + i) whose target KV is kept, root
+    keep_index:     [bs, S] int64. Global node ids (b * W + i) whose target KV is kept, root
                     first, in path order; -1 pad. Row j's KV belongs at position prefix_len + j.
     keep_nodes:     [bs, S] int64. The same nodes as slots within the request (i); -1 pad.
     accept_length:  [bs] int32. Accepted draft nodes (root and bonus excluded).
@@ -42,7 +42,7 @@ class CommitPlan(NamedTuple):
 def commit_accepted(
     result: AcceptResult,
     prefix_lens: torch.Tensor,  # [bs] int64, tokens in the target KV before this step
-    num_nodes: int,  # N
+    num_nodes: int,  # W
 ) -> CommitPlan:
     """Gather emitted tokens and the KV rows to keep from an `AcceptResult`. No host sync."""
     bs, s = result.accept_index.shape

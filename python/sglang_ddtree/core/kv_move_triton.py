@@ -1,8 +1,8 @@
 """Move the accepted path's target KV to contiguous slots: one Triton launch, no host sync.
 
-Terms (as in `commit`): the verify wrote node ``i`` of request ``b``'s tree (N nodes) into KV
-slot ``verify_loc[b * N + i]``, and ``verify_loc[b * N + d]`` is also the slot of position
-``prefix_len + d``. The accepted path keeps node ``keep_index[b, d]`` (global id ``b * N + i``)
+Terms (as in `commit`): the verify wrote node ``i`` of request ``b``'s tree (W nodes) into KV
+slot ``verify_loc[b * W + i]``, and ``verify_loc[b * W + d]`` is also the slot of position
+``prefix_len + d``. The accepted path keeps node ``keep_index[b, d]`` (global id ``b * W + i``)
 at depth ``d``; its KV belongs at position ``prefix_len + d``. Only rows with ``i != d`` move:
 the root (d = 0) never does, nor a path node that is already its depth's slot.
 
@@ -37,7 +37,7 @@ def _move_accepted_kv_kernel(
     data_ptrs,  # [L] uint64: base address of each KV buffer
     row_bytes_ptr,  # [L] int64: bytes per slot row of each buffer
     keep_ptr,  # [bs, S] int64: global node ids of the accepted path, -1 past its end
-    loc_ptr,  # [bs * N] int64: KV slot of each node
+    loc_ptr,  # [bs * W] int64: KV slot of each node
     S,
     N,
     TILE: tl.constexpr,
@@ -63,9 +63,9 @@ def _move_accepted_kv_kernel(
 def move_accepted_kv(
     data_ptrs: torch.Tensor,  # [L] uint64 (or int64): base address of each KV buffer
     row_bytes: torch.Tensor,  # [L] int: bytes per slot row of each buffer
-    keep_index: torch.Tensor,  # [bs, S] int64: global node ids (b * N + i), -1 past the path
-    verify_loc: torch.Tensor,  # [bs * N] int64: KV slot of each node = of position prefix + i
-    num_nodes: int,  # N
+    keep_index: torch.Tensor,  # [bs, S] int64: global node ids (b * W + i), -1 past the path
+    verify_loc: torch.Tensor,  # [bs * W] int64: KV slot of each node = of position prefix + i
+    num_nodes: int,  # W
     max_row_bytes: int,  # max(row_bytes), a host int (sizes the grid)
 ) -> None:
     """Copy each accepted node's KV row (every buffer) to the slot of its depth, in place."""
@@ -92,7 +92,7 @@ def move_accepted_kv(
 def move_accepted_kv_reference(
     buffers: list[torch.Tensor],  # each [slots, ...]: row `slot` is one token's KV
     keep_index: torch.Tensor,  # [bs, S] int64
-    verify_loc: torch.Tensor,  # [bs * N] int64
+    verify_loc: torch.Tensor,  # [bs * W] int64
     num_nodes: int,
 ) -> None:
     """Plain torch, one row at a time in depth order: what the kernel must equal (tests)."""

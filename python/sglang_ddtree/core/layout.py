@@ -1,8 +1,8 @@
 """Lay a draft tree out for the target's tree verify and for SGLang's accept kernels.
 
-From parent pointers (see `sglang_ddtree.core.tree` for the terms) we derive, per request:
+From parent pointers (terms as in `sglang_ddtree.core`) we derive, per request:
 
-- ``retrieve_index[b, i] = b * N + i``: the global node id. It indexes the flattened verify
+- ``retrieve_index[b, i] = b * W + i``: the global node id. It indexes the flattened verify
   rows (logits, hidden states, ``out_cache_loc``) and ``AcceptResult.predict``.
 - ``retrieve_next_token[b, i]``: the first child of node ``i`` (the child with the smallest
   slot, i.e. the highest draft log-prob), or -1.
@@ -28,13 +28,13 @@ from sglang_ddtree.core.tree import DraftTree
 
 
 class TreeLayout(NamedTuple):
-    """Verify-ready arrays for a batch of trees with N slots each.
+    """Verify-ready arrays for a batch of trees with W slots each.
 
-    retrieve_index:        [bs, N] int64. b * N + i.
-    retrieve_next_token:   [bs, N] int64. First child slot, -1 if none.
-    retrieve_next_sibling: [bs, N] int64. Next sibling slot, -1 if none.
-    positions:             [bs, N] int64. prefix_len + depth.
-    tree_mask:             [bs, N, N] bool. tree_mask[b, i, j]: node i may attend to node j.
+    retrieve_index:        [bs, W] int64. b * W + i.
+    retrieve_next_token:   [bs, W] int64. First child slot, -1 if none.
+    retrieve_next_sibling: [bs, W] int64. Next sibling slot, -1 if none.
+    positions:             [bs, W] int64. prefix_len + depth.
+    tree_mask:             [bs, W, W] bool. tree_mask[b, i, j]: node i may attend to node j.
     """
 
     retrieve_index: torch.Tensor
@@ -45,7 +45,7 @@ class TreeLayout(NamedTuple):
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """Ancestor-or-self mask [bs, N, N] bool from parents [bs, N] int64 (-1 = none).
+    """Ancestor-or-self mask [bs, W, W] bool from parents [bs, W] int64 (-1 = none).
 
     Pointer jumping: after step s every row holds its ancestors up to distance 2**s, so
     ceil(log2(max_depth + 1)) fixed steps cover every tree of that depth.
@@ -70,7 +70,7 @@ def tree_to_retrieve_arrays(
 ) -> TreeLayout:
     """Parent pointers -> first-child / next-sibling arrays, positions and the tree mask.
 
-    ``max_depth`` bounds the tree depth (default: N - 1); pass the drafter's ``D`` to save
+    ``max_depth`` bounds the tree depth (default: W - 1); pass the drafter's ``D`` to save
     pointer-jumping steps. No host synchronization. ``backend``: "torch" (any device),
     "triton" (one launch, CUDA) or "auto" (triton on CUDA when importable); same output.
     """
@@ -101,7 +101,7 @@ def tree_to_retrieve_arrays(
 
     # Next sibling: smallest later slot with the same parent.
     same_parent = (parents[:, None, :] == parents[:, :, None]) & is_child[:, None, :]
-    later = slots[None, :] > slots[:, None]  # [N, N]: j > i
+    later = slots[None, :] > slots[:, None]  # [W, W]: j > i
     cand = torch.where(same_parent & later & is_child[:, :, None], slots, n)
     next_sibling = cand.min(dim=2).values
     next_sibling = torch.where(next_sibling == n, -1, next_sibling)
@@ -115,13 +115,13 @@ def tree_to_retrieve_arrays(
 
 def verify_mask_cells(
     prefix_lens: torch.Tensor,  # [bs] int64
-    num_nodes: int,  # N
+    num_nodes: int,  # W
 ) -> torch.Tensor:
-    """[bs * N * N] int64: where tree cell (b, i, j) lands in SGLang's flattened FULL_MASK.
+    """[bs * W * W] int64: where tree cell (b, i, j) lands in SGLang's flattened FULL_MASK.
 
-    Per request b the mask is a row-major block of N rows x (prefix_len_b + N) columns, blocks
+    Per request b the mask is a row-major block of W rows x (prefix_len_b + W) columns, blocks
     concatenated in request order; cell (b, i, j) is column prefix_len_b + j of row i of block
-    b. Shapes depend on (bs, N) only, so this part can be captured in a CUDA graph.
+    b. Shapes depend on (bs, W) only, so this part can be captured in a CUDA graph.
     """
     n = num_nodes
     prefix = prefix_lens.to(torch.int64)
@@ -138,10 +138,10 @@ def verify_mask_cells(
 
 
 def verify_mask_numel(
-    num_nodes: int,  # N
+    num_nodes: int,  # W
     host_prefix_lens: torch.Tensor,  # [bs] int CPU, each >= the request's real prefix length
 ) -> int:
-    """Cells of a FULL_MASK buffer that holds the verify mask: ``N * sum(prefix) + bs * N * N``.
+    """Cells of a FULL_MASK buffer that holds the verify mask: ``W * sum(prefix) + bs * W * W``.
 
     Only needs an upper bound of each prefix length: SGLang locates request b's block from
     ``mask_indptr``, which it computes on the device from the real lengths, and the blocks are
@@ -154,14 +154,14 @@ def verify_mask_numel(
 
 
 def scatter_verify_mask(
-    tree_mask: torch.Tensor,  # [bs, N, N] bool
-    cells: torch.Tensor,  # [bs * N * N] int64, from verify_mask_cells
+    tree_mask: torch.Tensor,  # [bs, W, W] bool
+    cells: torch.Tensor,  # [bs * W * W] int64, from verify_mask_cells
     total: int,
 ) -> torch.Tensor:
     """SGLang's FULL_MASK for TARGET_VERIFY, [total] bool: all True except the tree cells.
 
-    ``total >= sum_b N * (prefix_len_b + N)`` comes from host lengths (`verify_mask_numel`; no
-    device-to-host copy); cells past the real total are unused. Only the bs * N * N tree cells
+    ``total >= sum_b W * (prefix_len_b + W)`` comes from host lengths (`verify_mask_numel`; no
+    device-to-host copy); cells past the real total are unused. Only the bs * W * W tree cells
     are written, not O(total) index math: total grows with the context length.
     """
     out = torch.ones(total, dtype=torch.bool, device=tree_mask.device)
@@ -170,15 +170,15 @@ def scatter_verify_mask(
 
 
 def flatten_verify_mask(
-    tree_mask: torch.Tensor,  # [bs, N, N] bool
+    tree_mask: torch.Tensor,  # [bs, W, W] bool
     prefix_lens: torch.Tensor,  # [bs] int64
     total: int,
 ) -> torch.Tensor:
     """SGLang's FULL_MASK layout for TARGET_VERIFY: [total] bool.
 
-    Per request b, a row-major block of N rows x (prefix_len_b + N) columns: the prefix columns
+    Per request b, a row-major block of W rows x (prefix_len_b + W) columns: the prefix columns
     are True, the tree columns are ``tree_mask[b]``; blocks are concatenated in request order.
-    ``total = sum_b N * (prefix_len_b + N)`` is passed in by the caller, who knows the prefix
+    ``total = sum_b W * (prefix_len_b + W)`` is passed in by the caller, who knows the prefix
     lengths on the host, so no device-to-host copy is needed here.
     """
     cells = verify_mask_cells(prefix_lens, tree_mask.shape[1])

@@ -1,10 +1,10 @@
 """`tree_to_retrieve_arrays` as one Triton kernel: one program per request, no host sync.
 
-The torch layout takes about 25 small launches (scatter-min, an N x N sibling search, pointer
-jumping over N x N masks). Here every row is independent, so nothing waits on the row before:
+The torch layout takes about 25 small launches (scatter-min, an W x W sibling search, pointer
+jumping over W x W masks). Here every row is independent, so nothing waits on the row before:
 
 - first child of p: the smallest child slot whose parent is p; next sibling of i: the
-  smallest later child slot with i's parent. Both are min-reductions over an N x N compare,
+  smallest later child slot with i's parent. Both are min-reductions over an W x W compare,
   done ``ROWS`` rows at a time.
 - ancestors: every row walks its parent chain at once, ``STEPS`` gathers, collecting the
   slots it meets as bits of 64-bit words; the words are then expanded into the bool mask.
@@ -23,16 +23,16 @@ from sglang_ddtree.core.tree import DraftTree
 
 @triton.jit
 def _layout_kernel(
-    parents_ptr,  # [bs, N] int64
-    valid_ptr,  # [bs, N] int8
-    depths_ptr,  # [bs, N] int64
+    parents_ptr,  # [bs, W] int64
+    valid_ptr,  # [bs, W] int8
+    depths_ptr,  # [bs, W] int64
     prefix_ptr,  # [bs] int64
-    next_token_ptr,  # [bs, N] int64 out
-    next_sibling_ptr,  # [bs, N] int64 out
-    positions_ptr,  # [bs, N] int64 out
-    retrieve_index_ptr,  # [bs, N] int64 out
+    next_token_ptr,  # [bs, W] int64 out
+    next_sibling_ptr,  # [bs, W] int64 out
+    positions_ptr,  # [bs, W] int64 out
+    retrieve_index_ptr,  # [bs, W] int64 out
     words_ptr,  # [bs, N, W_PAD] int64 out (ancestor bitsets, scratch)
-    mask_ptr,  # [bs, N, N] int8 out
+    mask_ptr,  # [bs, W, W] int8 out
     N: tl.constexpr,
     N_PAD: tl.constexpr,
     W_PAD: tl.constexpr,
@@ -94,7 +94,7 @@ def _layout_kernel(
 def tree_layout_triton(tree: DraftTree, prefix_lens: torch.Tensor, max_depth: int | None = None):
     """(retrieve_index, next_token, next_sibling, positions, tree_mask) in one launch.
 
-    ``max_depth`` bounds the tree depth as in `layout.ancestor_mask` (default N - 1): each row
+    ``max_depth`` bounds the tree depth as in `layout.ancestor_mask` (default W - 1): each row
     collects itself and ``2 ** bit_length(max_depth)`` ancestors, the distance that function's
     pointer jumping covers, so both give the same mask on any tree."""
     bs, n = tree.parents.shape

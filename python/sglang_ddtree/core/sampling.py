@@ -108,7 +108,7 @@ def _joint_renorm_kernels(probs, k, p, need_top_k: bool, need_top_p: bool, kerne
 
 
 def target_probs(
-    logits: torch.Tensor,  # [bs, N, V] float, one row per tree node
+    logits: torch.Tensor,  # [bs, W, V] float, one row per tree node
     temperature: torch.Tensor,  # [bs] float32, > 0
     top_k: torch.Tensor,  # [bs] int64
     top_p: torch.Tensor,  # [bs] float32
@@ -117,12 +117,12 @@ def target_probs(
     need_top_p: bool = True,
     top_p_kernel: str = TOP_P_KERNELS[0],
 ) -> torch.Tensor:
-    """Target distribution at every node, [bs, N, V] float32 contiguous: the law SGLang's
+    """Target distribution at every node, [bs, W, V] float32 contiguous: the law SGLang's
     non-speculative sampler draws from at that node (module docstring).
 
     ``need_top_k`` / ``need_top_p`` (host bools, e.g. SGLang's ``need_top_k_sampling`` /
     ``need_top_p_sampling``): False promises that no row uses that filter (top_k <= 0 or >= V;
-    top_p = 1), so its pass over ``[bs * N, V]`` is skipped (the law is the same). True always
+    top_p = 1), so its pass over ``[bs * W, V]`` is skipped (the law is the same). True always
     applies it.
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
@@ -166,7 +166,7 @@ def draw_coins(
     device: torch.device | str,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Uniform coins inside (0, 1): one per node [bs, N] and one for the bonus [bs], float32."""
+    """Uniform coins inside (0, 1): one per node [bs, W] and one for the bonus [bs], float32."""
     coins = torch.rand(bs, num_nodes, device=device, generator=generator)
     final = torch.rand(bs, device=device, generator=generator)
     return clamp_coins(coins), clamp_coins(final)

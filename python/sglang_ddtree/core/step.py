@@ -9,8 +9,8 @@ gathered candidates.
 
 Both take and return device tensors only, with shapes fixed by (bs, W, B) and host flags, and
 never read the device from the host, so the worker captures each in a CUDA graph per key
-(`sglang_ddtree.srt.ddtree_glue_graph`). Terms as in `sglang_ddtree.core.tree` and `.accept`: W = budget +
-1 nodes per request, B = drafter block, D = min(B - 1, budget) max depth, S = D + 1.
+(`sglang_ddtree.srt.ddtree_glue_graph`). Terms as in `sglang_ddtree.core`: W = budget + 1 nodes
+per request, B = drafter block, D = min(B - 1, budget) max depth, S = D + 1.
 """
 
 from __future__ import annotations

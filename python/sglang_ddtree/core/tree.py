@@ -1,6 +1,6 @@
 """Build the DDTree draft tree: the `budget` most probable draft prefixes, batched, on device.
 
-Terms (used across `sglang_ddtree.core`):
+Terms (used across `sglang_ddtree.core`; the list in `sglang_ddtree.core` is the index):
 
 - **block / depth.** A DFlash drafter reads ``[root, MASK x (block_size - 1)]`` and emits one
   distribution per masked slot: ``D = block_size - 1`` per-depth distributions ``q_1 .. q_D``.
@@ -10,23 +10,24 @@ Terms (used across `sglang_ddtree.core`):
   ``q_i``. Its **score** is ``sum_i log q_i(v_i)`` (float32, summed root to leaf).
 - **root.** Node 0 of every tree: the token the target emitted last step (the bonus token),
   not yet in the target's KV cache. Depth 0, score 0.
-- **budget** ``B``. Draft nodes per request, root excluded. Trees are padded to ``N = B + 1``
-  slots; slot 0 is the root, slots ``1..n`` the nodes in pop order, the rest are padding
-  (``valid = False``). ``n < B`` only when fewer than ``B`` prefixes exist (tiny vocabularies)
-  or have non-zero draft probability.
-- **top-K.** Candidates per depth: the ``K`` most likely tokens of each ``q_d``; ``K <= B``.
+- **budget.** Draft nodes per request, root excluded. Trees are padded to ``W = budget + 1``
+  slots (the verify width): slot 0 is the root, slots ``1..n`` the nodes in pop order, the rest
+  are padding (``valid = False``). ``n < budget`` only when fewer prefixes exist (tiny
+  vocabularies) or have non-zero draft probability.
+- **top-K.** Candidates per depth: the ``K`` most likely tokens of each ``q_d``;
+  ``K <= budget``.
 
 Algorithm. The published DDTree builder is a best-first heap: pop the best prefix, push its
-first child (next depth, rank 0) and its next sibling (same depth, next rank), stop after ``B``
-pops. It returns the ``B`` most probable prefixes. We compute the same set and order without a
-heap, in ``D`` fixed-shape steps that a CUDA graph can capture:
+first child (next depth, rank 0) and its next sibling (same depth, next rank), stop after
+``budget`` pops. It returns the ``budget`` most probable prefixes. We compute the same set and
+order without a heap, in ``D`` fixed-shape steps that a CUDA graph can capture:
 
-    beam_d = top-B prefixes of depth d, taken from (beam_{d-1} x K ranks)   for d = 1..D
-    tree   = top-B of (beam_1 ++ .. ++ beam_D)
+    beam_d = top-budget prefixes of depth d, from (beam_{d-1} x K ranks)   for d = 1..D
+    tree   = top-budget of (beam_1 ++ .. ++ beam_D)
 
-This is exact: a depth-``d`` member of the global top-B has fewer than ``B`` better depth-``d``
-prefixes, and its parent has fewer than ``B`` better depth-``(d-1)`` prefixes (each better
-parent has a child better than it), so neither is cut from its beam.
+This is exact: a depth-``d`` member of the global top-budget has fewer than ``budget`` better
+depth-``d`` prefixes, and its parent has fewer than ``budget`` better depth-``(d-1)`` prefixes
+(each better parent has a child better than it), so neither is cut from its beam.
 
 Order and tie-breaking (deterministic, identical on CPU and GPU for the same candidates). Nodes
 are ordered by the key ``(-score, depth, parent's node index, rank)``, ascending. This key grows
@@ -49,13 +50,13 @@ _INDEX_BITS = 32
 
 
 class DraftTree(NamedTuple):
-    """A batch of draft trees, root at slot 0, nodes in pop order, padded to ``N = budget + 1``.
+    """A batch of draft trees, root at slot 0, nodes in pop order, padded to ``W = budget + 1``.
 
-    parents: [bs, N] int64. Parent slot; -1 for the root and for padding.
-    depths:  [bs, N] int64. 0 for the root and for padding.
-    tokens:  [bs, N] int64. Token ids; slot 0 holds the root token; 0 in padding.
-    logw:    [bs, N] float32. Path score (sum of draft log-probs); 0 at the root, -inf in padding.
-    valid:   [bs, N] bool. True for the root and real nodes.
+    parents: [bs, W] int64. Parent slot; -1 for the root and for padding.
+    depths:  [bs, W] int64. 0 for the root and for padding.
+    tokens:  [bs, W] int64. Token ids; slot 0 holds the root token; 0 in padding.
+    logw:    [bs, W] float32. Path score (sum of draft log-probs); 0 at the root, -inf in padding.
+    valid:   [bs, W] bool. True for the root and real nodes.
     """
 
     parents: torch.Tensor

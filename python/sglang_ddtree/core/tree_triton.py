@@ -47,11 +47,11 @@ def _ddtree_heap_kernel(
     lp_ptr,  # [bs, D, K] float32, sorted descending along K
     tok_ptr,  # [bs, D, K] int64
     root_ptr,  # [bs] int64
-    parents_ptr,  # [bs, N] int64 out
-    depths_ptr,  # [bs, N] int64 out
-    tokens_ptr,  # [bs, N] int64 out
-    logw_ptr,  # [bs, N] float32 out
-    valid_ptr,  # [bs, N] bool (int8) out
+    parents_ptr,  # [bs, W] int64 out
+    depths_ptr,  # [bs, W] int64 out
+    tokens_ptr,  # [bs, W] int64 out
+    logw_ptr,  # [bs, W] float32 out
+    valid_ptr,  # [bs, W] bool (int8) out
     D: tl.constexpr,
     K: tl.constexpr,
     BUDGET: tl.constexpr,
