@@ -32,7 +32,13 @@ from sglang_ddtree.core.penalties import (
     apply_tree_penalties,
     count_emitted,
 )
-from sglang_ddtree.core.sampling import draw_coins, joint_top_k_top_p_renorm, target_probs
+from sglang_ddtree.core.sampling import (
+    draw_coins,
+    joint_top_k_top_p_renorm,
+    min_p_renorm,
+    target_probs,
+    top_k_top_p_min_p_renorm,
+)
 from sglang_ddtree.core.tree import (
     DraftTree,
     build_tree,
@@ -60,10 +66,12 @@ __all__ = [
     "flatten_verify_mask",
     "joint_top_k_top_p_renorm",
     "merge_shard_candidates",
+    "min_p_renorm",
     "scatter_verify_mask",
     "select_candidates",
     "shard_candidates",
     "target_probs",
+    "top_k_top_p_min_p_renorm",
     "tree_to_retrieve_arrays",
     "verify_mask_cells",
 ]
