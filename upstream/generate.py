@@ -53,6 +53,7 @@ MODULE_MAP = {
     "sglang_ddtree.core.kv_move_triton": f"{SPEC}/ddtree/kv_move_triton.py",
     "sglang_ddtree.core.layout": f"{SPEC}/ddtree/layout.py",
     "sglang_ddtree.core.layout_triton": f"{SPEC}/ddtree/layout_triton.py",
+    "sglang_ddtree.core.logprobs": f"{SPEC}/ddtree/logprobs.py",
     "sglang_ddtree.core.penalties": f"{SPEC}/ddtree/penalties.py",
     "sglang_ddtree.core.sampling": f"{SPEC}/ddtree/sampling.py",
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",

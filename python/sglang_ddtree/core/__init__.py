@@ -24,6 +24,7 @@ One decode step, in order:
     logits  = apply_tree_penalties(logits, tree.tokens, layout.tree_mask, penalties)
     result  = accept_greedy(...)   or   accept_sampled(...)
     plan    = commit_accepted(result, prefix_lens, W)
+    logprobs = committed_logprobs(logits, plan.keep_nodes, plan.out_tokens, temperature, n)
     penalties = count_emitted(penalties, plan.out_tokens)   # the next step's penalty state
 """
 
@@ -42,12 +43,19 @@ from sglang_ddtree.core.layout import (
     tree_to_retrieve_arrays,
     verify_mask_cells,
 )
+from sglang_ddtree.core.logprobs import CommittedLogprobs, committed_logprobs, node_logprobs
 from sglang_ddtree.core.penalties import (
     RequestPenalties,
     apply_tree_penalties,
     count_emitted,
 )
-from sglang_ddtree.core.sampling import draw_coins, joint_top_k_top_p_renorm, target_probs
+from sglang_ddtree.core.sampling import (
+    draw_coins,
+    joint_top_k_top_p_renorm,
+    min_p_renorm,
+    target_probs,
+    top_k_top_p_min_p_renorm,
+)
 from sglang_ddtree.core.tree import (
     DraftTree,
     build_tree,
@@ -59,6 +67,7 @@ from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candida
 __all__ = [
     "AcceptResult",
     "CommitPlan",
+    "CommittedLogprobs",
     "DraftTree",
     "RequestPenalties",
     "TreeLayout",
@@ -70,15 +79,19 @@ __all__ = [
     "build_tree",
     "build_tree_from_candidates",
     "commit_accepted",
+    "committed_logprobs",
     "count_emitted",
     "draw_coins",
     "flatten_verify_mask",
     "joint_top_k_top_p_renorm",
     "merge_shard_candidates",
+    "min_p_renorm",
+    "node_logprobs",
     "scatter_verify_mask",
     "select_candidates",
     "shard_candidates",
     "target_probs",
+    "top_k_top_p_min_p_renorm",
     "tree_to_retrieve_arrays",
     "verify_mask_cells",
 ]

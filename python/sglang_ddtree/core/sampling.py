@@ -12,6 +12,25 @@ Token ``x`` (probability ``p_x``) stays when both hold:
 
 This is not top-k, renormalize, then top-p (SGLang's EAGLE verify order): there the nucleus is
 cut from the top-k-renormalized distribution and holds fewer tokens.
+
+**min-p path.** When any request of the batch has ``min_p > 0`` (SGLang's batch flag
+``need_min_p_sampling``), SGLang's sampler takes another path for the **whole batch**, with the
+default FlashInfer sampling backend (``Sampler._sample_from_probs``)::
+
+    probs = top_k_renorm_prob(probs, top_ks)      # top-k (ties kept), renormalized
+    probs = top_p_renorm_prob(probs, top_ps)      # top-p of that, renormalized
+    token = min_p_sampling_from_probs(probs, min_ps)
+
+and FlashInfer's min-p sampler keeps ``p_x >= max_y p_y * min_p`` (float32 product, ties
+kept) and draws in proportion to the kept mass. So on that path top-k and top-p are applied one
+after the other (the nucleus is cut from the top-k-renormalized distribution: fewer tokens than
+the joint rule), then min-p, relative to the most probable token, after the temperature, then
+renormalized (`top_k_top_p_min_p_renorm`). Rows with ``min_p = 0`` in such a batch get the
+sequential top-k / top-p too (their min-p keeps every token): the flag changes their law. It is
+batch state: or-merged when batches merge and not cleared when the min-p request leaves
+(``SamplingBatchInfo.merge_batch`` / ``filter_batch``), so the caller passes SGLang's flag as
+it stands. The pure-torch ``sampling_backend="pytorch"`` (CPU, deterministic inference) applies
+top-k by position (no ties) and top-p jointly instead; that backend is not matched here.
 """
 
 from __future__ import annotations
@@ -80,10 +99,61 @@ def joint_top_k_top_p_renorm(
     """
     k = _effective_top_k(top_k, probs.shape[-1])
     sorted_probs, order, above, mass_above = rank_and_mass_above(probs)
-    keep = (above < k[:, None]) & (mass_above < top_p.float()[:, None])
+    # top_p >= 1 keeps every token, as `topp_radix` does (FlashInfer's kernel too, but for
+    # float32 rounding of its sums), whatever rounding does to the mass above the far tail.
+    top_p = top_p.float()[:, None]
+    keep = (above < k[:, None]) & ((mass_above < top_p) | (top_p >= 1.0))
     kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
     kept = kept / kept.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(-1, order, kept)
+
+
+def sequential_top_k_top_p_renorm(
+    probs: torch.Tensor,  # [M, V] float32, rows sum to 1
+    top_k: torch.Tensor,  # [M] int64; values <= 0 or > V mean "no top-k"
+    top_p: torch.Tensor,  # [M] float32 in (0, 1]
+) -> torch.Tensor:
+    """[M, V] float32: top-k (ties kept), renormalized, then top-p of that distribution,
+    renormalized: SGLang's ``top_k_renorm_prob`` then ``top_p_renorm_prob`` on its min-p path.
+
+    Pure torch (two sorts per row); the CPU path and the reference for the CUDA path.
+    """
+    in_top_k = joint_top_k_top_p_renorm(probs, top_k, torch.ones_like(top_p, dtype=torch.float32))
+    return joint_top_k_top_p_renorm(in_top_k, torch.zeros_like(top_k), top_p)
+
+
+def min_p_renorm(
+    probs: torch.Tensor,  # [M, V] float32, non-negative
+    min_p: torch.Tensor,  # [M] float32 in [0, 1]; 0 keeps every token
+) -> torch.Tensor:
+    """[M, V] float32: tokens with ``p_x >= max(p) * min_p`` kept (ties kept), renormalized:
+    FlashInfer's ``min_p_sampling_from_probs`` written out as a distribution (its pivot is the
+    float32 product ``max * min_p``; it draws in proportion to the kept mass). No host sync."""
+    pivot = probs.amax(-1, keepdim=True) * min_p.float()[:, None]
+    kept = torch.where(probs >= pivot, probs, torch.zeros_like(probs))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def top_k_top_p_min_p_renorm(
+    probs: torch.Tensor,  # [M, V] float32, rows sum to 1
+    top_k: torch.Tensor,  # [M] int64; values <= 0 or > V mean "no top-k"
+    top_p: torch.Tensor,  # [M] float32 in (0, 1]
+    min_p: torch.Tensor,  # [M] float32 in [0, 1]
+) -> torch.Tensor:
+    """[M, V] float32: SGLang's min-p path (module docstring), pure torch."""
+    return min_p_renorm(sequential_top_k_top_p_renorm(probs, top_k, top_p), min_p)
+
+
+def _renorm_kernels(
+    probs, k, p, need_top_k: bool, need_top_p: bool, kernels, sequential: bool = False
+):
+    """`_joint_renorm_kernels`, or with ``sequential`` SGLang's min-p path order: top-p of the
+    top-k-renormalized rows (both kernels, one after the other, as SGLang calls them)."""
+    if not (sequential and need_top_k and need_top_p):  # one filter: the two orders agree
+        return _joint_renorm_kernels(probs, k, p, need_top_k, need_top_p, kernels)
+    top_k_renorm_prob, top_p_renorm_prob = kernels
+    in_top_k = top_k_renorm_prob(probs, _effective_top_k(k, probs.shape[-1]).to(torch.int32))
+    return top_p_renorm_prob(in_top_k, p)
 
 
 def _joint_renorm_kernels(probs, k, p, need_top_k: bool, need_top_p: bool, kernels):
@@ -116,6 +186,8 @@ def target_probs(
     need_top_k: bool = True,
     need_top_p: bool = True,
     top_p_kernel: str = TOP_P_KERNELS[0],
+    min_p: torch.Tensor | None = None,  # [bs] float32 in [0, 1]; read when need_min_p
+    need_min_p: bool = False,
 ) -> torch.Tensor:
     """Target distribution at every node, [bs, W, V] float32 contiguous: the law SGLang's
     non-speculative sampler draws from at that node (module docstring).
@@ -125,14 +197,20 @@ def target_probs(
     top_p = 1), so its pass over ``[bs * W, V]`` is skipped (the law is the same). True always
     applies it.
 
+    ``need_min_p`` (host bool, SGLang's ``need_min_p_sampling``) is not only a skip flag: True
+    selects the min-p path for every row (top-k, then top-p of the renormalized top-k, then
+    min-p; `top_k_top_p_min_p_renorm`), rows with ``min_p = 0`` included; False promises that
+    no row has ``min_p > 0`` and ignores ``min_p``.
+
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
-    (`_joint_renorm_kernels`), the nucleus from `topp_radix` where ``top_p_kernel`` is
-    "radix" (the same set); with top-p alone, radix takes the logits and never writes the
-    softmax out (`topp_radix.top_p_softmax_renorm_radix`); elsewhere the pure-torch
-    `joint_top_k_top_p_renorm`.
+    (`_joint_renorm_kernels`; on the min-p path the two one after the other), the nucleus from
+    `topp_radix` where ``top_p_kernel`` is "radix" (the same set); with top-p alone, radix
+    takes the logits and never writes the softmax out (`topp_radix.top_p_softmax_renorm_radix`);
+    min-p is `min_p_renorm` (elementwise torch). Elsewhere the pure-torch functions above.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
+    assert not need_min_p or (min_p is not None and min_p.shape == (bs,)), "min_p must be [bs]"
     # expand + reshape, not repeat_interleave: no output-size computation, capture-safe.
     k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
     p = top_p.float()[:, None].expand(bs, n).reshape(-1).contiguous()
@@ -145,18 +223,19 @@ def target_probs(
 
         t = temperature.float()[:, None].expand(bs, n).reshape(-1).contiguous()
         probs = top_p_softmax_renorm_radix(logits.float().reshape(bs * n, vocab), t, p)
-        return probs.view(bs, n, vocab)
-    # As SGLang's sampler: float32 logits divided by the temperature, then softmax.
-    probs = torch.softmax(logits.float() / temperature.float()[:, None, None], dim=-1)
-    probs = probs.reshape(bs * n, vocab)
-    if not (need_top_k or need_top_p):
-        return probs.reshape(bs, n, vocab).contiguous()
-    if kernels is not None:
-        probs = _joint_renorm_kernels(probs, k, p, need_top_k, need_top_p, kernels)
-    else:  # a filter not needed is switched off, as above
-        k = k if need_top_k else torch.zeros_like(k)
-        p = p if need_top_p else torch.ones_like(p)
-        probs = joint_top_k_top_p_renorm(probs, k, p)
+    else:
+        # As SGLang's sampler: float32 logits divided by the temperature, then softmax.
+        probs = torch.softmax(logits.float() / temperature.float()[:, None, None], dim=-1)
+        probs = probs.reshape(bs * n, vocab)
+        if kernels is not None:
+            probs = _renorm_kernels(probs, k, p, need_top_k, need_top_p, kernels, need_min_p)
+        elif need_top_k or need_top_p:  # a filter not needed is switched off, as above
+            k = k if need_top_k else torch.zeros_like(k)
+            p = p if need_top_p else torch.ones_like(p)
+            renorm = sequential_top_k_top_p_renorm if need_min_p else joint_top_k_top_p_renorm
+            probs = renorm(probs, k, p)
+    if need_min_p:
+        probs = min_p_renorm(probs, min_p.float()[:, None].expand(bs, n).reshape(-1))
     return probs.reshape(bs, n, vocab).contiguous()
 
 

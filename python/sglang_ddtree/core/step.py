@@ -199,6 +199,8 @@ def accept_and_commit(
     final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
     coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
     top_p_kernel: str = TOP_P_KERNELS[0],  # the nucleus kernel (sampling.target_probs)
+    min_ps: torch.Tensor | None = None,  # [bs] float32; read when need_min_p
+    need_min_p: bool = False,  # SGLang's need_min_p_sampling: the min-p path for every row
 ) -> CommitPlan:
     """Greedy rows by tree walk, sampled rows by target-only tree sampling; one commit."""
     bs, w = tokens.shape
@@ -215,6 +217,8 @@ def accept_and_commit(
             need_top_k=need_top_k,
             need_top_p=need_top_p,
             top_p_kernel=top_p_kernel,
+            min_p=None if min_ps is None else min_ps.view(-1).float(),
+            need_min_p=need_min_p,
         )
         if coins is None:
             coins, final_coins = draw_coins(bs, w, logits.device)

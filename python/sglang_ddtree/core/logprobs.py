@@ -1,0 +1,105 @@
+"""Per-token logprobs of a step's committed tokens, from the verify logits: the numbers SGLang's
+non-speculative server reports for the same tokens (``return_logprob``, ``top_logprobs_num``).
+
+Terms (see also `sglang_ddtree.core.accept` and `.commit`):
+
+- **committed tokens.** ``CommitPlan.out_tokens``: the accepted draft tokens, then the bonus.
+- **predicting node.** The node whose logits predict a committed token: for token ``j`` the
+  ``j``-th node of the accepted path, ``CommitPlan.keep_nodes[:, j]`` (the root for the first
+  token, the last accepted node for the bonus). Its logits were computed after exactly the
+  tokens the non-speculative server had generated before that token.
+- **processed logits.** The logits SGLang's sampler receives: penalties, grammar mask and
+  ``logit_bias`` applied (``SamplingBatchInfo.apply_logits_bias``), no temperature; for a
+  verify tree, `sglang_ddtree.core.penalties.apply_tree_penalties`'s output.
+
+What SGLang's sampler reports (``Sampler.forward``, then ``OutputLogprobProcessor``), per batch:
+
+- a batch with a sampled request (not ``is_all_greedy``): ``log(softmax(processed / T))`` in
+  float32, the log of the probabilities it samples from before top-k / top-p / min-p: the
+  filters never change a reported logprob;
+- an all-greedy batch: ``log_softmax(processed)``, no temperature (a greedy request's
+  temperature is 1 unless it asked for top_k 1 with another temperature);
+- with the environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB``: ``log_softmax(processed)``
+  for every batch (the temperature left out, the penalties and biases not).
+
+Then ``-inf`` is clamped to the float32 minimum, and the top ``n`` come from ``torch.topk`` of
+the whole row (per request SGLang keeps the first ``top_logprobs_num`` of the batch's largest).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class CommittedLogprobs(NamedTuple):
+    """Logprobs of a step's committed tokens (S = commit width, n = top count).
+
+    token_logprobs: [bs, S] float32. Logprob of each committed token; 0 at pads.
+    top_ids:        [bs, S, n] int64. The n most probable tokens at its predicting node,
+                    in decreasing logprob; -1 at pads.
+    top_logprobs:   [bs, S, n] float32. Their logprobs; 0 at pads.
+    """
+
+    token_logprobs: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+
+
+def node_logprobs(
+    logits: torch.Tensor,  # [..., V] float, processed logits
+    temperature: torch.Tensor,  # broadcastable to logits[..., :1], float32 > 0
+    all_greedy: bool,
+    before_temperature: bool = False,
+) -> torch.Tensor:
+    """[..., V] float32: SGLang's reported logprobs of each row (module docstring), ``-inf``
+    clamped. ``all_greedy``: SGLang's ``is_all_greedy`` for the batch; ``before_temperature``:
+    ``SGLANG_RETURN_ORIGINAL_LOGPROB``."""
+    x = logits.float()
+    if all_greedy or before_temperature:
+        out = torch.log_softmax(x, dim=-1)
+    else:
+        # As the sampler: divide, softmax, log (not log_softmax: a probability that underflows
+        # to 0 reports the float32 minimum, not a finite tail value).
+        out = torch.log(torch.softmax(x / temperature.float(), dim=-1))
+    return out.clamp_(min=torch.finfo(torch.float32).min)
+
+
+def committed_logprobs(
+    logits: torch.Tensor,  # [bs, W, V] float, processed logits at every tree node
+    keep_nodes: torch.Tensor,  # [bs, S] int64, predicting node of each committed token; -1 pad
+    out_tokens: torch.Tensor,  # [bs, S] int64, committed tokens; -1 pad
+    temperature: torch.Tensor,  # [bs] float32 > 0
+    top_n: int,
+    all_greedy: bool = False,
+    before_temperature: bool = False,
+) -> CommittedLogprobs:
+    """Each committed token's logprob and the ``top_n`` (ids, logprobs) at its predicting node,
+    as SGLang's non-speculative server reports them (module docstring).
+
+    ``keep_nodes`` and ``out_tokens`` are `CommitPlan`'s: token ``j`` is predicted by node
+    ``keep_nodes[:, j]`` (slot within the request, root first). ``top_n`` (host int): the
+    batch's largest ``top_logprobs_num``; 0 gives empty top tensors. ``all_greedy`` /
+    ``before_temperature``: `node_logprobs`. Only the S predicting rows of each request are
+    normalized (``[bs, S, V]`` float32 at the peak); no host synchronization.
+    """
+    assert logits.dim() == 3 and logits.is_floating_point(), "logits must be [bs, W, V] float"
+    bs, w, vocab = logits.shape
+    assert keep_nodes.dim() == 2 and keep_nodes.shape[0] == bs, "keep_nodes must be [bs, S]"
+    assert out_tokens.shape == keep_nodes.shape, "out_tokens must be [bs, S] like keep_nodes"
+    assert temperature.shape == (bs,), "temperature must be [bs]"
+    assert 0 <= top_n <= vocab, (top_n, vocab)
+    s = keep_nodes.shape[1]
+    present = (keep_nodes >= 0) & (out_tokens >= 0)  # [bs, S]
+    nodes = keep_nodes.to(torch.int64).clamp(0, w - 1)
+    rows = logits.gather(1, nodes[:, :, None].expand(bs, s, vocab))  # [bs, S, V]
+    logprobs = node_logprobs(rows, temperature[:, None, None], all_greedy, before_temperature)
+    tokens = out_tokens.to(torch.int64).clamp(0, vocab - 1)
+    token_logprobs = logprobs.gather(2, tokens[:, :, None])[:, :, 0]
+    top_logprobs, top_ids = torch.topk(logprobs, top_n, dim=-1)
+    return CommittedLogprobs(
+        token_logprobs=torch.where(present, token_logprobs, 0.0),
+        top_ids=torch.where(present[:, :, None], top_ids, -1),
+        top_logprobs=torch.where(present[:, :, None], top_logprobs, 0.0),
+    )

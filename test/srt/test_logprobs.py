@@ -1,0 +1,243 @@
+"""committed_logprobs against a per-token replay of SGLang's non-speculative server (CPU).
+
+The reference, `sglang_token_logprobs`, handles one committed token at a time the way the
+non-speculative server would have produced it: the tokens generated before it are the emitted
+ones and the committed ones before it; it finds the tree node whose path is exactly those
+committed tokens (by parent pointers, not by the accepted path), replays SGLang's penalizers over
+the generated tokens on that node's raw logits (`test_penalties.sglang_replay_row`), then runs
+the sampler's logprob steps on that one row (in place, as ``Sampler.forward``: divide by the
+temperature, softmax, log; ``log_softmax`` for an all-greedy batch), clamps, gathers and takes
+``topk``.
+
+Sample sizes: 32 random batches (`test_penalties.Case`: bs 1-8, budget 1-32, draft depth 1-8,
+V 50-300, emitted tokens repeated on the paths; target logits pushed toward each node's children
+so the accepted paths run deep), a quarter of them all-greedy (greedy walk, no temperature), the
+rest sampled (temperatures in [0.5, 1.5], target-only tree sampling with fixed coins), top_n 0-6:
+308 committed tokens, 157 of them predicted by a draft node. Each is compared bit for bit (its logprob and the top values; top ids by the
+logprob they name). `test_wrong_variants_are_caught` runs four deliberately wrong readings (the
+predicting node one too deep or one too shallow, the raw logits without penalties, the
+temperature left out of a sampled batch) over the same batches and requires each to differ in
+at least a third of them; the all-greedy batches, given temperature 0.7, must differ when read
+as sampled batches.
+"""
+
+import pytest
+import torch
+from test_penalties import Case, path_tokens, sglang_replay_row
+
+from sglang_ddtree.core import (
+    accept_greedy,
+    accept_sampled_reference,
+    commit_accepted,
+    committed_logprobs,
+    draw_coins,
+    target_probs,
+)
+
+NUM_CASES = 32
+CHILD_BOOST = 10.0  # target logit added to each node's children's tokens: paths run deep
+FLOAT32_MIN = torch.finfo(torch.float32).min
+
+
+class Step:
+    """One verify step: a `test_penalties.Case` batch, accepted and committed."""
+
+    def __init__(self, seed: int):
+        case = Case(1000 + seed)
+        gen = torch.Generator().manual_seed(seed)
+        tree, bs, w = case.tree, *case.tree.tokens.shape
+        for b in range(bs):  # the target agrees with the draft often enough to go deep
+            for c in range(1, w):
+                if bool(tree.valid[b, c]):
+                    case.logits[b, int(tree.parents[b, c]), int(tree.tokens[b, c])] += CHILD_BOOST
+        self.case = case
+        self.raw = case.logits
+        self.processed = case.apply()
+        self.all_greedy = seed % 4 == 0
+        self.top_n = int(torch.randint(0, 7, (), generator=gen))
+        self.temperature = (
+            torch.ones(bs) if self.all_greedy else torch.rand(bs, generator=gen) + 0.5
+        )
+        width = int(tree.depths.max()) + 1
+        if self.all_greedy:
+            predict = self.processed.argmax(-1)
+            result = accept_greedy(case.layout, tree.tokens, predict, width, backend="torch")
+        else:
+            no_top_k, no_top_p = torch.zeros(bs, dtype=torch.int64), torch.ones(bs)
+            probs = target_probs(self.processed, self.temperature, no_top_k, no_top_p)
+            coins, final = draw_coins(bs, w, "cpu", generator=gen)
+            result = accept_sampled_reference(case.layout, tree.tokens, probs, coins, final, width)
+        self.plan = commit_accepted(result, torch.zeros(bs, dtype=torch.int64), w)
+
+    def got(self, logits=None, keep_nodes=None, **kw):
+        kw = dict(all_greedy=self.all_greedy) | kw
+        return committed_logprobs(
+            self.processed if logits is None else logits,
+            self.plan.keep_nodes if keep_nodes is None else keep_nodes,
+            self.plan.out_tokens,
+            self.temperature,
+            self.top_n,
+            **kw,
+        )
+
+
+def sglang_token_logprobs(step: Step, b: int, j: int):
+    """(token logprob, top values [n], top ids [n]) of committed token j of request b."""
+    case, tree = step.case, step.case.tree
+    committed = step.plan.out_tokens[b, :j].tolist()
+    nodes = [
+        v
+        for v in range(tree.tokens.shape[1])
+        if bool(tree.valid[b, v]) and path_tokens(tree, b, v) == committed
+    ]
+    assert len(nodes) == 1, (b, j, nodes)
+    p = case.penalties
+    row = sglang_replay_row(
+        step.raw[b, nodes[0]],
+        case.emitted[b].tolist() + committed,
+        float(p.frequency_penalty[b]),
+        float(p.presence_penalty[b]),
+        float(p.repetition_penalty[b]),
+        int(p.min_new_tokens[b]),
+        p.stop_token_ids[b].tolist(),
+    )
+    logits = row[None].clone()  # the sampler's next_token_logits row, float32
+    if step.all_greedy:
+        logprobs = torch.nn.functional.log_softmax(logits, dim=-1)
+    else:
+        logits.div_(step.temperature[b].view(1, 1))
+        logits[:] = torch.softmax(logits, dim=-1)
+        logprobs = torch.log(logits)
+    logprobs.clamp_(min=FLOAT32_MIN)
+    token = int(step.plan.out_tokens[b, j])
+    values, ids = logprobs.topk(step.top_n, dim=-1)
+    return logprobs[0, token], values[0], ids[0], logprobs[0]
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.int32)
+
+
+def matches(step: Step, got) -> bool:
+    """Every committed token bit for bit; pads as documented."""
+    bs, s = step.plan.out_tokens.shape
+    for b in range(bs):
+        n = int(step.plan.commit_lens[b])
+        for j in range(s):
+            if j >= n:
+                if got.token_logprobs[b, j] != 0 or bool((got.top_ids[b, j] != -1).any()):
+                    return False
+                continue
+            token_logprob, values, ids, row = sglang_token_logprobs(step, b, j)
+            if not torch.equal(bits(got.token_logprobs[b, j]), bits(token_logprob)):
+                return False
+            if not torch.equal(bits(got.top_logprobs[b, j]), bits(values)):
+                return False
+            top = got.top_ids[b, j]
+            if len(set(top.tolist())) != step.top_n:
+                return False
+            if not torch.equal(bits(row[top]), bits(values)):  # ties may order ids either way
+                return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def steps():
+    return [Step(seed) for seed in range(NUM_CASES)]
+
+
+def test_matches_the_non_speculative_server(steps):
+    for seed, step in enumerate(steps):
+        got = step.got()
+        bs, s = step.plan.out_tokens.shape
+        assert got.token_logprobs.shape == (bs, s) and got.token_logprobs.dtype == torch.float32
+        assert got.top_ids.shape == got.top_logprobs.shape == (bs, s, step.top_n)
+        assert matches(step, got), f"case {seed}"
+
+
+def test_cases_exercise_the_mapping(steps):
+    """Deep paths (tokens predicted by draft nodes, not the root), both kinds of batches, pads,
+    and top_n 0."""
+    deep = sum(int((s.plan.commit_lens - 1).clamp(min=0).sum()) for s in steps)
+    padded = sum(int((s.plan.out_tokens < 0).sum()) for s in steps)
+    greedy = sum(s.all_greedy for s in steps)
+    assert deep >= 100 and padded >= 20 and 0 < greedy < NUM_CASES, (deep, padded, greedy)
+    assert any(s.top_n == 0 for s in steps) and any(s.top_n > 0 for s in steps)
+
+
+def _one_too_deep(keep_nodes: torch.Tensor) -> torch.Tensor:
+    """Token j read from node j + 1 (its own node; the bonus from the last accepted one)."""
+    shifted = torch.cat([keep_nodes[:, 1:], keep_nodes[:, -1:]], dim=1)
+    return torch.where((shifted >= 0) | (keep_nodes < 0), shifted, keep_nodes)
+
+
+def _one_too_shallow(keep_nodes: torch.Tensor) -> torch.Tensor:
+    """Token j read from node j - 1 (the root for the first token)."""
+    shifted = torch.cat([keep_nodes[:, :1], keep_nodes[:, :-1]], dim=1)
+    return torch.where(keep_nodes >= 0, shifted, keep_nodes)
+
+
+WRONG_VARIANTS = {
+    "predicting node one too deep": lambda s: s.got(keep_nodes=_one_too_deep(s.plan.keep_nodes)),
+    "predicting node one too shallow": lambda s: s.got(
+        keep_nodes=_one_too_shallow(s.plan.keep_nodes)
+    ),
+    "raw logits (penalties not applied)": lambda s: s.got(logits=s.raw),
+    "temperature left out of a sampled batch": lambda s: s.got(before_temperature=True),
+}
+
+
+def test_wrong_variants_are_caught(steps):
+    caught = {name: 0 for name in WRONG_VARIANTS}
+    for step in steps:
+        for name, variant in WRONG_VARIANTS.items():
+            caught[name] += not matches(step, variant(step))
+    assert all(n >= NUM_CASES // 3 for n in caught.values()), caught
+
+
+def test_temperature_in_an_all_greedy_batch_is_caught(steps):
+    """All-greedy batches use temperature 1 here; give them another one and reading them as a
+    sampled batch must differ in every such batch that commits a token."""
+    greedy = [s for s in steps if s.all_greedy]
+    for step in greedy:
+        step.temperature = torch.full_like(step.temperature, 0.7)
+        try:
+            assert matches(step, step.got()), "all-greedy batches ignore the temperature"
+            assert not matches(step, step.got(all_greedy=False))
+        finally:
+            step.temperature = torch.ones_like(step.temperature)
+
+
+def test_underflow_reports_the_float32_minimum():
+    """A token 200 logits below the top: its probability underflows to 0 in a sampled batch and
+    SGLang reports the float32 minimum (log of 0, clamped); log_softmax would give about -200,
+    and so it does in an all-greedy batch."""
+    logits = torch.zeros(1, 1, 4)
+    logits[0, 0, 3] = -200.0
+    nodes, tokens = torch.tensor([[0]]), torch.tensor([[3]])
+    sampled = committed_logprobs(logits, nodes, tokens, torch.ones(1), top_n=4)
+    assert float(sampled.token_logprobs[0, 0]) == FLOAT32_MIN
+    assert float(sampled.top_logprobs[0, 0, -1]) == FLOAT32_MIN
+    greedy = committed_logprobs(logits, nodes, tokens, torch.ones(1), top_n=4, all_greedy=True)
+    assert -201.5 < float(greedy.token_logprobs[0, 0]) < -200.0
+
+
+def test_hand_computed_chain():
+    """A chain root -> a -> b, accepted whole, then the bonus: three committed tokens, predicted
+    by the root, a and b in that order; top-1 at each is the argmax of that node."""
+    logits = torch.log(
+        torch.tensor(
+            [
+                [[0.5, 0.25, 0.125, 0.125]],  # root: predicts token 1 (logprob log 0.25)
+                [[0.125, 0.125, 0.25, 0.5]],  # a: predicts token 3 (log 0.5)
+                [[0.25, 0.5, 0.125, 0.125]],  # b: the bonus 0 (log 0.25)
+            ]
+        ).transpose(0, 1)
+    )  # [1, 3, 4]
+    keep_nodes = torch.tensor([[0, 1, 2, -1]])
+    out_tokens = torch.tensor([[1, 3, 0, -1]])
+    got = committed_logprobs(logits, keep_nodes, out_tokens, torch.ones(1), top_n=1)
+    want = torch.log(torch.tensor([0.25, 0.5, 0.25]))
+    torch.testing.assert_close(got.token_logprobs[0, :3], want)
+    assert got.top_ids[0, :, 0].tolist() == [0, 3, 1, -1]
+    assert got.token_logprobs[0, 3] == 0 and got.top_logprobs[0, 3, 0] == 0
