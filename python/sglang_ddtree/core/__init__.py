@@ -1,69 +1,19 @@
 """DDTree core: pure, batched, sync-free tensor functions (no SGLang imports).
 
-One decode step, in order:
+One decode step, in order (each function from its module; the package re-exports nothing, so
+that any subset of its modules is a working package):
 
-    tree    = build_tree_from_candidates(*select_candidates(draft_logits, K, normalize=True),
-                                         root_tokens, budget)
-    layout  = tree_to_retrieve_arrays(tree, prefix_lens)
+    tree    = tree.build_tree_from_candidates(
+                  *tree.select_candidates(draft_logits, K, normalize=True), root_tokens, budget)
+    layout  = layout.tree_to_retrieve_arrays(tree, prefix_lens)
     # ... target verify forward over the N = budget + 1 nodes with layout.tree_mask ...
-    logits  = apply_tree_penalties(logits, tree.tokens, layout.tree_mask, penalties)
-    result  = accept_greedy(...)   or   accept_sampled(...)
-    plan    = commit_accepted(result, prefix_lens, N)
-    penalties = count_emitted(penalties, plan.out_tokens)   # the next step's penalty state
+    logits  = penalties.apply_tree_penalties(logits, tree.tokens, layout.tree_mask, state)
+    result  = accept.accept_greedy(...)   or   accept.accept_sampled(...)
+    plan    = commit.commit_accepted(result, prefix_lens, N)
+    state   = penalties.count_emitted(state, plan.out_tokens)   # the next step's penalty state
+
+``step`` holds the two halves a worker runs around the verify (``draft_to_tree``,
+``accept_and_commit``); ``sampling`` the target law of sampled requests; ``vocab_shard`` the
+draft top-K under tensor parallelism; the ``*_triton`` modules and ``topp_radix`` the kernels.
+The worker does not apply ``penalties`` yet: it refuses penalized requests.
 """
-
-from sglang_ddtree.core.accept import (
-    AcceptResult,
-    accept_greedy,
-    accept_sampled,
-    accept_sampled_reference,
-)
-from sglang_ddtree.core.commit import CommitPlan, commit_accepted
-from sglang_ddtree.core.layout import (
-    TreeLayout,
-    ancestor_mask,
-    flatten_verify_mask,
-    scatter_verify_mask,
-    tree_to_retrieve_arrays,
-    verify_mask_cells,
-)
-from sglang_ddtree.core.penalties import (
-    RequestPenalties,
-    apply_tree_penalties,
-    count_emitted,
-)
-from sglang_ddtree.core.sampling import draw_coins, joint_top_k_top_p_renorm, target_probs
-from sglang_ddtree.core.tree import (
-    DraftTree,
-    build_tree,
-    build_tree_from_candidates,
-    select_candidates,
-)
-from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
-
-__all__ = [
-    "AcceptResult",
-    "CommitPlan",
-    "DraftTree",
-    "RequestPenalties",
-    "TreeLayout",
-    "accept_greedy",
-    "accept_sampled",
-    "accept_sampled_reference",
-    "ancestor_mask",
-    "apply_tree_penalties",
-    "build_tree",
-    "build_tree_from_candidates",
-    "commit_accepted",
-    "count_emitted",
-    "draw_coins",
-    "flatten_verify_mask",
-    "joint_top_k_top_p_renorm",
-    "merge_shard_candidates",
-    "scatter_verify_mask",
-    "select_candidates",
-    "shard_candidates",
-    "target_probs",
-    "tree_to_retrieve_arrays",
-    "verify_mask_cells",
-]
