@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -246,6 +248,95 @@ def test_series_imports_resolve_at_every_part(gen, applied_series):
     )
     del final["python/sglang/kernels/jit/csrc/ddtree/top_p_radix.cuh"]
     assert any("loads the kernel source" in m for m in gen.missing_imports(final))
+
+
+def _importable_without_sglang(gen, tree: dict[str, bytes]) -> list[str]:
+    """The in-tree DDTREE modules of ``tree`` that import no other SGLang module at module
+    level, directly or through a DDTREE module that does."""
+    known = {gen.in_tree_name(target) for target in gen.MODULE_MAP.values()}
+    needs = {}
+    for path, data in tree.items():
+        name = gen.in_tree_name(path) if path.endswith(".py") else ""
+        if not name.startswith(gen.IN_TREE_PREFIX):
+            continue
+        needs[name] = set()
+        for node in ast.parse(data.decode()).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                names = [n if n in known else node.module for n in names]
+            else:
+                continue
+            needs[name] |= {n for n in names if n.split(".")[0] == "sglang"}
+    ok: set[str] = set()
+    while more := {m for m, n in needs.items() if m not in ok and n <= ok}:
+        ok |= more
+    return sorted(ok)
+
+
+# After each part (argv: its python/ directory, then the modules to import; "step": also one
+# CPU step's pure half through the in-tree modules, equal to this repository's), with the
+# in-tree modules dropped between parts.
+_IMPORT_PARTS = """
+import importlib, json, sys
+import torch
+from sglang_ddtree.core import accept as accept0, commit as commit0, layout as layout0, tree as tree0
+
+def step(tree, layout, accept, commit):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 17, generator=g)
+    lp, tok = tree.select_candidates(logits, 4, normalize=True)
+    t = tree.build_tree_from_candidates(lp, tok, torch.tensor([1, 2, 3]), 9, backend="torch")
+    prefix = torch.tensor([4, 0, 7])
+    lay = layout.tree_to_retrieve_arrays(t, prefix, max_depth=5, backend="torch")
+    target = torch.where(torch.rand(t.tokens.shape, generator=g) < 0.7, t.tokens.roll(-1, 1), 0)
+    res = accept.accept_greedy(lay, t.tokens, target, 6, backend="torch")
+    return [*t, *lay, *res, *commit.commit_accepted(res, prefix, 10)]
+
+for root, modules, run_step in json.loads(sys.argv[1]):
+    sys.path.insert(0, root)
+    for name in modules:
+        importlib.import_module(name)
+    if run_step:
+        d = "sglang.srt.speculative.ddtree."
+        mods = [importlib.import_module(d + m) for m in ("tree", "layout", "accept", "commit")]
+        got, want = step(*mods), step(tree0, layout0, accept0, commit0)
+        assert len(got) == len(want) > 0
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), root
+    sys.path.remove(root)
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
+    print(root, len(modules), "modules", "and a CPU step" if run_step else "")
+"""
+
+
+def test_series_parts_import_and_run_without_sglang(gen, applied_series, tmp_path):
+    """After each part, every in-tree DDTREE module that needs no other SGLang module imports
+    from the applied files alone (their parent packages empty); from the part that adds the
+    accept and the commit on, one CPU step through them equals this repository's modules."""
+    steps, _ = applied_series
+    parts = []
+    for name, _, tree in steps:
+        root = tmp_path / name
+        for path, data in tree.items():
+            gen._write(root, path, data)
+        for package in ("sglang", "sglang/srt", "sglang/srt/speculative"):
+            gen._write(root, f"python/{package}/__init__.py", b"")
+        modules = _importable_without_sglang(gen, tree)
+        assert len(modules) >= 2, (name, modules)
+        run_step = f"{gen.IN_TREE_PREFIX}.commit" in modules
+        parts.append((str(root / "python"), modules, run_step))
+    assert sum(p[2] for p in parts) >= 2
+    r = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PARTS, json.dumps(parts)],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    print(r.stdout)
 
 
 def test_generator_refuses_a_part_before_what_it_imports(gen, source, monkeypatch):
