@@ -62,10 +62,12 @@ bench-step:  ## decode-step cost and accept lengths inside SGLang (a GPU)
 bench-serving:  ## serving with SGLang's own client: none / DFLASH / DDTREE servers (a GPU)
 	$(PYTHON) benchmark/ddtree/bench_serving.py --out bench_out
 
-# The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md).
-# Pristine SGLang sources: SGLANG_SRC=DIR, an installed sglang 0.5.17, or pip download (cached).
-upstream-patch:  ## regenerate the SGLang pull request (upstream/sglang-ddtree.patch)
+# The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md),
+# whole and as a series of parts that apply in order. Pristine SGLang sources: SGLANG_SRC=DIR, an
+# installed sglang 0.5.17, or pip download (cached).
+upstream-patch:  ## regenerate the SGLang pull request (upstream/sglang-ddtree.patch, upstream/series/)
 	$(PYTHON) upstream/generate.py $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
+	$(PYTHON) upstream/generate.py --series $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
 
 demo:  ## the CPU demo on the shipped trained pair
 	$(PYTHON) -m sglang_ddtree.demo

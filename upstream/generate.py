@@ -5,6 +5,7 @@ of an SGLang checkout of the pinned version).
     python upstream/generate.py --out /tmp/x.patch   # somewhere else
     python upstream/generate.py --sglang-src DIR     # pristine sources: DIR/sglang or DIR itself
     python upstream/generate.py --apply-check 0.5.23 # does the committed patch apply to 0.5.23?
+    python upstream/generate.py --series             # the same tree as parts: upstream/series/
 
 Method: the pristine SGLang files the patch edits are committed into a temporary git repository
 at their repository paths (``python/sglang/...``); then the new files (this repository's modules,
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 PKG_DIR = REPO / "python" / "sglang_ddtree"
@@ -109,12 +111,13 @@ TEMPLATE_FILES = [
     ("ddtree.md", "docs/advanced_features/ddtree.md"),
 ]
 
-# Kernels of ours that SGLang's JIT loader builds: (path here, path in SGLang's tree). In-tree
-# `core.topp_radix` finds its source under sglang/kernels/jit/csrc/.
+# Kernels of ours that SGLang's JIT loader builds: (path here, path in SGLang's tree, the module
+# that loads it). In-tree `core.topp_radix` finds its source under sglang/kernels/jit/csrc/.
 KERNEL_FILES = [
     (
         "sgl-kernel/csrc/ddtree/top_p_radix.cuh",
         "python/sglang/kernels/jit/csrc/ddtree/top_p_radix.cuh",
+        "sglang_ddtree.core.topp_radix",
     ),
 ]
 
@@ -147,10 +150,12 @@ PRISTINE_SHA256 = {
 # --- the hand-written edits of existing SGLang files: anchored insertions -----------------------
 class Edit:
     """Insert ``text`` before or after ``anchor``, which must occur exactly once in ``path``;
-    an anchor given as a ``(head, tail)`` pair matches ``head + tail`` and inserts between."""
+    an anchor given as a ``(head, tail)`` pair matches ``head + tail`` and inserts between.
+    ``name`` says what the edit is (the series assigns edits to parts by it)."""
 
-    def __init__(self, path: str, anchor, text: str, where: str = "after"):
+    def __init__(self, name: str, path: str, anchor, text: str, where: str = "after"):
         assert where in ("before", "after")
+        self.name = name
         if isinstance(anchor, tuple):  # insert after the head of the pair
             head, tail = anchor
             anchor, where, self.skip = head + tail, "after", len(tail)
@@ -173,6 +178,7 @@ class Edit:
 EDITS = [
     # 1. Registration, next to the built-ins (after the SpeculativeAlgorithm enum).
     Edit(
+        "register",
         "python/sglang/srt/speculative/spec_info.py",
         "class SpecInputType(IntEnum):\n",
         '''def _ddtree_worker_factory(server_args: ServerArgs):
@@ -206,6 +212,7 @@ _register_ddtree()
     ),
     # 2. Per-request refusals (HTTP 400), where the scheduler checks DFLASH-family requests.
     Edit(
+        "request-refusals",
         "python/sglang/srt/speculative/dflash_utils.py",
         "def validate_dflash_request(req: Req, enable_overlap: bool) -> Optional[str]:\n",
         """    # DDTREE refuses more sampling options than DFLASH; its messages name DDTREE.
@@ -220,6 +227,7 @@ _register_ddtree()
     ),
     # 3. req_to_token row headroom.
     Edit(
+        "row-headroom",
         "python/sglang/srt/mem_cache/allocation_sizing.py",
         "            get_alloc_reserve_per_decode(server_args) + server_args.page_size - 1,\n"
         "        )\n",
@@ -239,6 +247,7 @@ _register_ddtree()
     ),
     # 4. Server flags: dataclass fields (SGLang derives the argparse flags from them) ...
     Edit(
+        "server-flags",
         "python/sglang/srt/server_args.py",
         """    speculative_dflash_block_size: A[
         Optional[int],
@@ -260,6 +269,7 @@ _register_ddtree()
     ),
     # 5. ... which the DDTREE modules read from the server args; they mean nothing without DDTREE.
     Edit(
+        "flag-check",
         "python/sglang/srt/arg_groups/speculative_hook.py",
         "    algo = None\n    if server_args.speculative_algorithm is not None:\n",
         """    if server_args.speculative_algorithm != "DDTREE" and (
@@ -277,6 +287,7 @@ _register_ddtree()
     # 6. DDTREE's tree-verify attention (prefix part + ancestor block), ahead of the
     #    custom-mask extend kernel; it returns None for anything but a DDTREE verify.
     Edit(
+        "triton-verify",
         "python/sglang/srt/layers/attention/triton_backend.py",
         ("        aux_tensors=None,\n    ):\n", "        # TODO: reuse the buffer across layers\n"),
         """        if forward_batch.forward_mode.is_target_verify():
@@ -294,6 +305,7 @@ _register_ddtree()
     #    ancestor block and merge of core.tree_attention_with_prefix; its tile schedule and
     #    tree mask set per forward by the two metadata calls (eager, and before each replay).
     Edit(
+        "flashmla-verify",
         "python/sglang/srt/layers/attention/flashmla_backend.py",
         "            # target_verify / draft_extend_v2: fixed-q decode-style kernel.\n",
         """            from sglang.srt.speculative.ddtree_attention import (
@@ -308,6 +320,7 @@ _register_ddtree()
 """,
     ),
     Edit(
+        "flashmla-metadata",
         "python/sglang/srt/layers/attention/flashmla_backend.py",
         (
             "            super().init_forward_metadata(forward_batch)\n",
@@ -319,6 +332,7 @@ _register_ddtree()
 """,
     ),
     Edit(
+        "flashmla-metadata-graph",
         "python/sglang/srt/layers/attention/flashmla_backend.py",
         (
             "                forward_batch, in_capture=in_capture\n            )\n",
@@ -330,6 +344,126 @@ _register_ddtree()
 """,
     ),
 ]
+
+
+# --- the series: the same tree as a sequence of pull requests, each applying on the last ----
+class Part(NamedTuple):
+    """One pull request of the series: what it adds to the tree the parts before it left."""
+
+    name: str  # upstream/series/NN-<name>.patch and .md; its text: templates/series/<name>.md
+    title: str
+    summary: str  # one sentence: what it adds (the part before names it as the next)
+    modules: tuple[str, ...] = ()  # MODULE_MAP keys
+    kernels: tuple[str, ...] = ()  # KERNEL_FILES sources
+    templates: tuple[str, ...] = ()  # TEMPLATE_FILES templates
+    edits: tuple[str, ...] = ()  # Edit names
+    serves: bool = False  # DDTREE is registered from this part on: in-tree tests and smoke run
+
+
+# Bottom-up: a part may import only what it or an earlier part adds (module-level and lazy
+# imports alike; `check_series_imports`), because every module is this repository's module as
+# it is. The worker imports the budget, graph runner, glue graphs and their warm-up at module
+# level, and the core modules reach their kernels through lazy imports, so DDTREE registers in
+# the part that adds the worker, after everything it imports.
+SERIES = [
+    Part(
+        "draft-tree",
+        "the draft tree and its verify layout",
+        "the draft tree (best-first top prefixes of the drafter's per-depth distributions), its "
+        "verify layout and ancestor mask, the vocabulary-sharded top-K, and their Triton paths",
+        modules=(
+            "sglang_ddtree.core",
+            "sglang_ddtree.core.tree",
+            "sglang_ddtree.core.topk_triton",
+            "sglang_ddtree.core.tree_triton",
+            "sglang_ddtree.core.layout",
+            "sglang_ddtree.core.layout_triton",
+            "sglang_ddtree.core.vocab_shard",
+        ),
+    ),
+    Part(
+        "top-p-radix",
+        "radix-select top-p renormalization kernel",
+        "a CUDA top-p renormalization by radix select (JIT-built), deterministic and "
+        "shape-independent in cost, for the sampled verify's target rows",
+        modules=("sglang_ddtree.core.topp_radix",),
+        kernels=("sgl-kernel/csrc/ddtree/top_p_radix.cuh",),
+    ),
+    Part(
+        "tree-accept",
+        "target law, tree accept and commit",
+        "the target law of sampled requests, greedy and sampled tree accept through "
+        "sgl_kernel, the commit plan, the step's two pure halves, and the argmax and KV-move "
+        "kernels",
+        modules=(
+            "sglang_ddtree.core.sampling",
+            "sglang_ddtree.core.accept",
+            "sglang_ddtree.core.batch_accept",
+            "sglang_ddtree.core.commit",
+            "sglang_ddtree.core.argmax_triton",
+            "sglang_ddtree.core.kv_move_triton",
+            "sglang_ddtree.core.step",
+        ),
+    ),
+    Part(
+        "tree-verify-attention",
+        "split tree-verify attention on triton and flashmla",
+        "the tree-verify attention split into a prefix part and the ancestor block, called "
+        "from the triton and flashmla backends (inert until a DDTREE worker runs)",
+        modules=(
+            "sglang_ddtree.core.tree_attention",
+            "sglang_ddtree.srt.ddtree_attention",
+            "sglang_ddtree.srt.ddtree_requests",
+        ),
+        edits=("triton-verify", "flashmla-verify", "flashmla-metadata", "flashmla-metadata-graph"),
+    ),
+    Part(
+        "args-budget-graphs",
+        "options, adaptive budget and target-verify graphs",
+        "DDTREE's options and startup checks, the adaptive tree budget by batch size, and the "
+        "target-verify CUDA graphs per budget bucket with the tree mask",
+        modules=(
+            "sglang_ddtree.srt.ddtree_args",
+            "sglang_ddtree.srt.ddtree_budget",
+            "sglang_ddtree.srt.ddtree_cuda_graph_runner",
+        ),
+    ),
+    Part(
+        "glue",
+        "the step's glue as CUDA graphs",
+        "the decode step's tensor glue captured as CUDA graphs per batch size, W and sampling "
+        "mode, the verify input, and the glue's capture at startup",
+        modules=(
+            "sglang_ddtree.srt.ddtree_glue_graph",
+            "sglang_ddtree.srt.ddtree_utils",
+            "sglang_ddtree.srt.ddtree_info",
+            "sglang_ddtree.srt.ddtree_glue_warmup",
+        ),
+    ),
+    Part(
+        "worker",
+        "the worker and --speculative-algorithm DDTREE",
+        "the DDTREE worker and its registration, the server flags, the request refusals, the "
+        "req_to_token row headroom, the in-tree tests and the docs",
+        modules=("sglang_ddtree.srt.ddtree_worker_v2", "sglang_ddtree.srt.ddtree_spec"),
+        templates=("test_ddtree.py", "test_ddtree_refusals.py", "ddtree.md"),
+        edits=("register", "request-refusals", "row-headroom", "server-flags", "flag-check"),
+        serves=True,
+    ),
+    Part(
+        "request-parameter-laws",
+        "request penalties and logprobs per tree node (not wired)",
+        "SGLang's frequency, presence and repetition penalties and min_new_tokens at every "
+        "tree node, and each committed token's logprobs, for the worker to apply once wired",
+        modules=("sglang_ddtree.core.penalties", "sglang_ddtree.core.logprobs"),
+        serves=True,
+    ),
+]
+SERIES_DIR = UPSTREAM_DIR / "series"
+# Lines a part may change (added + deleted, as `git apply --numstat` counts them).
+MAX_PART_LINES = 1500
+# Every in-tree DDTREE module's name starts so (the ddtree package and the ddtree_* modules).
+IN_TREE_PREFIX = "sglang.srt.speculative.ddtree"
 
 
 # --- pristine sources -----------------------------------------------------------------------
@@ -575,13 +709,16 @@ def new_files() -> dict[str, str]:
         files[target] = rewrite(path.read_text(), str(path.relative_to(REPO)))
     for template, target in TEMPLATE_FILES:
         files[target] = render_template(template)
-    for source, target in KERNEL_FILES:
+    for source, target, _ in KERNEL_FILES:
         files[target] = (REPO / source).read_text()
     return files
 
 
-def edited_files(src: Source, check_hashes: bool = True) -> dict[str, tuple[bytes, str]]:
-    """``{path: (pristine bytes, edited text)}`` for the files the patch edits."""
+def edited_files(
+    src: Source, check_hashes: bool = True, edit_names: set[str] | None = None
+) -> dict[str, tuple[bytes, str]]:
+    """``{path: (pristine bytes, edited text)}`` for the files the patch edits; with
+    ``edit_names``, only those edits are made (in ``EDITS`` order)."""
     paths = sorted({e.path for e in EDITS})
     if check_hashes and sorted(PRISTINE_SHA256) != paths:
         raise SystemExit(f"generate.py: PRISTINE_SHA256 must list exactly {paths}")
@@ -596,7 +733,7 @@ def edited_files(src: Source, check_hashes: bool = True) -> dict[str, tuple[byte
             )
         text = data.decode()
         for e in EDITS:
-            if e.path == path:
+            if e.path == path and (edit_names is None or e.name in edit_names):
                 text = e.apply(text)
         out[path] = (data, text)
     return out
@@ -639,7 +776,9 @@ DIFF_ARGS = (
 )  # fmt: skip
 
 
-def build_patch(src: Source) -> bytes:
+def final_tree(src: Source) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """``(pristine, patched)``: every file the patch touches, ``{path: bytes}``, before (the
+    edited files only) and after it."""
     check_coverage()
     check_imports()
     edits = edited_files(src)
@@ -647,22 +786,240 @@ def build_patch(src: Source) -> bytes:
     clash = sorted(set(added) & set(edits))
     if clash:
         raise SystemExit(f"generate.py: paths both added and edited: {clash}")
+    pristine = {path: data for path, (data, _) in edits.items()}
+    patched = {path: text.encode() for path, (_, text) in edits.items()}
+    patched.update((path, text.encode()) for path, text in added.items())
+    return pristine, patched
+
+
+def diffs(
+    pristine: dict[str, bytes], states: list[dict[str, bytes]]
+) -> list[tuple[bytes, list[tuple[int, int, str]]]]:
+    """``git diff`` from ``pristine`` to ``states[0]``, from that to ``states[1]``, ..., each
+    with its ``(added, deleted, path)`` line counts, in one temporary repository. Every state
+    lists every path of the one before (files are added or edited, never removed)."""
+    out = []
     with tempfile.TemporaryDirectory(prefix="ddtree-upstream-") as tmp:
         root = Path(tmp)
         git(root, "init", "-q")
-        for path, (data, _) in sorted(edits.items()):
+        for path, data in sorted(pristine.items()):
             _write(root, path, data)
         git(root, "add", "-A")
         git(root, *DIFF_ARGS, "commit", "-q", "-m", f"pristine sglang {SGLANG_VERSION}")
-        for path, (_, text) in sorted(edits.items()):
-            _write(root, path, text.encode())
-        for path, text in sorted(added.items()):
-            _write(root, path, text.encode())
-        git(root, "add", "-A")
-        return git(
-            root, *DIFF_ARGS, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
-            "--full-index", "-U3", "--src-prefix=a/", "--dst-prefix=b/",
-        )  # fmt: skip
+        for i, state in enumerate(states):
+            for path, data in sorted(state.items()):
+                _write(root, path, data)
+            git(root, "add", "-A")
+            diff = git(
+                root, *DIFF_ARGS, "diff", "--cached", "--no-color", "--no-ext-diff",
+                "--no-textconv", "--full-index", "-U3", "--src-prefix=a/", "--dst-prefix=b/",
+            )  # fmt: skip
+            numstat = git(root, *DIFF_ARGS, "diff", "--cached", "--numstat").decode()
+            rows = [line.split("\t", 2) for line in numstat.splitlines()]
+            out.append((diff, [(int(a), int(d), path) for a, d, path in rows]))
+            git(root, *DIFF_ARGS, "commit", "-q", "--allow-empty", "-m", f"state {i + 1}")
+    return out
+
+
+def build_patch(src: Source) -> bytes:
+    pristine, patched = final_tree(src)
+    return diffs(pristine, [patched])[0][0]
+
+
+# --- the series ---------------------------------------------------------------------------------
+def check_series() -> None:
+    """Every module, kernel, template and edit is in exactly one part; names are unique."""
+    problems = []
+    kinds = (
+        ("module", "modules", list(MODULE_MAP)),
+        ("kernel", "kernels", [source for source, _, _ in KERNEL_FILES]),
+        ("template", "templates", [template for template, _ in TEMPLATE_FILES]),
+        ("edit", "edits", [e.name for e in EDITS]),
+    )
+    for kind, attr, known in kinds:
+        listed = [x for part in SERIES for x in getattr(part, attr)]
+        problems += [f"  {kind} {x} is in {listed.count(x)} parts" for x in sorted(set(listed))
+                     if listed.count(x) > 1]  # fmt: skip
+        problems += [f"  unknown {kind} {x}" for x in sorted(set(listed) - set(known))]
+        problems += [f"  {kind} {x} is in no part" for x in known if x not in listed]
+    for what, names in (("part", [p.name for p in SERIES]), ("edit", [e.name for e in EDITS])):
+        problems += [f"  {what} name {n} repeats" for n in sorted(set(names)) if names.count(n) > 1]
+    serving = [p.serves for p in SERIES]
+    if not any(serving) or serving != sorted(serving):
+        problems.append("  DDTREE must serve from one part on, in every later part")
+    if problems:
+        raise SystemExit("generate.py: SERIES is out of date:\n" + "\n".join(problems))
+
+
+def part_targets(part: Part) -> list[str]:
+    """The paths of the files ``part`` adds."""
+    kernels = {source: target for source, target, _ in KERNEL_FILES}
+    templates = dict(TEMPLATE_FILES)
+    return (
+        [MODULE_MAP[m] for m in part.modules]
+        + [kernels[k] for k in part.kernels]
+        + [templates[t] for t in part.templates]
+    )
+
+
+def series_states(src: Source) -> tuple[dict[str, bytes], list[dict[str, bytes]]]:
+    """``(pristine, states)``: the files the patch edits, pristine, and after each part every
+    file the series has touched so far, ``{path: bytes}`` (edited files stay pristine until their
+    first edit). The last state is the single patch's tree; every state passes
+    `check_series_imports`."""
+    check_series()
+    pristine, patched = final_tree(src)
+    states, edit_names, added = [], set(), {}
+    for part in SERIES:
+        edit_names |= set(part.edits)
+        added.update((path, patched[path]) for path in part_targets(part))
+        state = {
+            path: text.encode()
+            for path, (_, text) in edited_files(src, edit_names=edit_names).items()
+        }
+        state.update(added)
+        states.append(state)
+    if states[-1] != patched:
+        raise SystemExit("generate.py: the series does not end at the single patch's tree")
+    check_series_imports(states)
+    return pristine, states
+
+
+def in_tree_imports(text: str, origin: str = "<text>") -> list[tuple[int, str]]:
+    """``(line, module)`` of every import of an in-tree DDTREE module (``IN_TREE_PREFIX``) in
+    Python source ``text``, nested ones too. ``from P import N`` imports module ``P.N`` where
+    that is a mapped module's in-tree name, else ``P``."""
+    modules = {in_tree_name(target) for target in MODULE_MAP.values()}
+    out = []
+    for node in ast.walk(ast.parse(text, filename=origin)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            names = [n if n in modules else node.module for n in names]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names if n.startswith(IN_TREE_PREFIX)]
+    return sorted(set(out))
+
+
+def module_path(name: str, files) -> str | None:
+    """The path of module ``name`` among ``files`` (repository paths), or None."""
+    base = "python/" + name.replace(".", "/")
+    return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in files), None)
+
+
+def missing_imports(files: dict[str, bytes]) -> list[str]:
+    """What a tree of ``files`` lacks: every in-tree DDTREE module imported by one of its Python
+    files (its packages too) but absent, and every kernel source whose loading module is present
+    but which is absent; one line each."""
+    modules = {in_tree_name(target) for target in MODULE_MAP.values()}
+    out = []
+    for path in sorted(p for p in files if p.endswith(".py")):
+        text = files[path].decode()
+        if "ddtree" not in text:  # pristine SGLang files the series has not edited yet
+            continue
+        for line, name in in_tree_imports(text, path):
+            parts = name.split(".")
+            needed = [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
+            needed = [n for n in needed if n in modules] or [name]
+            out += [(path, line, f"imports {n}") for n in needed if module_path(n, files) is None]
+    for _, target, loader in KERNEL_FILES:
+        path = module_path(in_tree_name(MODULE_MAP[loader]), files)
+        if path is not None and target not in files:
+            out.append((path, 0, f"loads the kernel source {target}"))
+    return [
+        f"{path}:{line} {what}" if line else f"{path} {what}"
+        for path, line, what in sorted(set(out))
+    ]
+
+
+def check_series_imports(states: list[dict[str, bytes]]) -> None:
+    """Fail loudly, listing them, where a part's tree imports or loads what a later part adds."""
+    problems = [
+        f"  part {i} ({part.name}): {line}"
+        for i, (part, state) in enumerate(zip(SERIES, states), 1)
+        for line in missing_imports(state)
+    ]
+    if problems:
+        raise SystemExit(
+            "generate.py: a part needs what only a later part adds (move the module to an "
+            "earlier part, or the importing one later):\n" + "\n".join(problems)
+        )
+
+
+def build_series(src: Source) -> list[tuple[Part, bytes, list[tuple[int, int, str]]]]:
+    """Each part's patch (the diff from the tree after the part before) and its line counts."""
+    pristine, states = series_states(src)
+    return [(part, *d) for part, d in zip(SERIES, diffs(pristine, states))]
+
+
+def part_file_name(index: int, part: Part) -> str:
+    return f"{index:02d}-{part.name}"
+
+
+def part_text(index: int, part: Part, numstat: list[tuple[int, int, str]]) -> str:
+    """The pull request's text: a generated head (place in the series, base), the body from
+    ``templates/series/<name>.md``, the files with their line counts, and the next part."""
+    total, version = len(SERIES), SGLANG_VERSION
+    first_serving = next(i for i, p in enumerate(SERIES, 1) if p.serves)
+    if index == 1:
+        base = f"pristine SGLang {version}"
+    else:
+        before = "part 1" if index == 2 else f"parts 1-{index - 1}"
+        base = f"SGLang {version} with {before} of the series applied"
+    head = [
+        f"# [Spec] DDTREE {index}/{total}: {part.title}",
+        "",
+        f"Part {index} of {total} of DDTREE, tree verification over the DFLASH drafter. It "
+        f"applies with `git apply` on {base}, and adds {part.summary}.",
+    ]
+    if index < first_serving:
+        head += ["", f"No server runs it before part {first_serving} registers DDTREE."]
+    elif index == first_serving:
+        head += ["", "With this part `--speculative-algorithm DDTREE` serves."]
+    added, deleted = sum(a for a, _, _ in numstat), sum(d for _, d, _ in numstat)
+    files = ["## Files", "", "| file | added | deleted |", "|---|---:|---:|"]
+    files += [f"| `{path}` | {a} | {d} |" for a, d, path in numstat]
+    files.append(f"| total | {added} | {deleted} |")
+    if index < total:
+        after = SERIES[index]
+        nxt = f"Part {index + 1}, {after.title}: {after.summary}."
+    else:
+        nxt = "None: this is the last part."
+    body = render_template(f"series/{part.name}.md").strip()
+    return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(files) + f"\n\n## Next\n\n{nxt}\n"
+
+
+def series_files(src: Source) -> dict[str, bytes]:
+    """``{file name: bytes}`` of ``upstream/series/``: each part's patch and text. Fails when a
+    part changes more than ``MAX_PART_LINES`` lines."""
+    out, big = {}, []
+    for i, (part, patch, numstat) in enumerate(build_series(src), 1):
+        lines = sum(a + d for a, d, _ in numstat)
+        if lines > MAX_PART_LINES:
+            big.append(f"  part {i} ({part.name}): {lines} lines")
+        name = part_file_name(i, part)
+        out[f"{name}.patch"] = patch
+        out[f"{name}.md"] = part_text(i, part, numstat).encode()
+    if big:
+        raise SystemExit(
+            f"generate.py: parts over {MAX_PART_LINES} changed lines (split them):\n"
+            + "\n".join(big)
+        )
+    return out
+
+
+def write_series(src: Source, out_dir: Path = SERIES_DIR) -> dict[str, bytes]:
+    """Write `series_files` into ``out_dir``, removing part files of an earlier series."""
+    files = series_files(src)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in sorted(out_dir.glob("[0-9][0-9]-*")):
+        if old.name not in files and old.suffix in (".patch", ".md"):
+            old.unlink()
+    for name, data in files.items():
+        (out_dir / name).write_bytes(data)
+    return files
 
 
 def apply_check(patch: Path, src: Source) -> tuple[bool, str]:
@@ -704,6 +1061,11 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of generating: git apply --check the committed patch against that version",
     )
     ap.add_argument("--print-hashes", action="store_true", help="sha256 of the pristine files")
+    ap.add_argument(
+        "--series",
+        action="store_true",
+        help=f"instead of the single patch: the series of parts into {SERIES_DIR.name}/",
+    )
     args = ap.parse_args(argv)
 
     if args.apply_check:
@@ -718,6 +1080,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_hashes:
         for path in sorted({e.path for e in EDITS}):
             print(f'    "{path}": "{hashlib.sha256(src.read(path)).hexdigest()}",')
+        return 0
+    if args.series:
+        files = write_series(src)
+        for name, data in files.items():
+            if name.endswith(".patch"):
+                counts = subprocess.run(
+                    ["git", "apply", "--numstat", "-"], input=data, capture_output=True, check=True
+                ).stdout.decode()
+                lines = sum(
+                    int(a) + int(d) for a, d, _ in (r.split("\t", 2) for r in counts.splitlines())
+                )
+                print(f"{lines:6d} lines  {SERIES_DIR.name}/{name}", file=sys.stderr)
+        print(f"wrote {len(files)} files into {SERIES_DIR} from {src.label}", file=sys.stderr)
         return 0
     patch = build_patch(src)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,16 +26,11 @@ import statistics
 
 import torch
 
-from sglang_ddtree.core import (
-    accept_greedy,
-    accept_sampled,
-    build_tree_from_candidates,
-    commit_accepted,
-    select_candidates,
-    target_probs,
-    tree_to_retrieve_arrays,
-)
-from sglang_ddtree.core.sampling import clamp_coins
+from sglang_ddtree.core.accept import accept_greedy, accept_sampled
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.layout import tree_to_retrieve_arrays
+from sglang_ddtree.core.sampling import clamp_coins, target_probs
+from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
 
 STAGES = ("select", "build", "layout", "accept")
 TARGET_ROWS = ("gaussian", "flat", "zipf")

@@ -48,19 +48,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_ddtree.core import (
-    AcceptResult,
+from sglang_ddtree.core.accept import AcceptResult, accept_greedy, accept_sampled
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays
+from sglang_ddtree.core.sampling import draw_coins, target_probs
+from sglang_ddtree.core.tree import (
     DraftTree,
-    TreeLayout,
-    accept_greedy,
-    accept_sampled,
     build_tree,
     build_tree_from_candidates,
-    commit_accepted,
-    draw_coins,
     select_candidates,
-    target_probs,
-    tree_to_retrieve_arrays,
 )
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"

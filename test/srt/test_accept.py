@@ -12,16 +12,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sglang_ddtree.core import (
-    accept_greedy,
-    accept_sampled,
-    accept_sampled_reference,
-    build_tree,
-    commit_accepted,
-    draw_coins,
-    target_probs,
-    tree_to_retrieve_arrays,
-)
+from sglang_ddtree.core.accept import accept_greedy, accept_sampled, accept_sampled_reference
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.layout import tree_to_retrieve_arrays
+from sglang_ddtree.core.sampling import draw_coins, target_probs
+from sglang_ddtree.core.tree import build_tree
 
 P_MIN = 1e-3  # chi-squared p-value below which a law is rejected
 

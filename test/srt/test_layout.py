@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ddtree.core import build_tree, flatten_verify_mask, tree_to_retrieve_arrays
+from sglang_ddtree.core.layout import flatten_verify_mask, tree_to_retrieve_arrays
+from sglang_ddtree.core.tree import build_tree
 
 
 def random_tree(seed: int, bs: int = 3, depth: int = 5, vocab: int = 6, budget: int = 12):
@@ -119,7 +120,7 @@ LAYOUT_CASES = [(3, 5, 6, 12), (2, 15, 3, 70), (1, 1, 2, 1), (2, 15, 4, 130), (4
 _INTERPRETED_CHECK = """
 import torch
 from test_layout import LAYOUT_CASES, random_tree
-from sglang_ddtree.core import tree_to_retrieve_arrays
+from sglang_ddtree.core.layout import tree_to_retrieve_arrays
 from sglang_ddtree.core.layout_triton import tree_layout_triton
 
 for seed, (bs, depth, vocab, budget) in enumerate(LAYOUT_CASES):

@@ -25,14 +25,10 @@ import pytest
 import torch
 from test_penalties import Case, path_tokens, sglang_replay_row
 
-from sglang_ddtree.core import (
-    accept_greedy,
-    accept_sampled_reference,
-    commit_accepted,
-    committed_logprobs,
-    draw_coins,
-    target_probs,
-)
+from sglang_ddtree.core.accept import accept_greedy, accept_sampled_reference
+from sglang_ddtree.core.commit import commit_accepted
+from sglang_ddtree.core.logprobs import committed_logprobs
+from sglang_ddtree.core.sampling import draw_coins, target_probs
 
 NUM_CASES = 32
 CHILD_BOOST = 10.0  # target logit added to each node's children's tokens: paths run deep

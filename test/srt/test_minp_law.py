@@ -24,16 +24,17 @@ import pytest
 import torch
 from test_sampling_law import NUM_SAMPLES, P_MIN, _gof_pvalue, quantized_rows
 
-from sglang_ddtree.core import (
-    build_tree,
+from sglang_ddtree.core.layout import tree_to_retrieve_arrays
+from sglang_ddtree.core.sampling import (
+    _renorm_kernels,
     joint_top_k_top_p_renorm,
     min_p_renorm,
+    sequential_top_k_top_p_renorm,
     target_probs,
     top_k_top_p_min_p_renorm,
-    tree_to_retrieve_arrays,
 )
-from sglang_ddtree.core.sampling import _renorm_kernels, sequential_top_k_top_p_renorm
 from sglang_ddtree.core.step import accept_and_commit
+from sglang_ddtree.core.tree import build_tree
 
 NUM_CASES = 40
 TOP_K_ALL = 1 << 30  # SGLang's "no top-k"

@@ -22,13 +22,9 @@ penalties, and hand-computed chains.
 import pytest
 import torch
 
-from sglang_ddtree.core import (
-    RequestPenalties,
-    apply_tree_penalties,
-    build_tree,
-    count_emitted,
-    tree_to_retrieve_arrays,
-)
+from sglang_ddtree.core.layout import tree_to_retrieve_arrays
+from sglang_ddtree.core.penalties import RequestPenalties, apply_tree_penalties, count_emitted
+from sglang_ddtree.core.tree import build_tree
 
 HOT = 16  # emitted tokens and draft mass concentrate on ids below HOT, so tokens repeat
 STOP_COLS = 4

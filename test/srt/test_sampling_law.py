@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from sglang_ddtree.core import joint_top_k_top_p_renorm, target_probs
+from sglang_ddtree.core.sampling import joint_top_k_top_p_renorm, target_probs
 
 P_MIN = 1e-3  # chi-squared p-value below which a law is rejected
 NUM_SAMPLES = 200_000

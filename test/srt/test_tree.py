@@ -9,7 +9,7 @@ from heap_reference import heap_build
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ddtree.core import build_tree, build_tree_from_candidates, select_candidates
+from sglang_ddtree.core.tree import build_tree, build_tree_from_candidates, select_candidates
 
 # Quantized log-probs make many path sums exactly equal, which exercises tie-breaking.
 LEVELS = [0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -math.inf]

@@ -1,15 +1,23 @@
 """The committed SGLang pull request (``upstream/sglang-ddtree.patch``) is what
-``upstream/generate.py`` makes from this tree, and it applies to pristine SGLang 0.5.17.
+``upstream/generate.py`` makes from this tree, and it applies to pristine SGLang 0.5.17; the
+committed series (``upstream/series/NN-<name>.patch``) is regenerated too, applies part by part
+in order, ends at the single patch's tree, keeps every part small, and no part's tree imports a
+DDTREE module that only a later part adds.
 
 Pristine sources come as in the generator (``$SGLANG_DDTREE_SGLANG_SRC``, an installed sglang
-0.5.17, the ``.upstream-cache/`` wheel, else ``pip download``); without them (no network) both
-tests skip and say why. CPU only; about 5-15 s with a download, under 2 s cached.
+0.5.17, the ``.upstream-cache/`` wheel, else ``pip download``); without them (no network) the
+tests that need them skip and say why. CPU only; about 5-15 s with a download, a few seconds
+cached.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +26,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GENERATOR = REPO / "upstream" / "generate.py"
 PATCH = REPO / "upstream" / "sglang-ddtree.patch"
+SERIES_DIR = REPO / "upstream" / "series"
+PR_OVERVIEW = REPO / "upstream" / "PR.md"
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -68,3 +78,291 @@ def test_generator_refuses_unmapped_imports(gen, tmp_path, monkeypatch):
         SystemExit, match=r"ddtree_budget\.py:\d+: imports sglang_ddtree\.step_timing"
     ):
         gen.check_imports()
+
+
+def _sampling_param_fields(source) -> set[str]:
+    """The request-facing fields of SGLang's ``SamplingParams`` (its annotated class body)."""
+    text = source.read("python/sglang/srt/sampling/sampling_params.py").decode()
+    cls = next(
+        n
+        for n in ast.parse(text).body
+        if isinstance(n, ast.ClassDef) and n.name == "SamplingParams"
+    )
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+
+
+@pytest.mark.parametrize("template", ["test_ddtree.py", "test_ddtree_refusals.py"])
+def test_templates_send_only_sampling_params_sglang_knows(gen, source, template):
+    """SGLang builds ``SamplingParams(**sampling_params)``, which rejects an unknown key: every
+    flat dict literal of a test template (values neither dicts nor tuples: not a table of
+    cases) with a sampling-parameter key has only such keys."""
+    fields = _sampling_param_fields(source)
+    assert {"temperature", "top_p", "sampling_seed"} <= fields and "seed" not in fields
+    tree = ast.parse(gen.render_template(template))
+    unknown = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Dict) or any(
+            isinstance(v, (ast.Dict, ast.Tuple)) for v in node.values
+        ):
+            continue
+        keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+        if any(k in fields for k in keys):
+            unknown += [(node.lineno, k) for k in keys if k not in fields]
+    assert unknown == [], f"{template}: keys SamplingParams does not take: {unknown}"
+
+
+@pytest.fixture(scope="module")
+def near_tie(gen):
+    """The in-tree greedy test's ``near_tie`` and its margin, run without SGLang."""
+    tree = ast.parse(gen.render_template("test_ddtree.py"))
+    keep = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.FunctionDef) and n.name == "near_tie")
+        or (isinstance(n, ast.Assign) and any(t.id == "NEAR_TIE_NATS" for t in n.targets))
+    ]
+    scope: dict = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "test_ddtree.py", "exec"), scope)
+    return scope["near_tie"], scope["NEAR_TIE_NATS"]
+
+
+def test_in_tree_greedy_check_passes_near_ties_only(near_tie):
+    judge, nats = near_tie
+    ref = [5, 6, 7, 8]
+    top2 = [[(-0.1, t), (-3.0, 99)] for t in ref]
+    top2[2] = [(-0.70, 7), (-0.70 - nats / 2, 40)]  # 7 and 40 nearly tied at position 2
+    assert judge(ref, top2, [5, 6, 40, 1])["near_tie"]  # later tokens do not matter
+    assert judge(ref, top2, [5, 6, 40])["position"] == 2
+    assert not judge(ref, top2, [5, 6, 41, 8])["near_tie"]  # not the reference's top two
+    assert not judge(ref, top2, [5, 99, 7, 8])["near_tie"]  # top two, but far apart
+    wide = [row[:] for row in top2]
+    wide[2] = [(-0.70, 7), (-0.70 - 2 * nats, 40)]
+    assert not judge(ref, wide, [5, 6, 40, 8])["near_tie"]
+    assert not judge(ref, top2, [5, 6])["near_tie"]  # another length is never a tie
+
+
+# --- the series ---------------------------------------------------------------------------------
+def _committed_parts() -> list[Path]:
+    return sorted(SERIES_DIR.glob("[0-9][0-9]-*.patch"))
+
+
+def _git_apply(gen, root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["git", "apply", *args], cwd=root, env=gen._git_env(), capture_output=True, text=True
+    )
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_committed_series_is_regenerated_byte_for_byte(gen, source, tmp_path):
+    fresh = gen.series_files(source)
+    committed = {p.name: p.read_bytes() for p in SERIES_DIR.iterdir() if p.is_file()}
+    stale = sorted(n for n in set(fresh) | set(committed) if fresh.get(n) != committed.get(n))
+    if stale:
+        for name, data in fresh.items():
+            (tmp_path / name).write_bytes(data)
+        pytest.fail(
+            f"upstream/series/ is stale in {stale} (fresh copies: {tmp_path}); run "
+            "`make upstream-patch` and commit the result."
+        )
+
+
+@pytest.fixture(scope="module")
+def applied_series(gen, source, tmp_path_factory):
+    """Pristine SGLang's files that the patch edits with the committed parts applied one by one:
+    ``[(part file, git apply --check report or None when it applied, tree after it)]`` up to the
+    first part that does not apply, and the tree of the single patch applied the same way."""
+    pristine = {path: source.read(path) for path in gen.PRISTINE_SHA256}
+    root = tmp_path_factory.mktemp("series")
+    for path, data in pristine.items():
+        gen._write(root, path, data)
+    steps = []
+    for patch in _committed_parts():
+        check = _git_apply(gen, root, "--check", "-v", str(patch))
+        if check.returncode != 0:
+            steps.append((patch.name, (check.stdout + check.stderr).strip(), None))
+            break
+        assert _git_apply(gen, root, str(patch)).returncode == 0
+        steps.append((patch.name, None, _tree(root)))
+    single = tmp_path_factory.mktemp("single")
+    for path, data in pristine.items():
+        gen._write(single, path, data)
+    assert _git_apply(gen, single, str(PATCH)).returncode == 0
+    return steps, _tree(single)
+
+
+def test_series_is_the_defined_parts(gen):
+    names = [p.name for p in _committed_parts()]
+    assert names == [f"{gen.part_file_name(i, p)}.patch" for i, p in enumerate(gen.SERIES, 1)]
+    assert len(names) >= 2
+
+
+def test_series_applies_in_order_to_pristine_sglang(applied_series):
+    steps, _ = applied_series
+    failed = [(name, report) for name, report, _ in steps if report is not None]
+    assert failed == [], f"git apply --check in order on pristine SGLang 0.5.17: {failed}"
+    assert len(steps) == len(_committed_parts())
+
+
+def test_series_ends_at_the_single_patch(applied_series):
+    steps, single = applied_series
+    final = steps[-1][2]
+    assert final is not None
+    differ = sorted(p for p in set(final) | set(single) if final.get(p) != single.get(p))
+    assert differ == [], f"the series' tree differs from the single patch's in {differ}"
+
+
+def _part_sizes(gen, root: Path) -> dict[str, int]:
+    """Changed lines (added + deleted) of each committed part, as ``git apply --numstat``
+    counts them."""
+    sizes = {}
+    for patch in _committed_parts():
+        counts = _git_apply(gen, root, "--numstat", str(patch))
+        assert counts.returncode == 0, counts.stderr
+        rows = [line.split("\t", 2) for line in counts.stdout.splitlines()]
+        sizes[patch.stem] = sum(int(a) + int(d) for a, d, _ in rows)
+    return sizes
+
+
+def test_series_parts_are_small(gen, tmp_path):
+    sizes = _part_sizes(gen, tmp_path)
+    print(sizes)
+    big = {name: n for name, n in sizes.items() if n > gen.MAX_PART_LINES}
+    assert big == {}, f"parts over {gen.MAX_PART_LINES} changed lines: {big}"
+
+
+def test_series_imports_resolve_at_every_part(gen, applied_series):
+    """In the tree after each part, every import of an in-tree DDTREE module (module-level or
+    nested, in new and edited files) names a file present, and a kernel's loading module comes
+    with its source."""
+    steps, _ = applied_series
+    missing = {name: gen.missing_imports(tree) for name, _, tree in steps if tree is not None}
+    assert {name: m for name, m in missing.items() if m} == {}
+    # The check can fail: the last tree without a module that others import.
+    final = dict(steps[-1][2])
+    del final["python/sglang/srt/speculative/ddtree/layout.py"]
+    assert any(
+        "imports sglang.srt.speculative.ddtree.layout" in m for m in gen.missing_imports(final)
+    )
+    del final["python/sglang/kernels/jit/csrc/ddtree/top_p_radix.cuh"]
+    assert any("loads the kernel source" in m for m in gen.missing_imports(final))
+
+
+def _importable_without_sglang(gen, tree: dict[str, bytes]) -> list[str]:
+    """The in-tree DDTREE modules of ``tree`` that import no other SGLang module at module
+    level, directly or through a DDTREE module that does."""
+    known = {gen.in_tree_name(target) for target in gen.MODULE_MAP.values()}
+    needs = {}
+    for path, data in tree.items():
+        name = gen.in_tree_name(path) if path.endswith(".py") else ""
+        if not name.startswith(gen.IN_TREE_PREFIX):
+            continue
+        needs[name] = set()
+        for node in ast.parse(data.decode()).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                names = [n if n in known else node.module for n in names]
+            else:
+                continue
+            needs[name] |= {n for n in names if n.split(".")[0] == "sglang"}
+    ok: set[str] = set()
+    while more := {m for m, n in needs.items() if m not in ok and n <= ok}:
+        ok |= more
+    return sorted(ok)
+
+
+# After each part (argv: its python/ directory, then the modules to import; "step": also one
+# CPU step's pure half through the in-tree modules, equal to this repository's), with the
+# in-tree modules dropped between parts.
+_IMPORT_PARTS = """
+import importlib, json, sys
+import torch
+from sglang_ddtree.core import accept as accept0, commit as commit0, layout as layout0, tree as tree0
+
+def step(tree, layout, accept, commit):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 17, generator=g)
+    lp, tok = tree.select_candidates(logits, 4, normalize=True)
+    t = tree.build_tree_from_candidates(lp, tok, torch.tensor([1, 2, 3]), 9, backend="torch")
+    prefix = torch.tensor([4, 0, 7])
+    lay = layout.tree_to_retrieve_arrays(t, prefix, max_depth=5, backend="torch")
+    target = torch.where(torch.rand(t.tokens.shape, generator=g) < 0.7, t.tokens.roll(-1, 1), 0)
+    res = accept.accept_greedy(lay, t.tokens, target, 6, backend="torch")
+    return [*t, *lay, *res, *commit.commit_accepted(res, prefix, 10)]
+
+for root, modules, run_step in json.loads(sys.argv[1]):
+    sys.path.insert(0, root)
+    for name in modules:
+        importlib.import_module(name)
+    if run_step:
+        d = "sglang.srt.speculative.ddtree."
+        mods = [importlib.import_module(d + m) for m in ("tree", "layout", "accept", "commit")]
+        got, want = step(*mods), step(tree0, layout0, accept0, commit0)
+        assert len(got) == len(want) > 0
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), root
+    sys.path.remove(root)
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
+    print(root, len(modules), "modules", "and a CPU step" if run_step else "")
+"""
+
+
+def test_series_parts_import_and_run_without_sglang(gen, applied_series, tmp_path):
+    """After each part, every in-tree DDTREE module that needs no other SGLang module imports
+    from the applied files alone (their parent packages empty); from the part that adds the
+    accept and the commit on, one CPU step through them equals this repository's modules."""
+    steps, _ = applied_series
+    parts = []
+    for name, _, tree in steps:
+        root = tmp_path / name
+        for path, data in tree.items():
+            gen._write(root, path, data)
+        for package in ("sglang", "sglang/srt", "sglang/srt/speculative"):
+            gen._write(root, f"python/{package}/__init__.py", b"")
+        modules = _importable_without_sglang(gen, tree)
+        assert len(modules) >= 2, (name, modules)
+        run_step = f"{gen.IN_TREE_PREFIX}.commit" in modules
+        parts.append((str(root / "python"), modules, run_step))
+    assert sum(p[2] for p in parts) >= 2
+    r = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PARTS, json.dumps(parts)],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    print(r.stdout)
+
+
+def test_generator_refuses_a_part_before_what_it_imports(gen, source, monkeypatch):
+    """The accept part before the top-p kernel it imports lazily: the generator fails loudly."""
+    by_name = {p.name: p for p in gen.SERIES}
+    order = [p.name for p in gen.SERIES]
+    i, j = order.index("top-p-radix"), order.index("tree-accept")
+    order[i], order[j] = order[j], order[i]
+    monkeypatch.setattr(gen, "SERIES", [by_name[n] for n in order])
+    with pytest.raises(
+        SystemExit, match=r"sampling\.py:\d+ imports sglang\.srt\.speculative\.ddtree\.topp_radix"
+    ):
+        gen.series_states(source)
+
+
+def test_generator_refuses_an_incomplete_series(gen, monkeypatch):
+    monkeypatch.setattr(gen, "SERIES", gen.SERIES[:-1])
+    with pytest.raises(SystemExit, match=r"module sglang_ddtree\.core\.penalties is in no part"):
+        gen.check_series()
+
+
+def test_pr_overview_lists_every_part_with_its_size(gen, tmp_path):
+    """upstream/PR.md's table of the series: a row per part, ``| `NN-name` | ... | lines |``."""
+    rows = {}
+    for line in PR_OVERVIEW.read_text().splitlines():
+        if line.startswith("| `") and line.count("|") == 4:
+            rows[line.split("`")[1]] = line.rstrip(" |").rsplit("|", 1)[1].strip()
+    sizes = {name: str(n) for name, n in _part_sizes(gen, tmp_path).items()}
+    assert rows == sizes, "upstream/PR.md's table of parts is out of date"

@@ -4,7 +4,7 @@ all-gathered and merged, equals the top-K of the full vocabulary."""
 import pytest
 import torch
 
-from sglang_ddtree.core import select_candidates
+from sglang_ddtree.core.tree import select_candidates
 from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
 
 

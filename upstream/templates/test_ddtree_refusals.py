@@ -76,8 +76,12 @@ class TestDDTreeRefusals(CustomTestCase):
                 res = self._post(sampling_params, extra)
                 self.assertEqual(res.status_code, 400, res.text)
                 self.assertIn("@@ALGORITHM@@", res.text)
-        # Still serving, and accepted options still work.
-        for params in ({}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 1}):
+        # Still serving, and accepted options still work (a per-request seed included).
+        accepted = (
+            {},
+            {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "sampling_seed": 1},
+        )
+        for params in accepted:
             res = self._post(params, {})
             self.assertEqual(res.status_code, 200, res.text)
         self.assertIsNone(self.process.poll())

@@ -13,85 +13,24 @@ Terms, fixed here and used in every module of the core (each module's docstring 
   one before; **accept length**: its draft nodes (0..S - 1, S = max depth + 1).
 - **bonus token**: the target's own token after the accepted path's last node; the step
   commits accept length + 1 tokens and the bonus token becomes the next root.
-- **K**: draft candidates per depth (`select_candidates`).
+- **K**: draft candidates per depth (`tree.select_candidates`).
 
-One decode step, in order:
+One decode step, in order (each function from its module; the package re-exports nothing, so
+that any subset of its modules is a working package):
 
-    tree    = build_tree_from_candidates(*select_candidates(draft_logits, K, normalize=True),
-                                         root_tokens, budget)
-    layout  = tree_to_retrieve_arrays(tree, prefix_lens)
+    tree    = tree.build_tree_from_candidates(
+                  *tree.select_candidates(draft_logits, K, normalize=True), root_tokens, budget)
+    layout  = layout.tree_to_retrieve_arrays(tree, prefix_lens)
     # ... target verify forward over the W = budget + 1 nodes with layout.tree_mask ...
-    logits  = apply_tree_penalties(logits, tree.tokens, layout.tree_mask, penalties)
-    result  = accept_greedy(...)   or   accept_sampled(...)
-    plan    = commit_accepted(result, prefix_lens, W)
-    logprobs = committed_logprobs(logits, plan.keep_nodes, plan.out_tokens, temperature, n)
-    penalties = count_emitted(penalties, plan.out_tokens)   # the next step's penalty state
+    logits  = penalties.apply_tree_penalties(logits, tree.tokens, layout.tree_mask, state)
+    result  = accept.accept_greedy(...)   or   accept.accept_sampled(...)
+    plan    = commit.commit_accepted(result, prefix_lens, W)
+    probs   = logprobs.committed_logprobs(logits, plan.keep_nodes, plan.out_tokens, ...)
+    state   = penalties.count_emitted(state, plan.out_tokens)   # the next step's penalty state
+
+``step`` holds the two halves a worker runs around the verify (``draft_to_tree``,
+``accept_and_commit``); ``sampling`` the target law of sampled requests (min-p included);
+``vocab_shard`` the draft top-K under tensor parallelism; the ``*_triton`` modules and
+``topp_radix`` the kernels. The worker does not apply ``penalties``, min-p or ``logprobs`` yet:
+it refuses such requests.
 """
-
-from sglang_ddtree.core.accept import (
-    AcceptResult,
-    accept_greedy,
-    accept_sampled,
-    accept_sampled_reference,
-)
-from sglang_ddtree.core.commit import CommitPlan, commit_accepted
-from sglang_ddtree.core.layout import (
-    TreeLayout,
-    ancestor_mask,
-    flatten_verify_mask,
-    scatter_verify_mask,
-    tree_to_retrieve_arrays,
-    verify_mask_cells,
-)
-from sglang_ddtree.core.logprobs import CommittedLogprobs, committed_logprobs, node_logprobs
-from sglang_ddtree.core.penalties import (
-    RequestPenalties,
-    apply_tree_penalties,
-    count_emitted,
-)
-from sglang_ddtree.core.sampling import (
-    draw_coins,
-    joint_top_k_top_p_renorm,
-    min_p_renorm,
-    target_probs,
-    top_k_top_p_min_p_renorm,
-)
-from sglang_ddtree.core.tree import (
-    DraftTree,
-    build_tree,
-    build_tree_from_candidates,
-    select_candidates,
-)
-from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
-
-__all__ = [
-    "AcceptResult",
-    "CommitPlan",
-    "CommittedLogprobs",
-    "DraftTree",
-    "RequestPenalties",
-    "TreeLayout",
-    "accept_greedy",
-    "accept_sampled",
-    "accept_sampled_reference",
-    "ancestor_mask",
-    "apply_tree_penalties",
-    "build_tree",
-    "build_tree_from_candidates",
-    "commit_accepted",
-    "committed_logprobs",
-    "count_emitted",
-    "draw_coins",
-    "flatten_verify_mask",
-    "joint_top_k_top_p_renorm",
-    "merge_shard_candidates",
-    "min_p_renorm",
-    "node_logprobs",
-    "scatter_verify_mask",
-    "select_candidates",
-    "shard_candidates",
-    "target_probs",
-    "top_k_top_p_min_p_renorm",
-    "tree_to_retrieve_arrays",
-    "verify_mask_cells",
-]
