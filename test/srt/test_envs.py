@@ -1,11 +1,22 @@
 """CPU tests of ``srt/ddtree_envs.py``: SGLang's parsing rules per type, blank values, refusals
-and their messages."""
+and their messages, every reader going through it, and the launch check."""
 
 from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from sglang_ddtree.srt.ddtree_envs import KNOBS, DDTreeEnvs, Knob, envs, invalid_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "python" / "sglang_ddtree"
+NAME = re.compile(r"SGLANG_DDTREE_[A-Z0-9_]+")
 
 
 def _knob(type_, default, **kw) -> Knob:
@@ -153,6 +164,36 @@ def test_table_is_well_formed():
         assert knob.get({}) == knob.default
 
 
+def _reads_a_variable(line: str) -> bool:
+    """Whether ``line`` reads an ``SGLANG_DDTREE_*`` variable (its name or an ``*_ENV`` constant)
+    from the environment itself; setting one (``os.environ[X] = ...``) is not a read."""
+    variable = re.compile(r"SGLANG_DDTREE_|\b[A-Z_]*ENV\b")
+    call = re.search(r"(\benv\.get|environ\.get|getenv|\)\.get)\(([^)]*)\)", line)
+    if call and variable.search(call.group(2)):
+        return True
+    item = re.search(r"(\benv|environ)\[([^\]]+)\](\s*=(?!=))?", line)
+    return bool(item and not item.group(3) and variable.search(item.group(2)))
+
+
+def test_every_name_in_the_package_is_a_knob():
+    """Source and docstrings of the package name no variable the table lacks, and no module but
+    ddtree_envs reads one from the environment itself."""
+    known = {k.name for k in KNOBS}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        assert set(NAME.findall(text)) <= known, path
+        if path.name != "ddtree_envs.py":
+            reads = [line for line in text.splitlines() if _reads_a_variable(line)]
+            assert not reads, (path, reads)
+    assert _reads_a_variable('x = os.environ.get("SGLANG_DDTREE_TOPK", "")')
+    assert _reads_a_variable("if os.environ.get(CPROFILE_ENV) == WINDOW:")
+    assert _reads_a_variable("out_dir = os.environ[ENV]")
+    assert _reads_a_variable('raw = env.get(TOPK_ENV, "").strip()')
+    assert _reads_a_variable('(os.environ if environ is None else environ).get(ENV, "1")')
+    assert not _reads_a_variable("os.environ[TEST_RANK_SKEW_ENV] = '1'")
+    assert not _reads_a_variable('os.environ.get("OUT", ".")')
+
+
 def test_invalid_settings_lists_each_bad_value_once():
     assert invalid_settings({}) == []
     good = {
@@ -175,6 +216,87 @@ def test_invalid_settings_lists_each_bad_value_once():
     assert len(errors) == len(bad)
     for name, value in bad.items():
         assert any(e.startswith(f"{name}={value!r}") for e in errors), name
+
+
+def test_schedule_text_is_parsed_by_its_reader():
+    from sglang_ddtree.srt.ddtree_budget import read_schedule_env
+
+    assert read_schedule_env({}) is None
+    assert read_schedule_env({"SGLANG_DDTREE_BUDGET_SCHEDULE": " 1:33,4:17 "}).num_nodes == (33, 17)
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_BUDGET_SCHEDULE"):
+        read_schedule_env({"SGLANG_DDTREE_BUDGET_SCHEDULE": "33"})
+
+
+def test_topk_flag_and_env_compared_as_integers():
+    from sglang_ddtree.srt.ddtree_args import read_topk
+
+    assert read_topk({"SGLANG_DDTREE_TOPK": "08"}, flag=8) == 8
+    assert read_topk({"SGLANG_DDTREE_TOPK": " "}, flag=5) == 5  # blank: unset
+    with pytest.raises(ValueError, match="disagree"):
+        read_topk({"SGLANG_DDTREE_TOPK": "4"}, flag=5)
+    with pytest.raises(ValueError, match="is not an integer"):
+        read_topk({"SGLANG_DDTREE_TOPK": "x"}, flag=5)
+
+
+# --- refused at launch --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spec_module(monkeypatch):
+    """``srt/ddtree_spec.py`` against stand-ins for the two SGLang names it imports."""
+    registry = types.ModuleType("sglang.srt.speculative.spec_registry")
+    registry.CustomSpecAlgo = object
+    overrides = types.ModuleType("sglang.srt.arg_groups.overrides")
+    overrides.resolved_view = lambda server_args: server_args
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.arg_groups"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, registry.__name__, registry)
+    monkeypatch.setitem(sys.modules, overrides.__name__, overrides)
+    path = PACKAGE / "srt" / "ddtree_spec.py"
+    spec = importlib.util.spec_from_file_location("ddtree_spec_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _server_args(**kw):
+    base = dict(
+        device="cuda",
+        attention_backend="triton",
+        speculative_attention_mode="prefill",
+        page_size=1,
+        speculative_eagle_topk=None,
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_validate_server_args_refuses_every_bad_value_once(spec_module, monkeypatch):
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    spec_module.validate_server_args(_server_args())
+    monkeypatch.setenv("SGLANG_DDTREE_TOPK", "x")  # also read by check_server_args
+    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "on")  # also by flashmla_switch_error
+    monkeypatch.setenv("SGLANG_DDTREE_GLUE_GRAPHS", "off")  # read only in the scheduler
+    monkeypatch.setenv("SGLANG_DDTREE_CPROFILE", "20x")  # read only by step_timing
+    with pytest.raises(ValueError) as e:
+        spec_module.validate_server_args(_server_args())
+    lines = str(e.value).splitlines()
+    assert lines[0] == "Invalid DDTREE configuration:"
+    assert len(lines) == 5, lines
+    for name in ("TOPK='x'", "TREE_ATTENTION='on'", "GLUE_GRAPHS='off'", "CPROFILE='20x'"):
+        assert sum(f"SGLANG_DDTREE_{name}" in line for line in lines) == 1, name
+
+
+def test_step_timing_refuses_a_bad_instrument_before_any_hook(monkeypatch):
+    from sglang_ddtree import step_timing
+
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_TIMING", "/tmp/unused")
+    monkeypatch.setenv("SGLANG_DDTREE_TORCH_PROFILE", "all")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_TORCH_PROFILE='all' is not an integer"):
+        step_timing.register_if_enabled()  # raises before importing SGLang's hook registry
+    monkeypatch.delenv("SGLANG_DDTREE_STEP_TIMING")
+    monkeypatch.delenv("SGLANG_DDTREE_TORCH_PROFILE")
+    assert step_timing.register_if_enabled() is False
 
 
 # --- against SGLang itself, where it imports --------------------------------------------------
