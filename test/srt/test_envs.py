@@ -1,5 +1,5 @@
 """CPU tests of ``srt/ddtree_envs.py``: SGLang's parsing rules per type, blank values, refusals
-and their messages, every reader going through it, and the launch check."""
+and their messages, the launch check, and the docs' table of variables against the module."""
 
 from __future__ import annotations
 
@@ -297,6 +297,45 @@ def test_step_timing_refuses_a_bad_instrument_before_any_hook(monkeypatch):
     monkeypatch.delenv("SGLANG_DDTREE_STEP_TIMING")
     monkeypatch.delenv("SGLANG_DDTREE_TORCH_PROFILE")
     assert step_timing.register_if_enabled() is False
+
+
+# --- the docs' table ----------------------------------------------------------------------------
+
+
+def _docs_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in (ROOT / "docs" / "configuration.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and NAME.fullmatch(cells[0].strip("`")):
+            name = cells[0].strip("`")
+            assert name not in rows, f"{name} has two rows"
+            rows[name] = cells
+    return rows
+
+
+def test_docs_table_is_the_module_s_table():
+    """docs/configuration.md has one row per knob (variable, default, meaning) with the
+    module's default, and no other SGLANG_DDTREE_ name appears in the docs or the README."""
+    rows = _docs_rows()
+    assert set(rows) == {k.name for k in KNOBS}
+    for knob in KNOBS:
+        _, default, meaning = rows[knob.name]
+        if knob.default is None:
+            assert default.startswith("unset"), (knob.name, default)
+        else:
+            assert default.startswith(f"`{knob.default_text}`"), (knob.name, default)
+        assert meaning, knob.name
+        for choice in knob.choices:
+            assert f"`{choice}`" in meaning, (knob.name, choice)
+    known = {k.name for k in KNOBS}
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        assert set(NAME.findall(path.read_text())) <= known, path
+
+
+def test_readme_stays_short_and_points_to_the_table():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 120
+    assert "docs/configuration.md" in readme
 
 
 # --- against SGLang itself, where it imports --------------------------------------------------
