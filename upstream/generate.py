@@ -74,6 +74,7 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_glue_warmup": f"{SPEC}/ddtree_glue_warmup.py",
     "sglang_ddtree.srt.ddtree_spec": f"{SPEC}/ddtree_spec.py",
     "sglang_ddtree.srt.ddtree_args": f"{SPEC}/ddtree_args.py",
+    "sglang_ddtree.srt.ddtree_envs": f"{SPEC}/ddtree_envs.py",
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
     "sglang_ddtree.srt.ddtree_attention": f"{SPEC}/ddtree_attention.py",

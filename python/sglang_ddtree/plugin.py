@@ -13,7 +13,6 @@ by SGLang and lost the same way.
 from __future__ import annotations
 
 import logging
-import os
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +46,9 @@ def _register_real() -> None:
 
     ddtree_attention_hook.register_if_enabled()
     # Benchmark instrument, loaded only when a benchmark asks for it (never on a plain start).
-    if os.environ.get("SGLANG_DDTREE_STEP_TIMING"):
+    from sglang_ddtree.srt.ddtree_envs import envs
+
+    if envs.SGLANG_DDTREE_STEP_TIMING.is_set():
         from sglang_ddtree import step_timing
 
         step_timing.register_if_enabled()

@@ -49,15 +49,25 @@ import traceback
 import warnings
 from collections import Counter, deque
 
-ENV = "SGLANG_DDTREE_STEP_TIMING"
-CPROFILE_ENV = "SGLANG_DDTREE_CPROFILE"
-TORCH_PROFILE_ENV = "SGLANG_DDTREE_TORCH_PROFILE"
-SYNC_TRACE_ENV = "SGLANG_DDTREE_SYNC_TRACE"
+from sglang_ddtree.srt.ddtree_envs import CPROFILE_WINDOW, envs
+
+ENV = envs.SGLANG_DDTREE_STEP_TIMING.name
+CPROFILE_ENV = envs.SGLANG_DDTREE_CPROFILE.name
+TORCH_PROFILE_ENV = envs.SGLANG_DDTREE_TORCH_PROFILE.name
+SYNC_TRACE_ENV = envs.SGLANG_DDTREE_SYNC_TRACE.name
 TORCH_PROFILE_STEPS = 20
-WINDOW = "window"  # SGLANG_DDTREE_CPROFILE value: profile while WINDOW_FILE exists
+WINDOW = CPROFILE_WINDOW  # SGLANG_DDTREE_CPROFILE value: profile while WINDOW_FILE exists
 WINDOW_FILE = "cprofile.window"
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-EXPERT_COUNT_ENV = "SGLANG_DDTREE_EXPERT_COUNT"
+EXPERT_COUNT_ENV = envs.SGLANG_DDTREE_EXPERT_COUNT.name
+# Every instrument's setting, parsed when the plugin loads so that a bad value fails then.
+INSTRUMENTS = (
+    envs.SGLANG_DDTREE_STEP_TIMING,
+    envs.SGLANG_DDTREE_CPROFILE,
+    envs.SGLANG_DDTREE_TORCH_PROFILE,
+    envs.SGLANG_DDTREE_SYNC_TRACE,
+    envs.SGLANG_DDTREE_EXPERT_COUNT,
+)
 TOPK_TARGET = "sglang.srt.layers.moe.topk.TopK.forward_cuda"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
@@ -372,17 +382,19 @@ def _run_batch_hook(original_fn, scheduler, batch, *args, **kwargs):
 
     global _recorder, _profiler, _sync_tracer
     if _recorder is None:
-        out_dir = os.environ[ENV]
+        out_dir = envs.SGLANG_DDTREE_STEP_TIMING.get()
         os.makedirs(out_dir, exist_ok=True)
         _recorder = StepRecorder(os.path.join(out_dir, f"steps.{os.getpid()}.jsonl"))
-        if os.environ.get(SYNC_TRACE_ENV, "0") not in ("", "0"):
+        if envs.SGLANG_DDTREE_SYNC_TRACE.get():
             _sync_tracer = SyncTracer(os.path.join(out_dir, f"syncs.{os.getpid()}.txt"))
-        if os.environ.get(CPROFILE_ENV) == WINDOW:
+        cprofile = envs.SGLANG_DDTREE_CPROFILE.get()
+        torch_profile = envs.SGLANG_DDTREE_TORCH_PROFILE.get()
+        if cprofile == WINDOW:
             _profiler = WindowProfiler(out_dir)
-        elif os.environ.get(CPROFILE_ENV):
-            _profiler = HostProfiler(out_dir, int(os.environ[CPROFILE_ENV]))
-        elif os.environ.get(TORCH_PROFILE_ENV):
-            _profiler = HostProfiler(out_dir, int(os.environ[TORCH_PROFILE_ENV]), kind="torch")
+        elif cprofile is not None:
+            _profiler = HostProfiler(out_dir, cprofile)
+        elif torch_profile is not None:
+            _profiler = HostProfiler(out_dir, torch_profile, kind="torch")
     stream = getattr(scheduler, "forward_stream", None) or torch.cuda.current_stream()
     rec = _recorder.start(batch, stream)
     if _profiler is not None:
@@ -412,8 +424,9 @@ def _topk_hook(original_fn, topk, *args, **kwargs):
     out = original_fn(topk, *args, **kwargs)
     ids = getattr(out, "topk_ids", None)
     if ids is not None and not torch.cuda.is_current_stream_capturing():
-        n = distinct_routed_experts(ids, int(os.environ[EXPERT_COUNT_ENV]))
-        with open(os.path.join(os.environ[ENV], f"experts.{os.getpid()}.txt"), "a") as f:
+        n = distinct_routed_experts(ids, envs.SGLANG_DDTREE_EXPERT_COUNT.get())
+        out_dir = envs.SGLANG_DDTREE_STEP_TIMING.get()
+        with open(os.path.join(out_dir, f"experts.{os.getpid()}.txt"), "a") as f:
             f.write(f"{ids.shape[0]} {n}\n")
     return out
 
@@ -430,14 +443,17 @@ def read_expert_counts(out_dir: str) -> list[tuple[int, int]]:
 
 def register_if_enabled() -> bool:
     """Install the ``run_batch`` hook when ``SGLANG_DDTREE_STEP_TIMING`` is set (and the MoE
-    top-k counter when ``SGLANG_DDTREE_EXPERT_COUNT`` is set too)."""
-    if not os.environ.get(ENV):
+    top-k counter when ``SGLANG_DDTREE_EXPERT_COUNT`` is set too). ValueError, before any hook
+    is installed, when an instrument's value does not parse."""
+    settings = {knob.name: knob.get() for knob in INSTRUMENTS}
+    out_dir = settings[ENV]
+    if out_dir is None:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, _run_batch_hook, HookType.AROUND)
-    if os.environ.get(EXPERT_COUNT_ENV):
-        os.makedirs(os.environ[ENV], exist_ok=True)
+    if settings[EXPERT_COUNT_ENV] is not None:
+        os.makedirs(out_dir, exist_ok=True)
         HookRegistry.register(TOPK_TARGET, _topk_hook, HookType.AROUND)
     return True
 

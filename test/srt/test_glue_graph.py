@@ -160,8 +160,11 @@ def test_accept_and_commit_mixed_rows():
 def test_glue_env_switch():
     assert glue_graphs_enabled({})
     assert glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": "1"})
-    for off in ("0", "false", "OFF", "no"):
+    for off in ("0", "false", "FALSE", "no", "N"):
         assert not glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": off})
+    for bad in ("off", "on", "2"):  # not SGLang booleans: refused (at start, invalid_settings)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_GLUE_GRAPHS="):
+            glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": bad})
 
 
 def test_cpu_tensors_run_eagerly():

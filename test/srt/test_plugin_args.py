@@ -416,8 +416,8 @@ def test_server_args_resolution(tmp_path, monkeypatch):
         ServerArgs(attention_backend="fa3", **kw)
     with pytest.raises(ValueError, match="--speculative-num-draft-tokens 16"):
         ServerArgs(attention_backend="triton", speculative_num_draft_tokens=4, **kw)
-    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "yes")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION must be 0"):
+    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "on")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION='on' is not a boolean"):
         ServerArgs(attention_backend="triton", **kw)
     monkeypatch.delenv("SGLANG_DDTREE_TREE_ATTENTION")
     monkeypatch.setenv("SGLANG_DDTREE_TOP_P_KERNEL", "cuda")

@@ -385,12 +385,18 @@ def test_attention_switch_off_is_refused_on_flashmla():
     assert flashmla_switch_error("triton", {ENV: "0"}) is None
     error = flashmla_switch_error("flashmla", {ENV: "0"})
     assert error is not None and "no tree" in error and "--attention-backend triton" in error
-    assert "must be 0" in flashmla_switch_error("triton", {ENV: "on"})
+    assert "set it to 0" in flashmla_switch_error("triton", {ENV: "on"})
 
 
 def test_attention_switch_is_on_by_default():
     from sglang_ddtree.srt.ddtree_attention import ENV, enabled, env_error
 
-    assert enabled({}) and enabled({ENV: "1"}) and enabled({ENV: " 1 "}) and not enabled({ENV: "0"})
+    assert enabled({}) and enabled({ENV: "1"}) and not enabled({ENV: "0"})
+    assert enabled({ENV: "yes"}) and not enabled({ENV: "False"})  # SGLang's booleans
+    assert enabled({ENV: ""}) and env_error({ENV: ""}) is None  # blank: the default
     assert env_error({}) is None and env_error({ENV: "0"}) is None
-    assert not enabled({ENV: "yes"}) and "must be 0" in env_error({ENV: "yes"})
+    for bad in ("on", "2", " 1 "):  # SGLang's EnvBool neither trims nor knows on / off
+        assert f"{ENV}={bad!r} is not a boolean" in env_error({ENV: bad})
+        assert "set it to 0 (the backend's custom-mask kernel) or 1" in env_error({ENV: bad})
+        with pytest.raises(ValueError, match=ENV):
+            enabled({ENV: bad})

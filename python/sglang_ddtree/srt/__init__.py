@@ -13,4 +13,6 @@
 - ``ddtree_spec``: ``DDTreeSpecAlgo`` and the server-argument checks.
 - ``ddtree_args``, ``ddtree_budget``, ``ddtree_requests``: options and startup checks, the
   adaptive budget schedule, per-request refusals (plain Python).
+- ``ddtree_envs``: every ``SGLANG_DDTREE_*`` environment variable, declared once and parsed by
+  SGLang's rules (plain Python).
 """

@@ -28,25 +28,26 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_ddtree.srt.ddtree_envs import envs
+
 ALGORITHM_NAME = "DDTREE"
-TOPK_ENV = "SGLANG_DDTREE_TOPK"
-DEFAULT_TOPK = 8
-DRAFT_TOPK_ENV = "SGLANG_DDTREE_DRAFT_TOPK"
-DRAFT_TOPK_BACKENDS = ("auto", "torch", "triton")
+TOPK_ENV = envs.SGLANG_DDTREE_TOPK.name
+DEFAULT_TOPK = envs.SGLANG_DDTREE_TOPK.default
+DRAFT_TOPK_ENV = envs.SGLANG_DDTREE_DRAFT_TOPK.name
+DRAFT_TOPK_BACKENDS = envs.SGLANG_DDTREE_DRAFT_TOPK.choices
 # "auto" picks the Triton top-K where the H200 measured it faster (V = 151,936):
 # K <= 32 at a large vocabulary. Small vocabularies and K = 64 keep torch.topk.
 TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
-KV_MOVER_ENV = "SGLANG_DDTREE_KV_MOVER"
-KV_MOVERS = ("ddtree", "sglang")
+KV_MOVER_ENV = envs.SGLANG_DDTREE_KV_MOVER.name
+KV_MOVERS = envs.SGLANG_DDTREE_KV_MOVER.choices
 # The sampled verify's nucleus kernel: core.topp_radix (default) or sgl_kernel's (FlashInfer).
-TOP_P_KERNEL_ENV = "SGLANG_DDTREE_TOP_P_KERNEL"
-TOP_P_KERNELS = ("radix", "flashinfer")
+TOP_P_KERNEL_ENV = envs.SGLANG_DDTREE_TOP_P_KERNEL.name
+TOP_P_KERNELS = envs.SGLANG_DDTREE_TOP_P_KERNEL.choices
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) applies the tree mask: triton's and
 # flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
 TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
@@ -135,49 +136,31 @@ def add_cli_flags(parser) -> None:
 def read_topk(environ: Mapping[str, str] | None = None, flag: int | None = None) -> int:
     """K from ``--speculative-ddtree-topk`` (``flag``) or ``SGLANG_DDTREE_TOPK``; ValueError with
     the fix on a bad value or on both set differently."""
-    env = os.environ if environ is None else environ
-    raw = env.get(TOPK_ENV, "").strip()
+    knob = envs.SGLANG_DDTREE_TOPK
     if flag is not None:
         if int(flag) < 1:
             raise ValueError(f"--speculative-ddtree-topk {flag} must be >= 1; pass e.g. 8.")
-        if raw and raw != str(int(flag)):
+        if knob.is_set(environ) and knob.get(environ) != int(flag):
             raise ValueError(
-                f"--speculative-ddtree-topk {flag} and {TOPK_ENV}={raw!r} disagree; "
-                f"unset {TOPK_ENV}."
+                f"--speculative-ddtree-topk {flag} and {TOPK_ENV}={knob.raw(environ)!r} "
+                f"disagree; unset {TOPK_ENV}."
             )
         return int(flag)
-    if not raw:
-        return DEFAULT_TOPK
-    try:
-        k = int(raw)
-    except ValueError:
-        raise ValueError(f"{TOPK_ENV}={raw!r} is not an integer; set it to e.g. 8.") from None
+    k = knob.get(environ)
     if k < 1:
         raise ValueError(f"{TOPK_ENV}={k} must be >= 1; set it to e.g. 8.")
     return k
 
 
-def _read_choice(name: str, choices: tuple[str, ...], environ: Mapping[str, str] | None) -> str:
-    """The value of env var ``name`` (case-insensitive; unset -> ``choices[0]``); ValueError
-    names the fix."""
-    env = os.environ if environ is None else environ
-    raw = env.get(name, "").strip().lower() or choices[0]
-    if raw not in choices:
-        raise ValueError(
-            f"{name}={raw!r} is not one of {choices}; unset it or set it to {choices[0]}."
-        )
-    return raw
-
-
 def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend: auto, torch or triton)."""
-    return _read_choice(DRAFT_TOPK_ENV, DRAFT_TOPK_BACKENDS, environ)
+    return envs.SGLANG_DDTREE_DRAFT_TOPK.get(environ)
 
 
 def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
     radix, `core.topp_radix`'s CUDA radix select; flashinfer, sgl_kernel's)."""
-    return _read_choice(TOP_P_KERNEL_ENV, TOP_P_KERNELS, environ)
+    return envs.SGLANG_DDTREE_TOP_P_KERNEL.get(environ)
 
 
 def top_p_kernel_unavailable(kernel: str, error: BaseException) -> RuntimeError:
@@ -203,7 +186,7 @@ def draft_topk_backend(setting: str, topk: int, vocab_size: int) -> str:
 def read_kv_mover(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_KV_MOVER``: who moves the accepted target KV rows (``ddtree``:
     `core.kv_move_triton`, where the pool allows it; ``sglang``: SGLang's mover, always)."""
-    return _read_choice(KV_MOVER_ENV, KV_MOVERS, environ)
+    return envs.SGLANG_DDTREE_KV_MOVER.get(environ)
 
 
 def _get(cfg: Any, name: str, default: Any = None) -> Any:

@@ -1,7 +1,7 @@
 """The target's tree-verify attention through ``core.tree_attention`` (the prefix part read once
 for all nodes, the ancestor block, merged by log-sum-exp) instead of the triton backend's
 custom-mask extend kernel. On by default; ``SGLANG_DDTREE_TREE_ATTENTION=0`` keeps the backend's
-kernel (any other value than 0 or 1 stops the server's start with a message).
+kernel (a value that is not a boolean stops the server's start with a message).
 
 ``TritonAttnBackend.forward_extend`` hands every target verify to ``tree_verify_attention``
 first, which takes a DDTREE one (a TARGET_VERIFY batch with a custom mask while a DDTREE worker
@@ -28,24 +28,23 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import NamedTuple
 
 import torch
 
+from sglang_ddtree.srt.ddtree_envs import envs
+
 logger = logging.getLogger(__name__)
 
-ENV = "SGLANG_DDTREE_TREE_ATTENTION"
+ENV = envs.SGLANG_DDTREE_TREE_ATTENTION.name
 # Logged once per process when a verify takes the split (the e2e and in-tree checks look for it).
 SPLIT_LOG_LINE = "tree-verify attention through core.tree_attention"
 
 
-def _value(environ=None) -> str:
-    return (os.environ if environ is None else environ).get(ENV, "1").strip()
-
-
 def enabled(environ=None) -> bool:
-    return _value(environ) == "1"
+    """The switch; ValueError on a value that is not a boolean (refused at start by
+    `env_error`)."""
+    return envs.SGLANG_DDTREE_TREE_ATTENTION.get(environ)
 
 
 @functools.cache
@@ -54,11 +53,13 @@ def _switch_on() -> bool:  # read once per process: the backend asks on every la
 
 
 def env_error(environ=None) -> str | None:
-    """The refusal of a switch value other than 0 or 1 (``validate_server_args`` raises it)."""
-    value = _value(environ)
-    if value in ("0", "1"):
-        return None
-    return f"{ENV} must be 0 (the backend's custom-mask kernel) or 1 (the default), not {value!r}"
+    """The refusal of a switch value that is not a boolean (``validate_server_args`` raises
+    it)."""
+    try:
+        enabled(environ)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def flashmla_switch_error(verify_backend: str | None, environ=None) -> str | None:

@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-SCHEDULE_ENV = "SGLANG_DDTREE_BUDGET_SCHEDULE"
+from sglang_ddtree.srt.ddtree_envs import envs
+
+SCHEDULE_ENV = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.name
 EXAMPLE = "1:65,8:33,32:17"
 
 
@@ -192,8 +194,8 @@ class BudgetSchedule:
 
 def read_schedule_env(environ: Mapping[str, str]) -> BudgetSchedule | None:
     """The schedule set by ``SGLANG_DDTREE_BUDGET_SCHEDULE``, or None when unset / blank."""
-    raw = environ.get(SCHEDULE_ENV, "").strip()
-    return BudgetSchedule.parse(raw) if raw else None
+    raw = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.get(environ)
+    return BudgetSchedule.parse(raw.strip()) if raw is not None else None
 
 
 SCHEDULE_FLAG = "--speculative-ddtree-budget-schedule"

@@ -48,15 +48,16 @@ from typing import Any
 
 import torch
 
+from sglang_ddtree.srt.ddtree_envs import envs
+
 logger = logging.getLogger(__name__)
 
-GLUE_GRAPHS_ENV = "SGLANG_DDTREE_GLUE_GRAPHS"
+GLUE_GRAPHS_ENV = envs.SGLANG_DDTREE_GLUE_GRAPHS.name
 
 
 def glue_graphs_enabled(environ: Mapping[str, str]) -> bool:
-    """False when ``SGLANG_DDTREE_GLUE_GRAPHS`` is 0 / false / off / no; True otherwise."""
-    value = environ.get(GLUE_GRAPHS_ENV, "1").strip().lower()
-    return value not in ("0", "false", "off", "no")
+    """``SGLANG_DDTREE_GLUE_GRAPHS`` (a boolean, default on); ValueError on any other value."""
+    return envs.SGLANG_DDTREE_GLUE_GRAPHS.get(environ)
 
 
 def _signature(t: torch.Tensor) -> tuple:

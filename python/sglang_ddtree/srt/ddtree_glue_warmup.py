@@ -39,17 +39,20 @@ import torch
 
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
+from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors
 from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn, make_tree_fns
 
 logger = logging.getLogger(__name__)
 
-GLUE_AT_STARTUP_ENV = "SGLANG_DDTREE_GLUE_AT_STARTUP"
+GLUE_AT_STARTUP_ENV = envs.SGLANG_DDTREE_GLUE_AT_STARTUP.name
 ALL = 1 << 30  # SGLang's top_k for "no top-k"
 
 
 def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
-    return environ.get(GLUE_AT_STARTUP_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    """``SGLANG_DDTREE_GLUE_AT_STARTUP`` (a boolean, default on); ValueError on any other
+    value."""
+    return envs.SGLANG_DDTREE_GLUE_AT_STARTUP.get(environ)
 
 
 def accept_modes() -> list[tuple]:

@@ -18,6 +18,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_ddtree.srt import ddtree_args as dargs
 from sglang_ddtree.srt import ddtree_budget as budget
+from sglang_ddtree.srt.ddtree_envs import invalid_settings
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,11 @@ def validate_server_args(server_args) -> None:
     from sglang_ddtree.srt.ddtree_attention import flashmla_switch_error
 
     view = resolved_view(server_args)
-    errors = dargs.check_server_args(view)
-    switch_error = flashmla_switch_error(dargs.target_verify_backend(view))
-    if switch_error is not None:
-        errors.append(switch_error)
+    # Every SGLANG_DDTREE_* value first; a reader below may name the same one again.
+    errors = invalid_settings()
+    checks = dargs.check_server_args(view)
+    checks.append(flashmla_switch_error(dargs.target_verify_backend(view)))
+    errors += [e for e in checks if e is not None and e not in errors]
     if errors:
         raise ValueError(dargs.format_errors(errors))
 

@@ -86,6 +86,7 @@ from sglang_ddtree.srt.ddtree_args import (
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
+from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 from sglang_ddtree.srt.ddtree_glue_warmup import (
     GlueReserve,
@@ -104,9 +105,9 @@ from sglang_ddtree.srt.ddtree_utils import (
 
 logger = logging.getLogger(__name__)
 
-TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
-TEST_RANK_SKEW_ENV = "SGLANG_DDTREE_TEST_RANK_SKEW"
-GRAPH_STATS_ENV = "SGLANG_DDTREE_GRAPH_STATS"
+TEST_COIN_SCALE_ENV = envs.SGLANG_DDTREE_TEST_COIN_SCALE.name
+TEST_RANK_SKEW_ENV = envs.SGLANG_DDTREE_TEST_RANK_SKEW.name
+GRAPH_STATS_ENV = envs.SGLANG_DDTREE_GRAPH_STATS.name
 
 
 def schedule_from_args(server_args) -> BudgetSchedule:
@@ -220,7 +221,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # decisions (a check in `_check_ranks_agree` makes any disagreement loud).
         self._coin_generator = torch.Generator(device=self.device)
         seed = int(getattr(server_args, "random_seed", 0) or 0)
-        skew = int(os.environ.get(TEST_RANK_SKEW_ENV, "0") or 0)  # tests only
+        skew = envs.SGLANG_DDTREE_TEST_RANK_SKEW.get()  # tests only
         self._coin_generator.manual_seed(seed + (skew * self.ps.tp_rank))
         if skew:
             logger.warning(
@@ -247,9 +248,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
         }
         self._top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
-        self.graph_stats = GraphStats(schedule, os.environ.get(GRAPH_STATS_ENV) or None)
+        self.graph_stats = GraphStats(schedule, envs.SGLANG_DDTREE_GRAPH_STATS.get())
         # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
-        self._test_coin_scale = float(os.environ.get(TEST_COIN_SCALE_ENV, "1") or 1)
+        self._test_coin_scale = envs.SGLANG_DDTREE_TEST_COIN_SCALE.get()
         if self._test_coin_scale != 1.0:
             logger.warning(
                 "%s=%s: DDTREE runs a DELIBERATELY WRONG sampling law (tests only).",

@@ -40,6 +40,7 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 
+from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
@@ -374,28 +375,27 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
         if on_verdict is not None:
             on_verdict(summary)
     if want_ad:
-        from sglang_ddtree.srt.ddtree_budget import SCHEDULE_ENV
-        from sglang_ddtree.srt.ddtree_worker_v2 import GRAPH_STATS_ENV
-
+        schedule_env = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.name
+        stats_env = envs.SGLANG_DDTREE_GRAPH_STATS.name
         stats_path = os.path.join(tempfile.mkdtemp(prefix="ddtree_graphs_"), "graph_stats.json")
-        os.environ[SCHEDULE_ENV] = ADAPTIVE_SCHEDULE
-        os.environ[GRAPH_STATS_ENV] = stats_path
+        os.environ[schedule_env] = ADAPTIVE_SCHEDULE
+        os.environ[stats_env] = stats_path
         try:
             phase("adaptive", "DDTREE", lambda eng: _run_adaptive(eng, prompts, stats_path))
         finally:
-            os.environ.pop(SCHEDULE_ENV, None)
-            os.environ.pop(GRAPH_STATS_ENV, None)
+            os.environ.pop(schedule_env, None)
+            os.environ.pop(stats_env, None)
     if want_a:
         phase("dflash", "DFLASH", lambda eng: run_greedy_batches(eng, prompts))
     if want_s:
-        os.environ["SGLANG_DDTREE_TEST_COIN_SCALE"] = "0.5"
+        os.environ[envs.SGLANG_DDTREE_TEST_COIN_SCALE.name] = "0.5"
         name, t, p = SAMPLING_CASES[0]
         phase(
             "wrong",
             "DDTREE",
             lambda eng: sample_completions(eng, sp, {"temperature": t, "top_p": p}),
         )
-        os.environ.pop("SGLANG_DDTREE_TEST_COIN_SCALE", None)
+        os.environ.pop(envs.SGLANG_DDTREE_TEST_COIN_SCALE.name, None)
 
     with ExitStack() as stack:
         probe = _lazy_top2_probe(stack, target, draft)
