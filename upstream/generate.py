@@ -413,6 +413,7 @@ SERIES = [
         "from the triton and flashmla backends (inert until a DDTREE worker runs)",
         modules=(
             "sglang_ddtree.core.tree_attention",
+            "sglang_ddtree.srt.ddtree_envs",
             "sglang_ddtree.srt.ddtree_attention",
             "sglang_ddtree.srt.ddtree_requests",
         ),
