@@ -105,6 +105,7 @@ def test_is_moe_target():
     assert is_moe_target(Cfg(num_experts=128))  # Qwen3-MoE
     assert is_moe_target(Cfg(num_local_experts=8))  # Mixtral
     assert is_moe_target(Cfg(text_config=Cfg(num_experts=64)))  # a multimodal wrapper
+    assert is_moe_target(Cfg(text_config={"n_routed_experts": 384}))  # Kimi K2.6, text as a dict
     assert not is_moe_target(Cfg(num_hidden_layers=36))  # Qwen3-8B
     assert not is_moe_target(Cfg(num_experts=0, n_routed_experts=None))
 

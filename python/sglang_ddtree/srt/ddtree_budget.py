@@ -60,12 +60,18 @@ def default_schedule(block_size: int, moe: bool = False) -> BudgetSchedule:
 _EXPERT_COUNT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
+def _field(cfg, name: str):
+    return cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
+
+
 def is_moe_target(hf_config) -> bool:
-    """Whether a target's Hugging Face config (or its ``text_config``) has routed experts."""
-    for cfg in (hf_config, getattr(hf_config, "text_config", None)):
+    """Whether a target's Hugging Face config (or its ``text_config``, as multimodal wrappers
+    such as Kimi K2.5 / K2.6 hold the language model's, an object or a plain dict) has routed
+    experts."""
+    for cfg in (hf_config, _field(hf_config, "text_config")):
         if cfg is None:
             continue
-        if any((getattr(cfg, name, None) or 0) > 0 for name in _EXPERT_COUNT_FIELDS):
+        if any((_field(cfg, name) or 0) > 0 for name in _EXPERT_COUNT_FIELDS):
             return True
     return False
 
