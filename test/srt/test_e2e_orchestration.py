@@ -72,3 +72,67 @@ def test_no_greedy_verdict_without_the_greedy_check(monkeypatch, checks):
     summary: dict = {}
     e2e.run_checks("/t", "/d", e2e.make_prompts(5, 50, 4, seed=0), checks, summary, seen.append)
     assert seen == [] and "greedy" not in summary and checks[0] in summary
+
+
+def _differing_engines(monkeypatch, differ: dict[str, int]):
+    """Engines whose greedy output is the prompt's first token repeated, except on the first
+    ``differ[name]`` prompts (a token no other engine emits); the top-2 probe's engine has no
+    logprobs, so every difference stays a fault."""
+    started = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, input_ids, sampling_params, **kw):
+            if kw:
+                raise RuntimeError("stand-in engine: no logprobs")
+            params = sampling_params if isinstance(sampling_params, dict) else sampling_params[0]
+            n = params["max_new_tokens"]
+            outs = []
+            for p in input_ids:
+                altered = e2e_prompts.index(list(p)) < differ.get(self.name, 0)
+                outs.append({"output_ids": [999 if altered else p[0]] * n,
+                             "meta_info": {"spec_accept_length": 1.0}})  # fmt: skip
+            return outs
+
+    @contextmanager
+    def engine(**kw):
+        name = kw.get("speculative_algorithm") or "none"
+        started.append(name)
+        yield Engine(name)
+
+    monkeypatch.setattr(e2e, "engine", engine)
+    return started
+
+
+e2e_prompts = e2e.make_prompts(5, 50, 32, seed=3)
+
+
+def test_excess_p_is_calibrated():
+    """Equal counts (the null) give a large p; DDTREE differing on 25 of 32 prompts where the
+    chain differs on 5 (the excess a real fault would add) a small one."""
+    assert e2e.excess_p(7, 7, 32) > 0.5
+    assert e2e.excess_p(5, 9, 32) > 0.5
+    assert e2e.excess_p(25, 5, 32) < 1e-4
+
+
+@pytest.mark.parametrize("tree,chain,passes", [(6, 6, True), (20, 2, False)])
+def test_chain_check_judges_greedy_against_the_chain(monkeypatch, tree, chain, passes):
+    started = _differing_engines(monkeypatch, {"DDTREE": tree, "DFLASH": chain})
+    summary: dict = {}
+    e2e.run_checks("/t", "/d", e2e_prompts, ["greedy", "chain"], summary)
+    assert started[:2] == ["none", "DDTREE"] and "DFLASH" in started
+    assert summary["greedy"]["by_batch"]["1"]["mismatches"] == tree
+    assert summary["chain"]["greedy"]["by_batch"]["1"]["mismatches"] == chain
+    assert summary["greedy"]["passed_against_chain"] is passes
+    assert summary["greedy"]["passed"] is passes  # no difference here is a near-tie
+
+
+def test_chain_check_reports_the_chains_law(monkeypatch):
+    _differing_engines(monkeypatch, {})
+    monkeypatch.setattr(e2e, "SAMPLES_PER_PROMPT", 4)
+    summary: dict = {}
+    e2e.run_checks("/t", "/d", e2e_prompts, ["sampling", "chain"], summary)
+    assert set(summary["chain"]["sampling"]) == {n for n, _, _ in e2e.SAMPLING_CASES}
+    assert "greedy" not in summary["chain"]
