@@ -5,7 +5,11 @@ triton attention, CUDA graphs on) and checks each part of its summary:
 a. greedy DDTREE == greedy without speculation, 32 prompts at batch 1, 4, 16, 32;
 b. sampled law at T=1.0 and T=0.7/top_p=0.9 equals no-speculation (p > 0.001), and a
    deliberately wrong variant is rejected (p < 0.001);
-c. launch_server + OpenAI API with temperature, accept length, HTTP 400, keeps serving;
+c. launch_server + OpenAI API with temperature and JSON mode, accept length, HTTP 400, keeps
+   serving;
+c2. constrained decoding (``testing.grammar_check``): regex, JSON schema and EBNF outputs all
+   valid and greedy-equal to no speculation, a mixed constrained / free batch, 512 JSON
+   completions sampled at T 1.0 / top_p 0.95 all valid, the law under a regex equal;
 d. mean accept length DDTREE >= DFLASH;
 e. adaptive budget (schedule 1:33,4:17): greedy == no speculation across both buckets, every
    verify step of both widths replayed a CUDA graph, and so did every glue segment after its
@@ -61,6 +65,12 @@ def test_b_sampling_law(summary):
 def test_c_server(summary):
     s = summary["server"]
     assert s["passed"], json.dumps(s, indent=1)
+
+
+def test_c2_constrained_decoding(summary):
+    g = summary["grammar"]
+    assert g["passed"], json.dumps(g, indent=1)[:4000]
+    assert g["valid"]["json_sampled"]["of"] >= 500
 
 
 def test_d_accept_length_vs_dflash(summary):

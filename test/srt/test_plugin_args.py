@@ -117,7 +117,10 @@ def test_request_refusals():
     assert "min_p" in dreq.refuse_sampling_params(sp(min_p=0.1))
     assert "frequency_penalty" in dreq.refuse_sampling_params(sp(frequency_penalty=0.5))
     assert "repetition_penalty" in dreq.refuse_sampling_params(sp(repetition_penalty=1.1))
-    assert "regex" in dreq.refuse_sampling_params(sp(regex="a+"))
+    # Constrained decoding is served (each tree node's grammar mask).
+    for name, value in (("regex", "a+"), ("json_schema", "{}"), ("ebnf", 'root ::= "a"'),
+                        ("structural_tag", "{}")):  # fmt: skip
+        assert dreq.refuse_sampling_params(sp(**{name: value})) is None
     assert "min_new_tokens" in dreq.refuse_sampling_params(sp(min_new_tokens=4))
     assert dreq.refuse_sampling_params(sp(min_new_tokens=0, sampling_seed=7)) is None
     req = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())

@@ -27,7 +27,6 @@ REFUSED = {
     "frequency_penalty": ({"frequency_penalty": 0.5}, {}),
     "presence_penalty": ({"presence_penalty": 0.5}, {}),
     "repetition_penalty": ({"repetition_penalty": 1.2}, {}),
-    "regex": ({"regex": "[0-9]+"}, {}),
     "logprobs": ({}, {"return_logprob": True}),
 }
 
@@ -76,14 +75,18 @@ class TestDDTreeRefusals(CustomTestCase):
                 res = self._post(sampling_params, extra)
                 self.assertEqual(res.status_code, 400, res.text)
                 self.assertIn("@@ALGORITHM@@", res.text)
-        # Still serving, and accepted options still work (a per-request seed included).
+        # Still serving, and accepted options still work (a per-request seed and a grammar
+        # included: a regex-constrained reply matches the regex).
         accepted = (
             {},
             {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "sampling_seed": 1},
+            {"temperature": 1.0, "regex": "(yes|no)"},
         )
         for params in accepted:
             res = self._post(params, {})
             self.assertEqual(res.status_code, 200, res.text)
+            if "regex" in params:
+                self.assertIn(res.json()["text"], ("yes", "no"))
         self.assertIsNone(self.process.poll())
 
     def test_bad_flag_refused_at_launch(self):

@@ -1,10 +1,11 @@
 """Per-request refusals for DDTREE (reported to the client as HTTP 400; the server keeps serving).
 
-DDTREE verifies every tree node against the target distribution after temperature, top-k,
-top-p and ``logit_bias``. Options whose exact law over a tree it does not implement are refused
-instead of being silently approximated. Per-request seeds are accepted: without
-``--enable-deterministic-inference`` (which DDTREE refuses at startup) SGLang's own sampler does
-not use them either.
+DDTREE verifies every tree node against the target distribution after the grammar mask (JSON
+schema, regex, EBNF, structural tag: each node's mask from SGLang's own machinery),
+``logit_bias``, temperature, top-k and top-p. Options whose exact law over a tree it does not
+implement are refused instead of being silently approximated. Per-request seeds are accepted:
+without ``--enable-deterministic-inference`` (which DDTREE refuses at startup) SGLang's own
+sampler does not use them either.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ def refuse_sampling_params(sp) -> str | None:
                 f"DDTREE speculative decoding does not support {name}; "
                 f"omit it or set {name}={neutral}."
             )
-    for name in ("json_schema", "regex", "ebnf", "structural_tag"):
-        if getattr(sp, name, None):
-            return f"DDTREE speculative decoding does not support constrained decoding ({name})."
     return None
 
 

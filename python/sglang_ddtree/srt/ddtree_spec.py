@@ -56,7 +56,9 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         return True
 
     def supports_grammar_overlap(self) -> bool:
-        return False
+        # As DFLASH's: the worker builds the grammar mask over the tree during the target
+        # verify, after the scheduler's barrier has advanced the matchers.
+        return True
 
     def supports_ragged_verify(self) -> bool:
         return False

@@ -11,6 +11,11 @@ S = max depth + 1), all on device with no host synchronization:
    tree mask (FULL_MASK layout), KV written to ``req_to_token[prefix : prefix + W]``.
 4. Accept per request: greedy rows through ``core.accept_greedy``, sampled rows (temperature,
    top-k, top-p per request) through ``core.accept_sampled``; one ``core.commit_accepted``.
+   Constrained requests (json_schema, regex, ebnf, structural_tag) first get every node's
+   grammar mask on the verify logits, from SGLang's own machinery over the tree's
+   first-child / next-sibling arrays (``GrammarTree``, ``build_grammar_vocab_mask``); the
+   scheduler advances each request's matcher over the committed path. Only such batches wait
+   on the host for the tree (the mask is built there, during the target forward).
 5. Commit: accepted target KV moved to contiguous slots ``prefix ..``; the drafter KV of the
    accepted path rebuilt from the target hidden states; outputs and the next draft input.
 
@@ -62,7 +67,11 @@ from sglang.srt.speculative.dflash_utils import (
 )
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_utils import move_accept_tokens_to_target_kvcache
+from sglang.srt.speculative.spec_utils import (
+    GrammarTree,
+    build_grammar_vocab_mask,
+    move_accept_tokens_to_target_kvcache,
+)
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
@@ -352,9 +361,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             return result
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
-        if batch.has_grammar:
-            raise RuntimeError("DDTREE does not support constrained decoding.")
-        return self._decode_step(batch, on_publish)
+        return self._decode_step(batch, on_publish, grammar_barrier)
 
     # ------------------------------------------------------------------------------------------
     def _host_seq_lens(self, batch, draft_input, extra: int):
@@ -579,7 +586,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             }
         self.graph_stats.record(width, bs, ran_graph, had_graph)
 
-    def _decode_step(self, batch, on_publish) -> GenerationBatchResult:
+    def _decode_step(self, batch, on_publish, grammar_barrier=None) -> GenerationBatchResult:
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs = len(batch.seq_lens)  # host int: tensor metadata, no device read
@@ -594,6 +601,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
         hidden = self._draft_hidden(batch, draft_input, bs, shape)
         tree = self._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
+
+        # Constrained requests: the tree's host copy starts here, ahead of the verify launch.
+        grammar_tree = (
+            GrammarTree.from_device(
+                tree.layout.retrieve_next_token, tree.layout.retrieve_next_sibling, tree.tokens
+            )
+            if batch.has_grammar
+            else None
+        )
 
         # 3) Tree verify on the target.
         verify_input = DDTreeVerifyInput.from_tree(
@@ -614,10 +630,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._record_verify(w, bs, bool(target_out.can_run_cuda_graph), sglang_graphs)
         logits_output = target_out.logits_output
         logits = logits_output.next_token_logits  # [bs * W, V]
+        grammar_mask = None
+        if grammar_tree is not None:  # host work, overlapping the target forward
+            grammar_mask = build_grammar_vocab_mask(
+                reqs=batch.reqs,
+                tree=grammar_tree,
+                sampling_info=sampling_info,
+                device=logits.device,
+                barrier=grammar_barrier,
+            )
         if sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
             )
+        if grammar_mask is not None:  # every node's mask before the greedy and sampled accept
+            grammar_mask.apply(logits)
         target_hidden = logits_output.hidden_states
         if target_hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")

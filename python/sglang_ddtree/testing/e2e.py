@@ -15,6 +15,9 @@ Checks:
   sampling (per-position two-sample chi-squared tests, Bonferroni-combined, p > 0.001), and a
   deliberately wrong DDTREE (verify coins scaled by 0.5 via ``SGLANG_DDTREE_TEST_COIN_SCALE``,
   which biases acceptance toward the first children) is rejected (p < 0.001).
+- ``grammar``: constrained decoding (regex, JSON schema, EBNF, a batch mixing constrained and
+  free requests, JSON sampled at T 1.0 / top_p 0.95, the law under a regex) against the
+  non-speculative engine; see `sglang_ddtree.testing.grammar_check`.
 - ``accept``: mean accept length of DDTREE >= DFLASH on the same models and prompts.
 - ``chain`` (not run by default): SGLang's DFLASH chain through the same greedy and sampled
   checks, beside DDTREE's, as the calibration for what verify-versus-decode numerics alone do
@@ -48,7 +51,7 @@ from contextlib import ExitStack, contextmanager
 
 from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled
-from sglang_ddtree.testing import tiny_models
+from sglang_ddtree.testing import grammar_check, tiny_models
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
 NUM_PROMPTS = 32
@@ -64,7 +67,7 @@ ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W
 # allocator's 2 / 20 MiB segment rounding.
 GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
-ALL_CHECKS = ("greedy", "sampling", "accept", "server", "adaptive")
+ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
 OPTIONAL_CHECKS = ("chain",)  # accepted by --checks, not in the default set
 CHAIN_EXCESS_P = 0.01
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
@@ -384,13 +387,14 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
     greedy verdict is reached (and handed to ``on_verdict(summary)``) as soon as its two
     engines have run, so a run stopped later keeps it."""
     want_g, want_s, want_a = ("greedy" in checks), ("sampling" in checks), ("accept" in checks)
-    want_ad = "adaptive" in checks
+    want_ad, want_gr = ("adaptive" in checks), ("grammar" in checks)
     sp = prompts[:SAMPLE_PROMPTS]
     got: dict = {}
+    extra = grammar_check.ENGINE_ARGS if want_gr else {}
 
     def phase(key, algo, fn):
         try:
-            with engine(**engine_kwargs(target, draft, algo)) as eng:
+            with engine(**engine_kwargs(target, draft, algo, **extra)) as eng:
                 got[key] = fn(eng)
         except Exception as e:
             import traceback
@@ -407,19 +411,23 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
                 n: sample_completions(eng, sp, {"temperature": t, "top_p": p})
                 for n, t, p in SAMPLING_CASES
             }
+        if want_gr and key_is_main[0]:
+            out["grammar"] = grammar_check.run_grammar(eng, prompts)
         if want_ad and not algo_is_tree[0]:
             out["adaptive"] = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)[0]
         return out
 
-    algo_is_tree = [False]
-    if want_g or want_s or want_ad:
+    algo_is_tree, key_is_main = [False], [True]  # the chain phase runs no grammar requests
+    if want_g or want_s or want_ad or want_gr:
         phase("base", None, both)
     algo_is_tree[0] = True
-    if want_g or want_s or want_a:
+    if want_g or want_s or want_a or want_gr:
         phase("ddtree", "DDTREE", both)
-    if want_g:
+    key_is_main[0] = False
+    early = [c for c in ("greedy", "grammar") if c in checks]
+    if early:
         with ExitStack() as stack:
-            _summarize(got, prompts, ["greedy"], summary, _lazy_top2_probe(stack, target, draft))
+            _summarize(got, prompts, early, summary, _lazy_top2_probe(stack, target, draft))
         if on_verdict is not None:
             on_verdict(summary)
     if want_ad:
@@ -507,6 +515,14 @@ def _summarize(got: dict, prompts: list, checks: list, summary: dict, probe) -> 
             passed = all(res[n]["p_combined"] > 1e-3 for n, _, _ in SAMPLING_CASES)
             passed = passed and res["wrong_variant_T1.0"]["p_combined"] < 1e-3
             summary["sampling"] = {"tests": res, "passed": passed}
+    if "grammar" in checks:
+        summary["grammar"] = err("base", "ddtree") or grammar_check.grammar_summary(
+            got["base"]["grammar"],
+            got["ddtree"]["grammar"],
+            prompts,
+            lambda b, t, p: _compare_outputs(b, t, p, probe),
+            law_test,
+        )
     if "chain" in checks and "chain" in got:
         summary["chain"] = err("base", "chain") or _chain_summary(got, prompts, probe, summary)
     if want_ad:

@@ -1,5 +1,6 @@
 """``python -m sglang.launch_server ... --speculative-algorithm DDTREE`` serves
-the OpenAI API with temperature, reports the accept length, answers HTTP 400 for invalid sampling
+the OpenAI API with temperature and JSON mode (``response_format`` with a JSON schema: the reply
+parses and satisfies it), reports the accept length, answers HTTP 400 for invalid sampling
 parameters, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
 line, reach the worker (its start-up log line). Only the standard library talks to the server.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from sglang_ddtree.testing.grammar_check import SCHEMA, valid_json
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
 # DDTREE's server flags, off their defaults (the tiny drafter's block is 8), and what the
@@ -31,6 +33,8 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
             "--port", str(port),
             "--host", "127.0.0.1",
             "--enable-metrics",
+            # A random model may pad a JSON object with whitespace up to the token limit.
+            "--constrained-json-disable-any-whitespace",
             *FLAGS,
         ],
     )  # fmt: skip
@@ -75,6 +79,24 @@ def _exercise(base: str) -> dict:
     msg = body.get("choices", [{}])[0].get("message", {}).get("content") if code == 200 else None
     out["ok_chat"] = code == 200 and isinstance(msg, str)
     out["chat_sample"] = (msg or str(body))[:80]
+
+    code, body = http_json(
+        base + "/v1/chat/completions",
+        {
+            "model": "default",
+            "messages": [{"role": "user", "content": "pick one"}],
+            "max_tokens": 64,
+            "temperature": 1.0,
+            "top_p": 0.95,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "pick", "schema": SCHEMA},
+            },
+        },
+    )
+    msg = body.get("choices", [{}])[0].get("message", {}).get("content") if code == 200 else None
+    out["json_mode_sample"] = (msg or str(body))[:120]
+    out["ok_json_mode"] = code == 200 and isinstance(msg, str) and valid_json(msg)
 
     # Accept length: per request from /generate meta_info, and the server-wide average.
     code, body = http_json(
