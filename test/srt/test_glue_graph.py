@@ -414,10 +414,12 @@ def test_accept_mode_names_every_host_branch():
     assert accept_mode(SimpleNamespace(is_all_greedy=True)) == ("greedy",)
     modes = {
         accept_mode(SimpleNamespace(is_all_greedy=False, need_top_k_sampling=k,
-                                    need_top_p_sampling=p))
-        for k in (False, True) for p in (False, True)
+                                    need_top_p_sampling=p, need_min_p_sampling=m))
+        for k in (False, True) for p in (False, True) for m in (False, True)
     }  # fmt: skip
-    assert len(modes) == 4 and all(m[0] == "sampled" for m in modes)
+    # Four without min-p; with it one mode, every row on SGLang's sequential min-p path.
+    assert len(modes) == 5 and all(m[0] == "sampled" for m in modes)
+    assert ("sampled", True, True, True) in modes
 
 
 def test_accept_tree_greedy_and_sampled_dispatch():
@@ -462,13 +464,31 @@ def test_accept_tree_greedy_and_sampled_dispatch():
     greedy = accept_and_commit(*args, accept_width=s)
     assert torch.equal(got.accept_length[1], greedy.accept_length[1])  # top_k 1: greedy row
     # The mode the worker computed once per step is taken as given (same result, same key).
-    mode = ("sampled", True, True)
+    mode = ("sampled", True, True, False)
     again = accept_tree(tree, logits, info, graphs, None, torch.Generator().manual_seed(5), mode)
     assert all(torch.equal(a, b) for a, b in zip(again, want))
     keys = []
     record = lambda key, bound, copied=None, static=None: keys.append(key)  # noqa: E731
-    accept_tree(tree, logits, info, record, (bs,), torch.Generator(), ("sampled", False, True))
-    assert keys == [(bs, "sampled", False, True)]
+    accept_tree(
+        tree, logits, info, record, (bs,), torch.Generator(), ("sampled", False, True, False)
+    )
+    assert keys == [(bs, "sampled", False, True, False)]
+
+    # SGLang's min-p path: the batch flag takes every row through top-k, top-p, then min-p,
+    # with each row's min_p copied in.
+    info_min_p = SimpleNamespace(
+        **vars(info), need_min_p_sampling=True, min_ps=torch.tensor([0.3, 0.0, 0.5])
+    )
+    got = accept_tree(tree, logits, info_min_p, graphs, None, torch.Generator().manual_seed(5))
+    want = accept_and_commit(
+        *args, accept_width=s, temperatures=info.temperatures, top_ks=info.top_ks,
+        top_ps=info.top_ps, coins=coins, final_coins=final, min_ps=info_min_p.min_ps,
+        need_min_p=True,
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    keys.clear()
+    accept_tree(tree, logits, info_min_p, record, (bs,), torch.Generator())
+    assert keys == [(bs, "sampled", True, True, True)]
 
 
 def test_verify_mask_is_sized_from_host_lengths():
@@ -538,7 +558,7 @@ def test_startup_modes_are_every_accept_mode():
     from sglang_ddtree.srt.ddtree_utils import accept_mode
 
     modes = accept_modes()
-    assert len(set(modes)) == len(modes) == 5
+    assert len(set(modes)) == len(modes) == 6
     for mode in modes:
         info = dummy_sampling_info(mode, 3, "cpu")
         assert accept_mode(info) == mode
@@ -667,9 +687,9 @@ def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
     commit = SimpleNamespace(keep_index=t, accept_length=t, commit_lens=t)
     tree = SimpleNamespace(verify_loc=t, seq_lens=t, req_pool_indices=t)
     record = lambda key, bound: calls.append((key, bound))  # noqa: E731
-    commit_kv(record, (4,), ("sampled", True, False), t, commit, tree)
+    commit_kv(record, (4,), ("sampled", True, False, False), t, commit, tree)
     commit_kv(record, None, ("greedy",), t, commit, tree)
-    assert [c[0] for c in calls] == [(4, "sampled", True, False), None]
+    assert [c[0] for c in calls] == [(4, "sampled", True, False, False), None]
     names = ("hidden", "keep_index", "accept_length", "commit_lens", "verify_loc", "seq_lens")
     assert tuple(calls[0][1]) == (*names, "pool_idx")
 
@@ -684,11 +704,11 @@ def test_glue_output_bytes_sum_every_key_buffers():
 
     schedule = BudgetSchedule.parse("1:33,4:17")
     per_width = {33: (1000.0, 10, 100.0, 8), 17: (500.0, 10, 50.0, 8)}
-    got = glue_output_bytes(per_width, schedule, 5)
-    want = sum(bs * (1000 + 5 * 100) for bs in (1, 2, 3)) + sum(
-        bs * (500 + 5 * 50) for bs in (4, 5)
+    got = glue_output_bytes(per_width, schedule, 5)  # six accept modes a batch size
+    want = sum(bs * (1000 + 6 * 100) for bs in (1, 2, 3)) + sum(
+        bs * (500 + 6 * 50) for bs in (4, 5)
     )
-    assert got == want + 5 * BLOCK * (10 + 5 * 8)
+    assert got == want + 5 * BLOCK * (10 + 6 * 8)
     nest = (
         SimpleNamespace(),
         (torch.zeros(3, 4), [torch.zeros(2, dtype=torch.int64)]),
@@ -716,13 +736,14 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
     # By hand, per request (S = 4): the tree's outputs are 6 int64 [W] rows (tokens, four
     # layout arrays, verify_loc), the bool [W, W] mask, the int64 [W, W] mask cells, two
     # int64 lengths, and three copied int64 inputs: 48 W + 9 W^2 + 40 bytes in 13 tensors.
-    # One accept key: 4 int64 [S] rows, two int32 and two int64 scalars of the commit plan,
-    # and copied temperature, top_k, top_p, final coin (4 bytes each) and coins [W] float32:
-    # 32 S + 24 + 16 + 4 W bytes in 13 tensors. Five accept keys per batch size.
+    # One accept key, measured in the min-p mode (the most any mode copies): 4 int64 [S] rows,
+    # two int32 and two int64 scalars of the commit plan, and copied temperature, top_k, top_p,
+    # min_p, final coin (4 bytes each) and coins [W] float32: 32 S + 24 + 20 + 4 W bytes in 14
+    # tensors. Six accept keys per batch size.
     def per_request(w):
-        return (48 * w + 9 * w * w + 40) + 5 * (32 * 4 + 24 + 16 + 4 * w)
+        return (48 * w + 9 * w * w + 40) + 6 * (32 * 4 + 24 + 20 + 4 * w)
 
-    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 5 * 13)
+    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 6 * 14)
     assert outputs == want
 
 
@@ -797,7 +818,7 @@ def test_glue_capture_footprint_runs_every_segment_and_frees_them(monkeypatch):
     monkeypatch.setattr(warm, "accept_tree", counting_accept)
     worker = _fake_worker("cpu")
     kept, pool = warm.glue_capture_footprint(worker, max_bs=4)
-    assert (kept, pool) == (10 << 20, 6 << 20)  # two keys x five modes, 1 MiB each
+    assert (kept, pool) == (12 << 20, 6 << 20)  # two keys x six modes, 1 MiB each
     modes = warm.accept_modes()
     # Largest batch first, as the startup capture goes (the pool's blocks reused the same way).
     assert ran == [((4, 5), (20, 64), (4,), m) for m in modes] + [

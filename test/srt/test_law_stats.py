@@ -418,3 +418,40 @@ def test_largest_differences_rank_cells_by_their_chi2_weight():
     assert cells[1] == {"prefix": [1, 2], "token": 3, "ref": 100, "other": 80}
     tup = law.largest_differences(ref, other, f"tuple{law.TUPLE_LEN}", n=1)
     assert tup == [{"prefix": [1, 4], "token": 6, "ref": 0, "other": 20}]
+
+
+def _min_p_completions(rng, min_p, n=law.SAMPLES, vocab=40):
+    """`_completions`' toy chain at T 1.0 under a min-p filter: each next-token table keeps the
+    tokens with at least ``min_p`` times the largest probability, renormalized."""
+    tables = {}
+    for prev, table in _chain(1.0, vocab).items():
+        pivot = max(table) * min_p
+        kept = [x if x >= pivot else 0.0 for x in table]
+        tables[prev] = [x / sum(kept) for x in kept]
+    out = []
+    for _ in range(n):
+        seq, prev = [], 0
+        for _ in range(law.NEW_TOKENS):
+            prev = rng.choices(range(vocab), weights=tables[prev])[0]
+            seq.append(prev)
+        out.append(seq)
+    return out
+
+
+@pytest.mark.parametrize("ddtree_min_p_scale,passes", [(1.0, True), (2.0, False)])
+def test_min_p_part_is_calibrated(ddtree_min_p_scale, passes):
+    """The min_p part at its sample size: with DDTREE on the right law it passes (null passes,
+    twice the min-p rejected); a DDTREE at twice the min-p fails it."""
+    rng = random.Random(3)
+    mins = {k: sp["min_p"] for k, sp in law.MIN_P_SETTINGS.items()}
+    ref = {
+        "min_p": {k: _min_p_completions(rng, m) for k, m in mins.items()},
+        "min_p_null": {k: _min_p_completions(rng, m) for k, m in mins.items()},
+        "min_p_wrong": {k: _min_p_completions(rng, 2 * m) for k, m in mins.items()},
+    }
+    tree = {"min_p": {k: _min_p_completions(rng, m * ddtree_min_p_scale) for k, m in mins.items()}}
+    got = law.summarize_min_p(ref, tree)
+    assert not got["families"]["null"]["rejected"]
+    assert got["families"]["power"]["rejected"]
+    assert got["passed"] is passes
+    assert law.wrong_min_p()["minp0.1_T1.0"]["min_p"] == pytest.approx(0.2)

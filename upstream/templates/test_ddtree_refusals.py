@@ -22,7 +22,6 @@ from sglang.test.test_utils import (
 register_cuda_ci(est_time=200, stage="base-b", runner_config="1-gpu-small")
 
 REFUSED = {
-    "min_p": ({"min_p": 0.1}, {}),
     "min_new_tokens": ({"min_new_tokens": 4}, {}),
     "frequency_penalty": ({"frequency_penalty": 0.5}, {}),
     "presence_penalty": ({"presence_penalty": 0.5}, {}),
@@ -81,6 +80,7 @@ class TestDDTreeRefusals(CustomTestCase):
             {},
             {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "sampling_seed": 1},
             {"temperature": 1.0, "regex": "(yes|no)"},
+            {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
         )
         for params in accepted:
             res = self._post(params, {})

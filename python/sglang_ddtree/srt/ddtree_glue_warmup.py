@@ -56,23 +56,28 @@ def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
 
 
 def accept_modes() -> list[tuple]:
-    """Every accept-graph mode (``ddtree_utils.accept_mode``): greedy and the four sampled ones."""
-    return [("greedy",)] + [("sampled", k, p) for k in (False, True) for p in (False, True)]
+    """Every accept-graph mode (``ddtree_utils.accept_mode``): greedy, the four sampled ones
+    and the min-p one."""
+    sampled = [("sampled", k, p, False) for k in (False, True) for p in (False, True)]
+    return [("greedy",), *sampled, ("sampled", True, True, True)]
 
 
 def dummy_sampling_info(mode: tuple, bs: int, device) -> SimpleNamespace | None:
     """The fields of SGLang's SamplingBatchInfo that DDTREE's accept reads, for ``mode``, with
-    SGLang's dtypes (temperatures [bs, 1] float32, top_ks [bs] int32, top_ps [bs] float32)."""
+    SGLang's dtypes (temperatures [bs, 1] float32, top_ks [bs] int32, top_ps and min_ps [bs]
+    float32)."""
     if mode == ("greedy",):
         return None
-    _, need_k, need_p = mode
+    _, need_k, need_p, need_min_p = mode
     return SimpleNamespace(
         is_all_greedy=False,
         need_top_k_sampling=need_k,
         need_top_p_sampling=need_p,
+        need_min_p_sampling=need_min_p,
         temperatures=torch.ones(bs, 1, dtype=torch.float32, device=device),
         top_ks=torch.full((bs,), 20 if need_k else ALL, dtype=torch.int32, device=device),
         top_ps=torch.full((bs,), 0.9 if need_p else 1.0, dtype=torch.float32, device=device),
+        min_ps=torch.full((bs,), 0.05 if need_min_p else 0.0, dtype=torch.float32, device=device),
     )
 
 
@@ -123,7 +128,7 @@ def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
 
 
 def glue_output_bytes(
-    per_width: dict, schedule, max_bs: int, modes: int = 5, skip: frozenset = frozenset()
+    per_width: dict, schedule, max_bs: int, modes: int = 6, skip: frozenset = frozenset()
 ) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
     the graph pool) over batch sizes 1..``max_bs`` except ``skip``: per batch size, one tree
@@ -167,11 +172,13 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         else:
             tree = fns["tree"](hidden, zeros, zeros, zeros)
         coins, final_coins = draw_coins(bs, w, device)
-        info = dummy_sampling_info(("sampled", True, True), bs, device)
+        # The min-p mode: both renorm passes and the min-p one, the most any mode allocates.
+        info = dummy_sampling_info(("sampled", True, True, True), bs, device)
         commit = accept_and_commit(
             logits, tree.tokens, tree.layout, zeros, accept_width=s,
             temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
             coins=coins, final_coins=final_coins, top_p_kernel=worker._top_p_kernel,
+            min_ps=info.min_ps, need_min_p=True,
         )  # fmt: skip
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
@@ -180,7 +187,7 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         # A key's own buffers: the tree's outputs and copied inputs (bonus, lengths, pool rows);
         # the accept's outputs and copied sampling inputs.
         tree_b, tree_n = nest_bytes((tree, zeros, zeros, zeros))
-        acc_in = (info.temperatures, info.top_ks, info.top_ps, coins, final_coins)
+        acc_in = (info.temperatures, info.top_ks, info.top_ps, info.min_ps, coins, final_coins)
         acc_b, acc_n = nest_bytes((commit, acc_in))
         per_width[w] = (tree_b / bs, tree_n, acc_b / bs, acc_n)
         del hidden, logits, tree, coins, final_coins, commit

@@ -2,7 +2,8 @@
 
 DDTREE verifies every tree node against the target distribution after the grammar mask (JSON
 schema, regex, EBNF, structural tag: each node's mask from SGLang's own machinery),
-``logit_bias``, temperature, top-k and top-p. Options whose exact law over a tree it does not
+``logit_bias``, temperature, top-k, top-p and min-p (SGLang's min-p path: with any min-p
+request in the batch, top-k then top-p then min-p for every row). Options whose exact law over a tree it does not
 implement are refused instead of being silently approximated. Per-request seeds are accepted:
 without ``--enable-deterministic-inference`` (which DDTREE refuses at startup) SGLang's own
 sampler does not use them either.
@@ -25,8 +26,6 @@ def ddtree_active() -> bool:
 
 def refuse_sampling_params(sp) -> str | None:
     """Return an error message for sampling params DDTREE cannot honour exactly, else None."""
-    if float(getattr(sp, "min_p", 0.0) or 0.0) > 0.0:
-        return "DDTREE speculative decoding does not support min_p; omit it or set min_p=0."
     if int(getattr(sp, "min_new_tokens", 0) or 0) > 0:
         # SGLang applies its EOS ban to every tree node alike, not per depth.
         return (

@@ -115,7 +115,7 @@ def accept_tree(
     mode = mode or accept_mode(sampling_info)
     if mode == ("greedy",):
         return accept_graphs(key and (*key, *mode), bound)
-    _, need_k, need_p = mode
+    _, need_k, need_p, need_min_p = mode
     # The coins are drawn here, eagerly (two launches), and copied in like the sampling
     # parameters: the law then never depends on how captured graphs replay the RNG.
     coins, final_coins = draw_coins(bs, w, logits.device, generator=coin_generator)
@@ -126,7 +126,9 @@ def accept_tree(
         "coins": coins,
         "final_coins": final_coins,
     }
-    static = {"need_top_k": need_k, "need_top_p": need_p}
+    if need_min_p:
+        copied["min_ps"] = sampling_info.min_ps.view(-1)
+    static = {"need_top_k": need_k, "need_top_p": need_p, "need_min_p": need_min_p}
     return accept_graphs(key and (*key, *mode), bound, copied, static)
 
 
@@ -157,14 +159,19 @@ def commit_kv(
 
 def accept_mode(sampling_info) -> tuple:
     """The accept segment's host branch: ``("greedy",)`` or ``("sampled", need_top_k,
-    need_top_p)`` (SGLang's host flags: a renorm pass over ``[bs * W, V]`` that no request
-    needs is skipped). Each mode is its own accept graph with its own outputs, so a segment
-    that binds those outputs (the KV commit) keys on the mode too."""
+    need_top_p, need_min_p)`` (SGLang's host flags: a renorm pass over ``[bs * W, V]`` that no
+    request needs is skipped). With SGLang's ``need_min_p_sampling`` every row takes its min-p
+    path, top-k then top-p then min-p (`core.sampling`), so that is one mode, both renorm passes
+    on (each the identity where a row leaves it at its neutral value, as in SGLang's sampler).
+    Each mode is its own accept graph with its own outputs, so a segment that binds those
+    outputs (the KV commit) keys on the mode too."""
     if sampling_info is None or sampling_info.is_all_greedy:
         return ("greedy",)
+    if bool(getattr(sampling_info, "need_min_p_sampling", False)):
+        return ("sampled", True, True, True)
     need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
     need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
-    return ("sampled", need_k, need_p)
+    return ("sampled", need_k, need_p, False)
 
 
 _FINGERPRINT_SEED = 0x5EED

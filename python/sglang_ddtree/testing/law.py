@@ -27,6 +27,10 @@ Parts:
   or a real difference?). A second floor: the non-speculative server with every token taken
   from its extend path (`extend_path_greedy`) against its one-by-one decode, the difference
   between the two forwards that a verify (an extend) meets.
+- ``min_p``: as ``law`` for the ``MIN_P_SETTINGS`` (min-p alone, and with top-k and top-p,
+  where SGLang's min-p path applies them one after the other rather than jointly), with their
+  own calibration: a second non-speculative sample must pass and the non-speculative server at
+  twice the min-p must be rejected (Bonferroni within each family).
 - ``params``: greedy requests with stop strings, stop token ids, EOS (``ignore_eos`` off),
   ``max_new_tokens`` that ends inside an accepted path, ``n = 3``: DDTREE equals the
   non-speculative server request by request (text, ids, finish reason).
@@ -93,6 +97,11 @@ NULL = (
     "T1.3_k5_p0.95",
 )
 CALIBRATION = ("T1.0_k0_p0.95", "T1.3_k20_p1.0", "T1.0_k50_p0.95")
+# SGLang's min-p path (any min-p request: top-k, then top-p, then min-p, for the whole batch).
+MIN_P_SETTINGS = {
+    "minp0.1_T1.0": {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.1},
+    "minp0.05_T1.0_k20_p0.9": {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
+}
 
 
 def _name(t: float, k: int, p: float) -> str:
@@ -362,7 +371,7 @@ def _law_requests(prompts, settings, with_greedy=()):
     """(prompts, params, owner): SAMPLES completions per setting, the setting's prompt is
     ``prompts[i]`` for the i-th setting of `law_settings`; settings in ``with_greedy`` get one
     greedy request after each sampled one (owner None)."""
-    index = {k: i for i, k in enumerate(law_settings())}
+    index = {k: i for i, k in enumerate([*law_settings(), *MIN_P_SETTINGS])}
     ps, params, owner = [], [], []
     for name, sp in settings.items():
         prompt = prompts[index[name] % len(prompts)]
@@ -528,6 +537,11 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
             mixed = {k: settings[k] for k in MIXED}
             raw["mixed"], raw["mixed_greedy"] = _sample(eng, prompts, mixed, set(MIXED))
         raw["law_seconds"] = round(time.time() - t0, 1)
+    if "min_p" in parts:
+        raw["min_p"] = _sample(eng, prompts, MIN_P_SETTINGS)[0]
+        if reference:
+            raw["min_p_null"] = _sample(eng, prompts, MIN_P_SETTINGS)[0]
+            raw["min_p_wrong"] = _sample(eng, prompts, wrong_min_p())[0]
     if "greedy" in parts:
         gp = prompts[:GREEDY_PROMPTS]
         outs = generate(eng, gp, [GREEDY] * len(gp))
@@ -596,6 +610,31 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
         and not fam_null["rejected"]
         and power_ok
         and greedy_bad == 0,
+    }
+
+
+def wrong_min_p() -> dict[str, dict]:
+    """The min-p calibration's wrong law: each of `MIN_P_SETTINGS` at twice its min-p."""
+    return {k: dict(sp, min_p=2 * sp["min_p"]) for k, sp in MIN_P_SETTINGS.items()}
+
+
+def summarize_min_p(ref: dict, tree: dict) -> dict:
+    """The min_p part: DDTREE against the non-speculative server per setting, with the null
+    (a second non-speculative sample, must pass) and the power (twice the min-p, must be
+    rejected), each a Bonferroni family at ``ALPHA``."""
+    ddtree = {k: compare_samples(ref["min_p"][k], tree["min_p"][k]) for k in MIN_P_SETTINGS}
+    null = {k: compare_samples(ref["min_p"][k], ref["min_p_null"][k]) for k in MIN_P_SETTINGS}
+    power = {k: compare_samples(ref["min_p"][k], ref["min_p_wrong"][k]) for k in MIN_P_SETTINGS}
+    fams = {"ddtree": family(ddtree), "null": family(null), "power": family(power)}
+    return {
+        "settings": MIN_P_SETTINGS,
+        "ddtree": ddtree,
+        "null": null,
+        "power_min_p_x2": power,
+        "families": fams,
+        "passed": not fams["ddtree"]["rejected"]
+        and not fams["null"]["rejected"]
+        and bool(fams["power"]["rejected"]),
     }
 
 
@@ -745,9 +784,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
-    bad = set(parts) - {"law", "greedy", "params"}
+    bad = set(parts) - {"law", "greedy", "params", "min_p"}
     if bad:
-        ap.error(f"unknown parts {sorted(bad)}; choose from law, greedy, params")
+        ap.error(f"unknown parts {sorted(bad)}; choose from law, greedy, params, min_p")
     # "DDTREE,DFLASH:greedy": a speculative server with all parts, or with the listed ones.
     algos: dict[str, list[str]] = {}
     for item in (a.strip() for a in args.algos.split(",") if a.strip()):
@@ -797,6 +836,8 @@ def main(argv: list[str] | None = None) -> int:
             s["greedy"] = summarize_greedy(raw["nospec"], raw[algo])
         if "params" in algo_parts:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
+        if "min_p" in algo_parts:
+            s["min_p"] = summarize_min_p(raw["nospec"], raw[algo])
     probes.close()
     summary["extend_path_probes"] = probes.counts
     summary["seconds"] = round(time.time() - t0, 1)
@@ -805,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for algo in algos:
         for part, res in summary[algo].items():
-            brief = {k: v for k, v in res.items() if k not in ("ddtree", "null")}
+            brief = {k: v for k, v in res.items() if k not in ("ddtree", "null", "power_min_p_x2")}
             print(f"[law] {algo} {part}: {json.dumps(brief)[:2500]}", flush=True)
             ok = ok and res.get("passed", True)
     return 0 if ok else 1

@@ -113,7 +113,6 @@ def _exercise(base: str) -> dict:
     bad = {
         "negative_temperature": {"temperature": -1.0},
         "top_p_zero": {"top_p": 0.0},
-        "min_p_unsupported": {"min_p": 0.5, "temperature": 1.0},
         "penalty_unsupported": {"frequency_penalty": 0.5, "temperature": 1.0},
         "min_tokens_unsupported": {"min_tokens": 4, "temperature": 1.0},
         "logprobs_unsupported": {"logprobs": 2, "temperature": 1.0},
@@ -132,6 +131,12 @@ def _exercise(base: str) -> dict:
         "DDTREE" in statuses[k]["message"]
         for k in ("min_tokens_unsupported", "logprobs_unsupported")
     )
+    # min_p is served (SGLang's min-p path over the tree).
+    code, _ = http_json(
+        base + "/v1/completions",
+        {"model": "default", "prompt": "x", "max_tokens": 8, "temperature": 1.0, "min_p": 0.1},
+    )
+    out["ok_min_p_served"] = code == 200
     # A seed is accepted: without deterministic inference SGLang's own sampler ignores it too.
     code, _ = http_json(
         base + "/v1/completions",
