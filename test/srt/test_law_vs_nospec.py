@@ -1,7 +1,8 @@
 """DDTREE's output law and greedy outputs against SGLang's non-speculative server, on a CUDA
 machine with sglang 0.5.17 (``make test-gpu``).
 
-Runs ``python -m sglang_ddtree.testing.law --dtype float16 --fp32-lm-head`` (the trained pair,
+Runs ``python -m sglang_ddtree.testing.law --dtype float16 --fp32-lm-head --parts
+law,greedy,params,min_p`` (the trained pair,
 both servers in float16 with float32 logits, whose rounding rarely moves a token across a top-k
 or nucleus boundary; see that module for the grid, sample sizes, the Bonferroni family and the
 calibration) and asserts on its summary. Float32 logits: with the LM head's output in float16,
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory, run_gpu_check):
     out = os.environ.get("DDTREE_LAW_OUT") or str(tmp_path_factory.mktemp("law"))
-    args = ["--dtype", "float16", "--fp32-lm-head"]
+    args = ["--dtype", "float16", "--fp32-lm-head", "--parts", "law,greedy,params,min_p"]
     summary = run_gpu_check(
         out, "sglang_ddtree.testing.law", args, "law_float16-fp32head.json", 1800
     )
@@ -51,6 +52,13 @@ def test_sampling_law_equals_nospec(summary):
 def test_greedy_within_the_nospec_noise_floor(summary):
     g = summary["greedy"]
     assert g["prompts"] >= 256 and g["within_noise_floor"], json.dumps(g)
+
+
+def test_min_p_law_equals_nospec(summary):
+    """SGLang's min-p path (top-k, top-p, then min-p): DDTREE's samples pass, the null passes,
+    and the non-speculative server at twice the min-p is rejected."""
+    m = summary["min_p"]
+    assert m["passed"], json.dumps(m["families"])
 
 
 def test_request_parameters_end_where_nospec_ends(summary):
