@@ -511,6 +511,19 @@ def test_verify_mask_is_sized_from_host_lengths():
     assert mask.numel() == verify_mask_numel(7, reserved) > verify_mask_numel(7, seq_lens.cpu())
     mask = verify_mask(tree, batch, SimpleNamespace(reserved_seq_lens_cpu=None), 7)
     assert mask.numel() == verify_mask_numel(7, seq_lens.cpu())
+    # A graph's buffer holds fewer cells than the reserved lengths ask near the context limit:
+    # the mask is cut to it, and every tree cell the device lengths place is still written.
+    exact = verify_mask(tree, batch, SimpleNamespace(reserved_seq_lens_cpu=None), 7)
+    need = verify_mask_numel(7, seq_lens.cpu())
+    drafted = SimpleNamespace(reserved_seq_lens_cpu=reserved)
+    cut = verify_mask(tree, batch, drafted, 7, capacity=need + 5)
+    assert cut.numel() == need + 5 and torch.equal(cut[:need], exact)
+    assert verify_mask(tree, batch, drafted, 7, capacity=10**9).numel() == verify_mask_numel(
+        7, reserved
+    )
+    # A buffer too small for the device's own lengths: the scatter's bounds check fails.
+    with pytest.raises(IndexError):
+        verify_mask(tree, batch, drafted, 7, capacity=need - 1)
     with pytest.raises(RuntimeError, match="host sequence lengths"):
         verify_mask(
             tree, SimpleNamespace(seq_lens_cpu=None), SimpleNamespace(reserved_seq_lens_cpu=None), 7

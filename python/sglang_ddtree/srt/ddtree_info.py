@@ -30,16 +30,24 @@ class DDTreeVerifyInput(DFlashVerifyInput):
 
     @classmethod
     def from_tree(
-        cls, tree: TreeStep, batch, draft_input, full_mask: bool = True
+        cls,
+        tree: TreeStep,
+        batch,
+        draft_input,
+        full_mask: bool = True,
+        mask_capacity: int | None = None,
     ) -> DDTreeVerifyInput:
         """``full_mask``: whether the target's backend reads SGLang's FULL_MASK (triton,
-        flashinfer); flashmla's verify reads the tree's own ``[bs, W, W]`` mask instead."""
+        flashinfer); flashmla's verify reads the tree's own ``[bs, W, W]`` mask instead.
+        ``mask_capacity``: the graph's mask buffer, where the verify replays a graph
+        (`ddtree_utils.verify_mask`)."""
         w = tree.tokens.shape[1]
+        mask = verify_mask(tree, batch, draft_input, w, mask_capacity) if full_mask else None
         return cls(
             draft_token=tree.tokens.reshape(-1),
             positions=tree.layout.positions.reshape(-1),
             draft_token_num=w,
-            custom_mask=verify_mask(tree, batch, draft_input, w) if full_mask else None,
+            custom_mask=mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             tree=tree,
         )

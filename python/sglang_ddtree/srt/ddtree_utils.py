@@ -23,13 +23,22 @@ from sglang_ddtree.core.step import (
 )
 
 
-def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Tensor:
+def verify_mask(
+    tree: TreeStep, batch, draft_input, num_nodes: int, capacity: int | None = None
+) -> torch.Tensor:
     """FULL_MASK bool [>= W * sum(prefix) + bs * W * W], sized from host lengths only.
 
     The reserved KV lengths (committed + 2 W per request, never clamped: near the context limit
     a prefix may pass the context length by one accepted path) bound every prefix, also under
     overlap scheduling, where the host's committed lengths lag the device's by a step. Reading
     the device lengths instead would cost one host sync per step.
+
+    ``capacity``: the cells of the static buffer a graph replay copies the mask into (SGLang
+    sizes it max graph bs x W x (context + W)); the mask is cut to it. Near the context limit
+    the reserved lengths pass the context by 2 W, so a full captured batch there would
+    otherwise overflow that copy, while the device's own lengths stay within the context. A
+    batch whose device lengths need more cells than the buffer (requests past the limit in
+    every slot) fails the scatter's bounds check instead of writing past it.
     """
     if draft_input.reserved_seq_lens_cpu is not None:
         prefix = draft_input.reserved_seq_lens_cpu
@@ -38,6 +47,8 @@ def verify_mask(tree: TreeStep, batch, draft_input, num_nodes: int) -> torch.Ten
     else:
         raise RuntimeError("DDTREE needs host sequence lengths to size the verify mask.")
     total = verify_mask_numel(num_nodes, prefix)
+    if capacity is not None:
+        total = min(total, int(capacity))
     return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
 
 

@@ -314,6 +314,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         name, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
         return verify_backend_name(name, self.model_runner.server_args) != "flashmla"
 
+    @functools.cached_property
+    def _verify_mask_capacity(self) -> int | None:
+        """Cells of the target backend's static verify-mask buffer, which a graph replay copies
+        the step's FULL_MASK into (None: the backend keeps none)."""
+        buffer = getattr(
+            getattr(self.model_runner.attn_backend, "verify_mask", None), "buffer", None
+        )
+        return None if buffer is None else int(buffer.numel())
+
     def shape_for(self, bs: int) -> DDTreeShape:
         """The step shape for ``bs`` requests (host int; no device read)."""
         return self.ddtree_shapes[self.budget_schedule.num_nodes_for(bs)]
@@ -613,7 +622,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 3) Tree verify on the target.
         verify_input = DDTreeVerifyInput.from_tree(
-            tree, batch, draft_input, full_mask=self._verify_full_mask
+            tree,
+            batch,
+            draft_input,
+            full_mask=self._verify_full_mask,
+            mask_capacity=self._verify_mask_capacity if sglang_graphs else None,
         )
         # A copy: the batch keeps out_cache_loc past this step; the graph output is reused.
         batch.out_cache_loc = tree.verify_loc.clone()
