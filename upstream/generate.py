@@ -77,6 +77,7 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_envs": f"{SPEC}/ddtree_envs.py",
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
+    "sglang_ddtree.srt.ddtree_penalties": f"{SPEC}/ddtree_penalties.py",
     "sglang_ddtree.srt.ddtree_attention": f"{SPEC}/ddtree_attention.py",
 }
 
@@ -443,6 +444,18 @@ SERIES = [
         ),
     ),
     Part(
+        "request-parameter-laws",
+        "request penalties and logprobs per tree node",
+        "SGLang's frequency, presence and repetition penalties and min_new_tokens at every "
+        "tree node with their per-request state, and each committed token's logprobs, for the "
+        "worker (next part) to apply",
+        modules=(
+            "sglang_ddtree.core.penalties",
+            "sglang_ddtree.core.logprobs",
+            "sglang_ddtree.srt.ddtree_penalties",
+        ),
+    ),
+    Part(
         "worker",
         "the worker and --speculative-algorithm DDTREE",
         "the DDTREE worker and its registration, the server flags, the request refusals, the "
@@ -450,14 +463,6 @@ SERIES = [
         modules=("sglang_ddtree.srt.ddtree_worker_v2", "sglang_ddtree.srt.ddtree_spec"),
         templates=("test_ddtree.py", "test_ddtree_refusals.py", "ddtree.md"),
         edits=("register", "request-refusals", "row-headroom", "server-flags", "flag-check"),
-        serves=True,
-    ),
-    Part(
-        "request-parameter-laws",
-        "request penalties and logprobs per tree node (not wired)",
-        "SGLang's frequency, presence and repetition penalties and min_new_tokens at every "
-        "tree node, and each committed token's logprobs, for the worker to apply once wired",
-        modules=("sglang_ddtree.core.penalties", "sglang_ddtree.core.logprobs"),
         serves=True,
     ),
 ]

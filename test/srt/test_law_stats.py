@@ -450,8 +450,21 @@ def test_min_p_part_is_calibrated(ddtree_min_p_scale, passes):
         "min_p_wrong": {k: _min_p_completions(rng, 2 * m) for k, m in mins.items()},
     }
     tree = {"min_p": {k: _min_p_completions(rng, m * ddtree_min_p_scale) for k, m in mins.items()}}
-    got = law.summarize_min_p(ref, tree)
+    got = law.summarize_parameter_part("min_p", ref, tree)
     assert not got["families"]["null"]["rejected"]
     assert got["families"]["power"]["rejected"]
     assert got["passed"] is passes
     assert law.wrong_min_p()["minp0.1_T1.0"]["min_p"] == pytest.approx(0.2)
+
+
+def test_penalties_part_wrong_law_and_parts():
+    """The penalties part's wrong law moves every penalty away from neutral (twice as far) and
+    drops min_new_tokens; an unknown part is refused on the command line."""
+    wrong = {k: law._twice_penalties(sp) for k, sp in law.PENALTY_SETTINGS.items()}
+    assert wrong["freq0.5_T1.0"]["frequency_penalty"] == 1.0
+    assert wrong["pres0.5_rep1.2_T1.0_p0.95"]["presence_penalty"] == 1.0
+    assert wrong["pres0.5_rep1.2_T1.0_p0.95"]["repetition_penalty"] == pytest.approx(1.4)
+    assert wrong["min_new4_T1.0"]["min_new_tokens"] == 0
+    assert set(law.PARAMETER_PARTS) == {"min_p", "penalties"}
+    with pytest.raises(SystemExit):
+        law.main(["--parts", "law,bogus"])

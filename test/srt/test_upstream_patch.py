@@ -354,7 +354,9 @@ def test_generator_refuses_a_part_before_what_it_imports(gen, source, monkeypatc
 
 def test_generator_refuses_an_incomplete_series(gen, monkeypatch):
     monkeypatch.setattr(gen, "SERIES", gen.SERIES[:-1])
-    with pytest.raises(SystemExit, match=r"module sglang_ddtree\.core\.penalties is in no part"):
+    with pytest.raises(
+        SystemExit, match=r"module sglang_ddtree\.srt\.ddtree_worker_v2 is in no part"
+    ):
         gen.check_series()
 
 

@@ -75,6 +75,7 @@ from sglang.srt.speculative.spec_utils import (
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.kv_move_triton import move_accepted_kv
+from sglang_ddtree.core.penalties import apply_tree_penalties
 from sglang_ddtree.core.step import TreeStep
 from sglang_ddtree.srt import ddtree_requests as requests
 from sglang_ddtree.srt.ddtree_args import (
@@ -103,6 +104,7 @@ from sglang_ddtree.srt.ddtree_glue_warmup import (
     glue_at_startup_enabled,
 )
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
     accept_mode,
     commit_kv,
@@ -367,10 +369,51 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
             if batch.forward_mode.is_idle():
                 result.speculative_num_draft_tokens = self.ddtree_shape.accept_width
+            elif batch.reqs:
+                self._reset_penalty_rows(batch, result.next_token_ids)
             return result
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         return self._decode_step(batch, on_publish, grammar_barrier)
+
+    # ------------------------------------------------------------------------------------------
+    # Request penalties (srt/ddtree_penalties.py): state per request-pool row, made at the first
+    # prefill with a penalized request, then written at every prefill.
+    _penalty_rows: PenaltyRows | None = None
+
+    def _reset_penalty_rows(self, batch, first_tokens: torch.Tensor) -> None:
+        if self._penalty_rows is None:
+            if not any(has_penalties(r.sampling_params) for r in batch.reqs):
+                return
+            self._penalty_rows = PenaltyRows(
+                rows=int(self.model_runner.req_to_token_pool.req_to_token.shape[0]),
+                vocab=int(self.model_runner.model_config.vocab_size),
+                device=self.device,
+            )
+        self._penalty_rows.reset([r.req_pool_idx for r in batch.reqs], batch.reqs, first_tokens)
+
+    def _penalized(self, batch) -> bool:
+        """Whether any request of the batch has a penalty (host: its sampling parameters)."""
+        return self._penalty_rows is not None and any(
+            has_penalties(r.sampling_params) for r in batch.reqs
+        )
+
+    def _apply_penalties(self, logits, tree: TreeStep, batch, sampling_info) -> None:
+        """Each node's penalties (`core.penalties`), then ``logit_bias``, in place on the verify
+        logits ``[bs * W, V]``; SGLang's own speculative penalty (one linear term for every
+        node) is not applied on top."""
+        bs, w = tree.tokens.shape
+        if logits.shape[-1] != self._penalty_rows.vocab:
+            raise RuntimeError(
+                f"DDTREE penalties: logits of {logits.shape[-1]} tokens, state of "
+                f"{self._penalty_rows.vocab}."
+            )
+        rows = logits.view(bs, w, -1)
+        state = self._penalty_rows.gather(batch.req_pool_indices)
+        apply_tree_penalties(rows, tree.tokens, tree.layout.tree_mask, state, inplace=True)
+        bias = getattr(sampling_info, "logit_bias", None)
+        if bias is not None:
+            rows.add_(bias[:, None, :].to(rows.dtype))
 
     # ------------------------------------------------------------------------------------------
     def _host_seq_lens(self, batch, draft_input, extra: int):
@@ -652,7 +695,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 device=logits.device,
                 barrier=grammar_barrier,
             )
-        if sampling_info is not None:
+        penalized = self._penalized(batch)
+        if penalized:
+            self._apply_penalties(logits, tree, batch, sampling_info)
+        elif sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
             )
@@ -669,6 +715,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
+        if penalized:  # the emitted tokens count from the next step on
+            self._penalty_rows.record(batch.req_pool_indices, commit.out_tokens)
         # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV
         # append: the scheduler's seq-lens copy waits on this event, not on the KV moves.
         # A clone: graph outputs are overwritten by the next replay.

@@ -31,6 +31,11 @@ Parts:
   where SGLang's min-p path applies them one after the other rather than jointly), with their
   own calibration: a second non-speculative sample must pass and the non-speculative server at
   twice the min-p must be rejected (Bonferroni within each family).
+- ``penalties``: the same for the ``PENALTY_SETTINGS`` (frequency, presence and repetition
+  penalties, min_new_tokens), the power at twice each penalty (min_new_tokens: none). SGLang's
+  default overlap scheduler feeds its penalizers one token late, so the non-speculative
+  reference must run with ``--disable-overlap-schedule`` (``--no-overlap``), whose law DDTREE
+  follows.
 - ``params``: greedy requests with stop strings, stop token ids, EOS (``ignore_eos`` off),
   ``max_new_tokens`` that ends inside an accepted path, ``n = 3``: DDTREE equals the
   non-speculative server request by request (text, ids, finish reason).
@@ -101,6 +106,43 @@ CALIBRATION = ("T1.0_k0_p0.95", "T1.3_k20_p1.0", "T1.0_k50_p0.95")
 MIN_P_SETTINGS = {
     "minp0.1_T1.0": {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_p": 0.1},
     "minp0.05_T1.0_k20_p0.9": {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
+}
+PENALTY_SETTINGS = {
+    "freq0.5_T1.0": {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "frequency_penalty": 0.5},
+    "pres0.5_rep1.2_T1.0_p0.95": {
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 0.95,
+        "presence_penalty": 0.5,
+        "repetition_penalty": 1.2,
+    },
+    "min_new4_T1.0": {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_new_tokens": 4},
+}
+
+
+def _twice_min_p(sp: dict) -> dict:
+    """The min_p part's wrong law: twice the min-p."""
+    return dict(sp, min_p=2 * sp["min_p"])
+
+
+def _twice_penalties(sp: dict) -> dict:
+    """The penalties part's wrong law: twice each penalty's distance from neutral, and no
+    min_new_tokens."""
+    out = dict(sp)
+    for name in ("frequency_penalty", "presence_penalty"):
+        if name in out:
+            out[name] = 2 * out[name]
+    if "repetition_penalty" in out:
+        out["repetition_penalty"] = 1 + 2 * (out["repetition_penalty"] - 1)
+    if "min_new_tokens" in out:
+        out["min_new_tokens"] = 0
+    return out
+
+
+# Each request-parameter part: its settings and its calibration's wrong law.
+PARAMETER_PARTS = {
+    "min_p": (MIN_P_SETTINGS, _twice_min_p),
+    "penalties": (PENALTY_SETTINGS, _twice_penalties),
 }
 
 
@@ -371,7 +413,7 @@ def _law_requests(prompts, settings, with_greedy=()):
     """(prompts, params, owner): SAMPLES completions per setting, the setting's prompt is
     ``prompts[i]`` for the i-th setting of `law_settings`; settings in ``with_greedy`` get one
     greedy request after each sampled one (owner None)."""
-    index = {k: i for i, k in enumerate([*law_settings(), *MIN_P_SETTINGS])}
+    index = {k: i for i, k in enumerate([*law_settings(), *MIN_P_SETTINGS, *PENALTY_SETTINGS])}
     ps, params, owner = [], [], []
     for name, sp in settings.items():
         prompt = prompts[index[name] % len(prompts)]
@@ -537,11 +579,13 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
             mixed = {k: settings[k] for k in MIXED}
             raw["mixed"], raw["mixed_greedy"] = _sample(eng, prompts, mixed, set(MIXED))
         raw["law_seconds"] = round(time.time() - t0, 1)
-    if "min_p" in parts:
-        raw["min_p"] = _sample(eng, prompts, MIN_P_SETTINGS)[0]
-        if reference:
-            raw["min_p_null"] = _sample(eng, prompts, MIN_P_SETTINGS)[0]
-            raw["min_p_wrong"] = _sample(eng, prompts, wrong_min_p())[0]
+    for part, (settings_of_part, wrong) in PARAMETER_PARTS.items():
+        if part in parts:
+            raw[part] = _sample(eng, prompts, settings_of_part)[0]
+            if reference:
+                raw[f"{part}_null"] = _sample(eng, prompts, settings_of_part)[0]
+                wrong_settings = {k: wrong(sp) for k, sp in settings_of_part.items()}
+                raw[f"{part}_wrong"] = _sample(eng, prompts, wrong_settings)[0]
     if "greedy" in parts:
         gp = prompts[:GREEDY_PROMPTS]
         outs = generate(eng, gp, [GREEDY] * len(gp))
@@ -615,22 +659,23 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
 
 def wrong_min_p() -> dict[str, dict]:
     """The min-p calibration's wrong law: each of `MIN_P_SETTINGS` at twice its min-p."""
-    return {k: dict(sp, min_p=2 * sp["min_p"]) for k, sp in MIN_P_SETTINGS.items()}
+    return {k: _twice_min_p(sp) for k, sp in MIN_P_SETTINGS.items()}
 
 
-def summarize_min_p(ref: dict, tree: dict) -> dict:
-    """The min_p part: DDTREE against the non-speculative server per setting, with the null
-    (a second non-speculative sample, must pass) and the power (twice the min-p, must be
-    rejected), each a Bonferroni family at ``ALPHA``."""
-    ddtree = {k: compare_samples(ref["min_p"][k], tree["min_p"][k]) for k in MIN_P_SETTINGS}
-    null = {k: compare_samples(ref["min_p"][k], ref["min_p_null"][k]) for k in MIN_P_SETTINGS}
-    power = {k: compare_samples(ref["min_p"][k], ref["min_p_wrong"][k]) for k in MIN_P_SETTINGS}
+def summarize_parameter_part(part: str, ref: dict, tree: dict) -> dict:
+    """A request-parameter part (``min_p``, ``penalties``): DDTREE against the non-speculative
+    server per setting, with the null (a second non-speculative sample, must pass) and the
+    power (the part's wrong law, must be rejected), each a Bonferroni family at ``ALPHA``."""
+    names = PARAMETER_PARTS[part][0]
+    ddtree = {k: compare_samples(ref[part][k], tree[part][k]) for k in names}
+    null = {k: compare_samples(ref[part][k], ref[f"{part}_null"][k]) for k in names}
+    power = {k: compare_samples(ref[part][k], ref[f"{part}_wrong"][k]) for k in names}
     fams = {"ddtree": family(ddtree), "null": family(null), "power": family(power)}
     return {
-        "settings": MIN_P_SETTINGS,
+        "settings": names,
         "ddtree": ddtree,
         "null": null,
-        "power_min_p_x2": power,
+        "power_wrong_law": power,
         "families": fams,
         "passed": not fams["ddtree"]["rejected"]
         and not fams["null"]["rejected"]
@@ -763,6 +808,12 @@ def main(argv: list[str] | None = None) -> int:
         help="every engine computes its logits in float32 (SGLang's enable_fp32_lm_head): no "
         "exact ties from the LM head's rounding at a top-k or nucleus edge",
     )
+    ap.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="every engine with --disable-overlap-schedule (the penalties part's reference: "
+        "SGLang's overlap scheduler feeds its penalizers one token late)",
+    )
     args = ap.parse_args(argv)
     tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "")
     if args.arch.startswith("mla"):
@@ -774,19 +825,22 @@ def main(argv: list[str] | None = None) -> int:
         target, draft, cfg = tm.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_law_"))
         prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
-    if args.tp > 1 or args.fp32_lm_head:
+    if args.tp > 1 or args.fp32_lm_head or args.no_overlap:
         from sglang_ddtree.testing import e2e
 
         if args.tp > 1:
             e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
         if args.fp32_lm_head:
             e2e.ENGINE_EXTRA.update(enable_fp32_lm_head=True)
+        if args.no_overlap:
+            e2e.ENGINE_EXTRA.update(disable_overlap_schedule=True)
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
-    bad = set(parts) - {"law", "greedy", "params", "min_p"}
+    known = {"law", "greedy", "params", *PARAMETER_PARTS}
+    bad = set(parts) - known
     if bad:
-        ap.error(f"unknown parts {sorted(bad)}; choose from law, greedy, params, min_p")
+        ap.error(f"unknown parts {sorted(bad)}; choose from {', '.join(sorted(known))}")
     # "DDTREE,DFLASH:greedy": a speculative server with all parts, or with the listed ones.
     algos: dict[str, list[str]] = {}
     for item in (a.strip() for a in args.algos.split(",") if a.strip()):
@@ -836,8 +890,9 @@ def main(argv: list[str] | None = None) -> int:
             s["greedy"] = summarize_greedy(raw["nospec"], raw[algo])
         if "params" in algo_parts:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
-        if "min_p" in algo_parts:
-            s["min_p"] = summarize_min_p(raw["nospec"], raw[algo])
+        for part in PARAMETER_PARTS:
+            if part in algo_parts:
+                s[part] = summarize_parameter_part(part, raw["nospec"], raw[algo])
     probes.close()
     summary["extend_path_probes"] = probes.counts
     summary["seconds"] = round(time.time() - t0, 1)
@@ -846,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for algo in algos:
         for part, res in summary[algo].items():
-            brief = {k: v for k, v in res.items() if k not in ("ddtree", "null", "power_min_p_x2")}
+            brief = {k: v for k, v in res.items() if k not in ("ddtree", "null", "power_wrong_law")}
             print(f"[law] {algo} {part}: {json.dumps(brief)[:2500]}", flush=True)
             ok = ok and res.get("passed", True)
     return 0 if ok else 1
