@@ -369,7 +369,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
             if batch.forward_mode.is_idle():
                 result.speculative_num_draft_tokens = self.ddtree_shape.accept_width
-            elif batch.reqs:
+            elif not is_decode and batch.reqs:  # a prefill: its rows restart
                 self._reset_penalty_rows(batch, result.next_token_ids)
             return result
         if not isinstance(batch.spec_info, DFlashDraftInputV2):
