@@ -5,8 +5,8 @@ triton attention, CUDA graphs on) and checks each part of its summary:
 a. greedy DDTREE == greedy without speculation, 32 prompts at batch 1, 4, 16, 32;
 b. sampled law at T=1.0 and T=0.7/top_p=0.9 equals no-speculation (p > 0.001), and a
    deliberately wrong variant is rejected (p < 0.001);
-c. launch_server + OpenAI API with temperature and JSON mode, accept length, HTTP 400, keeps
-   serving;
+c. launch_server + OpenAI API with temperature, JSON mode and forced tool calls (Kimi K2's
+   parser), min_p, accept length, HTTP 400, keeps serving;
 c2. constrained decoding (``testing.grammar_check``): regex, JSON schema and EBNF outputs all
    valid and greedy-equal to no speculation, a mixed constrained / free batch, 512 JSON
    completions sampled at T 1.0 / top_p 0.95 all valid, the law under a regex equal;

@@ -50,3 +50,38 @@ def test_server_check_launches_with_ddtree_flags():
     assert value["--speculative-ddtree-topk"] == "6"
     schedule = str(BudgetSchedule.parse(value["--speculative-ddtree-budget-schedule"]))
     assert server_check.FLAGS_IN_LOG[0] == f"budget schedule {schedule}"
+
+
+def test_server_check_judges_forced_tool_calls(monkeypatch):
+    """The server check launches with Kimi K2's tool-call parser, and a forced tool call passes
+    only when the reply names the tool with arguments its schema allows."""
+    import json
+
+    from sglang_ddtree.testing import server_check
+
+    cmd = server_check.launch_cmd("/t", "/d", 1234)
+    assert cmd[cmd.index("--tool-call-parser") + 1] == "kimi_k2"
+    sent = []
+
+    def reply(calls, code=200):
+        def http_json(url, payload=None):
+            sent.append(payload)
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            return code, {"choices": [{"message": message}]}
+
+        return http_json
+
+    def call(name, arguments):
+        return [{"type": "function", "function": {"name": name, "arguments": arguments}}]
+
+    cases = [
+        (call("get_weather", json.dumps({"city": "oslo"})), True),
+        (call("get_weather", json.dumps({"city": "rome"})), False),  # not in the enum
+        (call("get_time", json.dumps({"city": "oslo"})), False),  # another tool
+        (call("get_weather", '{"city": "os'), False),  # cut off
+        (None, False),  # no tool call
+    ]
+    for calls, want in cases:
+        monkeypatch.setattr(server_check, "http_json", reply(calls))
+        assert server_check._tool_call("http://x", "required")[1] is want
+    assert sent[0]["tool_choice"] == "required" and sent[0]["tools"] == [server_check.TOOL]

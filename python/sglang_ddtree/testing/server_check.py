@@ -1,12 +1,15 @@
 """``python -m sglang.launch_server ... --speculative-algorithm DDTREE`` serves
-the OpenAI API with temperature and JSON mode (``response_format`` with a JSON schema: the reply
-parses and satisfies it), reports the accept length, answers HTTP 400 for invalid sampling
+the OpenAI API with temperature, JSON mode (``response_format`` with a JSON schema: the reply
+parses and satisfies it) and forced tool calls through Kimi K2's tool-call parser
+(``tool_choice`` required and named: SGLang turns them into a grammar, and the reply's
+``tool_calls`` name the tool with arguments its schema accepts), reports the accept length, answers HTTP 400 for invalid sampling
 parameters, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
 line, reach the worker (its start-up log line). Only the standard library talks to the server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from sglang_ddtree.testing.grammar_check import SCHEMA, valid_json
@@ -16,6 +19,23 @@ from sglang_ddtree.testing.http import free_port, http_json, launched_server
 # worker's start-up line must then say: the schedule, and K = 6 at both widths.
 FLAGS = ["--speculative-ddtree-budget-schedule", "1:33,4:17", "--speculative-ddtree-topk", "6"]
 FLAGS_IN_LOG = ("budget schedule 1:33,4:17", "K={17: 6, 33: 6}")
+# The first user's parser (Kimi K2.x); its tags are spelled in the tiny tokenizer's characters.
+TOOL_CALL_PARSER = "kimi_k2"
+CITIES = ["paris", "oslo", "lima"]
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": CITIES}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 def launch_cmd(target: str, draft: str, port: int) -> list[str]:
@@ -35,6 +55,7 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
             "--enable-metrics",
             # A random model may pad a JSON object with whitespace up to the token limit.
             "--constrained-json-disable-any-whitespace",
+            "--tool-call-parser", TOOL_CALL_PARSER,
             *FLAGS,
         ],
     )  # fmt: skip
@@ -98,6 +119,12 @@ def _exercise(base: str) -> dict:
     out["json_mode_sample"] = (msg or str(body))[:120]
     out["ok_json_mode"] = code == 200 and isinstance(msg, str) and valid_json(msg)
 
+    for name, choice in (
+        ("required", "required"),
+        ("named", {"type": "function", "function": {"name": "get_weather"}}),
+    ):
+        out[f"tool_call_{name}"], out[f"ok_tool_call_{name}"] = _tool_call(base, choice)
+
     # Accept length: per request from /generate meta_info, and the server-wide average.
     code, body = http_json(
         base + "/generate",
@@ -150,3 +177,31 @@ def _exercise(base: str) -> dict:
     )
     out["ok_still_serving"] = code == 200
     return out
+
+
+def _tool_call(base: str, tool_choice) -> tuple[str, bool]:
+    """A chat request that must call ``get_weather`` (``tool_choice``): (a sample of the reply,
+    whether it named the tool with a city its schema allows)."""
+    code, body = http_json(
+        base + "/v1/chat/completions",
+        {
+            "model": "default",
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [TOOL],
+            "tool_choice": tool_choice,
+            "max_tokens": 400,
+            "temperature": 1.0,
+            "top_p": 0.95,
+        },
+    )
+    message = body.get("choices", [{}])[0].get("message", {}) if code == 200 else {}
+    calls = message.get("tool_calls") or []
+    ok = False
+    if calls:
+        function = calls[0].get("function", {})
+        try:
+            arguments = json.loads(function.get("arguments") or "")
+        except ValueError:
+            arguments = None
+        ok = function.get("name") == "get_weather" and arguments in [{"city": c} for c in CITIES]
+    return (json.dumps(calls) if calls else str(body))[:200], ok
