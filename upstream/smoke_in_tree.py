@@ -1,14 +1,14 @@
 """GPU smoke of the applied patch, without the plugin: ``python upstream/smoke_in_tree.py``.
 
 Run with SGLang 0.5.17 patched by ``upstream/sglang-ddtree.patch`` first on ``PYTHONPATH`` and
-``python/`` after it (for ``sglang_ddtree.testing.tiny_models`` only; the plugin's entry point
+``python/`` after it (for ``sglang_ddtree.testing``'s tiny pair and test injection only; the plugin's entry point
 (``ddtree``) is not installed, so DDTREE must come from the in-tree registration). On the tiny random pair:
 greedy DDTREE (in-tree flags ``speculative_ddtree_budget_schedule`` / ``_topk``) equals greedy
 without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CASES``:
 per-position two-sample chi-squared tests of ``e2e.law_test`` over ``e2e.sample_completions``,
 4 prompts x 256 samples x 24 tokens a side, Bonferroni-combined, p > 0.001), and the
-deliberately wrong coins of the in-tree worker's test switch are rejected at p < 0.001 with the
-same samples (the test can fail); a refused option (frequency_penalty) aborts with a message naming DDTREE;
+deliberately wrong coins (``testing.inject`` scaling the in-tree ``ddtree_utils``' coins in the
+engine's processes) are rejected at p < 0.001 with the same samples (the test can fail); a refused option (frequency_penalty) aborts with a message naming DDTREE;
 a bad flag value is refused at launch; the in-tree engines' verifies went through the split
 tree-verify attention of the patched ``triton_backend.py`` (its one-time log line, read from this
 process's stderr, which the engines' scheduler processes inherit). Prints one JSON summary line;
@@ -31,9 +31,12 @@ LAW_CASES = {
 }
 LAW_PROMPTS = 4
 LAW_ALPHA = 1e-3
-# The in-tree worker's wrong-law test switch (its TEST_COIN_SCALE_ENV; the name, so that the
-# smoke imports no worker module before the engine starts).
-TEST_COIN_SCALE_ENV = "SGLANG_DDTREE_TEST_COIN_SCALE"
+# The test-only changes the environment names (the wrong coins), made in the in-tree modules of
+# every process the engines spawn: they import this file again.
+from sglang_ddtree.testing import inject  # noqa: E402 (python/ on PYTHONPATH, as documented)
+
+inject.install_from_env(package=inject.IN_TREE)
+
 # The in-tree ddtree_attention's line, logged once per process when a verify takes the split.
 SPLIT_LOG_LINE = "tree-verify attention through core.tree_attention"
 
@@ -126,7 +129,7 @@ def smoke() -> int:
         summary["bad_flag"] = f"{type(e).__name__}: {e}"[:300]
     summary["law"] = law
     print("SMOKE-PART " + json.dumps(summary), flush=True)  # kept if a later engine stalls
-    os.environ[TEST_COIN_SCALE_ENV] = "0.5"  # read by the scheduler process at launch
+    os.environ[inject.WRONG_COINS_ENV] = "0.5"  # the engine's processes import this file again
     try:
         eng = sgl.Engine(**base, **in_tree)
         law["wrong_coins_T1.0"] = law_test(
@@ -134,7 +137,7 @@ def smoke() -> int:
         )
         eng.shutdown()
     finally:
-        os.environ.pop(TEST_COIN_SCALE_ENV, None)
+        os.environ.pop(inject.WRONG_COINS_ENV, None)
     ok = (
         "ddtree" not in plugins
         and summary["registered"] == "DDTreeSpecAlgo"

@@ -33,7 +33,7 @@ def _stand_in(monkeypatch, stop_at: str | None):
     @contextmanager
     def engine(**kw):
         name = kw.get("speculative_algorithm") or "none"
-        if name == "DDTREE" and "SGLANG_DDTREE_TEST_COIN_SCALE" in e2e.os.environ:
+        if name == "DDTREE" and e2e.inject.WRONG_COINS_ENV in e2e.os.environ:
             name = "wrong"
         started.append(name)
         if name == stop_at:

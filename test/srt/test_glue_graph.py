@@ -583,7 +583,7 @@ def test_startup_modes_are_every_accept_mode():
 
 
 def _seg(graph, eager, captures):
-    """One glue segment's counts in ``SGLANG_DDTREE_GRAPH_STATS``."""
+    """One glue segment's counts in the graph counts' file (`testing.inject`)."""
     return {"graph": graph, "eager": eager, "captures": captures, "capture_failures": 0}
 
 

@@ -197,7 +197,6 @@ def accept_and_commit(
     need_top_p: bool = True,
     coins: torch.Tensor | None = None,  # [bs, W] float32 uniforms; None: drawn here
     final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
-    coin_scale: float = 1.0,  # tests only: != 1 is a deliberately wrong law
     top_p_kernel: str = TOP_P_KERNELS[0],  # the nucleus kernel (sampling.target_probs)
     min_ps: torch.Tensor | None = None,  # [bs] float32; read when need_min_p
     need_min_p: bool = False,  # SGLang's need_min_p_sampling: the min-p path for every row
@@ -223,8 +222,6 @@ def accept_and_commit(
         if coins is None:
             coins, final_coins = draw_coins(bs, w, logits.device)
         assert coins.shape == (bs, w) and final_coins.shape == (bs,)
-        if coin_scale != 1.0:
-            coins = coins * coin_scale
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, accept_width)
         result = merge_accept(result, sampled, greedy_rows(top_ks), w)
     return commit_accepted(result, seq_lens.to(torch.int64), w)

@@ -41,12 +41,14 @@ as it did):
   ``no`` did); now ``false`` / ``no`` / ``n`` turn it off and a non-boolean is refused.
 - ``SGLANG_DDTREE_TOPK`` set together with ``--speculative-ddtree-topk``: compared as integers
   (``08`` and 8 agree), no longer as text.
-- ``SGLANG_DDTREE_STEP_TIMING``, ``SGLANG_DDTREE_GRAPH_STATS``: a whitespace-only value was a
-  directory / file name; now it is unset.
+- ``SGLANG_DDTREE_STEP_TIMING``: a whitespace-only value was a directory name; now it is
+  unset.
 - ``SGLANG_DDTREE_CPROFILE`` / ``SGLANG_DDTREE_TORCH_PROFILE`` (at a scheduler's first batch),
-  ``SGLANG_DDTREE_EXPERT_COUNT`` (at the first MoE call), ``SGLANG_DDTREE_TEST_COIN_SCALE`` /
-  ``SGLANG_DDTREE_TEST_RANK_SKEW`` (while the worker was built): a value that does not parse
-  failed there, in a scheduler process; now it is refused when the server starts.
+  ``SGLANG_DDTREE_EXPERT_COUNT`` (at the first MoE call): a value that does not parse failed
+  there, in a scheduler process; now it is refused when the server starts.
+- The three test switches (the verify coins' scale, the ranks' coin-seed skew, the file of the
+  CUDA-graph counts) are gone from the server: the tests inject them into the scheduler
+  processes themselves.
 
 Pure Python (no torch, no SGLang).
 """
@@ -177,7 +179,7 @@ class DDTreeEnvs:
     """The table of ``SGLANG_DDTREE_*`` knobs (in SGLang's tree: fields of its ``Envs``).
 
     Serving knobs first, then benchmark instruments (read only with ``SGLANG_DDTREE_STEP_TIMING``
-    set), then switches for tests only.
+    set).
     """
 
     # Serving.
@@ -258,22 +260,6 @@ class DDTreeEnvs:
         int,
         None,
         "benchmarks: count the distinct routed experts (ids below this) of every MoE top-k call",
-    )
-    # Tests only.
-    SGLANG_DDTREE_TEST_COIN_SCALE = Knob(
-        float,
-        1.0,
-        "tests only: scales the verify coins, a deliberately wrong sampling law",
-    )
-    SGLANG_DDTREE_TEST_RANK_SKEW = Knob(
-        int,
-        0,
-        "tests only: offsets each tensor-parallel rank's coin seed (ranks disagree)",
-    )
-    SGLANG_DDTREE_GRAPH_STATS = Knob(
-        str,
-        None,
-        "tests only: a file; the worker's CUDA-graph counts are rewritten there after each step",
     )
 
 

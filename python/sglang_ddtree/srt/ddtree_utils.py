@@ -94,17 +94,16 @@ def make_tree_fns(
 
 
 def make_accept_fn(
-    accept_width: int, coin_scale: float = 1.0, top_p_kernel: str = TOP_P_KERNELS[0]
+    accept_width: int, top_p_kernel: str = TOP_P_KERNELS[0]
 ) -> Callable[..., CommitPlan]:
     """The accept segment's function: ``core.step.accept_and_commit`` over the flattened layout
-    fields (a glue graph binds tensors by name). ``coin_scale`` != 1: a deliberately wrong law
-    (tests only). ``top_p_kernel``: `args.read_top_p_kernel`."""
+    fields (a glue graph binds tensors by name). ``top_p_kernel``: `args.read_top_p_kernel`."""
 
     def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
         layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
         return accept_and_commit(
             logits, tokens, layout, seq_lens, accept_width=accept_width,
-            coin_scale=coin_scale, top_p_kernel=top_p_kernel, **rest,
+            top_p_kernel=top_p_kernel, **rest,
         )  # fmt: skip
 
     return accept_fn

@@ -22,8 +22,7 @@ S = max depth + 1), all on device with no host synchronization:
 W follows the running batch size: ``budget_schedule.num_nodes_for(bs)`` (a host int, from
 ``len(batch.seq_lens)``) picks the step's `DDTreeShape` (``ddtree_budget``); the target verify
 replays that bucket's CUDA graphs (``ddtree_cuda_graph_runner``). Eager verify steps that had a
-graph are counted and logged (``graph_stats``; written to ``$SGLANG_DDTREE_GRAPH_STATS`` for
-tests).
+graph are counted and logged (``graph_stats``).
 
 Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree``), step 4
 (``core.step.accept_and_commit``) and step 5 (KV moves + drafter-KV append) are each captured
@@ -46,7 +45,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 import os
 from typing import NamedTuple
@@ -96,7 +94,6 @@ from sglang_ddtree.srt.ddtree_args import (
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
-from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
 from sglang_ddtree.srt.ddtree_glue_warmup import (
     GlueReserve,
@@ -116,9 +113,6 @@ from sglang_ddtree.srt.ddtree_utils import (
 
 logger = logging.getLogger(__name__)
 
-TEST_COIN_SCALE_ENV = envs.SGLANG_DDTREE_TEST_COIN_SCALE.name
-TEST_RANK_SKEW_ENV = envs.SGLANG_DDTREE_TEST_RANK_SKEW.name
-GRAPH_STATS_ENV = envs.SGLANG_DDTREE_GRAPH_STATS.name
 
 
 def schedule_from_args(server_args) -> BudgetSchedule:
@@ -146,15 +140,14 @@ class GraphStats:
     """Per-W counts of target-verify steps replayed from a CUDA graph or run eagerly.
 
     ``eager_with_graph`` counts eager steps whose bs had a captured graph: a silent loss of CUDA
-    graphs (each one is also logged once per (W, bs)). Host ints only. With a ``path`` (tests:
-    ``$SGLANG_DDTREE_GRAPH_STATS``) the counts are rewritten after every step.
+    graphs (each one is also logged once per (W, bs)). Host ints only. ``flush`` runs after every
+    step and after the startup capture; it does nothing here (a test reads the counts there).
     """
 
-    def __init__(self, schedule: BudgetSchedule, path: str | None):
+    def __init__(self, schedule: BudgetSchedule):
         self.schedule = str(schedule)
-        self.path = path
         self.by_width: dict[int, dict] = {}
-        self.runner_info: dict = {}
+        self.runner = None  # the target's graph runner, for its capture plan in `as_dict`
         self.startup: dict = {}  # the glue capture at startup (ddtree_glue_warmup), when it ran
         self.glue_segments: list = []  # glue_graph.SegmentGraphs of the worker, for their counts
         self._warned: set[tuple[int, int]] = set()
@@ -180,20 +173,14 @@ class GraphStats:
     def as_dict(self) -> dict:
         by_width = {str(w): r for w, r in sorted(self.by_width.items())}
         glue = {seg.name: dict(seg.counts) for seg in self.glue_segments}
-        out = {"schedule": self.schedule, "by_width": by_width, "glue": glue, **self.runner_info}
+        out = {"schedule": self.schedule, "by_width": by_width, "glue": glue}
+        if self.runner is not None and hasattr(self.runner, "capture_plan"):
+            out["capture_plan"] = {str(w): sizes for w, sizes in self.runner.capture_plan}
+            out["width_mismatches"] = self.runner.width_mismatches
         return {**out, "startup": self.startup} if self.startup else out
 
     def flush(self) -> None:
-        """Rewrite ``self.path`` (when set) after a step."""
-        if self.path:
-            self.write()
-
-    def write(self) -> None:
-        """Atomically replace ``self.path`` with the counts (tests read it from another process)."""
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.as_dict(), f)
-        os.replace(tmp, self.path)
+        """After a step and after the startup capture."""
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
@@ -231,13 +218,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # drawn in the same order: under tensor parallelism every rank takes the same sampled
         # decisions (a check in `_check_ranks_agree` makes any disagreement loud).
         self._coin_generator = torch.Generator(device=self.device)
-        seed = int(getattr(server_args, "random_seed", 0) or 0)
-        skew = envs.SGLANG_DDTREE_TEST_RANK_SKEW.get()  # tests only
-        self._coin_generator.manual_seed(seed + (skew * self.ps.tp_rank))
-        if skew:
-            logger.warning(
-                "%s=%s: ranks draw DIFFERENT verify coins (tests only).", TEST_RANK_SKEW_ENV, skew
-            )
+        self._coin_generator.manual_seed(int(getattr(server_args, "random_seed", 0) or 0))
         vocab = int(self.model_runner.model_config.vocab_size)
         if top_p_kernel == "radix":  # built now: with the glue graphs off no warm-up runs it
             from sglang_ddtree.core.topp_radix import load_kernel
@@ -259,15 +240,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
         }
         self._top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
-        self.graph_stats = GraphStats(schedule, envs.SGLANG_DDTREE_GRAPH_STATS.get())
-        # Test-only: a deliberately wrong sampling law, so the e2e law test can show its power.
-        self._test_coin_scale = envs.SGLANG_DDTREE_TEST_COIN_SCALE.get()
-        if self._test_coin_scale != 1.0:
-            logger.warning(
-                "%s=%s: DDTREE runs a DELIBERATELY WRONG sampling law (tests only).",
-                TEST_COIN_SCALE_ENV,
-                self._test_coin_scale,
-            )
+        self.graph_stats = GraphStats(schedule)
         # One memory pool and one capture stream for every glue graph: they replay one at a
         # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
         # bound inputs.
@@ -490,9 +463,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             req_to_token=lambda: self.model_runner.req_to_token_pool.req_to_token,
             lm_head_shard=self._lm_head_shard if self._tp_size > 1 else None,
         )
-        accept_fn = make_accept_fn(
-            s, coin_scale=self._test_coin_scale, top_p_kernel=self._top_p_kernel
-        )
+        accept_fn = make_accept_fn(s, top_p_kernel=self._top_p_kernel)
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
             # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the
@@ -630,12 +601,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _record_verify(self, width: int, bs: int, ran_graph: bool, had_graph: bool) -> None:
         """Count the verify step per W; an eager step that had a captured graph is logged."""
-        runner = self.model_runner.decode_cuda_graph_runner
-        if hasattr(runner, "has_graph_for") and self.graph_stats.path:
-            self.graph_stats.runner_info = {
-                "capture_plan": {str(w): sizes for w, sizes in runner.capture_plan},
-                "width_mismatches": runner.width_mismatches,
-            }
+        self.graph_stats.runner = self.model_runner.decode_cuda_graph_runner
         self.graph_stats.record(width, bs, ran_graph, had_graph)
 
     def _decode_step(self, batch, on_publish, grammar_barrier=None) -> GenerationBatchResult:

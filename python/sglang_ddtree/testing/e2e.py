@@ -13,8 +13,9 @@ Checks:
   engine's graph max of 16).
 - ``sampling``: at T=1.0 and at T=0.7/top_p=0.9 the DDTREE output law equals no-speculation
   sampling (per-position two-sample chi-squared tests, Bonferroni-combined, p > 0.001), and a
-  deliberately wrong DDTREE (verify coins scaled by 0.5 via ``SGLANG_DDTREE_TEST_COIN_SCALE``,
-  which biases acceptance toward the first children) is rejected (p < 0.001).
+  deliberately wrong DDTREE (verify coins scaled by 0.5, injected into its scheduler processes
+  by `sglang_ddtree.testing.inject`, which biases acceptance toward the first children) is
+  rejected (p < 0.001).
 - ``grammar``: constrained decoding (regex, JSON schema, EBNF, a batch mixing constrained and
   free requests, JSON sampled at T 1.0 / top_p 0.95, the law under a regex) against the
   non-speculative engine; see `sglang_ddtree.testing.grammar_check`.
@@ -30,7 +31,7 @@ Checks:
   ``SGLANG_DDTREE_BUDGET_SCHEDULE=1:33,4:17`` (block-8 drafter: W=33 for bs 1..3, W=17 for
   bs >= 4), prompts in groups of 1, 3, 4 and 16 (batches shrink as requests finish, so W
   switches inside a run): greedy output == no speculation (up to near-ties, as above); every
-  verify step of both widths replayed a CUDA graph (counts from ``SGLANG_DDTREE_GRAPH_STATS``;
+  verify step of both widths replayed a CUDA graph (counts written by `testing.inject`;
   no eager step, no width mismatch); every glue segment (tree, accept, KV;
   ``srt/ddtree_glue_graph.py``) replayed its graph on every step except the one that captured
   it, with no capture failure; with glue graphs captured at startup (the default) also no glue
@@ -51,8 +52,12 @@ from contextlib import ExitStack, contextmanager
 
 from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled
-from sglang_ddtree.testing import grammar_check, tiny_models
+from sglang_ddtree.testing import grammar_check, inject, tiny_models
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
+
+# The engines' scheduler processes import this module again: the test-only changes this run
+# names in the environment (the wrong law, the graph counts' file) are made there.
+inject.install_from_env()
 
 NUM_PROMPTS = 32
 GREEDY_NEW_TOKENS = 48
@@ -432,7 +437,7 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
             on_verdict(summary)
     if want_ad:
         schedule_env = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.name
-        stats_env = envs.SGLANG_DDTREE_GRAPH_STATS.name
+        stats_env = inject.GRAPH_STATS_ENV
         stats_path = os.path.join(tempfile.mkdtemp(prefix="ddtree_graphs_"), "graph_stats.json")
         os.environ[schedule_env] = ADAPTIVE_SCHEDULE
         os.environ[stats_env] = stats_path
@@ -446,14 +451,14 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
     if "chain" in checks and (want_g or want_s):
         phase("chain", "DFLASH", both)
     if want_s:
-        os.environ[envs.SGLANG_DDTREE_TEST_COIN_SCALE.name] = "0.5"
+        os.environ[inject.WRONG_COINS_ENV] = "0.5"
         name, t, p = SAMPLING_CASES[0]
         phase(
             "wrong",
             "DDTREE",
             lambda eng: sample_completions(eng, sp, {"temperature": t, "top_p": p}),
         )
-        os.environ.pop(envs.SGLANG_DDTREE_TEST_COIN_SCALE.name, None)
+        os.environ.pop(inject.WRONG_COINS_ENV, None)
 
     with ExitStack() as stack:
         probe = _lazy_top2_probe(stack, target, draft)

@@ -1,9 +1,9 @@
 """Tensor-parallel ranks that disagree are stopped, not served: a calibration of the rank check.
 
 ``python -m sglang_ddtree.testing.tp_check --out DIR [--tp 2] [--arch mla]`` launches a DDTREE
-server at ``--tp`` whose ranks draw deliberately different verify coins
-(``SGLANG_DDTREE_TEST_RANK_SKEW=1``, tests only), sends sampled requests, and writes
-``DIR/tp_check_summary.json``. Every rank builds the same tree (gathered draft candidates), so
+server at ``--tp`` whose ranks draw deliberately different verify coins (injected by
+`sglang_ddtree.testing.inject` through `testing.launch_server`), sends sampled requests, and
+writes ``DIR/tp_check_summary.json``. Every rank builds the same tree (gathered draft candidates), so
 the first sampled step whose accepted paths differ must trip the worker's per-step rank check:
 the server must stop with the device assert rather than return completions. (That ranks agree
 when their coins agree is what the tensor-parallel end-to-end checks show: ``e2e --tp 2``.)
@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 
-from sglang_ddtree.testing import tiny_models
+from sglang_ddtree.testing import inject, tiny_models
 from sglang_ddtree.testing.e2e import tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
@@ -34,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     from sglang_ddtree.serve import launch_command
-    from sglang_ddtree.srt.ddtree_worker_v2 import TEST_RANK_SKEW_ENV
 
     os.makedirs(args.out, exist_ok=True)
     models = tempfile.mkdtemp(prefix="ddtree_tp_")
@@ -52,11 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     extra += tp_check_cli()
     extra += ["--host", "127.0.0.1", "--context-length", "1024", "--cuda-graph-max-bs-decode", "8"]
     log_path = os.path.join(args.out, "tp_check_server.log")
-    os.environ[TEST_RANK_SKEW_ENV] = "1"
+    cmd = launch_command(target, draft, None, extra)
+    cmd[cmd.index("sglang.launch_server")] = "sglang_ddtree.testing.launch_server"
+    os.environ[inject.RANK_SKEW_ENV] = "1"
     summary: dict = {"tp": args.tp, "arch": args.arch}
     answers = []
     try:
-        with launched_server(launch_command(target, draft, None, extra), base, log_path):
+        with launched_server(cmd, base, log_path):
             params = {"temperature": 1.0, "max_new_tokens": 64, "ignore_eos": True}
             for i in range(8):
                 try:
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         summary["launch_error"] = str(e)
     finally:
-        os.environ.pop(TEST_RANK_SKEW_ENV, None)
+        os.environ.pop(inject.RANK_SKEW_ENV, None)
     with open(log_path, errors="replace") as f:
         log = f.read()
     full = [a for a in answers if a.get("status") == 200 and a.get("tokens") == 64]

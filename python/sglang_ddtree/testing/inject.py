@@ -1,0 +1,100 @@
+"""Test-only changes to DDTREE inside SGLang's scheduler processes, made by the tests, never by
+the server.
+
+SGLang starts its scheduler processes by spawning, which imports the launching module again in
+each of them (as ``__mp_main__``). A testing module that launches engines calls
+`install_from_env` when it is imported; the changes named in the environment it set before a
+launch are then made in every process of that engine, before the worker is built:
+
+- ``WRONG_COINS_ENV`` = a float: the verify coins scaled by it, a deliberately wrong sampling
+  law (coins below their law accept the first children too often), which a law test must
+  reject: its power.
+- ``RANK_SKEW_ENV`` = an int: each tensor-parallel rank's coin generator seeded with ``seed +
+  skew * rank``, so ranks take different sampled decisions, which the worker's rank-agreement
+  check must stop loudly.
+- ``GRAPH_STATS_ENV`` = a file: the worker's CUDA-graph counts (``GraphStats.as_dict``) written
+  there after every step and after the startup capture.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+
+logger = logging.getLogger(__name__)
+
+WRONG_COINS_ENV = "DDTREE_TESTING_WRONG_COINS"
+RANK_SKEW_ENV = "DDTREE_TESTING_RANK_SKEW"
+GRAPH_STATS_ENV = "DDTREE_TESTING_GRAPH_STATS"
+# Where the worker and its glue live: the plugin's modules, or SGLang's tree with the patch.
+PLUGIN = "sglang_ddtree.srt"
+IN_TREE = "sglang.srt.speculative"
+
+
+def install_from_env(environ: Mapping[str, str] | None = None, package: str = PLUGIN) -> list[str]:
+    """Make the changes ``environ`` names (default ``os.environ``) in ``package``'s modules;
+    returns their names. Nothing is imported when none is named."""
+    env = os.environ if environ is None else environ
+    done = []
+    if env.get(WRONG_COINS_ENV):
+        scale_coins(float(env[WRONG_COINS_ENV]), package)
+        done.append(WRONG_COINS_ENV)
+    if env.get(RANK_SKEW_ENV):
+        skew_ranks(int(env[RANK_SKEW_ENV]), package)
+        done.append(RANK_SKEW_ENV)
+    if env.get(GRAPH_STATS_ENV):
+        write_graph_stats(env[GRAPH_STATS_ENV], package)
+        done.append(GRAPH_STATS_ENV)
+    return done
+
+
+def scale_coins(scale: float, package: str = PLUGIN) -> None:
+    """Every verify's coins (``ddtree_utils.draw_coins``, which the accept draws from) times
+    ``scale``; the bonus coins stay."""
+    import importlib
+
+    utils = importlib.import_module(f"{package}.ddtree_utils")
+    draw = utils.draw_coins
+
+    def scaled(*args, **kwargs):
+        coins, final_coins = draw(*args, **kwargs)
+        return coins * scale, final_coins
+
+    utils.draw_coins = scaled
+    logger.warning("DDTREE runs a DELIBERATELY WRONG sampling law: coins x %s (tests only).", scale)
+
+
+def skew_ranks(skew: int, package: str = PLUGIN) -> None:
+    """Each worker's coin generator reseeded with its tensor-parallel rank times ``skew``."""
+    import importlib
+
+    worker_cls = importlib.import_module(f"{package}.ddtree_worker_v2").DDTreeWorkerV2
+    init = worker_cls.__init__
+
+    def skewed(self, server_args, *args, **kwargs):
+        init(self, server_args, *args, **kwargs)
+        seed = int(getattr(server_args, "random_seed", 0) or 0)
+        self._coin_generator.manual_seed(seed + skew * int(self.ps.tp_rank))
+        logger.warning(
+            "DDTREE: rank %d draws DIFFERENT verify coins (tests only).", self.ps.tp_rank
+        )
+
+    worker_cls.__init__ = skewed
+
+
+def write_graph_stats(path: str, package: str = PLUGIN) -> None:
+    """``GraphStats.flush`` replaces ``path`` with the counts, atomically (a test reads it from
+    another process while the server runs)."""
+    import importlib
+
+    stats_cls = importlib.import_module(f"{package}.ddtree_worker_v2").GraphStats
+
+    def flush(self) -> None:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.as_dict(), f)
+        os.replace(tmp, path)
+
+    stats_cls.flush = flush
