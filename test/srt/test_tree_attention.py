@@ -290,6 +290,7 @@ logged = []
 handler = logging.Handler()
 handler.emit = lambda record: logged.append(record.getMessage())
 logging.getLogger("sglang_ddtree.srt.ddtree_attention").addHandler(handler)
+logging.getLogger("sglang_ddtree.srt.ddtree_attention").setLevel(logging.INFO)  # logged at info
 ddtree_requests.set_active(True)
 out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_v, layer, fb)
 assert len(logged) == 1 and SPLIT_LOG_LINE in logged[0], logged

@@ -126,7 +126,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
-        logger.warning("DDTREE: %s (%s=0 keeps the backend's extend kernel).", SPLIT_LOG_LINE, ENV)
+        logger.info("DDTREE: %s (%s=0 keeps the backend's extend kernel).", SPLIT_LOG_LINE, ENV)
     pool = backend.token_to_kv_pool  # the backend's pool, as its own extend writes it
     if save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
@@ -265,7 +265,7 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
 
     if not _announced:
         _announced.append(True)
-        logger.warning("DDTREE: %s, prefix part by FlashMLA (%s=0 keeps it).", SPLIT_LOG_LINE, ENV)
+        logger.info("DDTREE: %s, prefix part by FlashMLA (%s=0 keeps it).", SPLIT_LOG_LINE, ENV)
     pool = backend.token_to_kv_pool
     if k is not None and save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)

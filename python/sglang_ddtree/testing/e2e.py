@@ -105,7 +105,7 @@ def engine_kwargs(target: str, draft: str, algo: str | None, **extra) -> dict:
         cuda_graph_max_bs_decode=16,
         max_running_requests=16,
         context_length=1024,
-        log_level="warning",
+        log_level="info",  # DDTREE's notes (the split attention's first verify) are at info
         random_seed=0,
     )
     if algo is not None:
