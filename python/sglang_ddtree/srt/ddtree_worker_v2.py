@@ -114,7 +114,6 @@ from sglang_ddtree.srt.ddtree_utils import (
 logger = logging.getLogger(__name__)
 
 
-
 def schedule_from_args(server_args) -> BudgetSchedule:
     """The schedule resolved by ``DDTreeSpecAlgo.handle_server_args`` in the launcher process.
 
@@ -140,8 +139,9 @@ class GraphStats:
     """Per-W counts of target-verify steps replayed from a CUDA graph or run eagerly.
 
     ``eager_with_graph`` counts eager steps whose bs had a captured graph: a silent loss of CUDA
-    graphs (each one is also logged once per (W, bs)). Host ints only. ``flush`` runs after every
-    step and after the startup capture; it does nothing here (a test reads the counts there).
+    graphs (each one is also logged once per (W, bs)). Host ints only. ``flush`` is called after
+    every step and after the startup capture and does nothing: the hook where a test that reads
+    the counts from another process writes them out.
     """
 
     def __init__(self, schedule: BudgetSchedule):
