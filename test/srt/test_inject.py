@@ -5,6 +5,7 @@ server's own modules carry no test switch."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -36,3 +37,39 @@ def test_no_test_switch_in_the_server():
         text = path.read_text()
         for word in ("coin_scale", "TEST_COIN", "RANK_SKEW", "GRAPH_STATS", "DDTREE_TESTING_"):
             assert word not in text, (path.name, word)
+
+
+def test_a_spawned_process_gets_the_change(tmp_path):
+    """The mechanism the e2e tools rely on: SGLang spawns its processes
+    (``mp.set_start_method("spawn")``), and a spawned process imports the launching module again
+    (``python -m``), so `install_from_env` at import reaches it; without the variable it does
+    not."""
+    import subprocess
+    import sys
+
+    (tmp_path / "launcher.py").write_text(
+        "import multiprocessing as mp\n"
+        "from sglang_ddtree.testing import inject\n"
+        "inject.install_from_env()\n"
+        "def child(q):\n"
+        "    from sglang_ddtree.srt import ddtree_utils\n"
+        "    q.put(ddtree_utils.draw_coins.__name__)\n"
+        "if __name__ == '__main__':\n"
+        "    mp.set_start_method('spawn', force=True)\n"
+        "    q = mp.Queue()\n"
+        "    p = mp.Process(target=child, args=(q,))\n"
+        "    p.start()\n"
+        "    print('child:', q.get(timeout=120))\n"
+        "    p.join()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    for value, want in (("0.5", "scaled"), (None, "draw_coins")):
+        run_env = dict(env)
+        run_env.pop(inject.WRONG_COINS_ENV, None)
+        if value is not None:
+            run_env[inject.WRONG_COINS_ENV] = value
+        out = subprocess.run(
+            [sys.executable, "-m", "launcher"], env=run_env, capture_output=True, text=True,
+            timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert f"child: {want}" in out.stdout, out.stdout + out.stderr[-2000:]
