@@ -446,7 +446,7 @@ def _dummy_step(worker, bs: int) -> None:
     for mode in accept_modes():
         sampling_info = dummy_sampling_info(mode, bs, device)
         assert accept_mode(sampling_info) == mode
-        commit = verify_input.verify(
-            logits, sampling_info, glue["accept"], key, worker._coin_generator, mode
+        commit = accept_tree(
+            tree, logits, sampling_info, glue["accept"], key, worker._coin_generator, mode
         )
         commit_kv(glue["kv"], key, mode, target_hidden, commit, tree)

@@ -1,24 +1,20 @@
-"""``DDTreeVerifyInput``: the target verify of one DDTREE step and its accept decision.
+"""``DDTreeVerifyInput``: the data of one DDTREE step's target verify.
 
 The verify forward is DFLASH's (``DFlashVerifyInput.prepare_for_verify``, TARGET_VERIFY mode)
 with W tree nodes per request and the ancestor-only custom mask in place of DFLASH's causal
-block; ``verify`` then takes the target's logits over the nodes to the accepted path, the bonus
-token and the commit plan: greedy requests by the tree walk, sampled ones by target-only tree
-sampling (``core.step.accept_and_commit``, one pass for a mixed batch), through the step's
-captured accept graph (``ddtree_utils``).
+block. The accept decision over the verify's logits is the worker's
+(``ddtree_utils.accept_tree``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.step import TreeStep
-from sglang_ddtree.srt.ddtree_utils import accept_tree, verify_mask
+from sglang_ddtree.srt.ddtree_utils import verify_mask
 
 
 @dataclass
@@ -50,18 +46,4 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             custom_mask=mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             tree=tree,
-        )
-
-    def verify(
-        self,
-        logits: torch.Tensor,  # [bs * W, V] target logits at every node (penalties applied)
-        sampling_info,  # SGLang's SamplingBatchInfo, or None (every request greedy)
-        accept_graphs,  # ddtree_glue_graph.SegmentGraphs over core.step.accept_and_commit
-        key,  # its graph key (bs,), or None to run eagerly
-        coin_generator: torch.Generator,
-        mode: tuple | None = None,  # ddtree_utils.accept_mode(sampling_info), if known
-    ) -> CommitPlan:
-        """Accept per request and plan the commit (``ddtree_utils.accept_tree``)."""
-        return accept_tree(
-            self.tree, logits, sampling_info, accept_graphs, key, coin_generator, mode
         )

@@ -104,6 +104,7 @@ from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
     accept_mode,
+    accept_tree,
     commit_kv,
     make_accept_fn,
     make_tree_fns,
@@ -676,8 +677,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 4) Accept and plan the commit (glue graph).
         mode = accept_mode(sampling_info)  # host flags; the accept and KV graphs key on it
-        commit: CommitPlan = verify_input.verify(
-            logits, sampling_info, glue["accept"], key, self._coin_generator, mode
+        commit: CommitPlan = accept_tree(
+            tree, logits, sampling_info, glue["accept"], key, self._coin_generator, mode
         )
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
