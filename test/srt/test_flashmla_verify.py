@@ -100,17 +100,19 @@ def test_prefix_part_reference_merges_to_the_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
-    "bs,w,prefix",
+    "bs,w,prefix,hq",
     [
-        (1, 16, [8192]),
-        (4, 16, [1, 63, 64, 65]),  # on and across a page boundary; nodes spill into a new page
-        (3, 33, [127, 128, 129]),
-        (8, 32, [5000, 64, 2, 700, 4097, 33, 640, 1]),
-        (64, 8, [37 + 61 * i for i in range(64)]),
-        (2, 65, [2000, 50]),
+        (1, 16, [8192], 8),
+        (4, 16, [1, 63, 64, 65], 8),  # on and across a page boundary; nodes spill into a new page
+        (3, 33, [127, 128, 129], 8),
+        (8, 32, [5000, 64, 2, 700, 4097, 33, 640, 1], 8),
+        (64, 8, [37 + 61 * i for i in range(64)], 8),
+        (2, 65, [2000, 50], 8),
+        (4, 8, [20, 300, 64, 1000], 4),  # the tiny Kimi-shaped pair's 4 heads at its W 8
+        (2, 8, [700, 3000], 16),  # one TP-4 rank of K2.6
     ],
 )
-def test_flashmla_split_equals_reference(bs, w, prefix, load_benchmark):
+def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
     """FlashMLA's prefix part (paged latent cache, 64-slot pages, shuffled) merged with the
     ancestor block equals the masked reference within bf16 rounding, and a CUDA-graph replay
     gives the same bits as the eager call."""
@@ -118,7 +120,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, load_benchmark):
 
     pytest.importorskip("sgl_kernel.flash_mla")
     bench = load_benchmark("bench_tree_attention")
-    t = bench.random_verify(bs, w, prefix, 8, 1, 576, seed=bs + w, dv=512, page=64)
+    t = bench.random_verify(bs, w, prefix, hq, 1, 576, seed=bs + w, dv=512, page=64)
     scale = 576**-0.5
     prefix_part, split = bench.flashmla_split(t, w, scale)
     got = split()
