@@ -1042,3 +1042,70 @@ def test_tree_segment_functions_build_the_tree_of_draft_to_tree(tp):
         else fns[0]["tree"](gathered, bonus, seq_lens, pool_rows)
     )
     assert torch.equal(again.verify_loc, want.verify_loc + 1)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_step_glue_drives_the_segments_as_the_step_does(tp):
+    """`StepGlue` (what the worker and the startup capture drive): its draft tree equals
+    `draft_to_tree` (under tensor parallelism through the shard segment and the gather it is
+    given), its accept equals `accept_tree` with its own coin generator, and its KV commit calls
+    the KV segment with the step's mode in the key."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.core.sampling import draw_coins
+    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
+
+    bs, block, hid, vocab, budget, topk = 2, 5, 16, 37, 8, 4
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(
+        bs, block, hid, vocab, "cpu", seed=21
+    )
+    shape = SimpleNamespace(block_size=block, max_depth=block - 1, budget=budget)
+    want = draft_to_tree(
+        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
+        block_size=block, max_depth=block - 1, budget=budget, topk=topk,
+    )  # fmt: skip
+    width = -(-vocab // tp)
+    fns = make_tree_fns(
+        shape, vocab, topk, "torch", lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
+        lm_head_shard=None if tp == 1 else (lambda: (lm_head[:width], 0)),
+    )  # fmt: skip
+    other_ranks = [
+        make_tree_fns(
+            shape, vocab, topk, "torch", lm_head=lambda: lm_head,
+            req_to_token=lambda: req_to_token,
+            lm_head_shard=(lambda r=r: (lm_head[r * width : (r + 1) * width], r * width)),
+        )["shard"]
+        for r in range(1, tp)
+    ]  # fmt: skip
+
+    def gather(packed):  # what the all-gather hands every rank
+        return torch.stack([packed, *(f(hidden) for f in other_ranks)])
+
+    kv_calls = []
+    segments = {name: SegmentGraphs(name, fn, enabled=False) for name, fn in fns.items()}
+    segments["accept"] = SegmentGraphs("accept", make_accept_fn(block), enabled=False)
+    segments["kv"] = lambda key, bound: kv_calls.append((key, sorted(bound)))
+    glue = StepGlue(segments, torch.Generator().manual_seed(4), gather if tp > 1 else None)
+    tree = glue.draft_tree(None, hidden, bonus, seq_lens, pool_rows)
+    assert torch.equal(tree.tokens, want.tokens) and torch.equal(tree.verify_loc, want.verify_loc)
+
+    w = budget + 1
+    logits = torch.randn(bs * w, vocab, generator=torch.Generator().manual_seed(2))
+    info = SimpleNamespace(
+        is_all_greedy=False, need_top_k_sampling=True, need_top_p_sampling=True,
+        temperatures=torch.tensor([1.0, 0.8]), top_ks=torch.tensor([ALL, 10]),
+        top_ps=torch.tensor([0.9, 1.0]),
+    )  # fmt: skip
+    mode = ("sampled", True, True, False)
+    got = glue.accept(None, tree, logits, info, mode)
+    coins, final = draw_coins(bs, w, "cpu", generator=torch.Generator().manual_seed(4))
+    expect = accept_and_commit(
+        logits, tree.tokens, tree.layout, tree.seq_lens, accept_width=block,
+        temperatures=info.temperatures, top_ks=info.top_ks, top_ps=info.top_ps,
+        coins=coins, final_coins=final,
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+    glue.commit_kv((bs,), mode, torch.zeros(bs * w, 4), got, tree)
+    assert kv_calls and kv_calls[0][0] == (bs, *mode)
+    with pytest.raises(AssertionError):
+        StepGlue({"tree": None, "accept": None, "kv": None, "shard": None}, glue.coin_generator)

@@ -399,7 +399,7 @@ def _dummy_step(worker, bs: int) -> None:
     )
 
     from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
-    from sglang_ddtree.srt.ddtree_utils import accept_mode, commit_kv
+    from sglang_ddtree.srt.ddtree_utils import accept_mode
 
     device = worker.device
     shape = worker.shape_for(bs)
@@ -418,7 +418,9 @@ def _dummy_step(worker, bs: int) -> None:
         reserved_seq_lens_sum=None,
     )
     hidden = worker._draft_hidden(batch, draft_input, bs, shape)
-    tree = worker._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
+    tree = glue.draft_tree(
+        key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices
+    )
     verify_input = DDTreeVerifyInput.from_tree(
         tree, batch, draft_input, full_mask=worker._verify_full_mask
     )
@@ -446,7 +448,5 @@ def _dummy_step(worker, bs: int) -> None:
     for mode in accept_modes():
         sampling_info = dummy_sampling_info(mode, bs, device)
         assert accept_mode(sampling_info) == mode
-        commit = accept_tree(
-            tree, logits, sampling_info, glue["accept"], key, worker._coin_generator, mode
-        )
-        commit_kv(glue["kv"], key, mode, target_hidden, commit, tree)
+        commit = glue.accept(key, tree, logits, sampling_info, mode)
+        glue.commit_kv(key, mode, target_hidden, commit, tree)

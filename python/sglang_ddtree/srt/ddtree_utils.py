@@ -1,7 +1,8 @@
 """DDTREE verify helpers that need no SGLang import (as ``dflash_utils.py`` holds DFLASH's):
 the verify mask's buffer, the draft-tree and accept segments' functions, the accept decision of
 one step (greedy and sampled requests in one pass) through that segment's captured graphs, the
-KV commit segment's call, and the fingerprint by which tensor-parallel ranks check that they
+KV commit segment's call, `StepGlue` (one W's segments and coins, which the worker and the
+startup capture drive), and the fingerprint by which tensor-parallel ranks check that they
 took the same decision.
 """
 
@@ -165,6 +166,71 @@ def commit_kv(
             "pool_idx": tree.req_pool_indices,
         },
     )
+
+
+class StepGlue:
+    """The glue of the decode steps at one W, as captured graphs: the draft tree (under tensor
+    parallelism, each rank's candidates, the all-gather, then the tree), the accept and the KV
+    commit, each a ``ddtree_glue_graph.SegmentGraphs`` keyed by ``(bs,)`` and, for the accept
+    and KV segments, the accept mode; and the generator the verify coins come from. The worker
+    drives it once a step and the startup capture drives it the same way on placeholders.
+    ``key=None`` runs a segment eagerly."""
+
+    def __init__(
+        self,
+        segments: dict,  # {"tree", "accept", "kv"} and "shard" under tensor parallelism
+        coin_generator: torch.Generator,
+        gather: Callable[[torch.Tensor], torch.Tensor] | None = None,  # [...] -> [tp, ...]
+    ):
+        assert {"tree", "accept", "kv"} <= set(segments), sorted(segments)
+        assert (gather is None) == ("shard" not in segments), "a gather goes with a shard segment"
+        self.segments = segments
+        self.coin_generator = coin_generator
+        self._gather = gather
+
+    def draft_tree(
+        self,
+        key,
+        hidden: torch.Tensor,  # [bs * B, H] the drafter's block hidden states
+        bonus: torch.Tensor,  # [bs] int64, the roots
+        seq_lens: torch.Tensor,  # [bs] committed lengths
+        req_pool_indices: torch.Tensor,  # [bs] request-pool rows
+    ) -> TreeStep:
+        """The draft tree and the verify's inputs (`core.step.draft_to_tree`)."""
+        copied = {
+            "bonus": bonus.view(-1),
+            "seq_lens": seq_lens,
+            "req_pool_indices": req_pool_indices,
+        }
+        if self._gather is None:
+            return self.segments["tree"](key, bound={"hidden": hidden}, copied=copied)
+        packed = self.segments["shard"](key, bound={"hidden": hidden})
+        gathered = self._gather(packed)
+        return self.segments["tree"](key, bound={}, copied={"gathered": gathered, **copied})
+
+    def accept(
+        self,
+        key,
+        tree: TreeStep,
+        logits: torch.Tensor,  # [bs * W, V] the verify's processed logits
+        sampling_info,  # SGLang's SamplingBatchInfo, or None (every request greedy)
+        mode: tuple,  # accept_mode(sampling_info)
+    ) -> CommitPlan:
+        """The accepted paths and the commit plan (`accept_tree`)."""
+        return accept_tree(
+            tree, logits, sampling_info, self.segments["accept"], key, self.coin_generator, mode
+        )
+
+    def commit_kv(
+        self,
+        key,
+        mode: tuple,
+        target_hidden: torch.Tensor,  # [bs * W, H_aux]
+        commit: CommitPlan,
+        tree: TreeStep,
+    ) -> None:
+        """The accepted path's target KV to contiguous slots and its drafter KV (`commit_kv`)."""
+        commit_kv(self.segments["kv"], key, mode, target_hidden, commit, tree)
 
 
 def accept_mode(sampling_info) -> tuple:

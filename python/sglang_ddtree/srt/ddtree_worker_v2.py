@@ -28,8 +28,10 @@ Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree
 (``core.step.accept_and_commit``) and step 5 (KV moves + drafter-KV append) are each captured
 per (bs, W, sampling mode) and replayed (``ddtree_glue_graph.SegmentGraphs``), so a step is five
 graph replays (two SGLang forwards, three glue segments) plus a few launches instead of ~100
-eager kernels around two replays. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns this off; outputs that
-outlive the step are cloned.
+eager kernels around two replays. Each W's segments and the coins' generator are one
+``ddtree_utils.StepGlue``, which this worker and the startup capture (``ddtree_glue_warmup``)
+drive. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns the graphs off; outputs that outlive the step are
+cloned.
 
 Tensor parallelism: step 2 splits around one all-gather (each rank's draft top-K over its
 vocabulary rows of the LM head, then the same merge and tree on every rank), the verify coins
@@ -103,9 +105,8 @@ from sglang_ddtree.srt.ddtree_glue_warmup import (
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
+    StepGlue,
     accept_mode,
-    accept_tree,
-    commit_kv,
     make_accept_fn,
     make_tree_fns,
     rank_fingerprint,
@@ -254,7 +255,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         self._glue_stream = share.get("stream")  # also the glue memory measure's (GlueReserve)
         self._glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
-        self.graph_stats.glue_segments = [seg for g in self._glue.values() for seg in g.values()]
+        self.graph_stats.glue_segments = [
+            seg for g in self._glue.values() for seg in g.segments.values()
+        ]
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
         self._glue_reserve = GlueReserve(self, _max_graph_bs(server_args)) if glue_on else None
@@ -447,7 +450,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     # ------------------------------------------------------------------------------------------
     # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).
-    def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> dict[str, SegmentGraphs]:
+    def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> StepGlue:
         w, s = shape.num_nodes, shape.accept_width
         vocab = int(self.model_runner.model_config.vocab_size)
         depth_offsets = torch.arange(s, device=self.device)
@@ -501,22 +504,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
         glue["accept"] = SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share)
         glue["kv"] = SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share)
-        return glue
-
-    def _draft_tree(self, glue, key, hidden, bonus, batch) -> TreeStep:
-        """Steps 1-2 after the drafter forward (glue graph): the draft tree and verify inputs.
-        ``bonus``: [bs] int64 root tokens."""
-        if self._tp_size > 1:
-            return self._draft_tree_tp(glue, key, hidden, bonus, batch)
-        return glue["tree"](
-            key,
-            bound={"hidden": hidden},
-            copied={
-                "bonus": bonus.view(-1),
-                "seq_lens": batch.seq_lens,
-                "req_pool_indices": batch.req_pool_indices,
-            },
-        )
+        gather = self._gather_candidates if self._tp_size > 1 else None
+        return StepGlue(glue, self._coin_generator, gather)
 
     def _lm_head_shard(self) -> tuple[torch.Tensor, int]:
         """This rank's rows of the target LM head that are real tokens, and the global id of
@@ -527,22 +516,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE under tensor parallelism needs a vocab-parallel LM head.")
         return lm_head.weight[: int(shard.num_org_elements)], int(shard.org_vocab_start_index)
 
-    def _draft_tree_tp(self, glue, key, hidden, bonus, batch) -> TreeStep:
-        """The tree under tensor parallelism: shard candidates (glue graph), all-gather, merge
-        and build (glue graph)."""
-        packed = glue["shard"](key, bound={"hidden": hidden})
+    def _gather_candidates(self, packed: torch.Tensor) -> torch.Tensor:
+        """Tensor parallel: every rank's draft candidates (``[tp, ...]``), all-gathered eagerly
+        between the shard and tree segments; every rank then builds the same tree."""
         gathered = packed.new_empty((self._tp_size, *packed.shape))
         self._tp_group.all_gather_into_tensor(gathered.view(-1), packed.contiguous().view(-1))
-        return glue["tree"](
-            key,
-            bound={},
-            copied={
-                "gathered": gathered,
-                "bonus": bonus.view(-1),
-                "seq_lens": batch.seq_lens,
-                "req_pool_indices": batch.req_pool_indices,
-            },
-        )
+        return gathered
 
     def _check_ranks_agree(self, tree: TreeStep, commit: CommitPlan) -> None:
         """Tensor parallel: one all-reduce of a fingerprint of the tree and the accepted path;
@@ -619,7 +598,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
         hidden = self._draft_hidden(batch, draft_input, bs, shape)
-        tree = self._draft_tree(glue, key, hidden, draft_input.bonus_tokens, batch)
+        tree = glue.draft_tree(
+            key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices
+        )
 
         # Constrained requests: the tree's host copy starts here, ahead of the verify launch.
         grammar_tree = (
@@ -677,9 +658,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 4) Accept and plan the commit (glue graph).
         mode = accept_mode(sampling_info)  # host flags; the accept and KV graphs key on it
-        commit: CommitPlan = accept_tree(
-            tree, logits, sampling_info, glue["accept"], key, self._coin_generator, mode
-        )
+        commit: CommitPlan = glue.accept(key, tree, logits, sampling_info, mode)
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
         if penalized:  # the emitted tokens count from the next step on
@@ -692,7 +671,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             on_publish(new_seq_lens)
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path.
-        commit_kv(glue["kv"], key, mode, target_hidden, commit, tree)
+        glue.commit_kv(key, mode, target_hidden, commit, tree)
         self.graph_stats.flush()
         logits_output.hidden_states = None
 
