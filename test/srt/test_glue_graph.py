@@ -1105,7 +1105,10 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
         coins=coins, final_coins=final,
     )  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(got, expect))
-    glue.commit_kv((bs,), mode, torch.zeros(bs * w, 4), got, tree)
+    assert glue.mode == mode
+    glue.commit_kv((bs,), torch.zeros(bs * w, 4), got, tree)
     assert kv_calls and kv_calls[0][0] == (bs, *mode)
+    glue.accept(None, tree, logits, None)  # no sampling info: the greedy mode, decided here
+    assert glue.mode == ("greedy",)
     with pytest.raises(AssertionError):
         StepGlue({"tree": None, "accept": None, "kv": None, "shard": None}, glue.coin_generator)

@@ -449,4 +449,4 @@ def _dummy_step(worker, bs: int) -> None:
         sampling_info = dummy_sampling_info(mode, bs, device)
         assert accept_mode(sampling_info) == mode
         commit = glue.accept(key, tree, logits, sampling_info, mode)
-        glue.commit_kv(key, mode, target_hidden, commit, tree)
+        glue.commit_kv(key, target_hidden, commit, tree)

@@ -172,7 +172,8 @@ class StepGlue:
     """The glue of the decode steps at one W, as captured graphs: the draft tree (under tensor
     parallelism, each rank's candidates, the all-gather, then the tree), the accept and the KV
     commit, each a ``ddtree_glue_graph.SegmentGraphs`` keyed by ``(bs,)`` and, for the accept
-    and KV segments, the accept mode; and the generator the verify coins come from. The worker
+    and KV segments, the step's accept mode (`accept_mode`, decided by `accept` and kept for
+    the `commit_kv` that follows it); and the generator the verify coins come from. The worker
     drives it once a step and the startup capture drives it the same way on placeholders.
     ``key=None`` runs a segment eagerly."""
 
@@ -187,6 +188,7 @@ class StepGlue:
         self.segments = segments
         self.coin_generator = coin_generator
         self._gather = gather
+        self.mode: tuple | None = None  # the last accept's mode, which its KV commit keys on
 
     def draft_tree(
         self,
@@ -214,23 +216,26 @@ class StepGlue:
         tree: TreeStep,
         logits: torch.Tensor,  # [bs * W, V] the verify's processed logits
         sampling_info,  # SGLang's SamplingBatchInfo, or None (every request greedy)
-        mode: tuple,  # accept_mode(sampling_info)
+        mode: tuple | None = None,  # the accept mode; None: accept_mode(sampling_info)
     ) -> CommitPlan:
-        """The accepted paths and the commit plan (`accept_tree`)."""
+        """The accepted paths and the commit plan (`accept_tree`), in the step's accept mode."""
+        self.mode = mode or accept_mode(sampling_info)
         return accept_tree(
-            tree, logits, sampling_info, self.segments["accept"], key, self.coin_generator, mode
-        )
+            tree, logits, sampling_info, self.segments["accept"], key, self.coin_generator,
+            self.mode,
+        )  # fmt: skip
 
     def commit_kv(
         self,
         key,
-        mode: tuple,
         target_hidden: torch.Tensor,  # [bs * W, H_aux]
-        commit: CommitPlan,
+        commit: CommitPlan,  # the last `accept`'s
         tree: TreeStep,
     ) -> None:
-        """The accepted path's target KV to contiguous slots and its drafter KV (`commit_kv`)."""
-        commit_kv(self.segments["kv"], key, mode, target_hidden, commit, tree)
+        """The accepted path's target KV to contiguous slots and its drafter KV (`commit_kv`),
+        keyed by the last accept's mode (its outputs are this segment's inputs)."""
+        assert self.mode is not None, "commit_kv follows an accept"
+        commit_kv(self.segments["kv"], key, self.mode, target_hidden, commit, tree)
 
 
 def accept_mode(sampling_info) -> tuple:

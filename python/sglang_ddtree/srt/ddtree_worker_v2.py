@@ -106,7 +106,6 @@ from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
     StepGlue,
-    accept_mode,
     make_accept_fn,
     make_tree_fns,
     rank_fingerprint,
@@ -656,9 +655,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if target_hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
 
-        # 4) Accept and plan the commit (glue graph).
-        mode = accept_mode(sampling_info)  # host flags; the accept and KV graphs key on it
-        commit: CommitPlan = glue.accept(key, tree, logits, sampling_info, mode)
+        # 4) Accept and plan the commit (glue graph; its key adds the accept mode).
+        commit: CommitPlan = glue.accept(key, tree, logits, sampling_info)
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
         if penalized:  # the emitted tokens count from the next step on
@@ -671,7 +669,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             on_publish(new_seq_lens)
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path.
-        glue.commit_kv(key, mode, target_hidden, commit, tree)
+        glue.commit_kv(key, target_hidden, commit, tree)
         self.graph_stats.flush()
         logits_output.hidden_states = None
 
