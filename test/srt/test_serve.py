@@ -85,3 +85,30 @@ def test_server_check_judges_forced_tool_calls(monkeypatch):
         monkeypatch.setattr(server_check, "http_json", reply(calls))
         assert server_check._tool_call("http://x", "required")[1] is want
     assert sent[0]["tool_choice"] == "required" and sent[0]["tools"] == [server_check.TOOL]
+
+
+def test_generation_defaults_check(tmp_path, monkeypatch):
+    """The defaults check's target keeps every file of the original and adds the defaults to
+    its generation_config.json; the check passes only when every plain request is served."""
+    import contextlib
+    import json
+
+    from sglang_ddtree.testing import server_check
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    copy = server_check.with_generation_defaults(str(target), str(tmp_path / "copy"))
+    assert (tmp_path / "copy" / "config.json").read_text() == "{}"
+    config = json.loads((tmp_path / "copy" / "generation_config.json").read_text())
+    assert config == {"eos_token_id": 0, **server_check.GENERATION_DEFAULTS}
+    assert json.loads((target / "generation_config.json").read_text()) == {"eos_token_id": 0}
+    assert copy == str(tmp_path / "copy")
+
+    monkeypatch.setattr(server_check, "launched_server", lambda *a: contextlib.nullcontext())
+    for code, want in ((200, True), (400, False)):
+        monkeypatch.setattr(server_check, "http_json", lambda url, payload, code=code: (code, {}))
+        summary: dict = {}
+        server_check.check_generation_defaults(str(target), "/d", summary, log_dir=str(tmp_path))
+        assert summary["defaults"]["passed"] is want and len(summary["defaults"]["requests"]) == 4

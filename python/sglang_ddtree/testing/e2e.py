@@ -26,6 +26,9 @@ Checks:
   float16). With it, greedy also passes when DDTREE's differing prompts are not more than the
   chain's at any batch size (one-sided Fisher test, p > ``CHAIN_EXCESS_P``), and the summary
   gives the chain's law p-values next to DDTREE's.
+- ``defaults`` (not run by default): a server over a target whose generation_config.json sets
+  a repetition penalty and a min-p serves plain requests (see
+  `sglang_ddtree.testing.server_check.check_generation_defaults`).
 - ``server``: see `sglang_ddtree.testing.server_check`.
 - ``adaptive``: one DDTREE engine with the budget schedule
   ``SGLANG_DDTREE_BUDGET_SCHEDULE=1:33,4:17`` (block-8 drafter: W=33 for bs 1..3, W=17 for
@@ -73,7 +76,7 @@ ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W
 GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
-OPTIONAL_CHECKS = ("chain",)  # accepted by --checks, not in the default set
+OPTIONAL_CHECKS = ("chain", "defaults")  # accepted by --checks, not in the default set
 CHAIN_EXCESS_P = 0.01
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
 # Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
@@ -627,6 +630,13 @@ def main() -> int:
             check_server(target, draft, summary, log_dir=args.out)
         except Exception as e:
             summary["server"] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
+    if "defaults" in checks:
+        from sglang_ddtree.testing.server_check import check_generation_defaults
+
+        try:
+            check_generation_defaults(target, draft, summary, log_dir=args.out)
+        except Exception as e:
+            summary["defaults"] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
     for name in checks:
         print(f"[e2e] {name}: {json.dumps(summary[name])[:2000]}", flush=True)
     summary["seconds"] = round(time.time() - t0, 1)

@@ -117,6 +117,14 @@ PENALTY_SETTINGS = {
         "repetition_penalty": 1.2,
     },
     "min_new4_T1.0": {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_new_tokens": 4},
+    # A generation_config's defaults (server_check.GENERATION_DEFAULTS): min-p path + penalty.
+    "rep1.05_minp0.05_T1.0": {
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "repetition_penalty": 1.05,
+        "min_p": 0.05,
+    },
 }
 
 

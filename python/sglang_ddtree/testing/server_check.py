@@ -205,3 +205,56 @@ def _tool_call(base: str, tool_choice) -> tuple[str, bool]:
             arguments = None
         ok = function.get("name") == "get_weather" and arguments in [{"city": c} for c in CITIES]
     return (json.dumps(calls) if calls else str(body))[:200], ok
+
+
+# A target whose generation_config.json sets penalty and min-p defaults: SGLang's default
+# ``--sampling-defaults model`` copies them into every request that leaves them unset.
+GENERATION_DEFAULTS = {"repetition_penalty": 1.05, "min_p": 0.05}
+
+
+def with_generation_defaults(target: str, out_dir: str) -> str:
+    """A copy of the ``target`` directory (links to its files) whose generation_config.json
+    adds `GENERATION_DEFAULTS`."""
+    os.makedirs(out_dir, exist_ok=True)
+    for name in os.listdir(target):
+        if name != "generation_config.json":
+            os.symlink(os.path.join(os.path.abspath(target), name), os.path.join(out_dir, name))
+    path = os.path.join(target, "generation_config.json")
+    config = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            config = json.load(f)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({**config, **GENERATION_DEFAULTS}, f)
+    return out_dir
+
+
+def check_generation_defaults(
+    target: str, draft: str, summary: dict, log_dir: str | None = None
+) -> None:
+    """A DDTREE server over a target whose generation_config sets `GENERATION_DEFAULTS`: plain
+    chat and completion requests (no sampling parameter given) are served (the law of those
+    settings is the law tool's ``penalties`` part, setting ``rep1.05_minp0.05_T1.0``)."""
+    import tempfile
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = os.path.join(log_dir or os.environ.get("OUT", "."), "defaults_server.log")
+    model = with_generation_defaults(target, tempfile.mkdtemp(prefix="ddtree_defaults_"))
+    res: dict = {"log": log_path, "generation_defaults": GENERATION_DEFAULTS}
+    with launched_server(launch_cmd(model, draft, port), base, log_path):
+        statuses = []
+        for i in range(3):
+            code, body = http_json(
+                base + "/v1/chat/completions",
+                {"model": "default", "messages": [{"role": "user", "content": f"hi {i}"}],
+                 "max_tokens": 24},
+            )  # fmt: skip
+            statuses.append({"status": code, "body": str(body)[:160]})
+        code, body = http_json(
+            base + "/v1/completions", {"model": "default", "prompt": "abc", "max_tokens": 24}
+        )
+        statuses.append({"status": code, "body": str(body)[:160]})
+    res["requests"] = statuses
+    res["passed"] = all(s["status"] == 200 for s in statuses)
+    summary["defaults"] = res
