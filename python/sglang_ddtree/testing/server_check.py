@@ -75,6 +75,17 @@ def check_server(target: str, draft: str, summary: dict, log_dir: str | None = N
     summary["server"] = res
 
 
+def _chat(base: str, content: str, **params) -> tuple[int, dict, dict]:
+    """One user turn on ``/v1/chat/completions``: (status, body, the reply's message; empty
+    unless 200)."""
+    code, body = http_json(
+        base + "/v1/chat/completions",
+        {"model": "default", "messages": [{"role": "user", "content": content}], **params},
+    )
+    message = body.get("choices", [{}])[0].get("message", {}) if code == 200 else {}
+    return code, body, message
+
+
 def _exercise(base: str) -> dict:
     out: dict = {}
     code, body = http_json(
@@ -86,36 +97,17 @@ def _exercise(base: str) -> dict:
     out["ok_completions"] = code == 200 and isinstance(text, str) and len(text) > 0
     out["completions_sample"] = (text or str(body))[:80]
 
-    code, body = http_json(
-        base + "/v1/chat/completions",
-        {
-            "model": "default",
-            "messages": [{"role": "user", "content": "hi there"}],
-            "max_tokens": 32,
-            "temperature": 0.7,
-            "top_p": 0.9,
-        },
-    )
+    code, body, message = _chat(base, "hi there", max_tokens=32, temperature=0.7, top_p=0.9)
     out["chat_status"] = code
-    msg = body.get("choices", [{}])[0].get("message", {}).get("content") if code == 200 else None
+    msg = message.get("content")
     out["ok_chat"] = code == 200 and isinstance(msg, str)
     out["chat_sample"] = (msg or str(body))[:80]
 
-    code, body = http_json(
-        base + "/v1/chat/completions",
-        {
-            "model": "default",
-            "messages": [{"role": "user", "content": "pick one"}],
-            "max_tokens": 64,
-            "temperature": 1.0,
-            "top_p": 0.95,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "pick", "schema": SCHEMA},
-            },
-        },
-    )
-    msg = body.get("choices", [{}])[0].get("message", {}).get("content") if code == 200 else None
+    code, body, message = _chat(
+        base, "pick one", max_tokens=64, temperature=1.0, top_p=0.95,
+        response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}},
+    )  # fmt: skip
+    msg = message.get("content")
     out["json_mode_sample"] = (msg or str(body))[:120]
     out["ok_json_mode"] = code == 200 and isinstance(msg, str) and valid_json(msg)
 
@@ -182,19 +174,10 @@ def _exercise(base: str) -> dict:
 def _tool_call(base: str, tool_choice) -> tuple[str, bool]:
     """A chat request that must call ``get_weather`` (``tool_choice``): (a sample of the reply,
     whether it named the tool with a city its schema allows)."""
-    code, body = http_json(
-        base + "/v1/chat/completions",
-        {
-            "model": "default",
-            "messages": [{"role": "user", "content": "weather?"}],
-            "tools": [TOOL],
-            "tool_choice": tool_choice,
-            "max_tokens": 400,
-            "temperature": 1.0,
-            "top_p": 0.95,
-        },
-    )
-    message = body.get("choices", [{}])[0].get("message", {}) if code == 200 else {}
+    code, body, message = _chat(
+        base, "weather?", tools=[TOOL], tool_choice=tool_choice, max_tokens=400,
+        temperature=1.0, top_p=0.95,
+    )  # fmt: skip
     calls = message.get("tool_calls") or []
     ok = False
     if calls:
@@ -245,11 +228,7 @@ def check_generation_defaults(
     with launched_server(launch_cmd(model, draft, port), base, log_path):
         statuses = []
         for i in range(3):
-            code, body = http_json(
-                base + "/v1/chat/completions",
-                {"model": "default", "messages": [{"role": "user", "content": f"hi {i}"}],
-                 "max_tokens": 24},
-            )  # fmt: skip
+            code, body, _ = _chat(base, f"hi {i}", max_tokens=24)
             statuses.append({"status": code, "body": str(body)[:160]})
         code, body = http_json(
             base + "/v1/completions", {"model": "default", "prompt": "abc", "max_tokens": 24}
