@@ -66,6 +66,7 @@ def test_rows_follow_each_request_through_prefill_and_steps():
     ]
     first = torch.tensor([4, 4, 0])
     state.reset([r.req_pool_idx for r in reqs], reqs, first)
+    assert state.penalized == {5, 2}  # the rows a decode step looks up
     assert state.stop.shape[1] == 3  # grown to the widest stop set (eos 1, 2, 3)
     emitted = [[4], [4], [0]]
     pool_idx = torch.tensor([r.req_pool_idx for r in reqs])
@@ -97,8 +98,10 @@ def test_a_new_request_on_a_used_row_starts_clean():
     old = _req(1, freq=2.0, rep=1.5, min_new=9, stops=(3,))
     state.reset([1], [old], torch.tensor([7]))
     state.record(torch.tensor([1]), torch.tensor([[7, 7, 8]]))
+    assert state.penalized == {1}
     new = _req(1)
     state.reset([1], [new], torch.tensor([2]))
+    assert state.penalized == set()
     got = state.gather(torch.tensor([1]))
     want = _from_scratch([new], [[2]])
     for name in RequestPenalties._fields:

@@ -61,6 +61,9 @@ class PenaltyRows:
         self.repetition = torch.ones(rows, dtype=torch.float32, device=device)  # [R]
         self.min_new_tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # [R]
         self.stop = torch.full((rows, stop_width), -1, dtype=torch.int64, device=device)  # [R, S]
+        # Host: the rows whose request has a penalty, as of each row's last prefill. A decode
+        # step asks it per request (a set lookup) instead of reading sampling parameters.
+        self.penalized: set[int] = set()
 
     def reset(
         self,
@@ -71,6 +74,11 @@ class PenaltyRows:
         """A prefill batch: its rows restart from its requests' parameters and one emitted
         token. One host-to-device copy of n parameter rows; the counts stay on the device."""
         assert len(pool_rows) == len(reqs) == first_tokens.shape[0]
+        for row, req in zip(pool_rows, reqs):
+            if has_penalties(req.sampling_params):
+                self.penalized.add(row)
+            else:
+                self.penalized.discard(row)
         device = self.counts.device
         stops = [stop_ids(r) for r in reqs]
         width = max([len(s) for s in stops] + [1])

@@ -369,10 +369,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._penalty_rows.reset([r.req_pool_idx for r in batch.reqs], batch.reqs, first_tokens)
 
     def _penalized(self, batch) -> bool:
-        """Whether any request of the batch has a penalty (host: its sampling parameters)."""
-        return self._penalty_rows is not None and any(
-            has_penalties(r.sampling_params) for r in batch.reqs
-        )
+        """Whether any request of the batch has a penalty (host: a set lookup per request)."""
+        rows = self._penalty_rows
+        return rows is not None and any(r.req_pool_idx in rows.penalized for r in batch.reqs)
 
     def _apply_penalties(self, logits, tree: TreeStep, batch, sampling_info) -> None:
         """Each node's penalties (`core.penalties`), then ``logit_bias``, in place on the verify
