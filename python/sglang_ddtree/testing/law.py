@@ -75,7 +75,7 @@ import os
 import time
 from collections import Counter
 
-from sglang_ddtree.testing.e2e import chi2_two_sample, engine_kwargs, generate
+from sglang_ddtree.testing.e2e import chi2_two_sample, engine_kwargs, excess_p, generate
 from sglang_ddtree.testing.e2e import engine as e2e_engine
 
 SAMPLES = 3000
@@ -695,8 +695,6 @@ def summarize_greedy(ref: dict, tree: dict) -> dict:
     """Greedy mismatches against the non-speculative server's one-by-one outputs, next to that
     server's own batch-versus-single mismatches (the noise floor). Within the floor: no more
     mismatches than the floor, or a one-sided Fisher exact test finds no excess (p > ALPHA)."""
-    from scipy.stats import fisher_exact
-
     acc = tree["greedy_accept"]
     floor = first_differences(ref["greedy_batch"], ref["greedy_single"])
     spec = first_differences(tree["greedy_batch"], ref["greedy_single"])
@@ -704,7 +702,7 @@ def summarize_greedy(ref: dict, tree: dict) -> dict:
     a, b = spec["mismatches"], floor["mismatches"]
 
     def excess(m: int) -> float:  # one-sided: does DDTREE differ more often than m of n?
-        return float(fisher_exact([[a, n - a], [m, n - m]], alternative="greater").pvalue)
+        return excess_p(a, m, n)
 
     p_excess = excess(b)
     path = {}
