@@ -6,7 +6,7 @@ it fails and the scheduler stops.
 Run as ``python -m sglang_ddtree.testing.context_limit --out DIR``: one DDTREE engine on the
 tiny Qwen3 pair (triton, W = ``NODES`` at every batch size, CUDA graphs up to bs
 ``GRAPH_BS``, context ``CONTEXT``), ``ROUNDS`` rounds of ``GRAPH_BS`` prompts of
-``PROMPT_TOKENS`` tokens each running to the context limit (``ignore_eos``), then one fresh
+``PROMPT_TOKENS`` tokens each running to the context limit (``ignore_eos``; SGLang stops them two tokens short), then one fresh
 request. Passes when every request returns its full length and the engine still serves;
 writes ``DIR/context_limit_summary.json``.
 """
@@ -65,11 +65,14 @@ def main() -> int:
             json.dump(summary, f, indent=2)
         return 1
     try:
-        want = CONTEXT - PROMPT_TOKENS
+        # SGLang clips max_new_tokens to max_req_len - input - 1, with max_req_len = context - 1
+        # (scheduler, tp_worker): the longest a request may run here.
+        want = CONTEXT - 2 - PROMPT_TOKENS
         for r in range(ROUNDS):
             prompts = make_prompts(lo, cfg.vocab_size, GRAPH_BS, seed=r)
             prompts = [(p * (PROMPT_TOKENS // len(p) + 1))[:PROMPT_TOKENS] for p in prompts]
-            params = {"temperature": 0.0 if r % 2 == 0 else 1.0, "max_new_tokens": want,
+            params = {"temperature": 0.0 if r % 2 == 0 else 1.0,
+                      "max_new_tokens": CONTEXT - PROMPT_TOKENS,
                       "ignore_eos": True}  # fmt: skip
             outs = eng.generate(input_ids=prompts, sampling_params=params)
             lengths = [len(o["output_ids"]) for o in outs]
