@@ -586,6 +586,11 @@ def main() -> int:
         default=None,
         help="the drafter's attention backend (default: SGLang's choice for the target's)",
     )
+    ap.add_argument(
+        "--fp32-lm-head",
+        action="store_true",
+        help="every engine computes its logits in float32 (SGLang's enable_fp32_lm_head)",
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -602,6 +607,8 @@ def main() -> int:
         ENGINE_EXTRA["page_size"] = page_size
     if args.draft_attention_backend:
         ENGINE_EXTRA["speculative_draft_attention_backend"] = args.draft_attention_backend
+    if args.fp32_lm_head:
+        ENGINE_EXTRA["enable_fp32_lm_head"] = True
     prompts = make_prompts(len(tiny_models.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     summary: dict = {
         "models": models,
@@ -610,6 +617,7 @@ def main() -> int:
         "tp": args.tp,
         "attention_backend": args.attention_backend,
         "page_size": page_size or 1,
+        "fp32_lm_head": args.fp32_lm_head,
     }
     checks = [c for c in args.checks.split(",") if c]
     unknown = set(checks) - set(ALL_CHECKS + OPTIONAL_CHECKS)
