@@ -250,6 +250,15 @@ def test_mla_targets_verify_on_flashmla_or_triton():
     assert len(errors) == 1 and "--kv-cache-dtype bfloat16" in errors[0]
 
 
+def test_flashmla_in_bfloat16_is_served_with_a_warning():
+    """Served, and the log says where its law has not matched (flashmla, bfloat16 KV); nothing
+    for triton or float16."""
+    (warning,) = dargs.target_warnings(torch.bfloat16, "flashmla")
+    assert "--attention-backend triton" in warning and "docs/limits.md" in warning
+    assert dargs.target_warnings(torch.float16, "flashmla") == []
+    assert dargs.target_warnings(torch.bfloat16, "triton") == []
+
+
 def test_tiny_mla_pair_files(tmp_path):
     """The Kimi-shaped pair: K2.6's MLA head dims, the first layer dense, MoE after it, weight
     shapes agreeing with the config, and the drafter in the Qwen3 pair's format."""

@@ -336,6 +336,21 @@ def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | No
     return errors
 
 
+def target_warnings(kv_dtype: Any, backend: str | None) -> list[str]:
+    """What a served setting does not yet promise: on flashmla in bfloat16 DDTREE's sampled law
+    has measured apart from the non-speculative server's (docs/limits.md), where triton's and
+    SGLang's DFLASH chain on flashmla have not."""
+    import torch
+
+    if backend == "flashmla" and kv_dtype == torch.bfloat16:
+        return [
+            "DDTREE's bfloat16 verify on flashmla does not yet match the non-speculative "
+            "server's sampled law in every setting (docs/limits.md); --attention-backend "
+            "triton does."
+        ]
+    return []
+
+
 def check_shape(shape: DDTreeShape) -> list[str]:
     """Refusals that need the resolved block size."""
     errors = []

@@ -91,6 +91,8 @@ from sglang_ddtree.srt.ddtree_args import (
     read_kv_mover,
     read_top_p_kernel,
     read_topk,
+    target_verify_backend,
+    target_warnings,
     top_p_kernel_unavailable,
     verify_backend_name,
 )
@@ -321,6 +323,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         if errors:
             raise ValueError(format_errors(errors))
+        for warning in target_warnings(
+            self.model_runner.kv_cache_dtype, target_verify_backend(self.model_runner.server_args)
+        ):
+            logger.warning(warning)
         if not is_dflash_sampling_verify_available():
             raise RuntimeError(
                 "DDTREE needs sgl_kernel.tree_speculative_sampling_target_only (CUDA build)."
