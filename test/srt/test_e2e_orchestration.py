@@ -136,3 +136,33 @@ def test_chain_check_reports_the_chains_law(monkeypatch):
     e2e.run_checks("/t", "/d", e2e_prompts, ["sampling", "chain"], summary)
     assert set(summary["chain"]["sampling"]) == {n for n, _, _ in e2e.SAMPLING_CASES}
     assert "greedy" not in summary["chain"]
+
+
+def test_backend_floor_runs_the_nonspeculative_server_on_triton(monkeypatch):
+    """``backend_floor`` on flashmla: one more non-speculative engine, on triton; every other
+    engine (the wrong law's included) stays on the chosen backend; its law tests are reported
+    beside DDTREE's."""
+    backends = []
+
+    @contextmanager
+    def engine(**kw):
+        backends.append((kw.get("speculative_algorithm") or "none", kw["attention_backend"]))
+
+        class Engine:
+            def generate(self, input_ids, sampling_params):
+                n = sampling_params["max_new_tokens"]
+                return [{"output_ids": [7] * n, "meta_info": {}} for _ in input_ids]
+
+        yield Engine()
+
+    monkeypatch.setattr(e2e, "engine", engine)
+    monkeypatch.setitem(e2e.ENGINE_EXTRA, "attention_backend", "flashmla")
+    monkeypatch.setattr(e2e, "SAMPLES_PER_PROMPT", 4)
+    summary: dict = {}
+    prompts = e2e.make_prompts(5, 50, 4, seed=0)
+    e2e.run_checks("/t", "/d", prompts, ["sampling", "backend_floor"], summary)
+    assert backends == [
+        ("none", "flashmla"), ("DDTREE", "flashmla"), ("none", "triton"), ("DDTREE", "flashmla")
+    ]  # fmt: skip
+    floor = summary["backend_floor"]
+    assert floor["backend"] == "triton" and set(floor["tests"]) == {"T1.0", "T0.7_p0.9"}

@@ -26,6 +26,10 @@ Checks:
   float16). With it, greedy also passes when DDTREE's differing prompts are not more than the
   chain's at any batch size (one-sided Fisher test, p > ``CHAIN_EXCESS_P``), and the summary
   gives the chain's law p-values next to DDTREE's.
+- ``backend_floor`` (not run by default, with ``sampling`` on a backend other than triton): the
+  non-speculative server on triton (same page size) through the same law test against the
+  non-speculative server on the chosen backend: what switching SGLang's own attention kernel
+  does to the law test on this pair, beside what DDTREE's verify on that backend does.
 - ``defaults`` (not run by default): a server over a target whose generation_config.json sets
   a repetition penalty and a min-p serves plain requests (see
   `sglang_ddtree.testing.server_check.check_generation_defaults`).
@@ -76,7 +80,11 @@ ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W
 GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
-OPTIONAL_CHECKS = ("chain", "defaults")  # accepted by --checks, not in the default set
+OPTIONAL_CHECKS = (
+    "chain",
+    "backend_floor",
+    "defaults",
+)  # accepted by --checks, not in the default set
 CHAIN_EXCESS_P = 0.01
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
 # Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
@@ -400,9 +408,9 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
     got: dict = {}
     extra = grammar_check.ENGINE_ARGS if want_gr else {}
 
-    def phase(key, algo, fn):
+    def phase(key, algo, fn, **override):
         try:
-            with engine(**engine_kwargs(target, draft, algo, **extra)) as eng:
+            with engine(**engine_kwargs(target, draft, algo, **{**extra, **override})) as eng:
                 got[key] = fn(eng)
         except Exception as e:
             import traceback
@@ -453,6 +461,8 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
         phase("dflash", "DFLASH", lambda eng: run_greedy_batches(eng, prompts))
     if "chain" in checks and (want_g or want_s):
         phase("chain", "DFLASH", both)
+    if "backend_floor" in checks and want_s and ENGINE_EXTRA.get("attention_backend") != "triton":
+        phase("nospec_triton", None, both, attention_backend="triton")
     if want_s:
         os.environ[inject.WRONG_COINS_ENV] = "0.5"
         name, t, p = SAMPLING_CASES[0]
@@ -533,6 +543,15 @@ def _summarize(got: dict, prompts: list, checks: list, summary: dict, probe) -> 
         )
     if "chain" in checks and "chain" in got:
         summary["chain"] = err("base", "chain") or _chain_summary(got, prompts, probe, summary)
+    if "backend_floor" in checks and "nospec_triton" in got:
+        summary["backend_floor"] = err("base", "nospec_triton") or {
+            "backend": "triton",
+            "tests": {
+                n: law_test(got["base"]["samples"][n], got["nospec_triton"]["samples"][n])
+                for n, _, _ in SAMPLING_CASES
+            },
+            "passed": True,  # a measurement beside DDTREE's verdict, not a verdict of its own
+        }
     if want_ad:
         summary["adaptive"] = err("base", "adaptive") or _adaptive_summary(
             got["base"]["adaptive"], got["adaptive"], prompts, probe
