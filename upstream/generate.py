@@ -488,6 +488,16 @@ class Source:
             return self._zip.read(rel)
         return (self.where / rel).read_bytes()
 
+    def python_files(self, under: str = "python/sglang/srt/") -> list[str]:
+        """Repository paths of the ``.py`` files under ``under``, sorted."""
+        assert under.startswith("python/sglang/"), under
+        rel = under[len("python/") :]
+        if self._zip is not None:
+            names = [n for n in self._zip.namelist() if n.startswith(rel)]
+        else:
+            names = [p.relative_to(self.where).as_posix() for p in (self.where / rel).rglob("*")]
+        return sorted(f"python/{n}" for n in names if n.endswith(".py"))
+
     def version(self) -> str | None:
         if self._zip is not None:
             names = [n for n in self._zip.namelist() if n.endswith(".dist-info/METADATA")]
