@@ -287,12 +287,23 @@ _register_ddtree()
         where="before",
     ),
     # 6. DDTREE's tree-verify attention (prefix part + ancestor block), ahead of the
-    #    custom-mask extend kernel; it returns None for anything but a DDTREE verify.
+    #    custom-mask extend kernel, on a backend built for a DDTREE server's target (decided
+    #    once, at construction); it returns None for anything but a DDTREE verify.
+    Edit(
+        "triton-verify-init",
+        "python/sglang/srt/layers/attention/triton_backend.py",
+        "        super().__init__()\n\n"
+        "        self.decode_attention_fwd = torch.compiler.disable(decode_attention_fwd)\n",
+        """        from sglang.srt.speculative.ddtree_attention import takes_ddtree_verify
+
+        self.ddtree_takes_verify = takes_ddtree_verify(model_runner)
+""",
+    ),
     Edit(
         "triton-verify",
         "python/sglang/srt/layers/attention/triton_backend.py",
         ("        aux_tensors=None,\n    ):\n", "        # TODO: reuse the buffer across layers\n"),
-        """        if forward_batch.forward_mode.is_target_verify():
+        """        if self.ddtree_takes_verify and forward_batch.forward_mode.is_target_verify():
             from sglang.srt.speculative.ddtree_attention import tree_verify_attention
 
             out = tree_verify_attention(
@@ -307,18 +318,28 @@ _register_ddtree()
     #    ancestor block and merge of core.tree_attention_with_prefix; its tile schedule and
     #    tree mask set per forward by the two metadata calls (eager, and before each replay).
     Edit(
+        "flashmla-verify-init",
+        "python/sglang/srt/layers/attention/flashmla_backend.py",
+        "        self.is_draft_runner = model_runner.is_draft_worker\n",
+        """        from sglang.srt.speculative.ddtree_attention import takes_ddtree_verify
+
+        self.ddtree_takes_verify = takes_ddtree_verify(model_runner)
+""",
+    ),
+    Edit(
         "flashmla-verify",
         "python/sglang/srt/layers/attention/flashmla_backend.py",
         "            # target_verify / draft_extend_v2: fixed-q decode-style kernel.\n",
-        """            from sglang.srt.speculative.ddtree_attention import (
-                flashmla_tree_verify_attention,
-            )
+        """            if self.ddtree_takes_verify:
+                from sglang.srt.speculative.ddtree_attention import (
+                    flashmla_tree_verify_attention,
+                )
 
-            out = flashmla_tree_verify_attention(
-                self, q, k, v, layer, forward_batch, save_kv_cache
-            )
-            if out is not None:
-                return out
+                out = flashmla_tree_verify_attention(
+                    self, q, k, v, layer, forward_batch, save_kv_cache
+                )
+                if out is not None:
+                    return out
 """,
     ),
     Edit(
@@ -328,9 +349,10 @@ _register_ddtree()
             "            super().init_forward_metadata(forward_batch)\n",
             "\n    def init_cuda_graph_state(",
         ),
-        """        from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
+        """        if self.ddtree_takes_verify:
+            from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
 
-        set_flashmla_verify(self, forward_batch, in_graph=False)  # DDTREE verify only
+            set_flashmla_verify(self, forward_batch, in_graph=False)  # DDTREE verify only
 """,
     ),
     Edit(
@@ -340,9 +362,10 @@ _register_ddtree()
             "                forward_batch, in_capture=in_capture\n            )\n",
             "\n    def _eager_block_kv_indices(",
         ),
-        """        from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
+        """        if self.ddtree_takes_verify:
+            from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
 
-        set_flashmla_verify(self, forward_batch, in_graph=True)  # DDTREE verify only
+            set_flashmla_verify(self, forward_batch, in_graph=True)  # DDTREE verify only
 """,
     ),
 ]
@@ -418,7 +441,14 @@ SERIES = [
             "sglang_ddtree.srt.ddtree_attention",
             "sglang_ddtree.srt.ddtree_requests",
         ),
-        edits=("triton-verify", "flashmla-verify", "flashmla-metadata", "flashmla-metadata-graph"),
+        edits=(
+            "triton-verify-init",
+            "triton-verify",
+            "flashmla-verify-init",
+            "flashmla-verify",
+            "flashmla-metadata",
+            "flashmla-metadata-graph",
+        ),  # fmt: skip
     ),
     Part(
         "args-budget-graphs",

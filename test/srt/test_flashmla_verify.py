@@ -249,19 +249,16 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
     from types import SimpleNamespace
 
     from sglang_ddtree.srt import ddtree_attention as attn
-    from sglang_ddtree.srt import ddtree_requests
 
     calls = []
     _fake_flash_mla(monkeypatch, calls)
-    monkeypatch.setattr(attn, "_switch_on", lambda: True)
-    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: True)
     backend = SimpleNamespace(
+        ddtree_takes_verify=True,  # built for a DDTREE server's target (`takes_ddtree_verify`)
         req_to_token=torch.zeros(1),
         cuda_graph_num_splits=torch.zeros(8 + 1, dtype=torch.int32),  # graphs up to bs 8
         cuda_graph_mla_metadata=torch.zeros(16, 8, dtype=torch.int32),
         num_draft_tokens=16,  # the largest W
         num_q_heads=8,
-        is_draft_runner=False,
         is_fp8_kvcache=False,
         dcp_world_size=1,
     )
@@ -293,11 +290,9 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
     assert backend.ddtree_verify.prefix_lens.tolist() == [300, 2]
     with pytest.raises(RuntimeError, match="without the step's tree"):
         attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
-    # Not a DDTREE verify (the drafter, an FP8 cache, DDTREE not running): untouched.
+    # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     before = len(calls)
-    for changed in (dict(is_draft_runner=True), dict(is_fp8_kvcache=True)):
+    for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):
         other = SimpleNamespace(**{**vars(backend), **changed})
         attn.set_flashmla_verify(other, _verify_batch([3], 8, masks[:1]), in_graph=False)
-    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: False)
-    attn.set_flashmla_verify(backend, _verify_batch([3], 8, masks[:1]), in_graph=False)
     assert len(calls) == before

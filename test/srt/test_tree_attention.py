@@ -251,8 +251,7 @@ from types import SimpleNamespace
 from test_tree_attention import random_case
 from sglang_ddtree.core.layout import flatten_verify_mask
 from sglang_ddtree.core.tree_attention import tree_attention_reference
-from sglang_ddtree.srt import ddtree_requests
-from sglang_ddtree.srt.ddtree_attention_hook import forward_extend_hook
+from sglang_ddtree.srt.ddtree_attention_hook import backend_init_hook, forward_extend_hook
 
 args, scale = random_case(bs=2, w=5, hq=4, hkv=2, d=16, dv=16, prefix=[6, 11], seed=9)
 q, k_buf, v_buf, indptr, indices, loc, mask = args
@@ -291,7 +290,11 @@ handler = logging.Handler()
 handler.emit = lambda record: logged.append(record.getMessage())
 logging.getLogger("sglang_ddtree.srt.ddtree_attention").addHandler(handler)
 logging.getLogger("sglang_ddtree.srt.ddtree_attention").setLevel(logging.INFO)  # logged at info
-ddtree_requests.set_active(True)
+# Built for a DDTREE server's target: the construction hook decides it takes the verifies.
+runner = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="DDTREE"),
+                         is_draft_worker=False)
+backend_init_hook(lambda b, model_runner: None, backend, runner)
+assert backend.ddtree_takes_verify
 out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_v, layer, fb)
 assert len(logged) == 1 and SPLIT_LOG_LINE in logged[0], logged
 want = tree_attention_reference(q, want_k, want_v, indptr, indices, loc, mask, scale)
@@ -327,7 +330,10 @@ want = tree_attention_reference(q, want_k, want_k[..., :32], indptr, indices, lo
 assert not calls and out.shape == (10, 4 * 32)
 assert (out.view(10, 4, 32) - want).abs().max() < 1e-4
 assert torch.equal(k_buf, want_k)
-ddtree_requests.set_active(False)
+# A backend built for another algorithm's target: the backend's own kernel.
+backend_init_hook(lambda b, model_runner: None, backend,
+                  SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE"),
+                                  is_draft_worker=False))
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
 assert len(logged) == 1  # once per process
 print("interpreted attention hook OK")
@@ -343,23 +349,36 @@ def test_attention_hook_interpreted(run_interpreted):
 
 
 def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
-    """``handles``: a DDTREE target verify on a layout the kernels read, with the switch on;
-    anything else (switch off, no DDTREE worker, another mode, a logit cap, sinks, a pool
-    that is not slot rows) stays with the backend, and ``tree_verify_attention`` returns None for it."""
+    """``handles``: a target verify on a backend built for a DDTREE server's target (with the
+    switch on), on a layout the kernels read; anything else (switch off, another algorithm,
+    the drafter's backend, another mode, a logit cap, sinks, a pool that is not slot rows)
+    stays with the backend, and ``tree_verify_attention`` returns None for it."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt import ddtree_attention as attn
-    from sglang_ddtree.srt import ddtree_requests
+
+    def runner(algo="DDTREE", draft=False):
+        return SimpleNamespace(
+            server_args=SimpleNamespace(speculative_algorithm=algo), is_draft_worker=draft
+        )
+
+    monkeypatch.setattr(attn, "_switch_on", lambda: True)
+    assert attn.takes_ddtree_verify(runner())
+    assert not attn.takes_ddtree_verify(runner("DFLASH"))
+    assert not attn.takes_ddtree_verify(runner(draft=True))
+    assert not attn.takes_ddtree_verify(None)
+    monkeypatch.setattr(attn, "_switch_on", lambda: False)
+    assert not attn.takes_ddtree_verify(runner())
 
     md = SimpleNamespace(
         custom_mask=torch.ones(1), mask_indptr=torch.zeros(2), swa_out_cache_loc=None
     )
-    backend = SimpleNamespace(forward_metadata=md, token_to_kv_pool=object(), page_size=1)
+    backend = SimpleNamespace(
+        forward_metadata=md, token_to_kv_pool=object(), page_size=1, ddtree_takes_verify=True
+    )
     layer = SimpleNamespace(logit_cap=0, k_scale=None, sliding_window_size=-1)
     fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True))
     k = v = torch.zeros(1)
-    monkeypatch.setattr(attn, "_switch_on", lambda: True)
-    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: True)
     assert attn.handles(backend, k, v, layer, fb, {})
     assert not attn.handles(backend, k, v, layer, fb, {"sinks": torch.zeros(1)})
     assert not attn.handles(
@@ -372,11 +391,12 @@ def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
     other = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
     assert not attn.handles(backend, k, v, layer, other, {})
     assert attn.tree_verify_attention(backend, None, k, v, layer, other) is None
-    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: False)
-    assert not attn.handles(backend, k, v, layer, fb, {})
-    monkeypatch.setattr(ddtree_requests, "ddtree_active", lambda: True)
-    monkeypatch.setattr(attn, "_switch_on", lambda: False)
-    assert not attn.handles(backend, k, v, layer, fb, {})
+    decided_no = SimpleNamespace(**dict(vars(backend), ddtree_takes_verify=False))
+    assert not attn.handles(decided_no, k, v, layer, fb, {})
+    unhooked = SimpleNamespace(
+        **{n: x for n, x in vars(backend).items() if n != "ddtree_takes_verify"}
+    )
+    assert not attn.handles(unhooked, k, v, layer, fb, {})  # built before the hooks applied
 
 
 def test_attention_switch_off_is_refused_on_flashmla():

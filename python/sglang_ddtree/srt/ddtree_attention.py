@@ -3,9 +3,10 @@ for all nodes, the ancestor block, merged by log-sum-exp) instead of the triton 
 custom-mask extend kernel. On by default; ``SGLANG_DDTREE_TREE_ATTENTION=0`` keeps the backend's
 kernel (a value that is not a boolean stops the server's start with a message).
 
+Whether a backend verifies DDTREE trees is decided once, when SGLang builds it
+(`takes_ddtree_verify`: the target's backend of a DDTREE server). Such a backend's
 ``TritonAttnBackend.forward_extend`` hands every target verify to ``tree_verify_attention``
-first, which takes a DDTREE one (a TARGET_VERIFY batch with a custom mask while a DDTREE worker
-runs in the process) and reads the backend's own metadata: the prefix's ``kv_indptr`` /
+first, which takes it (a TARGET_VERIFY batch with a custom mask) and reads the backend's own metadata: the prefix's ``kv_indptr`` /
 ``kv_indices``, the verify mask and its ``mask_indptr``, so a captured CUDA graph replays it
 with each step's values. MLA targets come through the same call: SGLang's absorbed MLA on
 triton hands the backend queries and keys of the latent plus rope width over one KV head, and
@@ -48,7 +49,7 @@ def enabled(environ=None) -> bool:
 
 
 @functools.cache
-def _switch_on() -> bool:  # read once per process: the backend asks on every layer
+def _switch_on() -> bool:  # read once per process
     return enabled()
 
 
@@ -74,15 +75,26 @@ def flashmla_switch_error(verify_backend: str | None, environ=None) -> str | Non
     return error
 
 
-def handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
-    """Whether ``tree_verify_attention`` takes this call: a DDTREE target verify with the
-    switch on, on a layout its kernels read (anything else stays with the backend)."""
-    from sglang_ddtree.srt import ddtree_requests
+def takes_ddtree_verify(model_runner) -> bool:
+    """Whether an attention backend built for ``model_runner`` verifies DDTREE trees: the
+    target's model runner of a DDTREE server, with the switch on. Decided once, when SGLang
+    builds the backend (``backend.ddtree_takes_verify``); a backend of another algorithm, or
+    the drafter's, never looks further at any call."""
+    server_args = getattr(model_runner, "server_args", None)
+    return bool(
+        _switch_on()
+        and getattr(server_args, "speculative_algorithm", None) == "DDTREE"
+        and not getattr(model_runner, "is_draft_worker", False)
+    )
 
+
+def handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
+    """Whether ``tree_verify_attention`` takes this call: a target verify on a backend that
+    `takes_ddtree_verify`, on a layout its kernels read (anything else stays with the
+    backend)."""
     md = getattr(backend, "forward_metadata", None)
     return (
-        _switch_on()
-        and ddtree_requests.ddtree_active()
+        getattr(backend, "ddtree_takes_verify", False)
         and forward_batch.forward_mode.is_target_verify()
         and k is not None
         and v is not None
@@ -192,22 +204,15 @@ class _FlashMLAGraphBuffers:
 
 
 def flashmla_handles(backend, forward_batch) -> bool:
-    """Whether the DDTREE split takes this FlashMLA call: a target verify of a DDTREE worker
-    (also its capture, whose dummy has no tree yet) on a bfloat16 latent cache."""
+    """Whether the DDTREE split takes this FlashMLA call: a target verify (also its capture,
+    whose dummy has no tree yet) on a backend that `takes_ddtree_verify`, on a bfloat16 latent
+    cache."""
     return (
-        _switch_on()
+        getattr(backend, "ddtree_takes_verify", False)
         and forward_batch.forward_mode.is_target_verify()
-        and not backend.is_draft_runner
         and not backend.is_fp8_kvcache
         and backend.dcp_world_size == 1
-        and _ddtree_active()
     )
-
-
-def _ddtree_active() -> bool:
-    from sglang_ddtree.srt import ddtree_requests
-
-    return ddtree_requests.ddtree_active()
 
 
 def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:

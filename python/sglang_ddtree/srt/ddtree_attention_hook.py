@@ -1,6 +1,7 @@
-"""Plugin registration of the DDTREE tree-verify attention: AROUND hooks on
-``TritonAttnBackend.forward_extend`` and on ``FlashMLABackend``'s ``forward_extend`` and
-metadata calls (in SGLang's tree, a call at the top of each method)."""
+"""Plugin registration of the DDTREE tree-verify attention: AROUND hooks on the construction of
+``TritonAttnBackend`` and ``FlashMLABackend`` (which decides once whether the backend verifies
+DDTREE trees), on their ``forward_extend`` and on FlashMLA's metadata calls (in SGLang's tree,
+a line in each constructor and a call at the top of each method)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from sglang_ddtree.srt.ddtree_attention import (
     enabled,
     flashmla_tree_verify_attention,
     set_flashmla_verify,
+    takes_ddtree_verify,
     tree_verify_attention,
 )
 
-TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
+TRITON = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+TARGET = f"{TRITON}.forward_extend"
 FLASHMLA = "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend"
 
 
@@ -20,6 +23,8 @@ def register_if_enabled() -> bool:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    HookRegistry.register(f"{TRITON}.__init__", backend_init_hook, HookType.AROUND)
+    HookRegistry.register(f"{FLASHMLA}.__init__", backend_init_hook, HookType.AROUND)
     HookRegistry.register(TARGET, forward_extend_hook, HookType.AROUND)
     HookRegistry.register(
         f"{FLASHMLA}.forward_extend", flashmla_forward_extend_hook, HookType.AROUND
@@ -31,6 +36,12 @@ def register_if_enabled() -> bool:
         f"{FLASHMLA}.init_forward_metadata_out_graph", flashmla_graph_metadata_hook, HookType.AROUND
     )
     return True
+
+
+def backend_init_hook(original_fn, backend, *args, **kwargs):
+    original_fn(backend, *args, **kwargs)
+    model_runner = args[0] if args else kwargs.get("model_runner")
+    backend.ddtree_takes_verify = takes_ddtree_verify(model_runner)
 
 
 def forward_extend_hook(
