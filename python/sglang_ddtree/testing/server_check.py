@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 
+from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
 from sglang_ddtree.testing.grammar_check import SCHEMA, valid_json
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
@@ -71,6 +72,9 @@ def check_server(target: str, draft: str, summary: dict, log_dir: str | None = N
     with open(log_path, errors="replace") as f:
         log = f.read()
     res["ok_flags_reach_the_worker"] = all(s in log for s in FLAGS_IN_LOG)
+    # The verifies took DDTREE's split attention (decided when the backend was built), not the
+    # backend's own extend kernel.
+    res["ok_split_attention"] = SPLIT_LOG_LINE in log
     res["passed"] = all(v is True for k, v in res.items() if k.startswith("ok_"))
     summary["server"] = res
 
