@@ -4,7 +4,8 @@ parses and satisfies it) and forced tool calls through Kimi K2's tool-call parse
 (``tool_choice`` required and named: SGLang turns them into a grammar, and the reply's
 ``tool_calls`` name the tool with arguments its schema accepts), reports the accept length, answers HTTP 400 for invalid sampling
 parameters, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
-line, reach the worker (its start-up log line). Only the standard library talks to the server.
+line, reach the worker (its start-up log line), and the verifies take DDTREE's split attention
+(its first-verify log line). Only the standard library talks to the server.
 """
 
 from __future__ import annotations
