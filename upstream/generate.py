@@ -108,6 +108,9 @@ TEXT_REWRITES = {
 
 # New files that are not modules: (template, path in SGLang's tree).
 TEMPLATE_FILES = [
+    ("test_ddtree_tree.py", "test/registered/spec/ddtree/test_ddtree_tree.py"),
+    ("test_ddtree_accept.py", "test/registered/spec/ddtree/test_ddtree_accept.py"),
+    ("test_ddtree_request_laws.py", "test/registered/spec/ddtree/test_ddtree_request_laws.py"),
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
     ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
     ("ddtree.md", "docs/advanced_features/ddtree.md"),
@@ -405,6 +408,7 @@ SERIES = [
             "sglang_ddtree.core.layout_triton",
             "sglang_ddtree.core.vocab_shard",
         ),
+        templates=("test_ddtree_tree.py",),
     ),
     Part(
         "top-p-radix",
@@ -429,6 +433,7 @@ SERIES = [
             "sglang_ddtree.core.kv_move_triton",
             "sglang_ddtree.core.step",
         ),
+        templates=("test_ddtree_accept.py",),
     ),
     Part(
         "tree-verify-attention",
@@ -484,6 +489,7 @@ SERIES = [
             "sglang_ddtree.core.logprobs",
             "sglang_ddtree.srt.ddtree_penalties",
         ),
+        templates=("test_ddtree_request_laws.py",),
     ),
     Part(
         "worker",

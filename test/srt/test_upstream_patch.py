@@ -16,6 +16,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -368,3 +369,48 @@ def test_pr_overview_lists_every_part_with_its_size(gen, tmp_path):
             rows[line.split("`")[1]] = line.rstrip(" |").rsplit("|", 1)[1].strip()
     sizes = {name: str(n) for name, n in _part_sizes(gen, tmp_path).items()}
     assert rows == sizes, "upstream/PR.md's table of parts is out of date"
+
+
+# SGLang's test harness, stubbed for the series' unit tests on a tree without the rest of SGLang
+# (in SGLang, `register_cuda_ci` is an AST marker and `CustomTestCase` a `unittest.TestCase`).
+_HARNESS_STUBS = {
+    "python/sglang/test/__init__.py": b"",
+    "python/sglang/test/ci/__init__.py": b"",
+    "python/sglang/test/ci/ci_register.py": b"def register_cuda_ci(*args, **kwargs):\n    pass\n",
+    "python/sglang/test/test_utils.py": b"from unittest import TestCase as CustomTestCase\n",
+}
+
+
+def test_series_unit_tests_pass_on_their_part(gen, applied_series, tmp_path):
+    """Each part's own unit tests (the in-tree templates of a part that does not serve yet) pass
+    on the tree that part leaves, on the CPU, with only SGLang's test harness stubbed: a part
+    is merged with tests that run."""
+    steps, _ = applied_series
+    targets = dict(gen.TEMPLATE_FILES)
+    ran = []
+    for (name, _, tree), part in zip(steps, gen.SERIES):
+        if part.serves:
+            continue
+        tests = [targets[t] for t in part.templates if t.endswith(".py")]
+        if not tests:
+            continue
+        root = tmp_path / name
+        for path, data in {**tree, **_HARNESS_STUBS}.items():
+            gen._write(root, path, data)
+        for package in ("sglang", "sglang/srt", "sglang/srt/speculative"):
+            gen._write(root, f"python/{package}/__init__.py", b"")
+        for test in tests:
+            r = subprocess.run(
+                [sys.executable, "-m", "unittest", "-v", Path(test).stem],
+                cwd=root / Path(test).parent,
+                env={**os.environ, "PYTHONPATH": str(root / "python")},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert r.returncode == 0 and "OK" in r.stderr, (name, test, r.stderr[-3000:])
+            count = re.search(r"Ran (\d+) tests?", r.stderr)
+            assert count and int(count.group(1)) >= 2 and "skipped" not in r.stderr, r.stderr
+            ran.append((test, int(count.group(1))))
+    print(ran)
+    assert len(ran) >= 3, ran
