@@ -110,6 +110,8 @@ TEXT_REWRITES = {
 TEMPLATE_FILES = [
     ("test_ddtree_tree.py", "test/registered/spec/ddtree/test_ddtree_tree.py"),
     ("test_ddtree_accept.py", "test/registered/spec/ddtree/test_ddtree_accept.py"),
+    ("test_ddtree_tree_attention.py", "test/registered/spec/ddtree/test_ddtree_tree_attention.py"),
+    ("test_ddtree_budget.py", "test/registered/spec/ddtree/test_ddtree_budget.py"),
     ("test_ddtree_request_laws.py", "test/registered/spec/ddtree/test_ddtree_request_laws.py"),
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
     ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
@@ -446,6 +448,7 @@ SERIES = [
             "sglang_ddtree.srt.ddtree_attention",
             "sglang_ddtree.srt.ddtree_requests",
         ),
+        templates=("test_ddtree_tree_attention.py",),
         edits=(
             "triton-verify-init",
             "triton-verify",
@@ -465,6 +468,7 @@ SERIES = [
             "sglang_ddtree.srt.ddtree_budget",
             "sglang_ddtree.srt.ddtree_cuda_graph_runner",
         ),
+        templates=("test_ddtree_budget.py",),
     ),
     Part(
         "glue",
