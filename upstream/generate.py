@@ -109,6 +109,7 @@ TEXT_REWRITES = {
 # New files that are not modules: (template, path in SGLang's tree).
 TEMPLATE_FILES = [
     ("test_ddtree_tree.py", "test/registered/spec/ddtree/test_ddtree_tree.py"),
+    ("test_ddtree_top_p_radix.py", "test/registered/spec/ddtree/test_ddtree_top_p_radix.py"),
     ("test_ddtree_accept.py", "test/registered/spec/ddtree/test_ddtree_accept.py"),
     ("test_ddtree_tree_attention.py", "test/registered/spec/ddtree/test_ddtree_tree_attention.py"),
     ("test_ddtree_budget.py", "test/registered/spec/ddtree/test_ddtree_budget.py"),
@@ -419,6 +420,7 @@ SERIES = [
         "shape-independent in cost, for the sampled verify's target rows",
         modules=("sglang_ddtree.core.topp_radix",),
         kernels=("sgl-kernel/csrc/ddtree/top_p_radix.cuh",),
+        templates=("test_ddtree_top_p_radix.py",),
     ),
     Part(
         "tree-accept",
