@@ -113,6 +113,7 @@ TEMPLATE_FILES = [
     ("test_ddtree_accept.py", "test/registered/spec/ddtree/test_ddtree_accept.py"),
     ("test_ddtree_tree_attention.py", "test/registered/spec/ddtree/test_ddtree_tree_attention.py"),
     ("test_ddtree_budget.py", "test/registered/spec/ddtree/test_ddtree_budget.py"),
+    ("test_ddtree_glue_graph.py", "test/registered/spec/ddtree/test_ddtree_glue_graph.py"),
     ("test_ddtree_request_laws.py", "test/registered/spec/ddtree/test_ddtree_request_laws.py"),
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
     ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
@@ -483,6 +484,7 @@ SERIES = [
             "sglang_ddtree.srt.ddtree_info",
             "sglang_ddtree.srt.ddtree_glue_warmup",
         ),
+        templates=("test_ddtree_glue_graph.py",),
     ),
     Part(
         "request-parameter-laws",
