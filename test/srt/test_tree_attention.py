@@ -399,6 +399,28 @@ def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
     assert not attn.handles(unhooked, k, v, layer, fb, {})  # built before the hooks applied
 
 
+def test_a_target_backend_built_without_the_hook_is_refused(monkeypatch):
+    """At startup: the target's triton or flashmla backend (through SGLang's wrappers) must have
+    decided at construction to take DDTREE's verifies; otherwise the worker refuses to start
+    rather than verify without the tree mask. Other backends and the switch off need nothing."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt import ddtree_attention as attn
+
+    monkeypatch.setattr(attn, "_switch_on", lambda: True)
+    hooked = SimpleNamespace(ddtree_takes_verify=True)
+    unhooked = SimpleNamespace()
+    hybrid = SimpleNamespace(prefill_backend=unhooked, decode_backend=hooked)
+    wrapped = SimpleNamespace(full_attn_backend=hybrid)
+    for backend in (hooked, hybrid, wrapped):
+        assert attn.missing_verify_hook(backend, "triton") is None
+    error = attn.missing_verify_hook(SimpleNamespace(full_attn_backend=unhooked), "flashmla")
+    assert "flashmla" in error and "hook" in error
+    assert attn.missing_verify_hook(unhooked, "flashinfer") is None  # SGLang's mask there
+    monkeypatch.setattr(attn, "_switch_on", lambda: False)
+    assert attn.missing_verify_hook(unhooked, "triton") is None  # the backend's own kernel
+
+
 def test_attention_switch_off_is_refused_on_flashmla():
     from sglang_ddtree.srt.ddtree_attention import ENV, flashmla_switch_error
 

@@ -88,6 +88,32 @@ def takes_ddtree_verify(model_runner) -> bool:
     )
 
 
+def missing_verify_hook(attn_backend, verify_backend: str | None) -> str | None:
+    """The refusal when the target's attention backend on which DDTREE verifies (``triton`` or
+    ``flashmla``, the split switched on) was built without deciding to take DDTREE's verifies:
+    the construction hook did not run, so the verify would silently fall to the backend's own
+    kernel (on flashmla, one without a tree mask). None when it did, or nothing needs it.
+    ``attn_backend``: the model runner's, through SGLang's wrappers."""
+    if verify_backend not in ("triton", "flashmla") or not _switch_on():
+        return None
+    seen, todo = [], [attn_backend]
+    while todo:  # the backend and what SGLang's wrappers hold (hybrid prefill / decode)
+        b = todo.pop()
+        if b is None or any(b is x for x in seen):
+            continue
+        seen.append(b)
+        todo += [
+            getattr(b, n, None) for n in ("full_attn_backend", "prefill_backend", "decode_backend")
+        ]
+    if any(getattr(b, "ddtree_takes_verify", False) for b in seen):
+        return None
+    return (
+        f"DDTREE: the target's {verify_backend} attention backend was built without DDTREE's "
+        "verify hook (were DDTREE's plugin hooks applied in this process before the model "
+        "runner was built?); it would verify without the tree mask."
+    )
+
+
 def handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
     """Whether ``tree_verify_attention`` takes this call: a target verify on a backend that
     `takes_ddtree_verify`, on a layout its kernels read (anything else stays with the

@@ -96,6 +96,7 @@ from sglang_ddtree.srt.ddtree_args import (
     top_p_kernel_unavailable,
     verify_backend_name,
 )
+from sglang_ddtree.srt.ddtree_attention import missing_verify_hook
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
@@ -276,6 +277,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 "on" if glue_on else "off",
                 self._top_p_kernel,
             )
+
+    def init_attention_backends(self):
+        """DFLASH's, then a check that the target's backend (built just before, by the target
+        worker) takes DDTREE's verifies: a refusal at startup, not a silent verify without the
+        tree mask."""
+        super().init_attention_backends()
+        error = missing_verify_hook(
+            self.model_runner.attn_backend, target_verify_backend(self.model_runner.server_args)
+        )
+        if error is not None:
+            raise RuntimeError(error)
 
     def init_cuda_graphs(self):
         """DFLASH's drafter graphs (the target's are captured before this), then every glue
