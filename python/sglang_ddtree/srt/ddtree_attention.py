@@ -6,9 +6,9 @@ kernel (a value that is not a boolean stops the server's start with a message).
 Whether a backend verifies DDTREE trees is decided once, when SGLang builds it
 (`takes_ddtree_verify`: the target's backend of a DDTREE server). Such a backend's
 ``TritonAttnBackend.forward_extend`` hands every target verify to ``tree_verify_attention``
-first, which takes it (a TARGET_VERIFY batch with a custom mask) and reads the backend's own metadata: the prefix's ``kv_indptr`` /
-``kv_indices``, the verify mask and its ``mask_indptr``, so a captured CUDA graph replays it
-with each step's values. MLA targets come through the same call: SGLang's absorbed MLA on
+first, which takes it (a TARGET_VERIFY batch with a custom mask) and reads the backend's own
+metadata: the prefix's ``kv_indptr`` / ``kv_indices``, the verify mask and its
+``mask_indptr``, so a captured CUDA graph replays it with each step's values. MLA targets come through the same call: SGLang's absorbed MLA on
 triton hands the backend queries and keys of the latent plus rope width over one KV head, and
 the pool's value buffer is the key buffer's latent slice, which the kernels read through its
 strides. The launch (value tiles, prefix shares) is ``launch_settings``'. Anything else
@@ -83,7 +83,7 @@ def takes_ddtree_verify(model_runner) -> bool:
     server_args = getattr(model_runner, "server_args", None)
     return bool(
         _switch_on()
-        and getattr(server_args, "speculative_algorithm", None) == "DDTREE"
+        and str(getattr(server_args, "speculative_algorithm", None)).upper() == "DDTREE"
         and not getattr(model_runner, "is_draft_worker", False)
     )
 

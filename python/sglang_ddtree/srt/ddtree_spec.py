@@ -3,8 +3,8 @@ a speculative algorithm, answered for DDTREE.
 
 DDTREE is a member of the DFlash family (same drafter, same aux-hidden capture, same draft KV
 pool), so ``is_dflash_family()`` is True; it is not DFLASH, so ``is_dflash()`` is False (every
-SGLang branch on either, audited: docs/integration.md). It adds the three methods the runtime calls but
-``CustomSpecAlgo`` lacks (``carries_draft_hidden_states``, ``create_future_map``,
+SGLang branch on either, audited: docs/integration.md). It adds the three methods the runtime
+calls but ``CustomSpecAlgo`` lacks (``carries_draft_hidden_states``, ``create_future_map``,
 ``need_topk``), resolves DFLASH's server-arg defaults by calling SGLang's ``_handle_dflash``,
 resolves the tree budget schedule (``sglang_ddtree.srt.ddtree_budget``), and gives the target verify the
 schedule's largest W tokens per request and the drafter B.

@@ -6,9 +6,9 @@ it fails and the scheduler stops.
 Run as ``python -m sglang_ddtree.testing.context_limit --out DIR``: one DDTREE engine on the
 tiny Qwen3 pair (triton, W = ``NODES`` at every batch size, CUDA graphs up to bs
 ``GRAPH_BS``, context ``CONTEXT``), ``ROUNDS`` rounds of ``GRAPH_BS`` prompts of
-``PROMPT_TOKENS`` tokens each running to the context limit (``ignore_eos``; SGLang stops them two tokens short), then one fresh
-request. Passes when every request returns its full length and the engine still serves;
-writes ``DIR/context_limit_summary.json``.
+``PROMPT_TOKENS`` tokens each running to the context limit (``ignore_eos``; SGLang stops them
+two tokens short of it), then one fresh request. Passes when every request returns its full
+length and the engine still serves; writes ``DIR/context_limit_summary.json``.
 """
 
 from __future__ import annotations

@@ -80,11 +80,8 @@ ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W
 GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
-OPTIONAL_CHECKS = (
-    "chain",
-    "backend_floor",
-    "defaults",
-)  # accepted by --checks, not in the default set
+# Accepted by --checks, not in the default set.
+OPTIONAL_CHECKS = ("chain", "backend_floor", "defaults")
 CHAIN_EXCESS_P = 0.01
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
 # Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
