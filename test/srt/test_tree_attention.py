@@ -364,6 +364,7 @@ def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
 
     monkeypatch.setattr(attn, "_switch_on", lambda: True)
     assert attn.takes_ddtree_verify(runner())
+    assert attn.takes_ddtree_verify(runner("ddtree"))  # SGLang parses the name in any case
     assert not attn.takes_ddtree_verify(runner("DFLASH"))
     assert not attn.takes_ddtree_verify(runner(draft=True))
     assert not attn.takes_ddtree_verify(None)
