@@ -57,8 +57,11 @@ one per step run in run order): ``--torch-profile-skip N`` (torch profiler table
 steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (host time),
 ``--sync-trace`` (the stack of every host-device sync inside decode steps), ``--prompt-len``
 (8B shape: longer prompts, for the attention's share of the step). ``--temps`` picks
-the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair) and ``T1`` (no
-top-p, which isolates the top-p renorm's cost).
+the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair), ``T1`` (no
+top-p, which isolates the top-p renorm's cost), and ``T1_p0.95_minp0.05`` /
+``T1_p0.95_penalties`` (min_p 0.05; frequency 0.3, presence 0.2 and repetition 1.05 penalties:
+each parameter's step cost beside plain sampling; a setting the server refuses is recorded as
+that cell's error).
 
 One-rank K2.6 (``--tp-rank-of 8``): a tp-1 engine of exactly one TP-8 rank's shapes (8 MLA query
 heads, all 384 routed experts at a 2048 / 8 = 256 intermediate in INT4, dense and shared MLPs / 8,
@@ -121,8 +124,20 @@ DEFAULT_CONFIGS = {
     "kimi": "none,dflash,ddtree-8,ddtree-16,ddtree-32,ddtree-64",
 }
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
-# --temps may also name T1 without top-p (no top-p renorm pass: isolates its cost).
-ALL_TEMPS = dict(TEMPS, T1={"temperature": 1.0})
+# --temps may also name T1 without top-p (no top-p renorm pass: isolates its cost), and the
+# request parameters whose step cost is compared with plain sampling (T1_p0.95).
+ALL_TEMPS = {
+    **dict(TEMPS),
+    "T1": {"temperature": 1.0},
+    "T1_p0.95_minp0.05": {"temperature": 1.0, "top_p": 0.95, "min_p": 0.05},
+    "T1_p0.95_penalties": {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "frequency_penalty": 0.3,
+        "presence_penalty": 0.2,
+        "repetition_penalty": 1.05,
+    },
+}
 DROP_FIRST_STEPS = 2
 
 # Qwen3-8B (config of Qwen/Qwen3-8B) and a drafter of the z-lab Qwen3-8B-DFlash-b16 shape.
@@ -646,7 +661,14 @@ def run_config(spec, config, args, timing_dir) -> dict:
                     generate(eng, prompts, {"max_new_tokens": 1, "temperature": 0.0})
                     for tname, tparams in args.temps:
                         params = {"max_new_tokens": args.step_tokens, "ignore_eos": True}
-                        outs, t0 = generate(eng, prompts, {**params, **tparams})
+                        try:
+                            outs, t0 = generate(eng, prompts, {**params, **tparams})
+                        except Exception as e:  # a refused parameter: this cell's error
+                            row["step"].append(
+                                {"bs": bs, "prompt_len": plen, "temp": tname,
+                                 "error": f"{type(e).__name__}: {e}"[:500]}
+                            )  # fmt: skip
+                            continue
                         t1 = time.monotonic()
                         windows.append((plen, bs, tname, t0, t1, accept_length(outs)))
             flush_timing(eng, spec)
@@ -709,8 +731,8 @@ def table(result: dict) -> str:
         cells = []
         for c in configs:
             s = by.get((c, plen or None, bs, temp))
-            if not s or s["step_ms"] is None:
-                cells.append("-")
+            if not s or s.get("step_ms") is None:
+                cells.append("refused" if s and "error" in s else "-")
                 continue
             acc = f"{s['accept_length']:.2f}" if s["accept_length"] else "1"
             cells.append(f"{s['step_ms']:.2f} ({acc}, {s['tok_per_s']:.0f})")
@@ -730,7 +752,7 @@ def plot(result: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in result["rows"]:
         for temp, style in (("T0", "-"), ("T1_p0.95", "--"), ("T1", ":")):
-            pts = [s for s in r.get("step", []) if s.get("temp") == temp and s["step_ms"]]
+            pts = [s for s in r.get("step", []) if s.get("temp") == temp and s.get("step_ms")]
             if not pts:
                 continue
             xs = [s["bs"] for s in pts]
