@@ -413,7 +413,8 @@ def test_a_target_backend_built_without_the_hook_is_refused(monkeypatch):
     unhooked = SimpleNamespace()
     hybrid = SimpleNamespace(prefill_backend=unhooked, decode_backend=hooked)
     wrapped = SimpleNamespace(full_attn_backend=hybrid)
-    for backend in (hooked, hybrid, wrapped):
+    tbo = SimpleNamespace(primary=unhooked, children=[unhooked, hooked])
+    for backend in (hooked, hybrid, wrapped, tbo):
         assert attn.missing_verify_hook(backend, "triton") is None
     error = attn.missing_verify_hook(SimpleNamespace(full_attn_backend=unhooked), "flashmla")
     assert "flashmla" in error and "hook" in error

@@ -88,6 +88,11 @@ def takes_ddtree_verify(model_runner) -> bool:
     )
 
 
+# Where SGLang's wrapper backends hold the backends they run (hybrid, prefill / decode split,
+# two-batch overlap).
+_WRAPPED_BACKENDS = ("full_attn_backend", "prefill_backend", "decode_backend", "primary")
+
+
 def missing_verify_hook(attn_backend, verify_backend: str | None) -> str | None:
     """The refusal when the target's attention backend on which DDTREE verifies (``triton`` or
     ``flashmla``, the split switched on) was built without deciding to take DDTREE's verifies:
@@ -102,9 +107,8 @@ def missing_verify_hook(attn_backend, verify_backend: str | None) -> str | None:
         if b is None or any(b is x for x in seen):
             continue
         seen.append(b)
-        todo += [
-            getattr(b, n, None) for n in ("full_attn_backend", "prefill_backend", "decode_backend")
-        ]
+        todo += [getattr(b, n, None) for n in _WRAPPED_BACKENDS]
+        todo += list(getattr(b, "children", None) or [])  # two-batch overlap's
     if any(getattr(b, "ddtree_takes_verify", False) for b in seen):
         return None
     return (
