@@ -14,6 +14,9 @@ launch are then made in every process of that engine, before the worker is built
   check must stop loudly.
 - ``GRAPH_STATS_ENV`` = a file: the worker's CUDA-graph counts (``GraphStats.as_dict``) written
   there after every step and after the startup capture.
+- ``SERVE_PENALTIES_ENV`` = 1: the per-request refusal of penalties and min_new_tokens lifted,
+  so their law (the worker applies them at every node already) is tested against the
+  non-speculative server before the server admits them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 WRONG_COINS_ENV = "DDTREE_TESTING_WRONG_COINS"
 RANK_SKEW_ENV = "DDTREE_TESTING_RANK_SKEW"
 GRAPH_STATS_ENV = "DDTREE_TESTING_GRAPH_STATS"
+SERVE_PENALTIES_ENV = "DDTREE_TESTING_SERVE_PENALTIES"
 # Where the worker and its glue live: the plugin's modules, or SGLang's tree with the patch.
 PLUGIN = "sglang_ddtree.srt"
 IN_TREE = "sglang.srt.speculative"
@@ -47,6 +51,9 @@ def install_from_env(environ: Mapping[str, str] | None = None, package: str = PL
     if env.get(GRAPH_STATS_ENV):
         write_graph_stats(env[GRAPH_STATS_ENV], package)
         done.append(GRAPH_STATS_ENV)
+    if env.get(SERVE_PENALTIES_ENV):
+        serve_penalties(package)
+        done.append(SERVE_PENALTIES_ENV)
     return done
 
 
@@ -98,3 +105,13 @@ def write_graph_stats(path: str, package: str = PLUGIN) -> None:
         os.replace(tmp, path)
 
     stats_cls.flush = flush
+
+
+def serve_penalties(package: str = PLUGIN) -> None:
+    """``ddtree_requests.refuse_sampling_params`` admits penalties and min_new_tokens (its other
+    refusals stay: custom logit processors and logprobs are refused before it is asked)."""
+    import importlib
+
+    requests = importlib.import_module(f"{package}.ddtree_requests")
+    requests.refuse_sampling_params = lambda sp: None
+    logger.warning("DDTREE admits penalties and min_new_tokens (tests only).")

@@ -32,7 +32,8 @@ Parts:
   own calibration: a second non-speculative sample must pass and the non-speculative server at
   twice the min-p must be rejected (Bonferroni within each family).
 - ``penalties``: the same for the ``PENALTY_SETTINGS`` (frequency, presence and repetition
-  penalties, min_new_tokens), the power at twice each penalty (min_new_tokens: none). SGLang's
+  penalties, min_new_tokens; the server's per-request refusal of them lifted in the engines by
+  `testing.inject`), the power at twice each penalty (min_new_tokens: none). SGLang's
   default overlap scheduler feeds its penalizers one token late, so the non-speculative
   reference must run with ``--disable-overlap-schedule`` (``--no-overlap``), whose law DDTREE
   follows.
@@ -843,6 +844,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
+    if "penalties" in parts:
+        # Penalties and min_new_tokens are still refused per request: their law is tested here
+        # with the refusal lifted in the engines' processes (`testing.inject`).
+        from sglang_ddtree.testing import inject
+
+        os.environ[inject.SERVE_PENALTIES_ENV] = "1"
     known = {"law", "greedy", "params", *PARAMETER_PARTS}
     bad = set(parts) - known
     if bad:
