@@ -10,7 +10,8 @@ one setting's prompt meets an exact logit tie at its nucleus edge that the verif
 and the decode forward splits (RESULTS.md), a difference of rounding, not of law. Such
 near-ties remain possible in float32 logits (the two forwards' hidden states differ in their
 last bits), so a rejected setting passes only where the module's forward-path check, run against
-the non-speculative server, puts the whole difference down to it.
+the non-speculative server, puts the whole difference down to it. A second run checks the
+penalties (``--no-overlap --parts penalties,greedy``).
 """
 
 from __future__ import annotations
@@ -64,3 +65,25 @@ def test_min_p_law_equals_nospec(summary):
 def test_request_parameters_end_where_nospec_ends(summary):
     p = summary["params"]
     assert p["passed"], json.dumps(p)
+
+
+@pytest.fixture(scope="module")
+def penalty_summary(tmp_path_factory, run_gpu_check):
+    """``law --no-overlap --parts penalties,greedy``: both servers with the overlap scheduler
+    off (SGLang's overlap scheduler feeds its penalizers one token late; DDTREE follows the
+    exact law), the per-request refusal of penalties lifted in the engines by the law tool."""
+    out = str(tmp_path_factory.mktemp("law_penalties"))
+    args = ["--dtype", "float16", "--fp32-lm-head", "--no-overlap", "--parts", "penalties,greedy"]
+    summary = run_gpu_check(
+        out, "sglang_ddtree.testing.law", args, "law_float16-fp32head.json", 1800
+    )
+    return summary["DDTREE"]
+
+
+def test_penalty_law_equals_nospec(penalty_summary):
+    """Frequency, presence and repetition penalties and min_new_tokens at every tree node:
+    DDTREE's samples pass, the null passes, and twice each penalty is rejected."""
+    p = penalty_summary["penalties"]
+    assert p["passed"], json.dumps(p["families"])
+    g = penalty_summary["greedy"]
+    assert g["within_noise_floor"], json.dumps(g)
