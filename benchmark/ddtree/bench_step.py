@@ -59,9 +59,10 @@ steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (hos
 (8B shape: longer prompts, for the attention's share of the step). ``--temps`` picks
 the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair), ``T1`` (no
 top-p, which isolates the top-p renorm's cost), and ``T1_p0.95_minp0.05`` /
-``T1_p0.95_penalties`` (min_p 0.05; frequency 0.3, presence 0.2 and repetition 1.05 penalties:
-each parameter's step cost beside plain sampling; a setting the server refuses is recorded as
-that cell's error).
+``T1_p0.95_penalties`` (min_p 0.05; frequency 0.3, presence 0.2 and repetition 1.05 penalties),
+``T0_regex`` / ``T1_p0.95_regex`` (every request constrained by a regex: the grammar mask's
+host cost): each parameter's step cost beside plain sampling; a setting the server refuses is
+recorded as that cell's error.
 
 One-rank K2.6 (``--tp-rank-of 8``): a tp-1 engine of exactly one TP-8 rank's shapes (8 MLA query
 heads, all 384 routed experts at a 2048 / 8 = 256 intermediate in INT4, dense and shared MLPs / 8,
@@ -137,6 +138,10 @@ ALL_TEMPS = {
         "presence_penalty": 0.2,
         "repetition_penalty": 1.05,
     },
+    # Constrained decoding (needs the model's tokenizer: the trained pair's; the random-weight
+    # shapes start without one, so there the cell records the server's error).
+    "T0_regex": {"temperature": 0.0, "regex": "[a-z ]+"},
+    "T1_p0.95_regex": {"temperature": 1.0, "top_p": 0.95, "regex": "[a-z ]+"},
 }
 DROP_FIRST_STEPS = 2
 
