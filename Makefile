@@ -41,9 +41,9 @@ test-gpu-core:  ## the gpu tests without the law and fault-and-load server check
 		--ignore test/srt/test_faults_e2e.py
 
 lint:  ## ruff check and format check
-	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py
+	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py
 	$(PYTHON) -m ruff format --check python/sglang_ddtree/core python/sglang_ddtree/demo.py benchmark test/srt \
-		upstream/generate.py upstream/smoke_in_tree.py
+		upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py
 
 format:  ## ruff format and fix
 	$(PYTHON) -m ruff format python test benchmark

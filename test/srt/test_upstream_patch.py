@@ -423,3 +423,29 @@ def test_series_unit_tests_pass_on_their_part(gen, applied_series, tmp_path):
             ran.append((test, passed))
     print(ran)
     assert len(ran) >= 7, ran
+
+
+def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
+    """``upstream/smoke_series.py --apply-only`` (the GPU smoke's first half, which runs
+    anywhere): every committed part applies in order to a copy of pristine SGLang's package,
+    and the unit tests each part adds are found for it to run."""
+    site = tmp_path / "site"
+    if source.where.is_dir():
+        shutil.copytree(source.where / "sglang", site / "sglang")
+    else:
+        import zipfile
+
+        with zipfile.ZipFile(source.where) as whl:
+            whl.extractall(site, [n for n in whl.namelist() if n.startswith("sglang/")])
+    r = subprocess.run(
+        [sys.executable, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site),
+         "--apply-only", "--keep", str(tmp_path / "tree")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    steps = [json.loads(line) for line in r.stdout.splitlines()]
+    parts, summary = steps[:-1], steps[-1]
+    assert summary["ok"] and len(parts) == len(_committed_parts())
+    assert all(p["applied"] for p in parts)
+    with_tests = [p["part"] for p in parts if p["tests_added"]]
+    assert len(with_tests) == len(parts), with_tests  # every part adds its tests

@@ -1,0 +1,148 @@
+"""GPU smoke of the series, part by part: ``python upstream/smoke_series.py --site DIR``.
+
+``DIR`` holds an installed, pristine SGLang 0.5.17 (``DIR/sglang``, with sgl_kernel and the
+rest of its stack beside it). Its ``sglang`` package is copied to a scratch tree laid out as
+SGLang's repository (``python/sglang``), and the committed parts (``upstream/series/*.patch``)
+are applied there in order with ``git apply``. After each part:
+
+- the in-tree unit tests the part adds (``test/registered/spec/ddtree/test_ddtree_*.py`` that
+  launch no server) run with SGLang's own test harness, the patched tree first on the path;
+- after the part that edits SGLang's attention backends, and after the last part, an engine
+  without speculation serves the tiny random pair (the edits are inert for other algorithms);
+- after the part that registers DDTREE, ``upstream/smoke_in_tree.py`` runs (greedy, the
+  sampled law and its power, a refusal, the split attention) on the patched tree.
+
+Prints one JSON line per part and a summary line; exit status 0 when every step passed.
+``--parts N``: stop after part N. ``--apply-only``: apply and list, run nothing (any machine).
+Run it where the plugin is not installed: its entry point would register DDTREE as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SERIES = REPO / "upstream" / "series"
+TESTS = "test/registered/spec/ddtree"
+SERVER_TESTS = {"test_ddtree.py", "test_ddtree_refusals.py"}  # need SGLang's model hub
+BACKEND_EDITS = "layers/attention/triton_backend.py"
+
+_SERVE_WITHOUT_SPECULATION = """
+import sglang as sgl
+from sglang_ddtree.testing.e2e import engine_kwargs
+from sglang_ddtree.testing.tiny_models import make_tiny_pair
+import tempfile
+target, _ = make_tiny_pair(tempfile.mkdtemp())
+eng = sgl.Engine(**engine_kwargs(target, None, None))
+out = eng.generate(input_ids=[[11, 12, 13, 14]], sampling_params={"max_new_tokens": 8})
+eng.shutdown()
+assert len(out[0]["output_ids"] if isinstance(out, list) else out["output_ids"]) == 8
+print("served without speculation")
+"""
+
+
+def parts() -> list[Path]:
+    return sorted(SERIES.glob("[0-9][0-9]-*.patch"))
+
+
+def added_files(patch: Path) -> list[str]:
+    """Paths the part creates (``--- /dev/null`` then ``+++ b/PATH``)."""
+    lines = patch.read_text().splitlines()
+    return [
+        b[len("+++ b/") :]
+        for a, b in zip(lines, lines[1:])
+        if a == "--- /dev/null" and b.startswith("+++ b/")
+    ]
+
+
+def run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
+    try:
+        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"cmd": " ".join(cmd[-2:]), "ok": False, "why": f"timeout {timeout:.0f} s"}
+    return {
+        "cmd": " ".join(cmd[-2:]),
+        "ok": r.returncode == 0,
+        "tail": (r.stdout + r.stderr)[-600:],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--site", required=True, help="directory holding pristine sglang 0.5.17")
+    ap.add_argument("--parts", type=int, default=None, help="stop after this part")
+    ap.add_argument("--apply-only", action="store_true")
+    ap.add_argument("--keep", default=None, help="scratch directory (default: a new one)")
+    args = ap.parse_args()
+    site = Path(args.site).resolve()
+    if not (site / "sglang" / "srt").is_dir():
+        raise SystemExit(f"smoke_series: no sglang package under {site}")
+    root = Path(args.keep or tempfile.mkdtemp(prefix="ddtree_series_"))
+    shutil.copytree(site / "sglang", root / "python" / "sglang", dirs_exist_ok=True)
+    env = {
+        **os.environ,
+        # The patched tree first, the rest of SGLang's stack after it, then this repository's
+        # python/ (the tiny pair and the test helpers the smoke uses; not the plugin's entry).
+        "PYTHONPATH": os.pathsep.join([str(root / "python"), str(site), str(REPO / "python")]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    results, ok = [], True
+    for i, patch in enumerate(parts(), 1):
+        if args.parts is not None and i > args.parts:
+            break
+        applied = subprocess.run(
+            ["git", "apply", "-p1", str(patch)], cwd=root, capture_output=True, text=True
+        )
+        step = {"part": patch.name, "applied": applied.returncode == 0, "checks": []}
+        if applied.returncode != 0:
+            step["why"] = applied.stderr[-600:]
+        new = added_files(patch)
+        tests = [p for p in new if p.startswith(TESTS) and p.endswith(".py")]
+        if applied.returncode == 0 and not args.apply_only:
+            for test in tests:
+                if Path(test).name in SERVER_TESTS:
+                    continue
+                step["checks"].append(
+                    run(
+                        [sys.executable, "-m", "unittest", "-v", Path(test).stem],
+                        env,
+                        root / Path(test).parent,
+                        900,
+                    )  # fmt: skip
+                )
+            edits_backends = any(BACKEND_EDITS in line for line in patch.read_text().splitlines()
+                                 if line.startswith("+++ b/"))  # fmt: skip
+            last = i == len(parts()) or i == args.parts
+            if edits_backends or last:
+                step["checks"].append(
+                    run([sys.executable, "-c", _SERVE_WITHOUT_SPECULATION], env, root, 600)
+                )
+            if any(p.endswith("ddtree_worker_v2.py") for p in new):
+                step["checks"].append(
+                    run(
+                        [sys.executable, str(REPO / "upstream" / "smoke_in_tree.py")],
+                        env,
+                        root,
+                        900,
+                    )  # fmt: skip
+                )
+        step["tests_added"] = tests
+        step["ok"] = step["applied"] and all(c["ok"] for c in step["checks"])
+        ok = ok and step["ok"]
+        results.append(step)
+        print(json.dumps(step), flush=True)
+        if not step["applied"]:
+            break
+    print(json.dumps({"series": [r["part"] for r in results], "ok": ok, "tree": str(root)}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
