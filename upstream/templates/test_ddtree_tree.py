@@ -1,5 +1,6 @@
 """@@ALGORITHM@@'s draft tree: the batched best-first builder equals the paper's heap algorithm,
-and the verify layout (first child, next sibling, positions, ancestor mask) matches the tree.
+the verify layout (first child, next sibling, positions, ancestor mask) matches the tree, and
+the draft top-K over a vocabulary-sharded LM head (tensor parallelism) equals the full one.
 
 Generated from sglang-ddtree's upstream/templates/test_ddtree_tree.py.
 """
@@ -11,7 +12,8 @@ import numpy as np
 import torch
 
 from sglang.srt.speculative.ddtree.layout import tree_to_retrieve_arrays
-from sglang.srt.speculative.ddtree.tree import build_tree_from_candidates
+from sglang.srt.speculative.ddtree.tree import build_tree_from_candidates, select_candidates
+from sglang.srt.speculative.ddtree.vocab_shard import merge_shard_candidates, shard_candidates
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -116,6 +118,24 @@ class TestDDTreeDraftTree(CustomTestCase):
                     self.assertEqual(
                         layout.positions[b, i].item(), prefix[b].item() + tree.depths[b, i].item()
                     )
+
+    def test_sharded_top_k_equals_the_full_vocabulary(self):
+        g = torch.Generator().manual_seed(2)
+        vocab, topk = 1001, 8
+        logits = torch.randn(3, 5, vocab, generator=g) * 3
+        want_lp, want_tok = select_candidates(logits, topk, normalize=True)
+        for tp in (1, 2, 8):
+            width = -(-vocab // tp)  # the last shard padded, as a vocab-parallel LM head is
+            pad = torch.full((3, 5, width * tp - vocab), 50.0)
+            padded = torch.cat([logits, pad], -1)
+            parts = [
+                shard_candidates(padded[..., r * width : (r + 1) * width], r * width, vocab, topk)
+                for r in range(tp)
+            ]
+            values, tokens, lse = (torch.stack(x) for x in zip(*parts))  # the all-gather
+            got_lp, got_tok = merge_shard_candidates(values, tokens, lse, topk)
+            self.assertTrue(torch.equal(got_tok, want_tok), tp)
+            torch.testing.assert_close(got_lp, want_lp, atol=2e-6, rtol=0)
 
 
 if __name__ == "__main__":
