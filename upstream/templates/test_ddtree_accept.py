@@ -1,5 +1,5 @@
-"""@@ALGORITHM@@'s accept: the greedy walk follows the target's argmax down the tree, and the
-sampled accept (target-only tree sampling, zero draft probabilities, thresholds 1.0) emits each
+"""@@ALGORITHM@@'s accept: the greedy walk follows the target's argmax down the tree (and the
+commit plan keeps that path's tokens and KV rows in order), and the sampled accept (target-only tree sampling, zero draft probabilities, thresholds 1.0) emits each
 token with exactly the target's probability, whatever the tree.
 
 The sampled law is checked without randomness: the coins run over a regular grid, so the
@@ -15,6 +15,7 @@ import unittest
 import torch
 
 from sglang.srt.speculative.ddtree.accept import accept_greedy, accept_sampled
+from sglang.srt.speculative.ddtree.commit import commit_accepted
 from sglang.srt.speculative.ddtree.layout import tree_to_retrieve_arrays
 from sglang.srt.speculative.ddtree.tree import DraftTree
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -64,6 +65,17 @@ class TestDDTreeAccept(CustomTestCase):
             self.assertEqual(res.predict[[0, 1, 4, 5]].tolist(), [3, 2, 3, 6])
             self.assertEqual(res.predict[[n, n + 2, n + 6]].tolist(), [5, 0, 4])
             self.assertEqual(res.predict[2 * n].item(), 6)
+            # The commit: the accepted tokens then the bonus, the kept nodes in path order
+            # (row j's KV belongs at prefix + j), the next root and lengths.
+            plan = commit_accepted(res, torch.tensor([10, 20, 30], device=device), n)
+            self.assertEqual(
+                plan.out_tokens.tolist(), [[3, 2, 3, 6], [5, 0, 4, -1], [6, -1, -1, -1]]
+            )
+            self.assertEqual(
+                plan.keep_nodes.tolist(), [[0, 1, 4, 5], [0, 2, 6, -1], [0, -1, -1, -1]]
+            )
+            self.assertEqual(plan.bonus.tolist(), [6, 4, 6])
+            self.assertEqual(plan.new_seq_lens.tolist(), [14, 23, 31])
 
     def first_token_frequencies(self, device, probs, coin_scale=1.0):
         """Frequency of the first emitted token over a GRID x GRID grid of (root coin, bonus
