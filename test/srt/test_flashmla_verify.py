@@ -68,6 +68,127 @@ def test_tree_attention_with_prefix_interpreted(run_interpreted):
     run_interpreted(_INTERPRETED_CHECK, "interpreted prefix merge OK")
 
 
+_PAGED_CHECK = """
+import torch
+from sglang_ddtree.core.layout import ancestor_mask
+from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
+
+g = torch.Generator().manual_seed(0)
+for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
+    bs, w, hq, d, dv = 3, 5, 4, 40, 32
+    pages = [-(-(p + w) // page) for p in prefix]
+    order = torch.randperm(sum(pages) + 2, generator=g)
+    table = torch.zeros(bs, max(pages), dtype=torch.int32)
+    used = 0
+    for b, count in enumerate(pages):
+        table[b, :count] = order[used : used + count]
+        used += count
+    k = torch.randn((sum(pages) + 2) * page, 1, d, generator=g)
+    v = k[..., :dv]  # MLA: the values are the latent slice of the keys
+    q = torch.randn(bs * w, hq, d, generator=g)
+    flat, loc = [], []
+    for b, p in enumerate(prefix):  # slots as the paged pool holds them; nodes after the prefix
+        pos = torch.arange(p + w)
+        slots = table[b, pos // page].long() * page + pos % page
+        flat.append(slots[:p])
+        loc.append(slots[p:])
+    kv_indices, node_loc = torch.cat(flat), torch.cat(loc)
+    kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(prefix).cumsum(0)])
+    parents = torch.full((bs, w), -1)
+    for i in range(1, w):
+        parents[:, i] = torch.randint(0, i, (bs,), generator=g)
+    mask = ancestor_mask(parents, w - 1)
+    scale = d ** -0.5
+    want = tree_attention_reference(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale)
+    got = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page)
+    assert (got - want).abs().max().item() < 1e-4, (page, prefix)
+    # Calibration: the same table read as pages twice as long is far from the reference.
+    bad = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=2 * page)
+    assert (bad - want).abs().max().item() > 1e-2, (page, prefix)
+print("interpreted paged prefix OK")
+"""
+
+
+def test_own_prefix_kernel_reads_a_paged_cache_interpreted(run_interpreted):
+    """DDTREE's own prefix kernel on a block table of pages (FlashMLA's cache layout), under
+    Triton's interpreter: ragged prefixes on and across page boundaries, the nodes in the
+    request's next slots, equal to the masked reference; a wrong page size is caught."""
+    run_interpreted(_PAGED_CHECK, "interpreted paged prefix OK")
+
+
+_OWN_PREFIX_HOOK_CHECK = """
+import os
+os.environ["SGLANG_DDTREE_FLASHMLA_PREFIX"] = "ddtree"
+import torch
+from types import SimpleNamespace
+from sglang_ddtree.core.layout import ancestor_mask
+from sglang_ddtree.core.tree_attention import tree_attention_reference
+from sglang_ddtree.srt.ddtree_attention import FLASHMLA_PAGE, FlashMLAVerify
+from sglang_ddtree.srt.ddtree_attention_hook import flashmla_forward_extend_hook
+
+g = torch.Generator().manual_seed(1)
+bs, w, hq, d, dv, page = 3, 4, 2, 40, 32, FLASHMLA_PAGE
+prefix = [70, 5, 130]
+pages = [-(-(p + w) // page) for p in prefix]
+order = torch.randperm(sum(pages) + 1, generator=g)
+table = torch.zeros(bs, max(pages), dtype=torch.int32)
+used = 0
+for b, count in enumerate(pages):
+    table[b, :count] = order[used : used + count]
+    used += count
+k_cache = torch.randn((sum(pages) + 1) * page, 1, d, generator=g)
+flat, loc = [], []
+for b, p in enumerate(prefix):
+    pos = torch.arange(p + w)
+    slots = table[b, pos // page].long() * page + pos % page
+    flat.append(slots[:p])
+    loc.append(slots[p:])
+node_loc = torch.cat(loc)
+nodes_k = k_cache[node_loc].clone()  # this step's nodes' latent, written by the hook
+want_cache = k_cache.clone()
+k_cache[node_loc] = 0.0
+parents = torch.full((bs, w), -1)
+for i in range(1, w):
+    parents[:, i] = torch.randint(0, i, (bs,), generator=g)
+mask = ancestor_mask(parents, w - 1)
+q = torch.randn(bs * w, hq, d, generator=g)
+
+class Pool:
+    def set_kv_buffer(self, layer, loc, k, v):
+        k_cache[loc] = k
+    def get_key_buffer(self, i):
+        return k_cache
+
+prefix_lens = torch.tensor(prefix, dtype=torch.int32)
+backend = SimpleNamespace(
+    ddtree_takes_verify=True, is_fp8_kvcache=False, dcp_world_size=1, kv_lora_rank=dv,
+    kv_cache_dim=d, token_to_kv_pool=Pool(),
+    forward_metadata=SimpleNamespace(block_kv_indices=table),
+    ddtree_verify=FlashMLAVerify(prefix_lens, None, None, mask),
+)
+layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, head_dim=d, scaling=d ** -0.5)
+fb = SimpleNamespace(batch_size=bs, out_cache_loc=node_loc,
+                     forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+calls = []
+out = flashmla_forward_extend_hook(lambda *a, **k: calls.append(a), backend,
+                                   q.reshape(bs * w, -1), nodes_k, nodes_k[..., :dv], layer, fb)
+assert not calls and out.shape == (bs * w, hq * dv)
+kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), prefix_lens.long().cumsum(0)])
+want = tree_attention_reference(q, want_cache, want_cache[..., :dv], kv_indptr, torch.cat(flat),
+                                node_loc, mask, d ** -0.5)
+assert (out.view(bs * w, hq, dv) - want).abs().max().item() < 1e-4
+assert torch.equal(k_cache, want_cache)  # the nodes' latent was saved first
+print("interpreted own prefix on flashmla OK")
+"""
+
+
+def test_flashmla_verify_with_the_own_prefix_kernel_interpreted(run_interpreted):
+    """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``: the flashmla backend's DDTREE verify saves the
+    nodes' latent and computes the whole attention with this project's kernels over the
+    backend's block table of 64-slot pages (no FlashMLA call), equal to the masked reference."""
+    run_interpreted(_OWN_PREFIX_HOOK_CHECK, "interpreted own prefix on flashmla OK")
+
+
 def test_prefix_part_reference_merges_to_the_reference():
     """The torch prefix part, merged with the tree part by ``merge_attention_states``, is the
     masked reference: the interpreted check's input is right."""
@@ -137,6 +258,39 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
     torch.testing.assert_close(lse.cpu(), lse_ref, atol=2e-2, rtol=1e-3)
     replayed, _graph = graph_replayed(split)
     assert torch.equal(replayed, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "bs,w,prefix,hq",
+    [(4, 8, [20, 300, 64, 1000], 4), (8, 16, [5000, 64, 2, 700, 4097, 33, 640, 1], 8)],
+)
+def test_own_prefix_kernel_on_flashmla_pages_equals_reference(bs, w, prefix, hq, load_benchmark):
+    """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``'s attention on the GPU: this project's kernels
+    over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
+    masked reference within bf16 rounding, with the hook's launch settings."""
+    from sglang_ddtree.core.tree_attention import (
+        launch_settings,
+        tree_attention,
+        tree_attention_reference,
+    )
+
+    bench = load_benchmark("bench_tree_attention")
+    t = bench.random_verify(bs, w, prefix, hq, 1, 576, seed=bs * w, dv=512, page=64)
+    scale = 576**-0.5
+    kv_indptr = torch.nn.functional.pad(t["prefix_lens"].cumsum(0), (1, 0))
+    settings = launch_settings(
+        bs, w, hq, 1, 512, torch.cuda.get_device_properties(0).multi_processor_count
+    )
+    got = tree_attention(
+        t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
+        page_size=64, **settings,
+    )  # fmt: skip
+    want = tree_attention_reference(
+        t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
+    )
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 def _float64_attention(t, w, scale):

@@ -96,12 +96,16 @@ if triton is not None:
         Q, K, V, KvIndptr, KvIndices, Out, Lse,
         sm_scale,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
+        stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
         W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
         DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
+        PAGE: tl.constexpr,
     ):  # fmt: skip
+        # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
+        # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
+        # PAGE-slot pages: key n of request b at slot table[b, n // PAGE] * PAGE + n % PAGE.
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         # The share is the slowest index of the grid: every request's first share is dispatched
@@ -130,7 +134,11 @@ if triton is not None:
         for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < hi
-            slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
+            if PAGE > 0:
+                page = tl.load(KvIndices + b * stride_bt + offs_n // PAGE, mask=n_ok, other=0)
+                slot = page.to(tl.int64) * PAGE + offs_n % PAGE
+            else:
+                slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
             k_rows = K + slot[:, None] * stride_kt + hkv * stride_kh
             s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for t in tl.static_range(D_TILES):  # scores over the key width in tiles
@@ -342,11 +350,12 @@ def tree_attention(
     k_buffer: torch.Tensor,  # [slots, Hkv, D]
     v_buffer: torch.Tensor,  # [slots, Hkv, Dv] (may be a view of k_buffer, as in MLA)
     kv_indptr: torch.Tensor,  # [bs + 1] int
-    kv_indices: torch.Tensor,  # [sum(prefix)] int
+    kv_indices: torch.Tensor,  # [sum(prefix)] int; or the block table, with page_size
     node_loc: torch.Tensor,  # [bs * W] int
     tree_mask: torch.Tensor | None,  # [bs, W, W] bool; or None with the two below
     sm_scale: float,
     *,
+    page_size: int = 0,  # > 0: kv_indices is a [bs, pages] block table of such pages
     full_mask: torch.Tensor | None = None,  # SGLang's verify mask (FULL_MASK layout), bool
     mask_indptr: torch.Tensor | None = None,  # [bs + 1] int, its per-request offsets
     num_nodes: int | None = None,  # W, with full_mask
@@ -360,8 +369,10 @@ def tree_attention(
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
     merge. The tree block comes from ``tree_mask``, or straight from the attention backend's
     ``full_mask`` (request b's W rows of prefix + W columns at ``mask_indptr[b]``; the prefix
-    columns are all True in a DDTREE verify, so only the last W are read). No host sync: every
-    size it launches with comes from tensor shapes and host ints."""
+    columns are all True in a DDTREE verify, so only the last W are read). The prefix's keys
+    come from ``kv_indices`` slot by slot, or (``page_size``) from a block table of pages, as
+    FlashMLA's paged cache holds them. No host sync: every size it launches with comes from
+    tensor shapes and host ints."""
     n, hq, d = q.shape
     if tree_mask is not None:
         bs, w, _ = tree_mask.shape
@@ -374,6 +385,7 @@ def tree_attention(
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
     assert n == bs * w and hq % hkv == 0 and node_loc.numel() == n
     assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
+    assert kv_indices.dim() == (2 if page_size else 1) and kv_indices.stride(-1) == 1
     g = hq // hkv
     # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
     # MLA's latent), so the prefix is read once per request, KV head and row block.
@@ -403,9 +415,10 @@ def tree_attention(
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
         lse1.stride(1), o1.stride(0), lse1.stride(0),
+        kv_indices.stride(0) if page_size else 0,
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=PREFIX_BLOCK_N,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
-        SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, num_warps=prefix_warps,
+        SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, num_warps=prefix_warps,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))

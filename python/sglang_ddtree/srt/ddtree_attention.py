@@ -53,6 +53,11 @@ def _switch_on() -> bool:  # read once per process
     return enabled()
 
 
+@functools.cache
+def _own_prefix_on_flashmla() -> bool:  # read once per process
+    return envs.SGLANG_DDTREE_FLASHMLA_PREFIX.get() == "ddtree"
+
+
 def env_error(environ=None) -> str | None:
     """The refusal of a switch value that is not a boolean (``validate_server_args`` raises
     it)."""
@@ -294,13 +299,13 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
     v: ``[n, 1, 512]``, the nodes' latent."""
     if not flashmla_handles(backend, forward_batch):
         return None
-    from sgl_kernel.flash_mla import flash_mla_with_kvcache
-
-    from sglang_ddtree.core.tree_attention import tree_attention_with_prefix
-
     if not _announced:
         _announced.append(True)
-        logger.info("DDTREE: %s, prefix part by FlashMLA (%s=0 keeps it).", SPLIT_LOG_LINE, ENV)
+        logger.info(
+            "DDTREE: %s, prefix part by %s.",
+            SPLIT_LOG_LINE,
+            "DDTREE's own kernel" if _own_prefix_on_flashmla() else "FlashMLA",
+        )
     pool = backend.token_to_kv_pool
     if k is not None and save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
@@ -310,6 +315,12 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
     w = n // bs
     hq, dv = layer.tp_q_head_num, backend.kv_lora_rank
     k_cache = pool.get_key_buffer(layer.layer_id)  # [slots, 1, 576]
+    if _own_prefix_on_flashmla():  # the prefix part in float32 to the merge, on the same pages
+        return _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, hq, dv)
+    from sgl_kernel.flash_mla import flash_mla_with_kvcache
+
+    from sglang_ddtree.core.tree_attention import tree_attention_with_prefix
+
     prefix_out, prefix_lse = flash_mla_with_kvcache(
         q=q.view(bs, w, hq, layer.head_dim),
         k_cache=k_cache.view(-1, FLASHMLA_PAGE, 1, backend.kv_cache_dim),
@@ -330,5 +341,30 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
         layer.scaling,
         prefix_out,
         prefix_lse,
+    )
+    return out.view(n, hq * dv)
+
+
+def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, hq, dv):
+    """``[n, Hq * Dv]``: the verify attention on FlashMLA's paged latent cache by
+    ``core.tree_attention`` alone: its prefix kernel reads the request's pages through the
+    backend's block table (prefix shares float32 until the merge, as on triton)."""
+    from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
+
+    bs = forward_batch.batch_size
+    # [bs + 1] prefix offsets from the step's prefix lengths: a device op, no host sync.
+    kv_indptr = torch.nn.functional.pad(state.prefix_lens.cumsum(0), (1, 0))
+    settings = launch_settings(bs, w, hq, k_cache.shape[1], dv, _num_sms(q.device))
+    out = tree_attention(
+        q.view(n, hq, layer.head_dim),
+        k_cache,
+        k_cache[..., :dv],
+        kv_indptr,
+        backend.forward_metadata.block_kv_indices[:bs],
+        forward_batch.out_cache_loc,
+        state.tree_mask,
+        layer.scaling,
+        page_size=FLASHMLA_PAGE,
+        **settings,
     )
     return out.view(n, hq * dv)

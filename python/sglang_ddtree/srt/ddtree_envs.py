@@ -221,6 +221,14 @@ class DDTreeEnvs:
         "0 keeps the backend's custom-mask kernel (refused on flashmla)",
         fix="set it to 0 (the backend's custom-mask kernel) or 1 (the default)",
     )
+    SGLANG_DDTREE_FLASHMLA_PREFIX = Knob(
+        str,
+        "flashmla",
+        "on flashmla, the verify's prefix part: flashmla (FlashMLA's paged kernel) or ddtree "
+        "(DDTREE's own kernel on the same pages, float32 until the merge; slower at long "
+        "prefixes)",
+        choices=("flashmla", "ddtree"),
+    )
     SGLANG_DDTREE_GLUE_GRAPHS = Knob(
         bool,
         True,
