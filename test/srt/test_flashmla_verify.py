@@ -35,6 +35,33 @@ def prefix_part_reference(q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_sc
     return out, lse
 
 
+def paged_case(prefix, w, page, d, generator):
+    """Requests' KV in a shuffled pool of ``page``-slot pages, as SGLang's paged pools hold it:
+    ``(block_table [bs, pages] int32, k [slots, 1, d], prefix slots (flat), node slots)``, each
+    request's W nodes in the slots right after its prefix; and a random ancestor mask."""
+    from sglang_ddtree.core.layout import ancestor_mask
+
+    bs = len(prefix)
+    pages = [-(-(p + w) // page) for p in prefix]
+    order = torch.randperm(sum(pages) + 1, generator=generator)
+    table = torch.zeros(bs, max(pages), dtype=torch.int32)
+    used = 0
+    for b, count in enumerate(pages):
+        table[b, :count] = order[used : used + count]
+        used += count
+    k = torch.randn((sum(pages) + 1) * page, 1, d, generator=generator)
+    flat, loc = [], []
+    for b, p in enumerate(prefix):
+        pos = torch.arange(p + w)
+        slots = table[b, pos // page].long() * page + pos % page
+        flat.append(slots[:p])
+        loc.append(slots[p:])
+    parents = torch.full((bs, w), -1)
+    for i in range(1, w):
+        parents[:, i] = torch.randint(0, i, (bs,), generator=generator)
+    return table, k, torch.cat(flat), torch.cat(loc), ancestor_mask(parents, w - 1)
+
+
 _INTERPRETED_CHECK = """
 import torch
 from test_tree_attention import random_case
@@ -70,34 +97,16 @@ def test_tree_attention_with_prefix_interpreted(run_interpreted):
 
 _PAGED_CHECK = """
 import torch
-from sglang_ddtree.core.layout import ancestor_mask
+from test_flashmla_verify import paged_case
 from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
 
 g = torch.Generator().manual_seed(0)
 for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
     bs, w, hq, d, dv = 3, 5, 4, 40, 32
-    pages = [-(-(p + w) // page) for p in prefix]
-    order = torch.randperm(sum(pages) + 2, generator=g)
-    table = torch.zeros(bs, max(pages), dtype=torch.int32)
-    used = 0
-    for b, count in enumerate(pages):
-        table[b, :count] = order[used : used + count]
-        used += count
-    k = torch.randn((sum(pages) + 2) * page, 1, d, generator=g)
+    table, k, kv_indices, node_loc, mask = paged_case(prefix, w, page, d, g)
     v = k[..., :dv]  # MLA: the values are the latent slice of the keys
     q = torch.randn(bs * w, hq, d, generator=g)
-    flat, loc = [], []
-    for b, p in enumerate(prefix):  # slots as the paged pool holds them; nodes after the prefix
-        pos = torch.arange(p + w)
-        slots = table[b, pos // page].long() * page + pos % page
-        flat.append(slots[:p])
-        loc.append(slots[p:])
-    kv_indices, node_loc = torch.cat(flat), torch.cat(loc)
     kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(prefix).cumsum(0)])
-    parents = torch.full((bs, w), -1)
-    for i in range(1, w):
-        parents[:, i] = torch.randint(0, i, (bs,), generator=g)
-    mask = ancestor_mask(parents, w - 1)
     scale = d ** -0.5
     want = tree_attention_reference(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale)
     got = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page)
@@ -121,36 +130,18 @@ import os
 os.environ["SGLANG_DDTREE_FLASHMLA_PREFIX"] = "ddtree"
 import torch
 from types import SimpleNamespace
-from sglang_ddtree.core.layout import ancestor_mask
+from test_flashmla_verify import paged_case
 from sglang_ddtree.core.tree_attention import tree_attention_reference
 from sglang_ddtree.srt.ddtree_attention import FLASHMLA_PAGE, FlashMLAVerify
 from sglang_ddtree.srt.ddtree_attention_hook import flashmla_forward_extend_hook
 
 g = torch.Generator().manual_seed(1)
-bs, w, hq, d, dv, page = 3, 4, 2, 40, 32, FLASHMLA_PAGE
+bs, w, hq, d, dv = 3, 4, 2, 40, 32
 prefix = [70, 5, 130]
-pages = [-(-(p + w) // page) for p in prefix]
-order = torch.randperm(sum(pages) + 1, generator=g)
-table = torch.zeros(bs, max(pages), dtype=torch.int32)
-used = 0
-for b, count in enumerate(pages):
-    table[b, :count] = order[used : used + count]
-    used += count
-k_cache = torch.randn((sum(pages) + 1) * page, 1, d, generator=g)
-flat, loc = [], []
-for b, p in enumerate(prefix):
-    pos = torch.arange(p + w)
-    slots = table[b, pos // page].long() * page + pos % page
-    flat.append(slots[:p])
-    loc.append(slots[p:])
-node_loc = torch.cat(loc)
+table, k_cache, flat, node_loc, mask = paged_case(prefix, w, FLASHMLA_PAGE, d, g)
 nodes_k = k_cache[node_loc].clone()  # this step's nodes' latent, written by the hook
 want_cache = k_cache.clone()
 k_cache[node_loc] = 0.0
-parents = torch.full((bs, w), -1)
-for i in range(1, w):
-    parents[:, i] = torch.randint(0, i, (bs,), generator=g)
-mask = ancestor_mask(parents, w - 1)
 q = torch.randn(bs * w, hq, d, generator=g)
 
 class Pool:
@@ -174,8 +165,8 @@ out = flashmla_forward_extend_hook(lambda *a, **k: calls.append(a), backend,
                                    q.reshape(bs * w, -1), nodes_k, nodes_k[..., :dv], layer, fb)
 assert not calls and out.shape == (bs * w, hq * dv)
 kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), prefix_lens.long().cumsum(0)])
-want = tree_attention_reference(q, want_cache, want_cache[..., :dv], kv_indptr, torch.cat(flat),
-                                node_loc, mask, d ** -0.5)
+want = tree_attention_reference(q, want_cache, want_cache[..., :dv], kv_indptr, flat, node_loc,
+                                mask, d ** -0.5)
 assert (out.view(bs * w, hq, dv) - want).abs().max().item() < 1e-4
 assert torch.equal(k_cache, want_cache)  # the nodes' latent was saved first
 print("interpreted own prefix on flashmla OK")
