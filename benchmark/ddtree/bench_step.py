@@ -40,7 +40,8 @@ mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs 
 tree-verify attention through triton's custom-mask extend kernel instead of
 ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+flashinfertopp`` takes the
 sampled verify's nucleus from sgl_kernel's ``top_p_renorm_prob`` instead of ``core.topp_radix``
-(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``).
+(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``); ``+ownprefix`` (on flashmla) computes the verify's
+prefix part with DDTREE's own kernel on FlashMLA's pages (``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -106,6 +107,7 @@ from sglang_ddtree.srt.ddtree_args import (
     TOP_P_KERNELS,
 )
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
+from sglang_ddtree.srt.ddtree_envs import envs as ddtree_envs
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
@@ -520,6 +522,7 @@ def flush_timing(eng, spec) -> None:
     generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
 
 
+FLASHMLA_PREFIX_ENV = ddtree_envs.SGLANG_DDTREE_FLASHMLA_PREFIX.name
 VARIANTS = {
     # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
@@ -534,6 +537,9 @@ VARIANTS = {
     # The sampled verify's nucleus from sgl_kernel's top_p_renorm_prob (FlashInfer's) instead of
     # core/topp_radix.py.
     "flashinfertopp": {TOP_P_KERNEL_ENV: "flashinfer"},
+    # On flashmla: the verify's prefix part by DDTREE's own kernel on FlashMLA's pages (float32
+    # to the merge) instead of FlashMLA's.
+    "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
@@ -542,6 +548,7 @@ DEFAULT_VARIANT_ENV = {
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
     TOP_P_KERNEL_ENV: TOP_P_KERNELS[0],
+    FLASHMLA_PREFIX_ENV: "flashmla",
 }
 
 
