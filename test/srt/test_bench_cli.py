@@ -291,14 +291,3 @@ def test_bench_step_table_marks_a_refused_parameter(load_benchmark):
     text = mod.table({"rows": [{"config": "ddtree", "step": [timed, refused]}]})
     assert "| T1_p0.95 | 1 | 10.00 (3.00, 300) |" in text
     assert "| T1_p0.95_penalties | 1 | refused |" in text
-
-
-def test_bench_step_own_prefix_variant(load_benchmark):
-    """``ddtree-8+ownprefix@flashmla``: DDTREE at W 8 on flashmla with its own prefix kernel
-    (the env the engine starts with), every other variant knob at the worker's default."""
-    mod = load_benchmark("bench_step")
-    config, backend = mod.split_backend("ddtree-8+ownprefix@flashmla", "triton")
-    base, env = mod.split_variant(config)
-    assert (base, backend) == ("ddtree-8", "flashmla")
-    assert env[mod.FLASHMLA_PREFIX_ENV] == "ddtree"
-    assert mod.split_variant("ddtree-8")[1][mod.FLASHMLA_PREFIX_ENV] == "flashmla"

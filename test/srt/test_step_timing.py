@@ -243,14 +243,15 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, topk, kv, attn, topp = (
+    glue, topk, kv, attn, topp, prefix = (
         "SGLANG_DDTREE_GLUE_GRAPHS",
         "SGLANG_DDTREE_DRAFT_TOPK",
         "SGLANG_DDTREE_KV_MOVER",
         "SGLANG_DDTREE_TREE_ATTENTION",
         "SGLANG_DDTREE_TOP_P_KERNEL",
+        "SGLANG_DDTREE_FLASHMLA_PREFIX",
     )
-    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix"}
+    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix", prefix: "flashmla"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
@@ -260,6 +261,10 @@ def test_bench_step_variants(bench):
     flashinfer = bench.split_variant("ddtree+flashinfertopp")
     assert flashinfer == ("ddtree", {**default, topp: "flashinfer"})
     assert bench.split_variant("dflash") == ("dflash", default)
+    # On flashmla, DDTREE's own prefix kernel: the backend after "@", the variant before it.
+    config, backend = bench.split_backend("ddtree-8+ownprefix@flashmla", "triton")
+    assert backend == "flashmla"
+    assert bench.split_variant(config) == ("ddtree-8", {**default, prefix: "ddtree"})
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
 
