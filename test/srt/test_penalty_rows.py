@@ -86,7 +86,8 @@ def test_rows_follow_each_request_through_prefill_and_steps():
         )
         out = torch.randint(0, V, (len(reqs), 3), generator=g)
         out[1, 2] = -1  # a shorter path
-        state.record(pool_idx, out)
+        # As the decode step counts: from the state it gathered for the penalties.
+        state.record(pool_idx, out, got)
         for i in range(len(reqs)):
             emitted[i] += [t for t in out[i].tolist() if t >= 0]
 

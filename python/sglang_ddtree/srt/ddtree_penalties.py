@@ -128,9 +128,13 @@ class PenaltyRows:
         self,
         pool_idx: torch.Tensor,  # [bs] int, the rows
         out_tokens: torch.Tensor,  # [bs, S'] int, emitted tokens, -1 padded
+        state: RequestPenalties | None = None,  # the rows' `gather`, if the step made it
     ) -> None:
-        """Count a step's emitted tokens into their rows (`core.penalties.count_emitted`)."""
+        """Count a step's emitted tokens into their rows (`core.penalties.count_emitted`);
+        ``state``: the same rows' state from this step's `gather` (not gathered again)."""
         rows = pool_idx.to(torch.int64)
-        state = count_emitted(self.gather(rows), out_tokens.to(torch.int64))
+        state = count_emitted(
+            self.gather(rows) if state is None else state, out_tokens.to(torch.int64)
+        )
         self.counts[rows] = state.output_counts
         self.lens[rows] = state.output_lens

@@ -391,10 +391,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         rows = self._penalty_rows
         return rows is not None and any(r.req_pool_idx in rows.penalized for r in batch.reqs)
 
-    def _apply_penalties(self, logits, tree: TreeStep, batch, sampling_info) -> None:
+    def _apply_penalties(self, logits, tree: TreeStep, batch, sampling_info):
         """Each node's penalties (`core.penalties`), then ``logit_bias``, in place on the verify
         logits ``[bs * W, V]``; SGLang's own speculative penalty (one linear term for every
-        node) is not applied on top."""
+        node) is not applied on top. Returns the rows' state it read (the step's count after
+        the accept starts from it)."""
         bs, w = tree.tokens.shape
         if logits.shape[-1] != self._penalty_rows.vocab:
             raise RuntimeError(
@@ -407,6 +408,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bias = getattr(sampling_info, "logit_bias", None)
         if bias is not None:
             rows.add_(bias[:, None, :].to(rows.dtype))
+        return state
 
     # ------------------------------------------------------------------------------------------
     def _host_seq_lens(self, batch, draft_input, extra: int):
@@ -659,9 +661,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 device=logits.device,
                 barrier=grammar_barrier,
             )
-        penalized = self._penalized(batch)
-        if penalized:
-            self._apply_penalties(logits, tree, batch, sampling_info)
+        penalty_state = None
+        if self._penalized(batch):
+            penalty_state = self._apply_penalties(logits, tree, batch, sampling_info)
         elif sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
@@ -676,8 +678,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         commit: CommitPlan = glue.accept(key, tree, logits, sampling_info)
         if self._tp_size > 1:
             self._check_ranks_agree(tree, commit)
-        if penalized:  # the emitted tokens count from the next step on
-            self._penalty_rows.record(batch.req_pool_indices, commit.out_tokens)
+        if penalty_state is not None:  # the emitted tokens count from the next step on
+            self._penalty_rows.record(batch.req_pool_indices, commit.out_tokens, penalty_state)
         # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV
         # append: the scheduler's seq-lens copy waits on this event, not on the KV moves.
         # A clone: graph outputs are overwritten by the next replay.
