@@ -36,6 +36,17 @@ def _tree_inputs(bs, block, hid, vocab, device, seed, pool=8, max_len=512):
     return hidden, lm_head, bonus, seq_lens, req_pool_indices, req_to_token.to(device)
 
 
+def _tree_case(bs, block, hid, vocab, budget, topk, seed):
+    """`_tree_inputs` on the CPU, the step shape `make_tree_fns` reads, and the tree
+    `draft_to_tree` builds from them (what the segment functions must reproduce)."""
+    from types import SimpleNamespace
+
+    inputs = _tree_inputs(bs, block, hid, vocab, "cpu", seed=seed)
+    shape = SimpleNamespace(block_size=block, max_depth=block - 1, budget=budget)
+    want = draft_to_tree(*inputs, block_size=block, max_depth=block - 1, budget=budget, topk=topk)
+    return inputs, shape, want
+
+
 @pytest.mark.parametrize("bs,block,budget", [(1, 4, 6), (3, 5, 9), (2, 8, 3)])
 def test_draft_to_tree_matches_its_parts(bs, block, budget):
     vocab, hid, topk = 40, 16, 5
@@ -992,19 +1003,11 @@ def test_tree_segment_functions_build_the_tree_of_draft_to_tree(tp):
     rank's ``tree`` is `draft_to_tree`; under tensor parallelism each rank's ``shard`` over its
     LM-head rows, stacked as the all-gather would, then ``tree``, builds the same tree. The
     request-to-token table is looked up at each call, not when the functions are made."""
-    from types import SimpleNamespace
-
     from sglang_ddtree.srt.ddtree_utils import make_tree_fns
 
-    bs, block, hid, vocab, budget, topk = 3, 6, 16, 41, 10, 4
-    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(
-        bs, block, hid, vocab, "cpu", seed=11
-    )
-    shape = SimpleNamespace(block_size=block, max_depth=block - 1, budget=budget)
-    want = draft_to_tree(
-        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
-        block_size=block, max_depth=block - 1, budget=budget, topk=topk,
-    )  # fmt: skip
+    vocab, topk = 41, 4
+    inputs, shape, want = _tree_case(3, 6, 16, vocab, 10, topk, seed=11)
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = inputs
     pool = {"req_to_token": None}  # attached after the functions are made, as in the worker
     width = -(-vocab // tp)
 
@@ -1055,15 +1058,9 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
     from sglang_ddtree.core.sampling import draw_coins
     from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
 
-    bs, block, hid, vocab, budget, topk = 2, 5, 16, 37, 8, 4
-    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(
-        bs, block, hid, vocab, "cpu", seed=21
-    )
-    shape = SimpleNamespace(block_size=block, max_depth=block - 1, budget=budget)
-    want = draft_to_tree(
-        hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token,
-        block_size=block, max_depth=block - 1, budget=budget, topk=topk,
-    )  # fmt: skip
+    bs, block, vocab, budget, topk = 2, 5, 37, 8, 4
+    inputs, shape, want = _tree_case(bs, block, 16, vocab, budget, topk, seed=21)
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = inputs
     width = -(-vocab // tp)
     fns = make_tree_fns(
         shape, vocab, topk, "torch", lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
