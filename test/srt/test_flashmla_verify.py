@@ -435,8 +435,16 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
     assert backend.ddtree_verify.prefix_lens.tolist() == [300, 2]
     with pytest.raises(RuntimeError, match="without the step's tree"):
         attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
-    # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
+    # With DDTREE's own prefix kernel: the lengths and the mask, no FlashMLA schedule.
     before = len(calls)
+    monkeypatch.setattr(attn, "_own_prefix_on_flashmla", lambda: True)
+    masks = torch.rand(2, 8, 8) > 0.5
+    attn.set_flashmla_verify(backend, _verify_batch([40, 7], 8, masks), in_graph=True)
+    state = backend.ddtree_verify
+    assert len(calls) == before and state.tile_metadata is None and state.num_splits is None
+    assert state.prefix_lens.tolist() == [40, 7] and torch.equal(state.tree_mask, masks)
+    monkeypatch.setattr(attn, "_own_prefix_on_flashmla", lambda: False)
+    # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):
         other = SimpleNamespace(**{**vars(backend), **changed})
         attn.set_flashmla_verify(other, _verify_batch([3], 8, masks[:1]), in_graph=False)

@@ -218,8 +218,8 @@ class FlashMLAVerify(NamedTuple):
     """What every layer of one DDTREE verify on FlashMLA reads (`set_flashmla_verify`)."""
 
     prefix_lens: torch.Tensor  # [bs] int32, the committed lengths the prefix part reads
-    tile_metadata: torch.Tensor  # [parts, 8] int32, FlashMLA's tile schedule for them
-    num_splits: torch.Tensor  # [bs + 1] int32, its splits per request
+    tile_metadata: torch.Tensor | None  # [parts, 8] int32, FlashMLA's tile schedule for them
+    num_splits: torch.Tensor | None  # [bs + 1] int32, its splits per request
     tree_mask: torch.Tensor  # [bs, W, W] bool, ancestor-or-self
 
 
@@ -254,16 +254,20 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     """Per verify forward that `flashmla_handles`, before its layers (eager) or before its
     replay (``in_graph``): the prefix lengths, FlashMLA's tile schedule for them and W x Hq
     query rows a request, and the ancestor mask, onto ``backend.ddtree_verify``. No host sync:
-    the schedule is FlashMLA's device kernel, the rest device copies. Any other forward: no-op."""
+    the schedule is FlashMLA's device kernel, the rest device copies. With DDTREE's own prefix
+    kernel (``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``) no schedule is made (None). Any other
+    forward: no-op."""
     if not flashmla_handles(backend, forward_batch):
         return
-    from sgl_kernel.flash_mla import get_mla_metadata
-
     bs = forward_batch.batch_size
     spec_info = forward_batch.spec_info
     w = int(spec_info.draft_token_num)
     prefix_lens = forward_batch.seq_lens[:bs].to(torch.int32)
-    tile_metadata, num_splits = get_mla_metadata(prefix_lens, w * backend.num_q_heads, 1)
+    tile_metadata = num_splits = None
+    if not _own_prefix_on_flashmla():
+        from sgl_kernel.flash_mla import get_mla_metadata
+
+        tile_metadata, num_splits = get_mla_metadata(prefix_lens, w * backend.num_q_heads, 1)
     tree = getattr(spec_info, "tree", None)  # None in the capture dummy
     tree_mask = None if tree is None else tree.layout.tree_mask
     if not in_graph:
@@ -276,16 +280,18 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     buffers = getattr(backend, "_ddtree_graph_buffers", None)
     if buffers is None:
         buffers = backend._ddtree_graph_buffers = _FlashMLAGraphBuffers(backend)
-    parts = tile_metadata.shape[0]
     buffers.prefix_lens[:bs].copy_(prefix_lens)
-    buffers.tile_metadata[:parts].copy_(tile_metadata)
-    buffers.num_splits[: bs + 1].copy_(num_splits)
+    if tile_metadata is not None:
+        parts = tile_metadata.shape[0]
+        buffers.tile_metadata[:parts].copy_(tile_metadata)
+        buffers.num_splits[: bs + 1].copy_(num_splits)
+        tile_metadata, num_splits = buffers.tile_metadata[:parts], buffers.num_splits[: bs + 1]
     if tree_mask is not None:  # a replay's real requests (bs is padded; the rest keep theirs)
         buffers.tree_mask[: tree_mask.numel()].copy_(tree_mask.reshape(-1))
     backend.ddtree_verify = FlashMLAVerify(
         buffers.prefix_lens[:bs],
-        buffers.tile_metadata[:parts],
-        buffers.num_splits[: bs + 1],
+        tile_metadata,
+        num_splits,
         buffers.tree_mask[: bs * w * w].view(bs, w, w),
     )
 
