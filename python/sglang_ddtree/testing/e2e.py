@@ -441,8 +441,15 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
     if early:
         with ExitStack() as stack:
             _summarize(got, prompts, early, summary, _lazy_top2_probe(stack, target, draft))
-        if on_verdict is not None:
-            on_verdict(summary)
+    if want_s and not any(isinstance(got.get(k), Exception) for k in ("base", "ddtree")):
+        # DDTREE's law before the calibration's engine runs: a run stopped there keeps it.
+        summary["sampling_law"] = {
+            n: law_test(got["base"]["samples"][n], got["ddtree"]["samples"][n])
+            for n, _, _ in SAMPLING_CASES
+        }
+        print(f"[e2e] sampling law, before calibration: {summary['sampling_law']}", flush=True)
+    if (early or want_s) and on_verdict is not None:
+        on_verdict(summary)
     if want_ad:
         schedule_env = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.name
         stats_env = inject.GRAPH_STATS_ENV
