@@ -22,7 +22,10 @@ kernels' default rows and warps). ``--sweep`` also times the launch with one
 setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix shares,
 ``rows<n>`` / ``rows<n>w<k>`` the tree kernel's query nodes per program / and its warps,
 ``pw<k>`` the prefix kernel's warps, ``pm32`` its query rows per program, ``pdv256`` its values
-in tiles of 256), each checked against the reference (``sweep_max_err``).
+in tiles of 256; with ``--mla`` also ``pm<rows>w<warps>n<keys>`` and ``lat<rows>w<warps>n<keys>``,
+the prefix kernel's rows, warps and keys per iteration without and with its latent variant),
+each checked against the reference (``sweep_err`` per setting, ``sweep_max_err``). With
+``--flashmla`` the own split reads the paged cache through its block table.
 
 ``--flashinfer`` (MHA; by default bs 1 4 8 16 32, W 8 16 32, prefix 8192): also FlashInfer's
 batch prefill as the prefix part (every node a query row against its request's paged prefix,
@@ -45,6 +48,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 
 import torch
@@ -255,12 +259,22 @@ def sweep_variants(w: int, mla: bool) -> dict:
     if mla:
         out["pm32"] = dict(prefix_rows=32)
         out["pdv256"] = dict(prefix_dv_block=256)
+        out["S32"] = dict(prefix_splits=32)
+        for rows in (16, 32, 64):
+            for prefix_warps in (4, 8):
+                for keys in (32, 64):
+                    for latent in (False, True):
+                        name = f"{'lat' if latent else 'pm'}{rows}w{prefix_warps}n{keys}"
+                        out[name] = dict(
+                            prefix_rows=rows, warps=(prefix_warps, None), prefix_keys=keys,
+                            prefix_latent=latent,
+                        )  # fmt: skip
     return out
 
 
 def measure(
     bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flashmla=False,
-    flashinfer=False, page_size=1, flashinfer_backend="fa2",
+    flashinfer=False, page_size=1, flashinfer_backend="fa2", sweep_only=None,
 ):  # fmt: skip
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
@@ -284,10 +298,16 @@ def measure(
 
     res = {}
 
+    # On FlashMLA's pages the own split reads the block table, as the flashmla backend's
+    # verify with DDTREE's own prefix kernel does.
+    paged = dict(page_size=64) if flashmla else {}
+    kv_indices = t["block_table"] if flashmla else t["kv_indices"]
+
     def split(name, settings):
         res[name] = tree_attention(
-            t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], None, scale,
-            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w, **settings,
+            t["q"], t["k"], t["v"], t["kv_indptr"], kv_indices, t["node_loc"], None, scale,
+            full_mask=t["full_mask"], mask_indptr=t["mask_indptr"], num_nodes=w, **paged,
+            **settings,
         )  # fmt: skip
 
     sms = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
@@ -302,7 +322,10 @@ def measure(
     row["extend_max_err"] = (out_ext.float() - want).abs().max().item()
     row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
     row["ratio"] = row["split_auto_us"] / row["extend_us"]
-    if flashmla:
+    if flashmla:  # the own split as the flashmla backend's own-prefix verify launches it
+        hook = launch_settings(bs, w, hq, hkv, dv_real, sms, latent_d=d)
+        row["split_paged_us"] = graph_us(lambda: split("paged", hook), iters)
+        row["split_paged_max_err"] = (res.pop("paged").float() - want).abs().max().item()
         time_prefix_and_split(row, "flashmla", flashmla_split(t, w, scale), want, iters)
         row["floor_us"] = prefix_floor_us(t)
         row["flashmla_split_over_prefix"] = row["flashmla_split_us"] / row["flashmla_prefix_us"]
@@ -314,13 +337,18 @@ def measure(
         row["split_over_flashinfer_prefix"] = row["split_auto_us"] / row["flashinfer_prefix_us"]
         row["split_over_flashinfer_split"] = row["split_auto_us"] / row["flashinfer_split_us"]
     if sweep:
-        row["sweep_us"], errs = {}, []
+        row["sweep_us"], row["sweep_err"] = {}, {}
         for name, moved in sweep_variants(w, dv is not None).items():
+            if sweep_only and not re.fullmatch(sweep_only, name):
+                continue
             settings = {**auto, **moved}
-            row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
-            errs.append((res[name].float() - want).abs().max().item())
-            del res[name]
-        row["sweep_max_err"] = max(errs)
+            try:
+                row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
+            except Exception as e:  # a setting Triton cannot build (out of shared memory)
+                row["sweep_us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
+                continue
+            row["sweep_err"][name] = (res.pop(name).float() - want).abs().max().item()
+        row["sweep_max_err"] = max(row["sweep_err"].values())
     return row
 
 
@@ -376,6 +404,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--mla-latent", type=int, default=512, help="MLA's value width")
     ap.add_argument("--sweep", action="store_true",
                     help="also time launch settings moved one at a time from the hook's")  # fmt: skip
+    ap.add_argument("--sweep-only", default=None,
+                    help="--sweep: only the settings whose name matches this regular expression")  # fmt: skip
     ap.add_argument("--flashmla", action="store_true",
                     help="--mla on a paged cache (64 slots a page): also FlashMLA's prefix part "
                     "alone and with the ancestor block merged (the flashmla backend's verify)")  # fmt: skip
@@ -423,7 +453,7 @@ def cells(args: argparse.Namespace) -> list[tuple[dict, dict]]:
     options = dict(
         dv=args.mla_latent if args.mla else None, sweep=args.sweep, flashmla=args.flashmla,
         flashinfer=args.flashinfer, page_size=args.page_size,
-        flashinfer_backend=args.flashinfer_backend,
+        flashinfer_backend=args.flashinfer_backend, sweep_only=args.sweep_only,
     )  # fmt: skip
     return [
         (dict(bs=bs, w=w, prefix=prefix, hq=hq, hkv=hkv, d=d, iters=args.iters), options)

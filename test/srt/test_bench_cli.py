@@ -245,7 +245,7 @@ def test_bench_tree_attention_flashinfer_cells(load_benchmark, tmp_path):
     shape, options = cells[0]
     assert (shape["hq"], shape["hkv"], shape["d"]) == (32, 8, 128)
     assert options == dict(dv=None, sweep=False, flashmla=False, flashinfer=True, page_size=1,
-                           flashinfer_backend="fa2")  # fmt: skip
+                           flashinfer_backend="fa2", sweep_only=None)  # fmt: skip
     # The other modes keep their cells.
     plain = mod.parse_args(["--out", str(tmp_path)])
     assert len(mod.cells(plain)) == 3 * 3 * 2 and plain.mode == "triton"

@@ -101,11 +101,14 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
         DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
-        PAGE: tl.constexpr,
+        PAGE: tl.constexpr, LATENT: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     ):  # fmt: skip
         # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
         # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
         # PAGE-slot pages: key n of request b at slot table[b, n // PAGE] * PAGE + n % PAGE.
+        # LATENT (MLA): the values are the keys' first DV columns (V a view of K) and the
+        # remaining D - DV <= BLOCK_ROPE are the rope part; a key tile is loaded once and
+        # serves both products, and the queries are loaded once, before the key loop.
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         # The share is the slowest index of the grid: every request's first share is dispatched
@@ -131,6 +134,14 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        if LATENT:
+            offs_rope = DV + tl.arange(0, BLOCK_ROPE)
+            q_lat = tl.load(q_rows + offs_dv[None, :], mask=row_ok[:, None], other=0.0)
+            q_rope = tl.load(
+                q_rows + offs_rope[None, :],
+                mask=row_ok[:, None] & (offs_rope < D)[None, :],
+                other=0.0,
+            )  # [BLOCK_M, BLOCK_ROPE]
         for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < hi
@@ -140,29 +151,39 @@ if triton is not None:
             else:
                 slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
             k_rows = K + slot[:, None] * stride_kt + hkv * stride_kh
-            s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            for t in tl.static_range(D_TILES):  # scores over the key width in tiles
-                d_ok = (t * BLOCK_DK + offs_dk) < D
-                q = tl.load(
-                    q_rows + t * BLOCK_DK + offs_dk[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :],
+            if LATENT:
+                v = tl.load(k_rows + offs_dv[None, :], mask=n_ok[:, None], other=0.0)
+                k_rope = tl.load(
+                    k_rows + offs_rope[None, :],
+                    mask=n_ok[:, None] & (offs_rope < D)[None, :],
+                    other=0.0,
+                )  # [BLOCK_N, BLOCK_ROPE]
+                s = tl.dot(q_lat, tl.trans(v)).to(tl.float32)
+                s += tl.dot(q_rope, tl.trans(k_rope)).to(tl.float32)
+            else:
+                s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for t in tl.static_range(D_TILES):  # scores over the key width in tiles
+                    d_ok = (t * BLOCK_DK + offs_dk) < D
+                    q = tl.load(
+                        q_rows + t * BLOCK_DK + offs_dk[None, :],
+                        mask=row_ok[:, None] & d_ok[None, :],
+                        other=0.0,
+                    )
+                    k = tl.load(
+                        k_rows + t * BLOCK_DK + offs_dk[None, :],
+                        mask=n_ok[:, None] & d_ok[None, :],
+                        other=0.0,
+                    )
+                    s += tl.dot(q, tl.trans(k)).to(tl.float32)
+                v = tl.load(
+                    V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
+                    mask=n_ok[:, None] & (offs_dv[None, :] < DV),
                     other=0.0,
                 )
-                k = tl.load(
-                    k_rows + t * BLOCK_DK + offs_dk[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :],
-                    other=0.0,
-                )
-                s += tl.dot(q, tl.trans(k)).to(tl.float32)
             s = tl.where(n_ok[None, :], s * sm_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
-            v = tl.load(
-                V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
-                mask=n_ok[:, None] & (offs_dv[None, :] < DV),
-                other=0.0,
-            )
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
@@ -333,15 +354,49 @@ def prefix_splits(
     return splits
 
 
-def launch_settings(bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int) -> dict:
+def launch_settings(
+    bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int, latent_d: int = 0
+) -> dict:
     """`tree_attention`'s launch keywords for a verify of this shape, as the attention hook
     passes them: the value tiles (`value_tiling`) and the prefix shares (`prefix_splits`).
-    From shapes only, so the same launch replays in a graph whatever the prefix lengths."""
+    From shapes only, so the same launch replays in a graph whatever the prefix lengths.
+
+    ``latent_d``: the key width where the values are the keys' first ``dv`` columns (MLA's
+    latent cache read through a block table): the prefix kernel's latent variant, which loads
+    a key tile once for both products, with up to 64 query rows (all of a K2.6 rank's W 8 x 8
+    heads: the prefix read once per request), 64 keys and 8 warps a program, and up to
+    ``2 * MAX_PREFIX_SPLITS`` shares (one row tile per request leaves a small batch's SMs
+    idle otherwise): of the settings `bench_tree_attention.py --sweep` timed at one K2.6
+    rank's shapes, the fastest at bs >= 8 (2.2-2.7x the general settings' speed)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
+    latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
+    if latent:
+        rows = latent["prefix_rows"]
+        programs = bs * hkv * -(-w * (hq // hkv) // rows)
+        splits = 1
+        while splits < 2 * MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
+            splits *= 2
+        return dict(
+            prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
+        )
     return dict(
         prefix_dv_block=prefix_dv_block,
         tree_dv_block=tree_dv_block,
         prefix_splits=prefix_splits(bs, w, hq, hkv, dv, prefix_dv_block, num_sms),
+    )
+
+
+def _latent_prefix(rows: int, dv: int, d: int) -> dict:
+    """The latent variant's prefix-kernel keywords for ``rows`` query rows per KV head, or {}
+    where it does not apply (values not a power-of-two latent, or a rope part over 64)."""
+    if not (0 < d - dv <= 64 and dv >= 16 and dv & (dv - 1) == 0):
+        return {}
+    wide = rows >= 64
+    return dict(
+        prefix_latent=True,
+        prefix_rows=64 if wide else 32,
+        prefix_keys=64,
+        warps=(8 if wide else 4, None),
     )
 
 
@@ -364,6 +419,8 @@ def tree_attention(
     prefix_splits: int = 1,  # prefix kernel: programs sharing each request's prefix
     tree_rows: int | None = None,  # tree kernel: query nodes per program (None: TREE_ROWS)
     prefix_rows: int | None = None,  # prefix kernel: query rows per program (None: by W * G)
+    prefix_keys: int = PREFIX_BLOCK_N,  # prefix kernel: keys per iteration
+    prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
@@ -409,6 +466,9 @@ def tree_attention(
     )
     if warps is not None:  # the bench's sweep: either may be None (kernel_warps' choice)
         prefix_warps, tree_warps = warps[0] or prefix_warps, warps[1] or tree_warps
+    if prefix_latent:
+        assert is_latent_view(k_buffer, v_buffer) and prefix_dv_tiles == 1
+        assert prefix_block_dv == dv and 0 < d - dv <= 64, (d, dv)
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale,
@@ -416,9 +476,10 @@ def tree_attention(
         v_buffer.stride(0), v_buffer.stride(1), o1.stride(1), o1.stride(2),
         lse1.stride(1), o1.stride(0), lse1.stride(0),
         kv_indices.stride(0) if page_size else 0,
-        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=PREFIX_BLOCK_N,
+        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=prefix_keys,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
-        SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, num_warps=prefix_warps,
+        SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
+        BLOCK_ROPE=64, num_warps=prefix_warps,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -427,8 +488,17 @@ def tree_attention(
         q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides,
         lse1, lse_strides, sm_scale, bs=bs, w=w, full_mask=tree_mask is None,
         prefix_splits=prefix_splits, tree_dv_block=tree_dv_block, block_r=block_r,
-        warps=tree_warps,
+        warps=tree_warps, prefix_keys=prefix_keys,
     )  # fmt: skip
+
+
+def is_latent_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
+    """Whether the values are the keys' first Dv columns, as in SGLang's MLA pool."""
+    return (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride() == k_buffer.stride()
+        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
+    )
 
 
 def _value_tiles(dv: int, dv_block: int | None) -> tuple[int, int]:
@@ -440,7 +510,7 @@ def _value_tiles(dv: int, dv_block: int | None) -> tuple[int, int]:
 def _tree_part_and_merge(
     q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides, lse1,
     lse_strides, sm_scale, *, bs, w, full_mask, prefix_splits, tree_dv_block, block_r, warps,
-    given_prefix=False, lse_log2=False,
+    given_prefix=False, lse_log2=False, prefix_keys=PREFIX_BLOCK_N,
 ) -> torch.Tensor:  # fmt: skip
     """The tree kernel's launch: ``[bs * W, Hq, Dv]``, the ancestor block merged with the
     prefix part ``o1`` / ``lse1`` (strides per request, node, head and share; ``lse_log2``:
@@ -462,7 +532,7 @@ def _tree_part_and_merge(
         D_TILES=triton.cdiv(d, block_dk), BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
         FULL_MASK=full_mask, SPLITS=prefix_splits,
         BLOCK_S=triton.next_power_of_2(prefix_splits), MIN_SHARE=MIN_SHARE_KEYS,
-        BLOCK_N=PREFIX_BLOCK_N, GIVEN_PREFIX=given_prefix, LSE_LOG2=lse_log2, num_warps=warps,
+        BLOCK_N=prefix_keys, GIVEN_PREFIX=given_prefix, LSE_LOG2=lse_log2, num_warps=warps,
     )  # fmt: skip
     return out
 
