@@ -40,8 +40,10 @@ mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs 
 tree-verify attention through triton's custom-mask extend kernel instead of
 ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+flashinfertopp`` takes the
 sampled verify's nucleus from sgl_kernel's ``top_p_renorm_prob`` instead of ``core.topp_radix``
-(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``); ``+ownprefix`` (on flashmla) computes the verify's
-prefix part with DDTREE's own kernel on FlashMLA's pages (``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``).
+(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
+compute the verify's prefix part with DDTREE's own kernel on FlashMLA's pages / with FlashMLA's
+(``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree`` / ``flashmla``; by default ``auto``: the own kernel on
+a bfloat16 cache).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -538,8 +540,9 @@ VARIANTS = {
     # core/topp_radix.py.
     "flashinfertopp": {TOP_P_KERNEL_ENV: "flashinfer"},
     # On flashmla: the verify's prefix part by DDTREE's own kernel on FlashMLA's pages (float32
-    # to the merge) instead of FlashMLA's.
+    # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
     "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
+    "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
@@ -548,7 +551,7 @@ DEFAULT_VARIANT_ENV = {
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
     TOP_P_KERNEL_ENV: TOP_P_KERNELS[0],
-    FLASHMLA_PREFIX_ENV: "flashmla",
+    FLASHMLA_PREFIX_ENV: "auto",
 }
 
 

@@ -111,6 +111,11 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
     want = tree_attention_reference(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale)
     got = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page)
     assert (got - want).abs().max().item() < 1e-4, (page, prefix)
+    # The latent variant (one load of a key tile serves both products), wider key tiles.
+    for rows, keys in ((16, 32), (32, 64)):
+        lat = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page,
+                             prefix_latent=True, prefix_rows=rows, prefix_keys=keys)
+        assert (lat - want).abs().max().item() < 1e-4, (page, prefix, rows, keys)
     # Calibration: the same table read as pages twice as long is far from the reference.
     bad = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=2 * page)
     assert (bad - want).abs().max().item() > 1e-2, (page, prefix)
@@ -121,7 +126,8 @@ print("interpreted paged prefix OK")
 def test_own_prefix_kernel_reads_a_paged_cache_interpreted(run_interpreted):
     """DDTREE's own prefix kernel on a block table of pages (FlashMLA's cache layout), under
     Triton's interpreter: ragged prefixes on and across page boundaries, the nodes in the
-    request's next slots, equal to the masked reference; a wrong page size is caught."""
+    request's next slots, equal to the masked reference (also its latent variant, values read
+    from the keys' tile, and wider key tiles); a wrong page size is caught."""
     run_interpreted(_PAGED_CHECK, "interpreted paged prefix OK")
 
 
@@ -153,6 +159,7 @@ class Pool:
 prefix_lens = torch.tensor(prefix, dtype=torch.int32)
 backend = SimpleNamespace(
     ddtree_takes_verify=True, is_fp8_kvcache=False, dcp_world_size=1, kv_lora_rank=dv,
+    data_type=torch.float32,
     kv_cache_dim=d, token_to_kv_pool=Pool(),
     forward_metadata=SimpleNamespace(block_kv_indices=table),
     ddtree_verify=FlashMLAVerify(prefix_lens, None, None, mask),
@@ -255,12 +262,17 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(
     "bs,w,prefix,hq",
-    [(4, 8, [20, 300, 64, 1000], 4), (8, 16, [5000, 64, 2, 700, 4097, 33, 640, 1], 8)],
+    [
+        (4, 8, [20, 300, 64, 1000], 4),
+        (8, 16, [5000, 64, 2, 700, 4097, 33, 640, 1], 8),
+        (1, 8, [20000], 8),  # one request: the most prefix shares
+    ],
 )
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(bs, w, prefix, hq, load_benchmark):
     """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``'s attention on the GPU: this project's kernels
     over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
-    masked reference within bf16 rounding, with the hook's launch settings."""
+    masked reference within bf16 rounding, with the hook's launch settings (the latent
+    variant)."""
     from sglang_ddtree.core.tree_attention import (
         launch_settings,
         tree_attention,
@@ -272,8 +284,9 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(bs, w, prefix, hq,
     scale = 576**-0.5
     kv_indptr = torch.nn.functional.pad(t["prefix_lens"].cumsum(0), (1, 0))
     settings = launch_settings(
-        bs, w, hq, 1, 512, torch.cuda.get_device_properties(0).multi_processor_count
+        bs, w, hq, 1, 512, torch.cuda.get_device_properties(0).multi_processor_count, 576
     )
+    assert settings["prefix_latent"]
     got = tree_attention(
         t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
         page_size=64, **settings,
@@ -406,7 +419,10 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
         num_q_heads=8,
         is_fp8_kvcache=False,
         dcp_world_size=1,
+        data_type=torch.float16,  # the latent cache's dtype: FlashMLA's prefix part by default
     )
+    monkeypatch.delenv("SGLANG_DDTREE_FLASHMLA_PREFIX", raising=False)
+    attn._flashmla_prefix_choice.cache_clear()
     # Capture at bs 4, W 8: no tree yet.
     attn.set_flashmla_verify(backend, _verify_batch([1, 1, 1, 1], 8), in_graph=True)
     state = backend.ddtree_verify
@@ -435,15 +451,16 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
     assert backend.ddtree_verify.prefix_lens.tolist() == [300, 2]
     with pytest.raises(RuntimeError, match="without the step's tree"):
         attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
-    # With DDTREE's own prefix kernel: the lengths and the mask, no FlashMLA schedule.
+    # A bfloat16 cache takes DDTREE's own prefix kernel by default: the lengths and the mask,
+    # no FlashMLA schedule.
     before = len(calls)
-    monkeypatch.setattr(attn, "_own_prefix_on_flashmla", lambda: True)
+    backend.data_type = torch.bfloat16
     masks = torch.rand(2, 8, 8) > 0.5
     attn.set_flashmla_verify(backend, _verify_batch([40, 7], 8, masks), in_graph=True)
     state = backend.ddtree_verify
     assert len(calls) == before and state.tile_metadata is None and state.num_splits is None
     assert state.prefix_lens.tolist() == [40, 7] and torch.equal(state.tree_mask, masks)
-    monkeypatch.setattr(attn, "_own_prefix_on_flashmla", lambda: False)
+    backend.data_type = torch.float16
     # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):
         other = SimpleNamespace(**{**vars(backend), **changed})

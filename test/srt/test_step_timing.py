@@ -251,7 +251,7 @@ def test_bench_step_variants(bench):
         "SGLANG_DDTREE_TOP_P_KERNEL",
         "SGLANG_DDTREE_FLASHMLA_PREFIX",
     )
-    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix", prefix: "flashmla"}
+    default = {glue: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix", prefix: "auto"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
@@ -265,6 +265,8 @@ def test_bench_step_variants(bench):
     config, backend = bench.split_backend("ddtree-8+ownprefix@flashmla", "triton")
     assert backend == "flashmla"
     assert bench.split_variant(config) == ("ddtree-8", {**default, prefix: "ddtree"})
+    fmla = bench.split_variant("ddtree-8+flashmlaprefix")
+    assert fmla == ("ddtree-8", {**default, prefix: "flashmla"})
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
 

@@ -97,6 +97,18 @@ def test_launch_settings_are_the_hooks_choice():
         prefix_dv_block=None, tree_dv_block=128, prefix_splits=16
     )
     assert launch_settings(32, 16, 32, 8, 128, 132)["prefix_splits"] == 1
+    # MLA's latent cache (values the keys' first 512 of 576 columns): the latent variant, all
+    # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs.
+    lat = launch_settings(1, 8, 8, 1, 512, 132, latent_d=576)
+    assert lat == dict(prefix_dv_block=None, tree_dv_block=128, prefix_splits=32,
+                       prefix_latent=True, prefix_rows=64, prefix_keys=64, warps=(8, None))  # fmt: skip
+    assert launch_settings(8, 8, 8, 1, 512, 132, latent_d=576)["prefix_splits"] == 16
+    assert launch_settings(32, 8, 8, 1, 512, 132, latent_d=576)["prefix_splits"] == 4
+    small = launch_settings(4, 8, 4, 1, 512, 132, latent_d=576)  # the tiny pair: 32 rows
+    assert (small["prefix_rows"], small["warps"]) == (32, (4, None))
+    # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).
+    assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 512, 132, latent_d=640)
+    assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 128, 132, latent_d=128)
 
 
 def test_kernel_warps_keep_the_widest_tiles_in_registers():

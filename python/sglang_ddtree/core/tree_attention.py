@@ -364,17 +364,18 @@ def launch_settings(
     ``latent_d``: the key width where the values are the keys' first ``dv`` columns (MLA's
     latent cache read through a block table): the prefix kernel's latent variant, which loads
     a key tile once for both products, with up to 64 query rows (all of a K2.6 rank's W 8 x 8
-    heads: the prefix read once per request), 64 keys and 8 warps a program, and up to
-    ``2 * MAX_PREFIX_SPLITS`` shares (one row tile per request leaves a small batch's SMs
-    idle otherwise): of the settings `bench_tree_attention.py --sweep` timed at one K2.6
-    rank's shapes, the fastest at bs >= 8 (2.2-2.7x the general settings' speed)."""
+    heads: the prefix read once per request), 64 keys and 8 warps a program: of the settings
+    `bench_tree_attention.py --sweep` timed at one K2.6 rank's shapes, the fastest at bs >= 8
+    (2.2-2.7x the general settings' speed), where its best runs had about one program per SM;
+    so the shares fill one wave of programs, up to ``2 * MAX_PREFIX_SPLITS`` (one row tile per
+    request leaves a small batch's SMs idle otherwise)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
         rows = latent["prefix_rows"]
         programs = bs * hkv * -(-w * (hq // hkv) // rows)
-        splits = 1
-        while splits < 2 * MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
+        splits = 1  # about one wave of programs: more shares were slower at bs 8
+        while splits < 2 * MAX_PREFIX_SPLITS and programs * splits * 2 <= num_sms:
             splits *= 2
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent

@@ -337,17 +337,22 @@ def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | No
 
 
 def target_warnings(kv_dtype: Any, backend: str | None) -> list[str]:
-    """What a served setting does not yet promise: on flashmla in bfloat16 DDTREE's sampled law
-    has measured apart from the non-speculative server's (docs/limits.md), where triton's and
-    SGLang's DFLASH chain on flashmla have not."""
-    import torch
+    """What a served setting does not promise: on flashmla in bfloat16 with FlashMLA's prefix
+    part chosen (``SGLANG_DDTREE_FLASHMLA_PREFIX=flashmla``), DDTREE's sampled law measurably
+    departs from the non-speculative server's (docs/limits.md); the default there is DDTREE's
+    own prefix kernel, whose law matches."""
+    from sglang_ddtree.srt.ddtree_attention import own_prefix_on_flashmla
 
-    if backend == "flashmla" and kv_dtype == torch.bfloat16:
-        return [
-            "DDTREE's bfloat16 verify on flashmla does not yet match the non-speculative "
-            "server's sampled law in every setting (docs/limits.md); --attention-backend "
-            "triton does."
-        ]
+    if backend == "flashmla" and not own_prefix_on_flashmla(kv_dtype):
+        import torch
+
+        if kv_dtype == torch.bfloat16:
+            return [
+                "DDTREE on flashmla with SGLANG_DDTREE_FLASHMLA_PREFIX=flashmla in bfloat16: "
+                "FlashMLA's prefix part is rounded to bfloat16 before the merge and the sampled "
+                "law departs from the non-speculative server's (docs/limits.md); unset it for "
+                "DDTREE's own prefix kernel, whose law matches."
+            ]
     return []
 
 

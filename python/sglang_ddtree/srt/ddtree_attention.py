@@ -54,8 +54,20 @@ def _switch_on() -> bool:  # read once per process
 
 
 @functools.cache
-def _own_prefix_on_flashmla() -> bool:  # read once per process
-    return envs.SGLANG_DDTREE_FLASHMLA_PREFIX.get() == "ddtree"
+def _flashmla_prefix_choice() -> str:  # read once per process
+    return envs.SGLANG_DDTREE_FLASHMLA_PREFIX.get()
+
+
+def own_prefix_on_flashmla(kv_dtype) -> bool:
+    """Whether the flashmla verify computes its prefix part with DDTREE's own kernel (float32
+    until the merge) rather than FlashMLA's, for a latent cache of ``kv_dtype``. FlashMLA
+    returns its part rounded to the cache dtype and the merge rounds again: in float16 the
+    sampled law still matches the non-speculative server's, in bfloat16 it measurably does not
+    (docs/limits.md), so ``auto`` takes the own kernel there."""
+    choice = _flashmla_prefix_choice()
+    if choice == "auto":
+        return kv_dtype == torch.bfloat16
+    return choice == "ddtree"
 
 
 def env_error(environ=None) -> str | None:
@@ -255,8 +267,7 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     replay (``in_graph``): the prefix lengths, FlashMLA's tile schedule for them and W x Hq
     query rows a request, and the ancestor mask, onto ``backend.ddtree_verify``. No host sync:
     the schedule is FlashMLA's device kernel, the rest device copies. With DDTREE's own prefix
-    kernel (``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``) no schedule is made (None). Any other
-    forward: no-op."""
+    kernel (`own_prefix_on_flashmla`) no schedule is made (None). Any other forward: no-op."""
     if not flashmla_handles(backend, forward_batch):
         return
     bs = forward_batch.batch_size
@@ -264,7 +275,7 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     w = int(spec_info.draft_token_num)
     prefix_lens = forward_batch.seq_lens[:bs].to(torch.int32)
     tile_metadata = num_splits = None
-    if not _own_prefix_on_flashmla():
+    if not own_prefix_on_flashmla(backend.data_type):
         from sgl_kernel.flash_mla import get_mla_metadata
 
         tile_metadata, num_splits = get_mla_metadata(prefix_lens, w * backend.num_q_heads, 1)
@@ -298,8 +309,8 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
 
 def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=True):
     """``[n, Hq * Dv]``: the verify attention on FlashMLA's latent cache (prefix part by
-    FlashMLA, ancestor block and merge by ``core.tree_attention_with_prefix``), or None where
-    `flashmla_handles` says no.
+    FlashMLA or by DDTREE's own kernel, `own_prefix_on_flashmla`; ancestor block and merge by
+    ``core.tree_attention``), or None where `flashmla_handles` says no.
 
     q: ``[n = bs * W, Hq * 576]`` (absorbed MLA: latent 512 + rope 64); k: ``[n, 1, 576]``,
     v: ``[n, 1, 512]``, the nodes' latent."""
@@ -310,7 +321,7 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
         logger.info(
             "DDTREE: %s, prefix part by %s.",
             SPLIT_LOG_LINE,
-            "DDTREE's own kernel" if _own_prefix_on_flashmla() else "FlashMLA",
+            "DDTREE's own kernel" if own_prefix_on_flashmla(backend.data_type) else "FlashMLA",
         )
     pool = backend.token_to_kv_pool
     if k is not None and save_kv_cache:
@@ -321,7 +332,7 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
     w = n // bs
     hq, dv = layer.tp_q_head_num, backend.kv_lora_rank
     k_cache = pool.get_key_buffer(layer.layer_id)  # [slots, 1, 576]
-    if _own_prefix_on_flashmla():  # the prefix part in float32 to the merge, on the same pages
+    if own_prefix_on_flashmla(backend.data_type):  # float32 to the merge, on the same pages
         return _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, hq, dv)
     from sgl_kernel.flash_mla import flash_mla_with_kvcache
 
@@ -360,7 +371,9 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
     bs = forward_batch.batch_size
     # [bs + 1] prefix offsets from the step's prefix lengths: a device op, no host sync.
     kv_indptr = torch.nn.functional.pad(state.prefix_lens.cumsum(0), (1, 0))
-    settings = launch_settings(bs, w, hq, k_cache.shape[1], dv, _num_sms(q.device))
+    settings = launch_settings(
+        bs, w, hq, k_cache.shape[1], dv, _num_sms(q.device), latent_d=layer.head_dim
+    )
     out = tree_attention(
         q.view(n, hq, layer.head_dim),
         k_cache,

@@ -223,11 +223,12 @@ class DDTreeEnvs:
     )
     SGLANG_DDTREE_FLASHMLA_PREFIX = Knob(
         str,
-        "flashmla",
-        "on flashmla, the verify's prefix part: flashmla (FlashMLA's paged kernel) or ddtree "
-        "(DDTREE's own kernel on the same pages, float32 until the merge; slower at long "
-        "prefixes)",
-        choices=("flashmla", "ddtree"),
+        "auto",
+        "on flashmla, the verify's prefix part: ddtree (DDTREE's own kernel on the same pages, "
+        "float32 until the merge), flashmla (FlashMLA's paged kernel: faster, its part rounded "
+        "to the cache dtype before the merge, which in bfloat16 moves the sampled law off the "
+        "non-speculative server's), auto (ddtree on a bfloat16 cache, flashmla on float16)",
+        choices=("auto", "ddtree", "flashmla"),
     )
     SGLANG_DDTREE_GLUE_GRAPHS = Knob(
         bool,
