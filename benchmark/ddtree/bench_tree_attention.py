@@ -23,7 +23,8 @@ setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix
 ``rows<n>`` / ``rows<n>w<k>`` the tree kernel's query nodes per program / and its warps,
 ``pw<k>`` the prefix kernel's warps, ``pm32`` its query rows per program, ``pdv256`` its values
 in tiles of 256; with ``--mla`` also ``pm<rows>w<warps>n<keys>`` and ``lat<rows>w<warps>n<keys>``,
-the prefix kernel's rows, warps and keys per iteration without and with its latent variant),
+the prefix kernel's rows, warps and keys per iteration without and with its latent variant, and
+around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares),
 each checked against the reference (``sweep_err`` per setting, ``sweep_max_err``). With
 ``--flashmla`` the own split reads the paged cache through its block table.
 
@@ -269,6 +270,17 @@ def sweep_variants(w: int, mla: bool) -> dict:
                             prefix_rows=rows, warps=(prefix_warps, None), prefix_keys=keys,
                             prefix_latent=latent,
                         )  # fmt: skip
+        # Around the latent variant's best: pipeline stages, value tiles, more shares.
+        best = out["lat64w8n64"]
+        for stages in (1, 2, 4):
+            out[f"lat64w8n64s{stages}"] = dict(best, prefix_stages=stages)
+        for prefix_warps in (4, 8):
+            out[f"lat64w{prefix_warps}n64dv256"] = dict(
+                best, warps=(prefix_warps, None), prefix_dv_block=256
+            )
+        for splits in (16, 32, 64):
+            out[f"lat64w8n64S{splits}"] = dict(best, prefix_splits=splits)
+            out[f"lat32w4n64S{splits}"] = dict(out["lat32w4n64"], prefix_splits=splits)
     return out
 
 

@@ -112,12 +112,16 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
     got = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page)
     assert (got - want).abs().max().item() < 1e-4, (page, prefix)
     # The latent variant (one load of a key tile serves both products), wider key tiles.
-    for rows, keys in ((16, 32), (32, 64)):
+    for rows, keys, dv_block in ((16, 32, None), (32, 64, None), (16, 32, 16)):
         lat = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page,
-                             prefix_latent=True, prefix_rows=rows, prefix_keys=keys)
-        assert (lat - want).abs().max().item() < 1e-4, (page, prefix, rows, keys)
-    # Calibration: the same table read as pages twice as long is far from the reference.
-    bad = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=2 * page)
+                             prefix_latent=True, prefix_rows=rows, prefix_keys=keys,
+                             prefix_dv_block=dv_block)
+        assert (lat - want).abs().max().item() < 1e-4, (page, prefix, rows, keys, dv_block)
+    # Calibration: each request's first two pages swapped in its table (reads stay in the
+    # cache) is far from the reference.
+    wrong = table.clone()
+    wrong[:, [0, 1]] = table[:, [1, 0]]
+    bad = tree_attention(q, k, v, kv_indptr, wrong, node_loc, mask, scale, page_size=page)
     assert (bad - want).abs().max().item() > 1e-2, (page, prefix)
 print("interpreted paged prefix OK")
 """
@@ -127,7 +131,7 @@ def test_own_prefix_kernel_reads_a_paged_cache_interpreted(run_interpreted):
     """DDTREE's own prefix kernel on a block table of pages (FlashMLA's cache layout), under
     Triton's interpreter: ragged prefixes on and across page boundaries, the nodes in the
     request's next slots, equal to the masked reference (also its latent variant, values read
-    from the keys' tile, and wider key tiles); a wrong page size is caught."""
+    from the keys' tile or in value tiles, and wider key tiles); a wrong table is caught."""
     run_interpreted(_PAGED_CHECK, "interpreted paged prefix OK")
 
 

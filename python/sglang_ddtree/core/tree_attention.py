@@ -106,9 +106,10 @@ if triton is not None:
         # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
         # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
         # PAGE-slot pages: key n of request b at slot table[b, n // PAGE] * PAGE + n % PAGE.
-        # LATENT (MLA): the values are the keys' first DV columns (V a view of K) and the
-        # remaining D - DV <= BLOCK_ROPE are the rope part; a key tile is loaded once and
-        # serves both products, and the queries are loaded once, before the key loop.
+        # LATENT (MLA): the values are the keys' first DV columns (V a view of K, DV a power of
+        # two) and the remaining D - DV <= BLOCK_ROPE are the rope part; the queries are loaded
+        # once, before the key loop, and a key tile serves both products (with value tiles,
+        # DV_TILES > 1, the tile's own value columns are read again, from cache).
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         # The share is the slowest index of the grid: every request's first share is dispatched
@@ -135,8 +136,9 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         if LATENT:
+            offs_lat = tl.arange(0, DV)
             offs_rope = DV + tl.arange(0, BLOCK_ROPE)
-            q_lat = tl.load(q_rows + offs_dv[None, :], mask=row_ok[:, None], other=0.0)
+            q_lat = tl.load(q_rows + offs_lat[None, :], mask=row_ok[:, None], other=0.0)
             q_rope = tl.load(
                 q_rows + offs_rope[None, :],
                 mask=row_ok[:, None] & (offs_rope < D)[None, :],
@@ -152,14 +154,18 @@ if triton is not None:
                 slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
             k_rows = K + slot[:, None] * stride_kt + hkv * stride_kh
             if LATENT:
-                v = tl.load(k_rows + offs_dv[None, :], mask=n_ok[:, None], other=0.0)
+                k_lat = tl.load(k_rows + offs_lat[None, :], mask=n_ok[:, None], other=0.0)
                 k_rope = tl.load(
                     k_rows + offs_rope[None, :],
                     mask=n_ok[:, None] & (offs_rope < D)[None, :],
                     other=0.0,
                 )  # [BLOCK_N, BLOCK_ROPE]
-                s = tl.dot(q_lat, tl.trans(v)).to(tl.float32)
+                s = tl.dot(q_lat, tl.trans(k_lat)).to(tl.float32)
                 s += tl.dot(q_rope, tl.trans(k_rope)).to(tl.float32)
+                if DV_TILES == 1:
+                    v = k_lat
+                else:
+                    v = tl.load(k_rows + offs_dv[None, :], mask=n_ok[:, None], other=0.0)
             else:
                 s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
                 for t in tl.static_range(D_TILES):  # scores over the key width in tiles
@@ -422,6 +428,7 @@ def tree_attention(
     prefix_rows: int | None = None,  # prefix kernel: query rows per program (None: by W * G)
     prefix_keys: int = PREFIX_BLOCK_N,  # prefix kernel: keys per iteration
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
+    prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
@@ -468,8 +475,9 @@ def tree_attention(
     if warps is not None:  # the bench's sweep: either may be None (kernel_warps' choice)
         prefix_warps, tree_warps = warps[0] or prefix_warps, warps[1] or tree_warps
     if prefix_latent:
-        assert is_latent_view(k_buffer, v_buffer) and prefix_dv_tiles == 1
-        assert prefix_block_dv == dv and 0 < d - dv <= 64, (d, dv)
+        assert is_latent_view(k_buffer, v_buffer) and dv & (dv - 1) == 0
+        assert prefix_block_dv * prefix_dv_tiles == dv and 0 < d - dv <= 64, (d, dv)
+    stages = {} if prefix_stages is None else {"num_stages": prefix_stages}
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale,
@@ -480,7 +488,7 @@ def tree_attention(
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=prefix_keys,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
-        BLOCK_ROPE=64, num_warps=prefix_warps,
+        BLOCK_ROPE=64, num_warps=prefix_warps, **stages,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
