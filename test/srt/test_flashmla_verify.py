@@ -117,6 +117,10 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
                              prefix_latent=True, prefix_rows=rows, prefix_keys=keys,
                              prefix_dv_block=dv_block)
         assert (lat - want).abs().max().item() < 1e-4, (page, prefix, rows, keys, dv_block)
+    # The latent variant over the slot list (SGLang's triton backend's layout).
+    flat_lat = tree_attention(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale,
+                              prefix_latent=True, prefix_rows=32, prefix_keys=64)
+    assert (flat_lat - want).abs().max().item() < 1e-4, (page, prefix)
     # Calibration: each request's first two pages swapped in its table (reads stay in the
     # cache) is far from the reference.
     wrong = table.clone()
