@@ -53,6 +53,8 @@ def test_greedy_verdict_is_handed_out_before_the_later_engines(monkeypatch):
     e2e.run_checks("/t", "/d", prompts, ["greedy", "sampling"], summary, seen.append)
     assert started == ["none", "DDTREE", "wrong"]
     assert len(seen) == 1 and seen[0]["greedy"]["passed"] is True
+    # DDTREE's law is handed out with it, before the calibration's engine fails.
+    assert set(seen[0]["sampling_law"]) == {"T1.0", "T0.7_p0.9"}
     assert summary["greedy"]["passed"] is True
     assert summary["sampling"]["passed"] is False and "wrong" in summary["sampling"]["error"]
 
@@ -71,7 +73,10 @@ def test_no_greedy_verdict_without_the_greedy_check(monkeypatch, checks):
     seen = []
     summary: dict = {}
     e2e.run_checks("/t", "/d", e2e.make_prompts(5, 50, 4, seed=0), checks, summary, seen.append)
-    assert seen == [] and "greedy" not in summary and checks[0] in summary
+    assert all("greedy" not in s for s in seen) and "greedy" not in summary
+    assert checks[0] in summary
+    # With the sampling check, only DDTREE's law (before calibration) is handed out early.
+    assert len(seen) == (checks == ["sampling"])
 
 
 def _differing_engines(monkeypatch, differ: dict[str, int]):
