@@ -278,7 +278,7 @@ def sweep_variants(w: int, mla: bool) -> dict:
             out[f"lat64w{prefix_warps}n64dv256"] = dict(
                 best, warps=(prefix_warps, None), prefix_dv_block=256
             )
-        for splits in (16, 32, 64):
+        for splits in (16, 32, 64, 128):
             out[f"lat64w8n64S{splits}"] = dict(best, prefix_splits=splits)
             out[f"lat32w4n64S{splits}"] = dict(out["lat32w4n64"], prefix_splits=splits)
     return out
