@@ -772,16 +772,24 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
 
 
 def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype=torch.float32):
-    """The worker fields the glue memory measurements read: schedule, shapes, LM head, K."""
+    """The worker surface the glue memory measurements read (`DDTreeWorkerV2`'s public
+    fields and its `tree_fns` / `accept_fn`, here with the torch top-K and FlashInfer's
+    nucleus): schedule, shapes, LM head."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt.ddtree_args import DDTreeShape
     from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_utils import make_accept_fn, make_tree_fns
 
     schedule = BudgetSchedule.parse(schedule)
     widths = sorted(set(schedule.num_nodes))
     shapes = {w: DDTreeShape(num_nodes=w, block_size=block, topk=4) for w in widths}
     weight = torch.randn(vocab, hidden, device=device).to(dtype)
+
+    def tree_fns(shape, lm_head, req_to_token):
+        k = shape.candidates_per_depth(vocab)
+        return make_tree_fns(shape, vocab, k, "torch", lm_head=lm_head, req_to_token=req_to_token)
+
     return SimpleNamespace(
         device=torch.device(device),
         model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab)),
@@ -792,11 +800,11 @@ def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype
         ),
         budget_schedule=schedule,
         ddtree_shapes=shapes,
-        _tp_size=1,
-        _topk={w: s.candidates_per_depth(vocab) for w, s in shapes.items()},
-        _draft_topk={w: "torch" for w in widths},
-        _top_p_kernel="flashinfer",
-        _glue_stream=torch.cuda.Stream() if device == "cuda" else None,
+        tp_size=1,
+        tree_fns=tree_fns,
+        accept_fn=lambda shape: make_accept_fn(shape.accept_width, top_p_kernel="flashinfer"),
+        top_p_kernel="flashinfer",
+        glue_stream=torch.cuda.Stream() if device == "cuda" else None,
         ps=SimpleNamespace(tp_rank=0),
     )
 

@@ -41,7 +41,7 @@ from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
 from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors
-from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn, make_tree_fns
+from sglang_ddtree.srt.ddtree_utils import accept_tree
 
 logger = logging.getLogger(__name__)
 
@@ -163,10 +163,10 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        fns = _tree_fns(worker, w, vocab, lm_head[:vocab], req_to_token)
+        fns = _tree_fns(worker, w, lm_head[:vocab], req_to_token)
         if "shard" in fns:  # a stand-in gather: this rank's candidates, tp times
             packed = fns["shard"](hidden)
-            gathered = packed[None].expand(worker._tp_size, *packed.shape).contiguous()
+            gathered = packed[None].expand(worker.tp_size, *packed.shape).contiguous()
             del packed
             tree = fns["tree"](gathered, zeros, zeros, zeros)
         else:
@@ -177,7 +177,7 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         commit = accept_and_commit(
             logits, tree.tokens, tree.layout, zeros, accept_width=s,
             temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
-            coins=coins, final_coins=final_coins, top_p_kernel=worker._top_p_kernel,
+            coins=coins, final_coins=final_coins, top_p_kernel=worker.top_p_kernel,
             min_ps=info.min_ps, need_min_p=True,
         )  # fmt: skip
         torch.cuda.synchronize(device)
@@ -221,7 +221,7 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
         )  # fmt: skip
     # A throwaway pool, but the glue graphs' own capture stream: what a capture allocates once
     # per stream (cuBLAS's workspace) is then allocated for the stream the real graphs use.
-    stream = worker._glue_stream or torch.cuda.Stream()
+    stream = worker.glue_stream or torch.cuda.Stream()
     share = {"pool": torch.cuda.graph_pool_handle(), "stream": stream}
     segments: list[SegmentGraphs] = []
     torch.cuda.synchronize(device)
@@ -245,15 +245,13 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
     return max(int(kept), 0), int(pool)
 
 
-def _tree_fns(worker, w: int, vocab: int, lm_head, req_to_token) -> dict:
-    """The worker's draft-tree segment functions for W = ``w`` (`make_tree_fns`) over
+def _tree_fns(worker, w: int, lm_head, req_to_token) -> dict:
+    """The worker's draft-tree segment functions for W = ``w`` (`DDTreeWorkerV2.tree_fns`) over
     placeholders: ``lm_head`` ([V, H]) and ``req_to_token`` stand in for the model's and the
     pool's (which does not exist yet)."""
-    return make_tree_fns(
-        worker.ddtree_shapes[w], vocab, worker._topk[w], worker._draft_topk[w],
-        lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
-        lm_head_shard=worker._lm_head_shard if worker._tp_size > 1 else None,
-    )  # fmt: skip
+    return worker.tree_fns(
+        worker.ddtree_shapes[w], lm_head=lambda: lm_head, req_to_token=lambda: req_to_token
+    )
 
 
 def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -> None:
@@ -262,12 +260,12 @@ def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -
     shape = worker.ddtree_shapes[w]
     key = (bs,)
     copied = {"bonus": x.zeros, "seq_lens": x.zeros, "req_pool_indices": x.zeros}
-    fns = _tree_fns(worker, w, lm_head.shape[0], lm_head, x.req_to_token)
+    fns = _tree_fns(worker, w, lm_head, x.req_to_token)
     if "shard" in fns:
         shard = SegmentGraphs(f"measure_shard_w{w}", fns["shard"], **share)
         segments.append(shard)
         packed = shard(key, bound={"hidden": x.hidden})
-        gathered = packed[None].expand(worker._tp_size, *packed.shape).contiguous()
+        gathered = packed[None].expand(worker.tp_size, *packed.shape).contiguous()
         tree_seg = SegmentGraphs(f"measure_tree_w{w}", fns["tree"], **share)
         segments.append(tree_seg)
         tree = tree_seg(key, bound={}, copied={"gathered": gathered, **copied})
@@ -275,8 +273,7 @@ def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -
         tree_seg = SegmentGraphs(f"measure_tree_w{w}", fns["tree"], **share)
         segments.append(tree_seg)
         tree = tree_seg(key, bound={"hidden": x.hidden}, copied=copied)
-    accept_fn = make_accept_fn(shape.accept_width, top_p_kernel=worker._top_p_kernel)
-    accept = SegmentGraphs(f"measure_accept_w{w}", accept_fn, **share)
+    accept = SegmentGraphs(f"measure_accept_w{w}", worker.accept_fn(shape), **share)
     segments.append(accept)
     for mode, info in x.infos.items():
         accept_tree(tree, x.logits, info, accept, key, None, mode)
@@ -342,7 +339,7 @@ def capture_glue_at_startup(worker) -> dict:
     happens)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
-    sizes = [bs for bs in range(1, max_bs + 1) if worker._target_has_graph(bs)]
+    sizes = [bs for bs in range(1, max_bs + 1) if worker.target_has_graph(bs)]
     before = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments)
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved(worker.device)
@@ -377,7 +374,7 @@ def capture_glue_at_startup(worker) -> dict:
         except Exception as e:  # a diagnostic: it must not stop the server
             logger.warning("DDTREE glue graphs: no pool snapshot (%s: %s).", type(e).__name__, e)
     info["growth_mib_by_bs"] = growth
-    reserve = worker._glue_reserve
+    reserve = worker.glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
     if reserve is not None:
         info["reserved_working_set_gib"] = round(reserve.working_set / 2**30, 3)
@@ -402,9 +399,8 @@ def _dummy_step(worker, bs: int) -> None:
     from sglang_ddtree.srt.ddtree_utils import accept_mode
 
     device = worker.device
-    shape = worker.shape_for(bs)
-    w = shape.num_nodes
-    glue = worker._glue[w]
+    w = worker.shape_for(bs).num_nodes
+    glue = worker.step_glue[w]
     key = (bs,)
     batch = SimpleNamespace(
         seq_lens=torch.ones(bs, dtype=torch.int64, device=device),
@@ -417,14 +413,11 @@ def _dummy_step(worker, bs: int) -> None:
         reserved_seq_lens_cpu=None,
         reserved_seq_lens_sum=None,
     )
-    hidden = worker._draft_hidden(batch, draft_input, bs, shape)
-    tree = glue.draft_tree(
-        key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices
-    )
+    tree = worker.draft_tree(batch, draft_input, bs, key)  # the decode step's phases 1-2
     verify_input = DDTreeVerifyInput.from_tree(
-        tree, batch, draft_input, full_mask=worker._verify_full_mask
+        tree, batch, draft_input, full_mask=worker.verify_full_mask
     )
-    seq_lens_cpu, seq_lens_sum = worker._host_seq_lens(batch, draft_input, w)
+    seq_lens_cpu, seq_lens_sum = worker.host_seq_lens(batch, draft_input, w)
     target_runner = worker.target_worker.model_runner
     forward_batch = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,

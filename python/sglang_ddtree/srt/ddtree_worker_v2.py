@@ -217,7 +217,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         from sglang.srt.distributed import get_tp_group
 
         self._tp_group = get_tp_group()
-        self._tp_size = int(self._tp_group.world_size)
+        self.tp_size = int(self._tp_group.world_size)
         # The verify coins come from a generator of their own, seeded alike on every rank and
         # drawn in the same order: under tensor parallelism every rank takes the same sampled
         # decisions (a check in `_check_ranks_agree` makes any disagreement loud).
@@ -243,7 +243,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._draft_topk = {
             w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
         }
-        self._top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
+        self.top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
         self.graph_stats = GraphStats(schedule)
         # One memory pool and one capture stream for every glue graph: they replay one at a
         # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
@@ -255,14 +255,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if glue_on
             else {}
         )
-        self._glue_stream = share.get("stream")  # also the glue memory measure's (GlueReserve)
-        self._glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
+        self.glue_stream = share.get("stream")  # also the glue memory measure's (GlueReserve)
+        self.step_glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
         self.graph_stats.glue_segments = [
-            seg for g in self._glue.values() for seg in g.segments.values()
+            seg for g in self.step_glue.values() for seg in g.segments.values()
         ]
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
-        self._glue_reserve = GlueReserve(self, _max_graph_bs(server_args)) if glue_on else None
+        self.glue_reserve = GlueReserve(self, _max_graph_bs(server_args)) if glue_on else None
         requests.set_active(True)
         if self.ps.tp_rank == 0:
             logger.info(
@@ -275,7 +275,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self._draft_topk,
                 shape.accept_width,
                 "on" if glue_on else "off",
-                self._top_p_kernel,
+                self.top_p_kernel,
             )
 
     def init_attention_backends(self):
@@ -293,13 +293,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         """DFLASH's drafter graphs (the target's are captured before this), then every glue
         graph (``ddtree_glue_warmup``; ``SGLANG_DDTREE_GLUE_AT_STARTUP=0``: while serving)."""
         super().init_cuda_graphs()
-        if self._glue_reserve is not None:
-            self._glue_reserve.release()
+        if self.glue_reserve is not None:
+            self.glue_reserve.release()
         if self._glue_on and glue_at_startup_enabled(os.environ):
             capture_glue_at_startup(self)
 
     @functools.cached_property
-    def _verify_full_mask(self) -> bool:
+    def verify_full_mask(self) -> bool:
         """Whether the target's verify reads SGLang's FULL_MASK (triton, flashinfer) or the
         tree's own ``[bs, W, W]`` mask (flashmla, DDTREE's split). Asked at the first verify:
         the target's backend object is built after the worker."""
@@ -411,7 +411,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return state
 
     # ------------------------------------------------------------------------------------------
-    def _host_seq_lens(self, batch, draft_input, extra: int):
+    def host_seq_lens(self, batch, draft_input, extra: int):
         """Host upper bound of the KV length seen by a forward: committed + ``extra``.
 
         Returns (seq_lens_cpu [bs] int32 CPU tensor, sum). Uses the host copies the scheduler
@@ -443,7 +443,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             mask_token_id=int(self._mask_token_id),
         )
         embeds = target_model.get_input_embeddings()(block_ids)
-        seq_lens_cpu, seq_lens_sum = self._host_seq_lens(batch, draft_input, block)
+        seq_lens_cpu, seq_lens_sum = self.host_seq_lens(batch, draft_input, block)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -466,26 +466,50 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the drafter returned no hidden states.")
         return hidden
 
+    def draft_tree(self, batch, draft_input, bs: int, key) -> TreeStep:
+        """Phases 1-2 of a decode step, also the startup capture's: the drafter's block (SGLang's
+        graph) and the draft tree with the verify's inputs (the glue graph at ``key``; None:
+        eager). ``batch``: the step's ``seq_lens``, ``req_pool_indices`` and host lengths."""
+        shape = self.shape_for(bs)
+        hidden = self._draft_hidden(batch, draft_input, bs, shape)
+        return self.step_glue[shape.num_nodes].draft_tree(
+            key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices
+        )
+
     # ------------------------------------------------------------------------------------------
     # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).
+    def tree_fns(self, shape: DDTreeShape, lm_head, req_to_token) -> dict:
+        """The draft-tree segment functions at ``shape`` (`make_tree_fns`) with this worker's
+        top-K choices; ``lm_head`` / ``req_to_token``: callables returning the [V, H] LM head
+        and the request-to-token table (the model's and the pool's, or the startup measure's
+        placeholders). Tensor parallel: this rank's vocabulary rows of the LM head give its
+        candidates (the "shard" segment); an all-gather between the two segments; every rank
+        merges the same gathered tensor into the same tree."""
+        w = shape.num_nodes
+        return make_tree_fns(
+            shape,
+            int(self.model_runner.model_config.vocab_size),
+            self._topk[w],
+            self._draft_topk[w],
+            lm_head=lm_head,
+            req_to_token=req_to_token,
+            lm_head_shard=self._lm_head_shard if self.tp_size > 1 else None,
+        )
+
+    def accept_fn(self, shape: DDTreeShape):
+        """The accept segment's function at ``shape`` (`make_accept_fn`)."""
+        return make_accept_fn(shape.accept_width, top_p_kernel=self.top_p_kernel)
+
     def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> StepGlue:
         w, s = shape.num_nodes, shape.accept_width
         vocab = int(self.model_runner.model_config.vocab_size)
         depth_offsets = torch.arange(s, device=self.device)
-
-        # Tensor parallel: this rank's vocabulary rows of the LM head give its candidates; an
-        # eager all-gather between the two segments; every rank merges the same gathered
-        # tensor into the same tree.
-        tree_fns = make_tree_fns(
+        tree_fns = self.tree_fns(
             shape,
-            vocab,
-            self._topk[w],
-            self._draft_topk[w],
             lm_head=lambda: self.target_worker.model_runner.model.lm_head.weight[:vocab],
             req_to_token=lambda: self.model_runner.req_to_token_pool.req_to_token,
-            lm_head_shard=self._lm_head_shard if self._tp_size > 1 else None,
         )
-        accept_fn = make_accept_fn(s, top_p_kernel=self._top_p_kernel)
+        accept_fn = self.accept_fn(shape)
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
             # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the
@@ -522,7 +546,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
         glue["accept"] = SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share)
         glue["kv"] = SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share)
-        gather = self._gather_candidates if self._tp_size > 1 else None
+        gather = self._gather_candidates if self.tp_size > 1 else None
         return StepGlue(glue, self._coin_generator, gather)
 
     def _lm_head_shard(self) -> tuple[torch.Tensor, int]:
@@ -537,7 +561,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _gather_candidates(self, packed: torch.Tensor) -> torch.Tensor:
         """Tensor parallel: every rank's draft candidates (``[tp, ...]``), all-gathered eagerly
         between the shard and tree segments; every rank then builds the same tree."""
-        gathered = packed.new_empty((self._tp_size, *packed.shape))
+        gathered = packed.new_empty((self.tp_size, *packed.shape))
         self._tp_group.all_gather_into_tensor(gathered.view(-1), packed.contiguous().view(-1))
         return gathered
 
@@ -592,7 +616,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._kv_rows = rows
         return rows
 
-    def _target_has_graph(self, bs: int) -> bool:
+    def target_has_graph(self, bs: int) -> bool:
         """Whether SGLang's target verify of ``bs`` requests replays a captured graph (host)."""
         has_graph = getattr(self.model_runner.decode_cuda_graph_runner, "has_graph_for", None)
         return bool(has_graph(bs)) if has_graph is not None else False
@@ -608,17 +632,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)  # host int: tensor metadata, no device read
         shape = self.shape_for(bs)
         w, s = shape.num_nodes, shape.accept_width
-        glue = self._glue[w]
+        glue = self.step_glue[w]
         # Glue graphs only where SGLang's forwards replay graphs: their static outputs are the
         # glue graphs' bound inputs (an eager forward returns new tensors every step).
-        sglang_graphs = self._target_has_graph(bs)
+        sglang_graphs = self.target_has_graph(bs)
         key = (bs,) if sglang_graphs else None
 
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
-        hidden = self._draft_hidden(batch, draft_input, bs, shape)
-        tree = glue.draft_tree(
-            key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices
-        )
+        tree = self.draft_tree(batch, draft_input, bs, key)
 
         # Constrained requests: the tree's host copy starts here, ahead of the verify launch.
         grammar_tree = (
@@ -634,14 +655,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             tree,
             batch,
             draft_input,
-            full_mask=self._verify_full_mask,
+            full_mask=self.verify_full_mask,
             mask_capacity=self._verify_mask_capacity if sglang_graphs else None,
         )
         # A copy: the batch keeps out_cache_loc past this step; the graph output is reused.
         batch.out_cache_loc = tree.verify_loc.clone()
         sampling_info = batch.sampling_info
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        batch.seq_lens_cpu, batch.seq_lens_sum = self._host_seq_lens(batch, draft_input, w)
+        batch.seq_lens_cpu, batch.seq_lens_sum = self.host_seq_lens(batch, draft_input, w)
         try:
             verify_fb, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         finally:
@@ -676,7 +697,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 4) Accept and plan the commit (glue graph; its key adds the accept mode).
         commit: CommitPlan = glue.accept(key, tree, logits, sampling_info)
-        if self._tp_size > 1:
+        if self.tp_size > 1:
             self._check_ranks_agree(tree, commit)
         if penalty_state is not None:  # the emitted tokens count from the next step on
             self._penalty_rows.record(batch.req_pool_indices, commit.out_tokens, penalty_state)
