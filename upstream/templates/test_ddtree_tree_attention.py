@@ -1,6 +1,7 @@
 """@@ALGORITHM@@'s tree-verify attention: the prefix part and the ancestor block merged by
 log-sum-exp equal attention over the union of their keys, and the Triton kernels (CUDA) equal
-the masked reference on random trees, ragged prefixes, grouped heads and MLA's latent layout.
+the masked reference on random trees, ragged prefixes, grouped heads and MLA's latent layout
+(also the prefix kernel's latent variant).
 
 Generated from sglang-ddtree's upstream/templates/test_ddtree_tree_attention.py.
 """
@@ -11,6 +12,7 @@ import torch
 
 from sglang.srt.speculative.ddtree.layout import ancestor_mask
 from sglang.srt.speculative.ddtree.tree_attention import (
+    launch_settings,
     merge_attention_states,
     tree_attention,
     tree_attention_reference,
@@ -83,6 +85,18 @@ class TestDDTreeTreeAttention(CustomTestCase):
                 t["node_loc"], t["tree_mask"], scale,
             )  # fmt: skip
             torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+            if case["mla"]:  # the latent variant, as the flashmla verify launches it
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
+                settings = launch_settings(
+                    case["bs"], case["w"], case["hq"], case["hkv"], case["dv"], sms,
+                    latent_d=case["d"],
+                )  # fmt: skip
+                self.assertTrue(settings["prefix_latent"])
+                got = tree_attention(
+                    t["q"], t["k_buffer"], t["v_buffer"], t["kv_indptr"], t["kv_indices"],
+                    t["node_loc"], t["tree_mask"], scale, **settings,
+                )  # fmt: skip
+                torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 if __name__ == "__main__":
