@@ -77,6 +77,9 @@ def test_no_greedy_verdict_without_the_greedy_check(monkeypatch, checks):
     assert checks[0] in summary
     # With the sampling check, only DDTREE's law (before calibration) is handed out early.
     assert len(seen) == (checks == ["sampling"])
+    if checks == ["sampling"]:  # the verdict's DDTREE tests are the early ones, not redone
+        assert summary["sampling"]["tests"]["T1.0"] == summary["sampling_law"]["T1.0"]
+        assert "wrong_variant_T1.0" in summary["sampling"]["tests"]
 
 
 def _differing_engines(monkeypatch, differ: dict[str, int]):

@@ -443,10 +443,7 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
             _summarize(got, prompts, early, summary, _lazy_top2_probe(stack, target, draft))
     if want_s and not any(isinstance(got.get(k), Exception) for k in ("base", "ddtree")):
         # DDTREE's law before the calibration's engine runs: a run stopped there keeps it.
-        summary["sampling_law"] = {
-            n: law_test(got["base"]["samples"][n], got["ddtree"]["samples"][n])
-            for n, _, _ in SAMPLING_CASES
-        }
+        summary["sampling_law"] = _ddtree_law(got)
         print(f"[e2e] sampling law, before calibration: {summary['sampling_law']}", flush=True)
     if (early or want_s) and on_verdict is not None:
         on_verdict(summary)
@@ -480,6 +477,14 @@ def run_checks(target, draft, prompts, checks, summary, on_verdict=None) -> None
     with ExitStack() as stack:
         probe = _lazy_top2_probe(stack, target, draft)
         _summarize(got, prompts, [c for c in checks if c not in summary], summary, probe)
+
+
+def _ddtree_law(got: dict) -> dict:
+    """DDTREE's sampled law against the non-speculative engine's, per sampling case."""
+    return {
+        n: law_test(got["base"]["samples"][n], got["ddtree"]["samples"][n])
+        for n, _, _ in SAMPLING_CASES
+    }
 
 
 def _lazy_top2_probe(stack: ExitStack, target: str, draft: str):
@@ -529,10 +534,7 @@ def _summarize(got: dict, prompts: list, checks: list, summary: dict, probe) -> 
         if e:
             summary["sampling"] = e
         else:
-            res = {
-                n: law_test(got["base"]["samples"][n], got["ddtree"]["samples"][n])
-                for n, _, _ in SAMPLING_CASES
-            }
+            res = dict(summary.get("sampling_law") or _ddtree_law(got))  # once per run
             res["wrong_variant_T1.0"] = law_test(got["base"]["samples"]["T1.0"], got["wrong"])
             passed = all(res[n]["p_combined"] > 1e-3 for n, _, _ in SAMPLING_CASES)
             passed = passed and res["wrong_variant_T1.0"]["p_combined"] < 1e-3
