@@ -24,8 +24,11 @@ setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix
 ``pw<k>`` the prefix kernel's warps, ``pm32`` its query rows per program, ``pdv256`` its values
 in tiles of 256; with ``--mla`` also ``pm<rows>w<warps>n<keys>`` and ``lat<rows>w<warps>n<keys>``,
 the prefix kernel's rows, warps and keys per iteration without and with its latent variant, and
-around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares),
-each checked against the reference (``sweep_err`` per setting, ``sweep_max_err``). With
+around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
+``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles), each checked against the
+reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
+of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
+memory, warpgroup MMA dots, asynchronous copies). With
 ``--flashmla`` the own split reads the paged cache through its block table.
 
 ``--flashinfer`` (MHA; by default bs 1 4 8 16 32, W 8 16 32, prefix 8192): also FlashInfer's
@@ -281,7 +284,45 @@ def sweep_variants(w: int, mla: bool) -> dict:
         for splits in (16, 32, 64, 128):
             out[f"lat64w8n64S{splits}"] = dict(best, prefix_splits=splits)
             out[f"lat32w4n64S{splits}"] = dict(out["lat32w4n64"], prefix_splits=splits)
+        # Wider key tiles (fewer softmax rounds a key) and four warpgroups (a quarter of the
+        # accumulator each), with the stages shared memory allows.
+        for name, moved in (
+            ("lat64w8n128s1", dict(prefix_keys=128, prefix_stages=1)),
+            ("lat64w8n128s2", dict(prefix_keys=128, prefix_stages=2)),
+            ("lat64w16n64", dict(warps=(16, None))),
+            ("lat64w16n64s2", dict(warps=(16, None), prefix_stages=2)),
+            ("lat64w16n128s1", dict(warps=(16, None), prefix_keys=128, prefix_stages=1)),
+        ):
+            out[name] = dict(best, **moved)
     return out
+
+
+def compiled_kernels(fn) -> dict:
+    """``{id: compiled kernel}`` in a Triton JIT function's caches (every device)."""
+    found = {}
+    for cache in getattr(fn, "device_caches", {}).values():
+        kernels = cache[0] if isinstance(cache, tuple) else cache
+        for kernel in getattr(kernels, "values", lambda: [])():
+            found[id(kernel)] = kernel
+    return found
+
+
+def kernel_stats(kernel) -> dict:
+    """What Triton built: registers and spills per thread, shared memory, stages and warps, and
+    from its TTGIR how many dots are Hopper's warpgroup MMA and how many loads asynchronous
+    copies (the software pipeline's) -- where a setting's time comes from."""
+    meta = getattr(kernel, "metadata", None)
+    ttgir = getattr(kernel, "asm", {}).get("ttgir", "")
+    return {
+        "regs": getattr(kernel, "n_regs", None),
+        "spills": getattr(kernel, "n_spills", None),
+        "shared": getattr(meta, "shared", None),
+        "stages": getattr(meta, "num_stages", None),
+        "warps": getattr(meta, "num_warps", None),
+        "warpgroup_dots": ttgir.count("warp_group_dot "),
+        "other_dots": len(re.findall(r"= tt\.dot ", ttgir)),
+        "async_copies": ttgir.count("async_copy_global_to_local"),
+    }
 
 
 def measure(
@@ -349,16 +390,23 @@ def measure(
         row["split_over_flashinfer_prefix"] = row["split_auto_us"] / row["flashinfer_prefix_us"]
         row["split_over_flashinfer_split"] = row["split_auto_us"] / row["flashinfer_split_us"]
     if sweep:
-        row["sweep_us"], row["sweep_err"] = {}, {}
+        from sglang_ddtree.core import tree_attention as kernels
+
+        row["sweep_us"], row["sweep_err"], row["sweep_prefix_kernel"] = {}, {}, {}
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
             settings = {**auto, **moved}
+            built = compiled_kernels(kernels._prefix_attention_kernel)
             try:
                 row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
             except Exception as e:  # a setting Triton cannot build (out of shared memory)
                 row["sweep_us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
+            new = compiled_kernels(kernels._prefix_attention_kernel).keys() - built.keys()
+            row["sweep_prefix_kernel"][name] = [
+                kernel_stats(compiled_kernels(kernels._prefix_attention_kernel)[k]) for k in new
+            ]
             row["sweep_err"][name] = (res.pop(name).float() - want).abs().max().item()
         row["sweep_max_err"] = max(row["sweep_err"].values())
     return row

@@ -291,3 +291,32 @@ def test_bench_step_table_marks_a_refused_parameter(load_benchmark):
     text = mod.table({"rows": [{"config": "ddtree", "step": [timed, refused]}]})
     assert "| T1_p0.95 | 1 | 10.00 (3.00, 300) |" in text
     assert "| T1_p0.95_penalties | 1 | refused |" in text
+
+
+def test_bench_tree_attention_reads_what_triton_built(load_benchmark):
+    """The sweep's build report: kernels found in a JIT function's per-device caches (Triton
+    keeps ``(kernels, ...)`` tuples there), and from a kernel's TTGIR how many dots are warpgroup
+    MMA, how many plain dots and how many loads asynchronous copies."""
+    mod = load_benchmark("bench_tree_attention")
+    ttgir = "\n".join([
+        "%a = ttg.async_copy_global_to_local %p, %s : ...",
+        "%b = ttg.async_copy_global_to_local %q, %t : ...",
+        "%c = ttng.warp_group_dot %x, %y, %z {inputPrecision = 0 : i32} : ...",
+        "%d = tt.dot %u, %v, %w : ...",
+    ])  # fmt: skip
+    kernel = SimpleNamespace(
+        n_regs=168, n_spills=0, asm={"ttgir": ttgir},
+        metadata=SimpleNamespace(shared=147456, num_stages=2, num_warps=8),
+    )  # fmt: skip
+    fn = SimpleNamespace(device_caches={0: ({"key": kernel}, {}, None)})
+    assert list(mod.compiled_kernels(fn).values()) == [kernel]
+    assert mod.compiled_kernels(SimpleNamespace()) == {}
+    assert mod.kernel_stats(kernel) == {
+        "regs": 168, "spills": 0, "shared": 147456, "stages": 2, "warps": 8,
+        "warpgroup_dots": 1, "other_dots": 1, "async_copies": 2,
+    }  # fmt: skip
+    # Every sweep setting names a distinct launch, and the new ones move only what they say.
+    variants = mod.sweep_variants(8, mla=True)
+    best = variants["lat64w8n64"]
+    assert variants["lat64w16n64"] == dict(best, warps=(16, None))
+    assert variants["lat64w8n128s1"] == dict(best, prefix_keys=128, prefix_stages=1)
