@@ -25,7 +25,8 @@ setting at a time moved from that choice (``sweep_us``, by name: ``S<n>`` prefix
 in tiles of 256; with ``--mla`` also ``pm<rows>w<warps>n<keys>`` and ``lat<rows>w<warps>n<keys>``,
 the prefix kernel's rows, warps and keys per iteration without and with its latent variant, and
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
-``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles), each checked against the
+``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
+kernel's value columns per program), each checked against the
 reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
 of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
 memory, warpgroup MMA dots, asynchronous copies). With
@@ -292,6 +293,19 @@ def sweep_variants(w: int, mla: bool) -> dict:
             ("lat64w16n64", dict(warps=(16, None))),
             ("lat64w16n64s2", dict(warps=(16, None), prefix_stages=2)),
             ("lat64w16n128s1", dict(warps=(16, None), prefix_keys=128, prefix_stages=1)),
+            # The hook's pair at bs 1 (two stages, 64 shares), and the tree kernel's merge of
+            # many shares over narrower value tiles (more programs a request).
+            ("lat64w8n64s2S64", dict(prefix_stages=2, prefix_splits=64)),
+            ("lat64w8n64s2S64t64", dict(prefix_stages=2, prefix_splits=64, tree_dv_block=64)),
+            ("lat64w8n64s2S64t32", dict(prefix_stages=2, prefix_splits=64, tree_dv_block=32)),
+            ("lat64w8n64s2S128t32", dict(prefix_stages=2, prefix_splits=128, tree_dv_block=32)),
+            ("lat64w8n64s2t64", dict(prefix_stages=2, tree_dv_block=64)),
+            # Value tiles with the stages that fit shared memory (two programs a row tile).
+            ("lat64w8n64dv256s1", dict(prefix_dv_block=256, prefix_stages=1)),
+            ("lat64w4n64dv256s1", dict(warps=(4, None), prefix_dv_block=256, prefix_stages=1)),
+            ("lat64w4n32dv256s2", dict(
+                warps=(4, None), prefix_keys=32, prefix_dv_block=256, prefix_stages=2
+            )),
         ):
             out[name] = dict(best, **moved)
     return out

@@ -100,12 +100,14 @@ def test_launch_settings_are_the_hooks_choice():
     # MLA's latent cache (values the keys' first 512 of 576 columns): the latent variant, all
     # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs.
     lat = launch_settings(1, 8, 8, 1, 512, 132, latent_d=576)
-    assert lat == dict(prefix_dv_block=None, tree_dv_block=128, prefix_splits=32,
-                       prefix_latent=True, prefix_rows=64, prefix_keys=64, warps=(8, None))  # fmt: skip
+    assert lat == dict(prefix_dv_block=None, tree_dv_block=128, prefix_splits=64,
+                       prefix_latent=True, prefix_rows=64, prefix_keys=64, warps=(8, None),
+                       prefix_stages=2)  # fmt: skip
     assert launch_settings(8, 8, 8, 1, 512, 132, latent_d=576)["prefix_splits"] == 16
     assert launch_settings(32, 8, 8, 1, 512, 132, latent_d=576)["prefix_splits"] == 4
     small = launch_settings(4, 8, 4, 1, 512, 132, latent_d=576)  # the tiny pair: 32 rows
     assert (small["prefix_rows"], small["warps"]) == (32, (4, None))
+    assert "prefix_stages" not in small  # Triton's own: two stages are timed at 64 rows only
     # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 512, 132, latent_d=640)
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 128, 132, latent_d=128)
