@@ -303,9 +303,10 @@ def sweep_variants(w: int, mla: bool) -> dict:
             # Value tiles with the stages that fit shared memory (two programs a row tile).
             ("lat64w8n64dv256s1", dict(prefix_dv_block=256, prefix_stages=1)),
             ("lat64w4n64dv256s1", dict(warps=(4, None), prefix_dv_block=256, prefix_stages=1)),
-            ("lat64w4n32dv256s2", dict(
-                warps=(4, None), prefix_keys=32, prefix_dv_block=256, prefix_stages=2
-            )),
+            (
+                "lat64w4n32dv256s2",
+                dict(warps=(4, None), prefix_keys=32, prefix_dv_block=256, prefix_stages=2),
+            ),
         ):
             out[name] = dict(best, **moved)
     return out
