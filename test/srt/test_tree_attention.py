@@ -100,10 +100,11 @@ def test_launch_settings_are_the_hooks_choice():
     # MLA's latent cache (values the keys' first 512 of 576 columns): the latent variant, all
     # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs.
     lat = launch_settings(1, 8, 8, 1, 512, 132, latent_d=576)
-    assert lat == dict(prefix_dv_block=None, tree_dv_block=128, prefix_splits=64,
+    assert lat == dict(prefix_dv_block=None, tree_dv_block=32, prefix_splits=64,
                        prefix_latent=True, prefix_rows=64, prefix_keys=64, warps=(8, None),
                        prefix_stages=2)  # fmt: skip
-    assert launch_settings(8, 8, 8, 1, 512, 132, latent_d=576)["prefix_splits"] == 16
+    bs8 = launch_settings(8, 8, 8, 1, 512, 132, latent_d=576)
+    assert (bs8["prefix_splits"], bs8["tree_dv_block"]) == (16, 128)
     assert launch_settings(32, 8, 8, 1, 512, 132, latent_d=576)["prefix_splits"] == 4
     small = launch_settings(4, 8, 4, 1, 512, 132, latent_d=576)  # the tiny pair: 32 rows
     assert (small["prefix_rows"], small["warps"]) == (32, (4, None))
