@@ -377,10 +377,10 @@ def launch_settings(
     (2.2-2.7x the general settings' speed), where its best runs had about one program per SM;
     so the shares fill one wave of programs, up to ``LATENT_MAX_SPLITS`` (one row tile per
     request leaves a small batch's SMs idle otherwise: at bs 1 and 32K keys, 64 shares took
-    0.78x the time of 32), and its keys come through a two-stage software pipeline (2-4 %
+    0.76x the time of 32), and its keys come through a two-stage software pipeline (2-4 %
     faster than Triton's default three at bs >= 8; what fits shared memory at 64 keys). Where
     the shares reach ``LATENT_MAX_SPLITS`` the tree kernel, which merges them, takes 32 value
-    columns a program (4x the programs; 0.93x the split's time at bs 1 and 32K keys)."""
+    columns a program (4x the programs; 0.92x the split's time at bs 1 and 32K keys)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
