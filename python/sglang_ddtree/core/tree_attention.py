@@ -135,6 +135,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        qk_scale = sm_scale * 1.4426950408889634  # log2 e
         if LATENT:
             offs_lat = tl.arange(0, DV)
             offs_rope = DV + tl.arange(0, BLOCK_ROPE)
@@ -160,8 +161,8 @@ if triton is not None:
                     mask=n_ok[:, None] & (offs_rope < D)[None, :],
                     other=0.0,
                 )  # [BLOCK_N, BLOCK_ROPE]
-                s = tl.dot(q_lat, tl.trans(k_lat)).to(tl.float32)
-                s += tl.dot(q_rope, tl.trans(k_rope)).to(tl.float32)
+                s = tl.dot(q_lat, tl.trans(k_lat))
+                s = tl.dot(q_rope, tl.trans(k_rope), acc=s)  # accumulated in the MMA
                 if DV_TILES == 1:
                     v = k_lat
                 else:
@@ -180,22 +181,24 @@ if triton is not None:
                         mask=n_ok[:, None] & d_ok[None, :],
                         other=0.0,
                     )
-                    s += tl.dot(q, tl.trans(k)).to(tl.float32)
+                    s = tl.dot(q, tl.trans(k), acc=s)
                 v = tl.load(
                     V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
                     mask=n_ok[:, None] & (offs_dv[None, :] < DV),
                     other=0.0,
                 )
-            s = tl.where(n_ok[None, :], s * sm_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
+            # Scores in base 2 (the scale folded with log2 e): exp2 is the hardware's exp.
+            s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        lse2 = m_i + tl.log2(tl.where(has, l_i, 1.0))
+        lse = tl.where(has, lse2 * 0.6931471805599453, float("-inf"))  # natural: ln 2
         tl.store(
             Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
             + offs_dv[None, :],
