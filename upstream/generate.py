@@ -450,7 +450,6 @@ SERIES = [
             "sglang_ddtree.core.tree_attention",
             "sglang_ddtree.srt.ddtree_envs",
             "sglang_ddtree.srt.ddtree_attention",
-            "sglang_ddtree.srt.ddtree_requests",
         ),
         templates=("test_ddtree_tree_attention.py",),
         edits=(
@@ -505,7 +504,11 @@ SERIES = [
         "the worker and --speculative-algorithm DDTREE",
         "the DDTREE worker and its registration, the server flags, the request refusals, the "
         "req_to_token row headroom, the in-tree tests and the docs",
-        modules=("sglang_ddtree.srt.ddtree_worker_v2", "sglang_ddtree.srt.ddtree_spec"),
+        modules=(
+            "sglang_ddtree.srt.ddtree_worker_v2",
+            "sglang_ddtree.srt.ddtree_spec",
+            "sglang_ddtree.srt.ddtree_requests",
+        ),
         templates=("test_ddtree.py", "test_ddtree_refusals.py", "ddtree.md"),
         edits=("register", "request-refusals", "row-headroom", "server-flags", "flag-check"),
         serves=True,

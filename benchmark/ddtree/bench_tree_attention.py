@@ -30,7 +30,10 @@ kernel's value columns per program), each checked against the
 reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
 of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
 memory, warpgroup MMA dots, asynchronous copies). With
-``--flashmla`` the own split reads the paged cache through its block table.
+``--flashmla`` the own split reads the paged cache through its block table; it is also timed
+as the flashmla verify launches it (``split_paged_us``: `launch_settings` with the latent
+variant) and its prefix kernel alone (``own_prefix_us``, `prefix_attention_part`), each against
+FlashMLA's (``own_split_over_flashmla_split``, ``own_prefix_over_flashmla_prefix``).
 
 ``--flashinfer`` (MHA; by default bs 1 4 8 16 32, W 8 16 32, prefix 8192): also FlashInfer's
 batch prefill as the prefix part (every node a query row against its request's paged prefix,
@@ -348,6 +351,7 @@ def measure(
 
     from sglang_ddtree.core.tree_attention import (
         launch_settings,
+        prefix_attention_part,
         tree_attention,
         tree_attention_reference,
     )
@@ -394,9 +398,21 @@ def measure(
         hook = launch_settings(bs, w, hq, hkv, dv_real, sms, latent_d=d)
         row["split_paged_us"] = graph_us(lambda: split("paged", hook), iters)
         row["split_paged_max_err"] = (res.pop("paged").float() - want).abs().max().item()
+        # The own prefix kernel alone, as the hook launches it: against FlashMLA's prefix part.
+        prefix_settings = {k: v for k, v in hook.items() if k.startswith("prefix_")}
+        prefix_warps = (hook.get("warps") or (None, None))[0] or 4
+        row["own_prefix_us"] = graph_us(
+            lambda: prefix_attention_part(
+                t["q"], t["k"], t["v"], t["kv_indptr"], kv_indices, w, scale, page_size=64,
+                prefix_warps=prefix_warps, **prefix_settings,
+            ),
+            iters,
+        )  # fmt: skip
         time_prefix_and_split(row, "flashmla", flashmla_split(t, w, scale), want, iters)
         row["floor_us"] = prefix_floor_us(t)
         row["flashmla_split_over_prefix"] = row["flashmla_split_us"] / row["flashmla_prefix_us"]
+        row["own_prefix_over_flashmla_prefix"] = row["own_prefix_us"] / row["flashmla_prefix_us"]
+        row["own_split_over_flashmla_split"] = row["split_paged_us"] / row["flashmla_split_us"]
     if flashinfer:
         for name, graph_plan in (("flashinfer", True), ("flashinfer_exact", False)):
             parts = flashinfer_split(t, w, scale, page_size, graph_plan, flashinfer_backend)
@@ -438,6 +454,10 @@ MODE_COLUMNS = {  # markdown columns after BASE_COLUMNS: (header, row key, forma
     "flashmla": [("FlashMLA prefix", "flashmla_prefix_us", US),
                  ("FlashMLA prefix + block", "flashmla_split_us", US), ("floor", "floor_us", US),
                  ("FlashMLA (prefix + block) / prefix", "flashmla_split_over_prefix", RATIO),
+                 ("own prefix, hook", "own_prefix_us", US),
+                 ("own split, hook", "split_paged_us", US),
+                 ("own prefix / FlashMLA prefix", "own_prefix_over_flashmla_prefix", RATIO),
+                 ("own split / FlashMLA split", "own_split_over_flashmla_split", RATIO),
                  ("max err a", "split_auto_max_err", ERR),
                  ("max err FlashMLA + block", "flashmla_split_max_err", ERR)],
     "flashinfer": [("FlashInfer prefix (b)", "flashinfer_prefix_us", US),

@@ -459,36 +459,76 @@ def tree_attention(
         w = int(num_nodes)
         bs = n // w
         mask = full_mask
-    hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
-    assert n == bs * w and hq % hkv == 0 and node_loc.numel() == n
-    assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
-    assert kv_indices.dim() == (2 if page_size else 1) and kv_indices.stride(-1) == 1
-    g = hq // hkv
-    # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
-    # MLA's latent), so the prefix is read once per request, KV head and row block.
-    block_dk = min(64, max(16, triton.next_power_of_2(d)))
-    d_tiles = triton.cdiv(d, block_dk)
-
-    # One value tile holds the accumulator of every row of a program; a ``*_dv_block`` splits
-    # wide values (MLA's 512) over programs, each recomputing the scores (their lse is equal).
-    # The kernels tile apart: the merge reads the prefix part per column, whatever its tiling.
-    prefix_block_dv, prefix_dv_tiles = _value_tiles(dv, prefix_dv_block)
-    assert prefix_splits >= 1
-    # The prefix part per share of the prefix: normalized output and lse, merged by the tree
-    # kernel.
-    o1 = torch.empty(prefix_splits, n, hq, dv, dtype=torch.float32, device=q.device)
-    lse1 = torch.empty(prefix_splits, n, hq, dtype=torch.float32, device=q.device)
-    block_m = prefix_rows or _rows_per_program(w, g, dv)
+    dv = v_buffer.shape[-1]
+    assert n == bs * w and node_loc.numel() == n  # the rest: prefix_attention_part's
     block_w = max(16, triton.next_power_of_2(w))
     block_r = min(block_w, tree_rows or TREE_ROWS)
+    d_tiles = triton.cdiv(d, min(64, max(16, triton.next_power_of_2(d))))
     prefix_warps, tree_warps = kernel_warps(
         block_r, block_w, _value_tiles(dv, tree_dv_block)[0], d_tiles
     )
     if warps is not None:  # the bench's sweep: either may be None (kernel_warps' choice)
         prefix_warps, tree_warps = warps[0] or prefix_warps, warps[1] or tree_warps
+    o1, lse1 = prefix_attention_part(
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale, page_size=page_size,
+        prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
+        prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
+        prefix_warps=prefix_warps,
+    )  # fmt: skip
+    # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
+    o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
+    lse_strides = (w * lse1.stride(1), lse1.stride(1), lse1.stride(2), lse1.stride(0))
+    return _tree_part_and_merge(
+        q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides,
+        lse1, lse_strides, sm_scale, bs=bs, w=w, full_mask=tree_mask is None,
+        prefix_splits=prefix_splits, tree_dv_block=tree_dv_block, block_r=block_r,
+        warps=tree_warps, prefix_keys=prefix_keys,
+    )  # fmt: skip
+
+
+def prefix_attention_part(
+    q: torch.Tensor,  # [bs * W, Hq, D]
+    k_buffer: torch.Tensor,  # [slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [slots, Hkv, Dv] (may be a view of k_buffer, as in MLA)
+    kv_indptr: torch.Tensor,  # [bs + 1] int
+    kv_indices: torch.Tensor,  # [sum(prefix)] int; or the block table, with page_size
+    w: int,  # W: query nodes per request
+    sm_scale: float,
+    *,
+    page_size: int = 0,  # > 0: kv_indices is a [bs, pages] block table of such pages
+    prefix_dv_block: int | None = None,  # value columns per program (None: all)
+    prefix_splits: int = 1,  # programs sharing each request's prefix
+    prefix_rows: int | None = None,  # query rows per program (None: by W * G)
+    prefix_keys: int = PREFIX_BLOCK_N,  # keys per iteration
+    prefix_latent: bool = False,  # values are the keys' first Dv columns (MLA)
+    prefix_stages: int | None = None,  # Triton's pipeline stages (None: its own)
+    prefix_warps: int = 4,  # warps per program
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix part of `tree_attention`, per share of each request's prefix: every node of
+    a request against all of its prefix keys, no mask. ``(out [S, bs * W, Hq, Dv], lse [S,
+    bs * W, Hq])``, float32, ``S = prefix_splits``; share s of a request covers its keys
+    ``[s * share, (s + 1) * share)`` (`_share_keys`) and an empty share is left unwritten (the
+    merge reads only the nonempty ones). The settings are `launch_settings`'."""
+    n, hq, d = q.shape
+    hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
+    assert n % w == 0 and hq % hkv == 0 and prefix_splits >= 1
+    assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
+    assert kv_indices.dim() == (2 if page_size else 1) and kv_indices.stride(-1) == 1
+    bs, g = n // w, hq // hkv
+    # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
+    # MLA's latent), so the prefix is read once per request, KV head and row block.
+    block_dk = min(64, max(16, triton.next_power_of_2(d)))
+    d_tiles = triton.cdiv(d, block_dk)
+    # One value tile holds the accumulator of every row of a program; ``prefix_dv_block``
+    # splits wide values (MLA's 512) over programs, each recomputing the scores (their lse is
+    # equal). The merge reads the part per column, whatever its tiling.
+    prefix_block_dv, prefix_dv_tiles = _value_tiles(dv, prefix_dv_block)
     if prefix_latent:
         assert is_latent_view(k_buffer, v_buffer) and dv & (dv - 1) == 0
         assert prefix_block_dv * prefix_dv_tiles == dv and 0 < d - dv <= 64, (d, dv)
+    o1 = torch.empty(prefix_splits, n, hq, dv, dtype=torch.float32, device=q.device)
+    lse1 = torch.empty(prefix_splits, n, hq, dtype=torch.float32, device=q.device)
+    block_m = prefix_rows or _rows_per_program(w, g, dv)
     stages = {} if prefix_stages is None else {"num_stages": prefix_stages}
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
     _prefix_attention_kernel[grid](
@@ -502,15 +542,7 @@ def tree_attention(
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
         BLOCK_ROPE=64, num_warps=prefix_warps, **stages,
     )  # fmt: skip
-    # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
-    o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
-    lse_strides = (w * lse1.stride(1), lse1.stride(1), lse1.stride(2), lse1.stride(0))
-    return _tree_part_and_merge(
-        q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides,
-        lse1, lse_strides, sm_scale, bs=bs, w=w, full_mask=tree_mask is None,
-        prefix_splits=prefix_splits, tree_dv_block=tree_dv_block, block_r=block_r,
-        warps=tree_warps, prefix_keys=prefix_keys,
-    )  # fmt: skip
+    return o1, lse1
 
 
 def is_latent_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
