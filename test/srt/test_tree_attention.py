@@ -212,6 +212,55 @@ def test_tree_attention_interpreted_equals_reference(run_interpreted):
     run_interpreted(_INTERPRETED_CHECK, "interpreted tree attention OK")
 
 
+_PREFIX_PART_CHECK = """
+import torch
+from test_tree_attention import random_case
+from test_flashmla_verify import prefix_part_reference
+from sglang_ddtree.core.tree_attention import MIN_SHARE_KEYS, prefix_attention_part
+
+cases = [
+    dict(bs=2, w=3, hq=4, hkv=1, d=40, dv=32, prefix=[600, 7], seed=5, mla=True),
+    dict(bs=2, w=5, hq=4, hkv=2, d=24, dv=20, prefix=[300, 11], seed=6),  # grouped heads
+]
+for case in cases:
+    args, scale = random_case(**case)
+    q, k, v, indptr, indices, loc, mask = args
+    w, n, hq, dv = mask.shape[1], q.shape[0], q.shape[1], v.shape[-1]
+    ref_out, ref_lse = prefix_part_reference(q, k, v, indptr, indices, w, scale)
+    ref_out, ref_lse = ref_out.reshape(n, hq, dv), ref_lse.transpose(1, 2).reshape(n, hq)
+    latent = dict(prefix_latent=True, prefix_rows=32, prefix_keys=64) if case.get("mla") else {}
+    for splits in (1, 4):
+        out, lse = prefix_attention_part(q, k, v, indptr, indices, w, scale,
+                                         prefix_splits=splits, **latent)
+        assert out.shape == (splits, n, hq, dv) and lse.shape == (splits, n, hq)
+        # Shares cut as the merge cuts them: the nonempty ones, merged by log-sum-exp, are
+        # the whole prefix's part (natural-log lse, whatever base the kernel works in).
+        lens = (indptr[1:] - indptr[:-1]).repeat_interleave(w)  # [n]
+        share = -(-lens // splits)
+        share = torch.maximum(share, torch.full_like(share, MIN_SHARE_KEYS))
+        nonempty = torch.arange(splits)[:, None] * share[None, :] < lens[None, :]  # [S, n]
+        lse = torch.where(nonempty[..., None], lse, float("-inf"))
+        out = torch.where(nonempty[..., None, None], out, 0.0)
+        total = torch.logsumexp(lse, 0)  # [n, hq]
+        merged = (out * (lse - total).exp()[..., None]).sum(0)
+        assert (total - ref_lse).abs().max().item() < 1e-4, (case, splits)
+        assert (merged - ref_out).abs().max().item() < 1e-4, (case, splits)
+        assert nonempty.sum().item() > n or splits == 1, "a long prefix takes several shares"
+    # Calibration: the part of another scale (a wrong softmax base would be one) is caught.
+    out, lse = prefix_attention_part(q, k, v, indptr, indices, w, scale * 1.5, **latent)
+    assert (lse[0] - ref_lse).abs().max().item() > 1e-2, case
+print("interpreted prefix part OK")
+"""
+
+
+def test_prefix_attention_part_interpreted_equals_reference(run_interpreted):
+    """`prefix_attention_part` alone, under Triton's interpreter: its shares (one, or four of
+    a long prefix), merged by their log-sum-exp, are the reference prefix part (output and
+    natural-log lse), in the latent variant and with grouped heads; a wrong scale is caught."""
+    _needs_loaded_loop_bounds()
+    run_interpreted(_PREFIX_PART_CHECK, "interpreted prefix part OK")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mla", [False, True])
 @pytest.mark.parametrize(
