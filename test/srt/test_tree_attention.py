@@ -389,7 +389,12 @@ md.custom_mask = flatten_verify_mask(mask, prefix, int(sizes.sum()))
 layer = SimpleNamespace(**dict(vars(layer), qk_head_dim=40, v_head_dim=32, scaling=scale))
 backend = SimpleNamespace(**dict(vars(backend), use_mla=True, token_to_kv_pool=MLAPool()))
 calls.clear()
+import sglang_ddtree.core.tree_attention as kernels
+launched, real = [], kernels.tree_attention
+kernels.tree_attention = lambda *a, **kw: launched.append(kw) or real(*a, **kw)
 out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_k[..., :32], layer, fb)
+kernels.tree_attention = real
+assert launched and launched[0].get("prefix_latent") is True  # the latent view: its variant
 want = tree_attention_reference(q, want_k, want_k[..., :32], indptr, indices, loc, mask, scale)
 assert not calls and out.shape == (10, 4 * 32)
 assert (out.view(10, 4, 32) - want).abs().max() < 1e-4

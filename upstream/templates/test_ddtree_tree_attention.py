@@ -85,7 +85,7 @@ class TestDDTreeTreeAttention(CustomTestCase):
                 t["node_loc"], t["tree_mask"], scale,
             )  # fmt: skip
             torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-            if case["mla"]:  # the latent variant, as the flashmla verify launches it
+            if case["mla"]:  # the latent variant, as both backends launch it on a latent view
                 sms = torch.cuda.get_device_properties(0).multi_processor_count
                 settings = launch_settings(
                     case["bs"], case["w"], case["hq"], case["hkv"], case["dv"], sms,

@@ -181,7 +181,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     q: ``[n = bs * W, Hq * D]``; k, v: ``[n, Hkv, D]`` / ``[n, Hkv, Dv]``, the nodes' KV."""
     if not handles(backend, k, v, layer, forward_batch, kwargs):
         return None
-    from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
+    from sglang_ddtree.core.tree_attention import is_latent_view, launch_settings, tree_attention
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
@@ -193,6 +193,10 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     n = q.shape[0]
     w = n // forward_batch.batch_size
     k_buffer = pool.get_key_buffer(layer.layer_id)
+    v_buffer = pool.get_value_buffer(layer.layer_id)
+    # MLA's pool hands out the latent as a view of the keys: the prefix kernel's latent variant
+    # (a key tile loaded once for both products), as on flashmla's pages.
+    latent_d = layer.qk_head_dim if is_latent_view(k_buffer, v_buffer) else 0
     settings = launch_settings(  # from shapes: no host sync
         forward_batch.batch_size,
         w,
@@ -200,11 +204,12 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
         k_buffer.shape[1],
         layer.v_head_dim,
         _num_sms(q.device),
+        latent_d=latent_d,
     )
     out = tree_attention(
         q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
         k_buffer,
-        pool.get_value_buffer(layer.layer_id),
+        v_buffer,
         md.kv_indptr,
         md.kv_indices,
         forward_batch.out_cache_loc,
