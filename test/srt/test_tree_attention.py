@@ -222,16 +222,22 @@ cases = [
     dict(bs=2, w=3, hq=4, hkv=1, d=40, dv=32, prefix=[600, 7], seed=5, mla=True),
     dict(bs=2, w=5, hq=4, hkv=2, d=24, dv=20, prefix=[300, 11], seed=6),  # grouped heads
 ]
-for case in cases:
+# Keys scaled up late in the first request's prefix (its max grows by far more than 8 past the
+# first tiles: the lazy rescale's branch runs) or early (the first tile holds the max: it
+# never runs again).
+for case, boost in [(c, b) for c in cases for b in (None, "late", "early")]:
     args, scale = random_case(**case)
     q, k, v, indptr, indices, loc, mask = args
+    if boost is not None:
+        first = indices[: int(indptr[1])].long()
+        k[first[200:] if boost == "late" else first[:64]] *= 6.0  # v is k's view in MLA
     w, n, hq, dv = mask.shape[1], q.shape[0], q.shape[1], v.shape[-1]
     ref_out, ref_lse = prefix_part_reference(q, k, v, indptr, indices, w, scale)
     ref_out, ref_lse = ref_out.reshape(n, hq, dv), ref_lse.transpose(1, 2).reshape(n, hq)
     latent = dict(prefix_latent=True, prefix_rows=32, prefix_keys=64) if case.get("mla") else {}
-    for splits in (1, 4):
+    for splits, lazy in ((1, False), (4, False), (1, True), (4, True)):
         out, lse = prefix_attention_part(q, k, v, indptr, indices, w, scale,
-                                         prefix_splits=splits, **latent)
+                                         prefix_splits=splits, prefix_lazy_rescale=lazy, **latent)
         assert out.shape == (splits, n, hq, dv) and lse.shape == (splits, n, hq)
         # Shares cut as the merge cuts them: the nonempty ones, merged by log-sum-exp, are
         # the whole prefix's part (natural-log lse, whatever base the kernel works in).
@@ -243,8 +249,9 @@ for case in cases:
         out = torch.where(nonempty[..., None, None], out, 0.0)
         total = torch.logsumexp(lse, 0)  # [n, hq]
         merged = (out * (lse - total).exp()[..., None]).sum(0)
-        assert (total - ref_lse).abs().max().item() < 1e-4, (case, splits)
-        assert (merged - ref_out).abs().max().item() < 1e-4, (case, splits)
+        assert (total - ref_lse).abs().max().item() < 1e-4, (case, boost, splits, lazy)
+        tol = 1e-4 * max(1.0, ref_out.abs().max().item())
+        assert (merged - ref_out).abs().max().item() < tol, (case, boost, splits, lazy)
         assert nonempty.sum().item() > n or splits == 1, "a long prefix takes several shares"
     # Calibration: the part of another scale (a wrong softmax base would be one) is caught.
     out, lse = prefix_attention_part(q, k, v, indptr, indices, w, scale * 1.5, **latent)
@@ -256,7 +263,9 @@ print("interpreted prefix part OK")
 def test_prefix_attention_part_interpreted_equals_reference(run_interpreted):
     """`prefix_attention_part` alone, under Triton's interpreter: its shares (one, or four of
     a long prefix), merged by their log-sum-exp, are the reference prefix part (output and
-    natural-log lse), in the latent variant and with grouped heads; a wrong scale is caught."""
+    natural-log lse), in the latent variant and with grouped heads, with and without the lazy
+    rescale (keys whose scores jump late in a prefix, or peak in its first tile); a wrong scale
+    is caught."""
     _needs_loaded_loop_bounds()
     run_interpreted(_PREFIX_PART_CHECK, "interpreted prefix part OK")
 

@@ -102,6 +102,7 @@ if triton is not None:
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
         DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
         PAGE: tl.constexpr, LATENT: tl.constexpr, BLOCK_ROPE: tl.constexpr,
+        LAZY_RESCALE: tl.constexpr,
     ):  # fmt: skip
         # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
         # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
@@ -189,12 +190,27 @@ if triton is not None:
                 )
             # Scores in base 2 (the scale folded with log2 e): exp2 is the hardware's exp.
             s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
+            if LAZY_RESCALE:
+                # The running max moves (and the accumulator is rescaled) only when some row's
+                # max grew by more than 8 (a factor 256): past the first tiles that is rare,
+                # and the exponents stay <= 8 otherwise. Exact: l_i shares the stale max.
+                m_tile = tl.max(s, 1)
+                if tl.max(m_tile - m_i, 0) > 8.0:
+                    m_new = tl.maximum(m_i, m_tile)
+                    alpha = tl.exp2(m_i - m_new)
+                    acc = acc * alpha[:, None]
+                    l_i = l_i * alpha
+                    m_i = m_new
+                p = tl.exp2(s - m_i[:, None])
+                acc = tl.dot(p.to(v.dtype), v, acc=acc)
+                l_i = l_i + tl.sum(p, 1)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse2 = m_i + tl.log2(tl.where(has, l_i, 1.0))
@@ -441,6 +457,7 @@ def tree_attention(
     prefix_keys: int = PREFIX_BLOCK_N,  # prefix kernel: keys per iteration
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
+    prefix_lazy_rescale: bool = False,  # prefix kernel: rescale only when a max grows past 8
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
@@ -473,7 +490,7 @@ def tree_attention(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale, page_size=page_size,
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
-        prefix_warps=prefix_warps,
+        prefix_warps=prefix_warps, prefix_lazy_rescale=prefix_lazy_rescale,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -503,6 +520,7 @@ def prefix_attention_part(
     prefix_latent: bool = False,  # values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # Triton's pipeline stages (None: its own)
     prefix_warps: int = 4,  # warps per program
+    prefix_lazy_rescale: bool = False,  # rescale the accumulator only when a max grows past 8
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention`, per share of each request's prefix: every node of
     a request against all of its prefix keys, no mask. ``(out [S, bs * W, Hq, Dv], lse [S,
@@ -540,7 +558,7 @@ def prefix_attention_part(
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=prefix_keys,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
-        BLOCK_ROPE=64, num_warps=prefix_warps, **stages,
+        BLOCK_ROPE=64, LAZY_RESCALE=prefix_lazy_rescale, num_warps=prefix_warps, **stages,
     )  # fmt: skip
     return o1, lse1
 
