@@ -296,6 +296,29 @@ def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("bs,prefix", [(1, [20000]), (8, [4000, 1, 700, 64, 2500, 33, 999, 5])])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_latent_variant_on_a_slot_table_on_gpu(bs, prefix, lazy):
+    """One K2.6 rank's latent (keys 576, values their first 512, 8 query heads, W 8) read slot
+    by slot, as triton's MLA verify launches it (`launch_settings` with the latent variant:
+    64 rows, 8 warps, 64 shares at bs 1 merged over 32-column tree tiles), equal to the
+    masked reference in bf16; also with the lazy rescale."""
+    from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
+
+    args, scale = random_case(
+        bs=bs, w=8, hq=8, hkv=1, d=576, dv=512, prefix=prefix, seed=bs, dtype=torch.bfloat16,
+        device="cuda", mla=True,
+    )  # fmt: skip
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    settings = launch_settings(bs, 8, 8, 1, 512, sms, latent_d=576)
+    assert settings["prefix_latent"] and settings["prefix_rows"] == 64
+    got = tree_attention(*args, scale, prefix_lazy_rescale=lazy, **settings)
+    want = tree_attention_reference(*args, scale)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mla", [False, True])
 def test_tree_attention_on_gpu_bf16_at_w65_with_shares(mla):
     """W = 65 (budget 64): the tree kernel over 128 key nodes in row tiles (at `kernel_warps`'
