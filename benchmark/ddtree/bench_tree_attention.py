@@ -26,8 +26,8 @@ in tiles of 256; with ``--mla`` also ``pm<rows>w<warps>n<keys>`` and ``lat<rows>
 the prefix kernel's rows, warps and keys per iteration without and with its latent variant, and
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
-kernel's value columns per program, ``...lazy`` the accumulator rescaled only when a row's max
-grows past 8), each checked against the
+kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...lazy``
+the accumulator rescaled only when a row's max grows past 8), each checked against the
 reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
 of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
 memory, warpgroup MMA dots, asynchronous copies). With
@@ -304,6 +304,16 @@ def sweep_variants(w: int, mla: bool) -> dict:
             ("lat64w8n64s2S64t32", dict(prefix_stages=2, prefix_splits=64, tree_dv_block=32)),
             ("lat64w8n64s2S128t32", dict(prefix_stages=2, prefix_splits=128, tree_dv_block=32)),
             ("lat64w8n64s2t64", dict(prefix_stages=2, tree_dv_block=64)),
+            # The merge reading several shares at once (m<chunk>).
+            (
+                "lat64w8n64s2S64t32m8",
+                dict(prefix_stages=2, prefix_splits=64, tree_dv_block=32, tree_merge_chunk=8),
+            ),
+            (
+                "lat64w8n64s2S128t32m8",
+                dict(prefix_stages=2, prefix_splits=128, tree_dv_block=32, tree_merge_chunk=8),
+            ),
+            ("lat64w8n64s2m4", dict(prefix_stages=2, tree_merge_chunk=4)),
             # The accumulator rescaled only when a row's max grows past 8 (base 2).
             ("lat64w8n64s2lazy", dict(prefix_stages=2, prefix_lazy_rescale=True)),
             (

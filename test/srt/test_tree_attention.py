@@ -167,6 +167,13 @@ for case in cases:
                              prefix_splits=splits)
         err = (got - want).abs().max().item()
         assert err < 1e-4, (case, splits, blocks, err)
+    # The merge reading several shares at once (a ragged last chunk where the shares do not
+    # fill it; empty shares masked), with the values tiled or not.
+    for splits, chunk, blocks in ((3, 2, (None, None)), (16, 4, (None, 16)), (4, 8, (16, 16))):
+        got = tree_attention(*args, scale, prefix_splits=splits, tree_merge_chunk=chunk,
+                             prefix_dv_block=blocks[0], tree_dv_block=blocks[1])
+        err = (got - want).abs().max().item()
+        assert err < 1e-4, (case, splits, chunk, blocks, err)
     # The tree kernel's query nodes over several programs (row tiles, a ragged last one).
     for rows, splits in ((16, 1), (16, 3)):
         got = tree_attention(*args, scale, tree_rows=rows, prefix_splits=splits)

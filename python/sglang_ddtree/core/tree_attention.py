@@ -191,9 +191,8 @@ if triton is not None:
             # Scores in base 2 (the scale folded with log2 e): exp2 is the hardware's exp.
             s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
             if LAZY_RESCALE:
-                # The running max moves (and the accumulator is rescaled) only when some row's
-                # max grew by more than 8 (a factor 256): past the first tiles that is rare,
-                # and the exponents stay <= 8 otherwise. Exact: l_i shares the stale max.
+                # Rescale only when some row's max grew past 8 (a factor 256; rare after the
+                # first tiles); exact, as l_i shares the stale max.
                 m_tile = tl.max(s, 1)
                 if tl.max(m_tile - m_i, 0) > 8.0:
                     m_new = tl.maximum(m_i, m_tile)
@@ -238,7 +237,7 @@ if triton is not None:
         D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr, DV_TILES: tl.constexpr,
         FULL_MASK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
         MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr, GIVEN_PREFIX: tl.constexpr,
-        LSE_LOG2: tl.constexpr,
+        LSE_LOG2: tl.constexpr, MERGE_CHUNK: tl.constexpr,
     ):  # fmt: skip
         # O1 / Lse1: the prefix part, addressed per (request, node, head, share): this file's
         # prefix kernel writes it token-major, FlashMLA's decode kernel as [bs, W, Hq, Dv] /
@@ -310,13 +309,31 @@ if triton is not None:
         den = w2 + tl.sum(tl.exp(lse1 - top[:, None]), 1)
         out_ok = r_ok[:, None] & (offs_dv[None, :] < DV)
         o1_rows = O1 + b * stride_pb + offs_r[:, None] * stride_pr + head * stride_ph
-        for sp in range(shares):
-            lse_sp = tl.load(lse_rows + sp * stride_ls, mask=r_ok, other=0.0)
-            if LSE_LOG2:
-                lse_sp = lse_sp * 0.6931471805599453
-            wt = tl.exp(lse_sp - top)
-            o1 = tl.load(o1_rows + sp * stride_ps + offs_dv[None, :], mask=out_ok, other=0.0)
-            acc += o1.to(tl.float32) * wt[:, None]
+        if MERGE_CHUNK == 1:
+            for sp in range(shares):
+                lse_sp = tl.load(lse_rows + sp * stride_ls, mask=r_ok, other=0.0)
+                if LSE_LOG2:
+                    lse_sp = lse_sp * 0.6931471805599453
+                wt = tl.exp(lse_sp - top)
+                o1 = tl.load(o1_rows + sp * stride_ps + offs_dv[None, :], mask=out_ok, other=0.0)
+                acc += o1.to(tl.float32) * wt[:, None]
+        else:  # MERGE_CHUNK shares' loads in flight at once: many shares are latency-bound
+            offs_c = tl.arange(0, MERGE_CHUNK)
+            for sp0 in range(0, shares, MERGE_CHUNK):
+                sp = sp0 + offs_c
+                c_ok = sp < shares
+                lse_c = tl.load(lse_rows[None, :] + sp[:, None] * stride_ls,
+                                mask=c_ok[:, None] & r_ok[None, :], other=float("-inf"))  # fmt: skip
+                if LSE_LOG2:
+                    lse_c = lse_c * 0.6931471805599453
+                wt = tl.exp(lse_c - top[None, :])  # 0 where masked
+                o1 = tl.load(
+                    o1_rows[None, :, :] + sp[:, None, None] * stride_ps
+                    + offs_dv[None, None, :],
+                    mask=c_ok[:, None, None] & out_ok[None, :, :],
+                    other=0.0,
+                )  # [MERGE_CHUNK, BLOCK_R, BLOCK_DV]  # fmt: skip
+                acc += tl.sum(o1.to(tl.float32) * wt[:, :, None], axis=0)
         out_offs = token[:, None] * stride_ot + head * stride_oh + offs_dv[None, :]
         tl.store(Out + out_offs, (acc / den[:, None]).to(Out.dtype.element_ty), mask=out_ok)
 
@@ -389,17 +406,13 @@ def launch_settings(
     From shapes only, so the same launch replays in a graph whatever the prefix lengths.
 
     ``latent_d``: the key width where the values are the keys' first ``dv`` columns (MLA's
-    latent cache read through a block table): the prefix kernel's latent variant, which loads
-    a key tile once for both products, with up to 64 query rows (all of a K2.6 rank's W 8 x 8
-    heads: the prefix read once per request), 64 keys and 8 warps a program: of the settings
-    `bench_tree_attention.py --sweep` timed at one K2.6 rank's shapes, the fastest at bs >= 8
-    (2.2-2.7x the general settings' speed), where its best runs had about one program per SM;
-    so the shares fill one wave of programs, up to ``LATENT_MAX_SPLITS`` (one row tile per
-    request leaves a small batch's SMs idle otherwise: at bs 1 and 32K keys, 64 shares took
-    0.76x the time of 32), and its keys come through a two-stage software pipeline (2-4 %
-    faster than Triton's default three at bs >= 8; what fits shared memory at 64 keys). Where
-    the shares reach ``LATENT_MAX_SPLITS`` the tree kernel, which merges them, takes 32 value
-    columns a program (4x the programs; 0.92x the split's time at bs 1 and 32K keys)."""
+    latent): the prefix kernel's latent variant (a key tile loaded once for both products; up
+    to 64 query rows, all of a K2.6 rank's W 8 x 8 heads; 64 keys; 8 warps), the fastest
+    setting `bench_tree_attention.py --sweep` timed at bs >= 8 (2.2-2.7x the general ones),
+    best at about one program per SM; so its shares fill one wave, up to
+    ``LATENT_MAX_SPLITS`` (bs 1, 32K keys: 64 shares took 0.76x the time of 32), its keys
+    come through a two-stage pipeline (2-4 % faster than three at bs >= 8), and at 64 shares
+    the tree kernel merges them over 32 value columns a program (0.92x the split's time)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -458,6 +471,7 @@ def tree_attention(
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     prefix_lazy_rescale: bool = False,  # prefix kernel: rescale only when a max grows past 8
+    tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
     """[bs * W, Hq, Dv]: ``tree_attention_reference``'s result, by the two kernels and the
@@ -499,7 +513,7 @@ def tree_attention(
         q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides,
         lse1, lse_strides, sm_scale, bs=bs, w=w, full_mask=tree_mask is None,
         prefix_splits=prefix_splits, tree_dv_block=tree_dv_block, block_r=block_r,
-        warps=tree_warps, prefix_keys=prefix_keys,
+        warps=tree_warps, prefix_keys=prefix_keys, merge_chunk=tree_merge_chunk,
     )  # fmt: skip
 
 
@@ -522,11 +536,10 @@ def prefix_attention_part(
     prefix_warps: int = 4,  # warps per program
     prefix_lazy_rescale: bool = False,  # rescale the accumulator only when a max grows past 8
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prefix part of `tree_attention`, per share of each request's prefix: every node of
-    a request against all of its prefix keys, no mask. ``(out [S, bs * W, Hq, Dv], lse [S,
-    bs * W, Hq])``, float32, ``S = prefix_splits``; share s of a request covers its keys
-    ``[s * share, (s + 1) * share)`` (`_share_keys`) and an empty share is left unwritten (the
-    merge reads only the nonempty ones). The settings are `launch_settings`'."""
+    """The prefix part of `tree_attention` per share of each prefix (every node against all
+    of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
+    ``S = prefix_splits``; share s covers keys ``[s * share, (s + 1) * share)``
+    (`_share_keys`), an empty one left unwritten. The settings are `launch_settings`'."""
     n, hq, d = q.shape
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
     assert n % w == 0 and hq % hkv == 0 and prefix_splits >= 1
@@ -581,11 +594,12 @@ def _value_tiles(dv: int, dv_block: int | None) -> tuple[int, int]:
 def _tree_part_and_merge(
     q, k_buffer, v_buffer, node_loc, mask, mask_indptr, kv_indptr, o1, o1_strides, lse1,
     lse_strides, sm_scale, *, bs, w, full_mask, prefix_splits, tree_dv_block, block_r, warps,
-    given_prefix=False, lse_log2=False, prefix_keys=PREFIX_BLOCK_N,
+    given_prefix=False, lse_log2=False, prefix_keys=PREFIX_BLOCK_N, merge_chunk=1,
 ) -> torch.Tensor:  # fmt: skip
     """The tree kernel's launch: ``[bs * W, Hq, Dv]``, the ancestor block merged with the
     prefix part ``o1`` / ``lse1`` (strides per request, node, head and share; ``lse_log2``:
-    ``lse1`` in base 2)."""
+    ``lse1`` in base 2; ``merge_chunk``: shares read per iteration, a power of two)."""
+    assert merge_chunk >= 1 and merge_chunk & (merge_chunk - 1) == 0, merge_chunk
     n, hq, d = q.shape
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
@@ -603,7 +617,8 @@ def _tree_part_and_merge(
         D_TILES=triton.cdiv(d, block_dk), BLOCK_DV=tree_block_dv, DV_TILES=tree_dv_tiles,
         FULL_MASK=full_mask, SPLITS=prefix_splits,
         BLOCK_S=triton.next_power_of_2(prefix_splits), MIN_SHARE=MIN_SHARE_KEYS,
-        BLOCK_N=prefix_keys, GIVEN_PREFIX=given_prefix, LSE_LOG2=lse_log2, num_warps=warps,
+        BLOCK_N=prefix_keys, GIVEN_PREFIX=given_prefix, LSE_LOG2=lse_log2,
+        MERGE_CHUNK=merge_chunk, num_warps=warps,
     )  # fmt: skip
     return out
 
