@@ -170,7 +170,8 @@ backend = SimpleNamespace(
     data_type=torch.float32,
     kv_cache_dim=d, token_to_kv_pool=Pool(),
     forward_metadata=SimpleNamespace(block_kv_indices=table),
-    ddtree_verify=FlashMLAVerify(prefix_lens, None, None, mask),
+    ddtree_verify=FlashMLAVerify(prefix_lens, None, None, mask,
+                                 torch.nn.functional.pad(prefix_lens.long().cumsum(0), (1, 0))),
 )
 layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, head_dim=d, scaling=d ** -0.5)
 fb = SimpleNamespace(batch_size=bs, out_cache_loc=node_loc,
@@ -457,6 +458,7 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
     attn.set_flashmla_verify(backend, _verify_batch([300, 2], 8, masks), in_graph=False)
     assert torch.equal(backend.ddtree_verify.tree_mask, masks)
     assert backend.ddtree_verify.prefix_lens.tolist() == [300, 2]
+    assert backend.ddtree_verify.prefix_indptr is None  # FlashMLA's part: no offsets to make
     with pytest.raises(RuntimeError, match="without the step's tree"):
         attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
     # A bfloat16 cache takes DDTREE's own prefix kernel by default: the lengths and the mask,
@@ -468,6 +470,10 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
     state = backend.ddtree_verify
     assert len(calls) == before and state.tile_metadata is None and state.num_splits is None
     assert state.prefix_lens.tolist() == [40, 7] and torch.equal(state.tree_mask, masks)
+    assert state.prefix_indptr.tolist() == [0, 40, 47]  # its offsets, once a forward, static
+    assert state.prefix_indptr.data_ptr() == backend._ddtree_graph_buffers.prefix_indptr.data_ptr()
+    attn.set_flashmla_verify(backend, _verify_batch([5, 6], 8, masks), in_graph=False)
+    assert backend.ddtree_verify.prefix_indptr.tolist() == [0, 5, 11]
     backend.data_type = torch.float16
     # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):

@@ -238,6 +238,7 @@ class FlashMLAVerify(NamedTuple):
     tile_metadata: torch.Tensor | None  # [parts, 8] int32, FlashMLA's tile schedule for them
     num_splits: torch.Tensor | None  # [bs + 1] int32, its splits per request
     tree_mask: torch.Tensor  # [bs, W, W] bool, ancestor-or-self
+    prefix_indptr: torch.Tensor | None = None  # [bs + 1] int64, the own prefix kernel's offsets
 
 
 class _FlashMLAGraphBuffers:
@@ -253,6 +254,7 @@ class _FlashMLAGraphBuffers:
         self.num_splits = torch.empty_like(backend.cuda_graph_num_splits)
         # All True: rows of padded requests attend to every node, never to none.
         self.tree_mask = torch.ones(max_bs * max_w * max_w, dtype=torch.bool, device=device)
+        self.prefix_indptr = torch.zeros(max_bs + 1, dtype=torch.int64, device=device)
 
 
 def flashmla_handles(backend, forward_batch) -> bool:
@@ -272,15 +274,18 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     replay (``in_graph``): the prefix lengths, FlashMLA's tile schedule for them and W x Hq
     query rows a request, and the ancestor mask, onto ``backend.ddtree_verify``. No host sync:
     the schedule is FlashMLA's device kernel, the rest device copies. With DDTREE's own prefix
-    kernel (`own_prefix_on_flashmla`) no schedule is made (None). Any other forward: no-op."""
+    kernel (`own_prefix_on_flashmla`) no schedule is made (None); the prefix offsets it reads
+    are made here instead, once a forward. Any other forward: no-op."""
     if not flashmla_handles(backend, forward_batch):
         return
     bs = forward_batch.batch_size
     spec_info = forward_batch.spec_info
     w = int(spec_info.draft_token_num)
     prefix_lens = forward_batch.seq_lens[:bs].to(torch.int32)
-    tile_metadata = num_splits = None
-    if not own_prefix_on_flashmla(backend.data_type):
+    tile_metadata = num_splits = prefix_indptr = None
+    if own_prefix_on_flashmla(backend.data_type):  # once a forward, not once a layer
+        prefix_indptr = torch.nn.functional.pad(prefix_lens.cumsum(0), (1, 0))
+    else:
         from sgl_kernel.flash_mla import get_mla_metadata
 
         tile_metadata, num_splits = get_mla_metadata(prefix_lens, w * backend.num_q_heads, 1)
@@ -290,7 +295,7 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
         if tree_mask is None:
             raise RuntimeError("DDTREE: an eager FlashMLA verify without the step's tree.")
         backend.ddtree_verify = FlashMLAVerify(
-            prefix_lens, tile_metadata, num_splits, tree_mask.contiguous()
+            prefix_lens, tile_metadata, num_splits, tree_mask.contiguous(), prefix_indptr
         )
         return
     buffers = getattr(backend, "_ddtree_graph_buffers", None)
@@ -302,6 +307,9 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
         buffers.tile_metadata[:parts].copy_(tile_metadata)
         buffers.num_splits[: bs + 1].copy_(num_splits)
         tile_metadata, num_splits = buffers.tile_metadata[:parts], buffers.num_splits[: bs + 1]
+    if prefix_indptr is not None:
+        buffers.prefix_indptr[: bs + 1].copy_(prefix_indptr)
+        prefix_indptr = buffers.prefix_indptr[: bs + 1]
     if tree_mask is not None:  # a replay's real requests (bs is padded; the rest keep theirs)
         buffers.tree_mask[: tree_mask.numel()].copy_(tree_mask.reshape(-1))
     backend.ddtree_verify = FlashMLAVerify(
@@ -309,6 +317,7 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
         tile_metadata,
         num_splits,
         buffers.tree_mask[: bs * w * w].view(bs, w, w),
+        prefix_indptr,
     )
 
 
@@ -374,8 +383,6 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
     from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
 
     bs = forward_batch.batch_size
-    # [bs + 1] prefix offsets from the step's prefix lengths: a device op, no host sync.
-    kv_indptr = torch.nn.functional.pad(state.prefix_lens.cumsum(0), (1, 0))
     settings = launch_settings(
         bs, w, hq, k_cache.shape[1], dv, _num_sms(q.device), latent_d=layer.head_dim
     )
@@ -383,7 +390,7 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
         q.view(n, hq, layer.head_dim),
         k_cache,
         k_cache[..., :dv],
-        kv_indptr,
+        state.prefix_indptr,
         backend.forward_metadata.block_kv_indices[:bs],
         forward_batch.out_cache_loc,
         state.tree_mask,
