@@ -92,6 +92,14 @@ if triton is not None:
         return (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
 
     @triton.jit
+    def _latent_and_rope(rows, ok, offs_lat, offs_rope, D: tl.constexpr):
+        """An MLA row tile (``rows``: [R, 1] pointers, ``ok``: [R]) as its latent columns
+        [R, DV] and its rope columns [R, BLOCK_ROPE] (zero past D)."""
+        lat = tl.load(rows + offs_lat[None, :], mask=ok[:, None], other=0.0)
+        rope_ok = ok[:, None] & (offs_rope < D)[None, :]
+        return lat, tl.load(rows + offs_rope[None, :], mask=rope_ok, other=0.0)
+
+    @triton.jit
     def _prefix_attention_kernel(
         Q, K, V, KvIndptr, KvIndices, Out, Lse,
         sm_scale,
@@ -140,12 +148,7 @@ if triton is not None:
         if LATENT:
             offs_lat = tl.arange(0, DV)
             offs_rope = DV + tl.arange(0, BLOCK_ROPE)
-            q_lat = tl.load(q_rows + offs_lat[None, :], mask=row_ok[:, None], other=0.0)
-            q_rope = tl.load(
-                q_rows + offs_rope[None, :],
-                mask=row_ok[:, None] & (offs_rope < D)[None, :],
-                other=0.0,
-            )  # [BLOCK_M, BLOCK_ROPE]
+            q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, offs_rope, D)
         for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < hi
@@ -156,12 +159,7 @@ if triton is not None:
                 slot = tl.load(KvIndices + start + offs_n, mask=n_ok, other=0).to(tl.int64)
             k_rows = K + slot[:, None] * stride_kt + hkv * stride_kh
             if LATENT:
-                k_lat = tl.load(k_rows + offs_lat[None, :], mask=n_ok[:, None], other=0.0)
-                k_rope = tl.load(
-                    k_rows + offs_rope[None, :],
-                    mask=n_ok[:, None] & (offs_rope < D)[None, :],
-                    other=0.0,
-                )  # [BLOCK_N, BLOCK_ROPE]
+                k_lat, k_rope = _latent_and_rope(k_rows, n_ok, offs_lat, offs_rope, D)
                 s = tl.dot(q_lat, tl.trans(k_lat))
                 s = tl.dot(q_rope, tl.trans(k_rope), acc=s)  # accumulated in the MMA
                 if DV_TILES == 1:
