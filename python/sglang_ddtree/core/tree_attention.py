@@ -93,8 +93,7 @@ if triton is not None:
 
     @triton.jit
     def _latent_and_rope(rows, ok, offs_lat, offs_rope, D: tl.constexpr):
-        """An MLA row tile (``rows``: [R, 1] pointers, ``ok``: [R]) as its latent columns
-        [R, DV] and its rope columns [R, BLOCK_ROPE] (zero past D)."""
+        """An MLA row tile's latent [R, DV] and rope [R, BLOCK_ROPE] columns (zero past D)."""
         lat = tl.load(rows + offs_lat[None, :], mask=ok[:, None], other=0.0)
         rope_ok = ok[:, None] & (offs_rope < D)[None, :]
         return lat, tl.load(rows + offs_rope[None, :], mask=rope_ok, other=0.0)

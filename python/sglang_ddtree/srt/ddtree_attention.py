@@ -274,8 +274,7 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     replay (``in_graph``): the prefix lengths, FlashMLA's tile schedule for them and W x Hq
     query rows a request, and the ancestor mask, onto ``backend.ddtree_verify``. No host sync:
     the schedule is FlashMLA's device kernel, the rest device copies. With DDTREE's own prefix
-    kernel (`own_prefix_on_flashmla`) no schedule is made (None); the prefix offsets it reads
-    are made here instead, once a forward. Any other forward: no-op."""
+    kernel (`own_prefix_on_flashmla`) its prefix offsets instead. Any other forward: no-op."""
     if not flashmla_handles(backend, forward_batch):
         return
     bs = forward_batch.batch_size
@@ -307,9 +306,8 @@ def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
         buffers.tile_metadata[:parts].copy_(tile_metadata)
         buffers.num_splits[: bs + 1].copy_(num_splits)
         tile_metadata, num_splits = buffers.tile_metadata[:parts], buffers.num_splits[: bs + 1]
-    if prefix_indptr is not None:
-        buffers.prefix_indptr[: bs + 1].copy_(prefix_indptr)
-        prefix_indptr = buffers.prefix_indptr[: bs + 1]
+    if prefix_indptr is not None:  # copy_ returns the static slice the graph reads
+        prefix_indptr = buffers.prefix_indptr[: bs + 1].copy_(prefix_indptr)
     if tree_mask is not None:  # a replay's real requests (bs is padded; the rest keep theirs)
         buffers.tree_mask[: tree_mask.numel()].copy_(tree_mask.reshape(-1))
     backend.ddtree_verify = FlashMLAVerify(
