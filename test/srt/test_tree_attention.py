@@ -36,9 +36,12 @@ def random_case(bs, w, hq, hkv, d, dv, prefix, seed, dtype=torch.float32, device
     q = torch.randn(bs * w, hq, d, generator=g)
     k = torch.randn(slots, hkv, d, generator=g)
     v = k[..., :dv] if mla else torch.randn(slots, hkv, dv, generator=g)
-    args = [q.to(dtype), k.to(dtype), None, kv_indptr, kv_indices, node_loc, mask]
-    args[2] = args[1][..., :dv] if mla else v.to(dtype)
-    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args], d**-0.5
+    args = [q, k, v, kv_indptr, kv_indices, node_loc, mask]
+    args = [a.to(device) for a in args]
+    args[:3] = [a.to(dtype) for a in args[:3]]
+    if mla:  # a view of the keys on the device, as SGLang's MLA pool hands it over
+        args[2] = args[1][..., :dv]
+    return args, d**-0.5
 
 
 def test_reference_equals_torch_sdpa():
