@@ -92,6 +92,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import random
 import shutil
 import statistics
@@ -707,7 +708,9 @@ def run_config(spec, config, args, timing_dir) -> dict:
         eng.shutdown()
     if args.cprofile_skip is not None or args.torch_profile_skip is not None or args.sync_trace:
         # Segments in the order of the runs above (accept phase first, then the step runs).
-        dest = os.path.join(args.out, f"profile_{args.model}_{config}")
+        # Plain characters only: '@' and '+' in a configuration's name are not portable paths.
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", config)
+        dest = os.path.join(args.out, f"profile_{args.model}_{safe}")
         os.makedirs(dest, exist_ok=True)
         for name in os.listdir(timing_dir):
             if name.startswith(("cprofile.", "torchprof.", "syncs.")):
