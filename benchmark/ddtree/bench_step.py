@@ -92,8 +92,8 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import random
+import re
 import shutil
 import statistics
 import subprocess
