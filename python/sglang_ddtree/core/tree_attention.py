@@ -339,8 +339,7 @@ VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
 MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 9-33 prefix programs a layer
 LATENT_MAX_SPLITS = 64  # the latent variant at bs 1: 64 shares of one 64-row tile
-LATENT_MERGE_DV_TILE = 32  # the tree kernel's value columns a program where it merges 64 shares
-LATENT_MERGE_CHUNK = 8  # and the shares whose loads it issues at once there
+LATENT_MERGE = (32, 8)  # where the tree kernel merges 64 shares: value columns, shares a load
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
@@ -409,9 +408,8 @@ def launch_settings(
     setting `bench_tree_attention.py --sweep` timed at bs >= 8 (2.2-2.7x the general ones),
     best at about one program per SM; so its shares fill one wave, up to
     ``LATENT_MAX_SPLITS`` (bs 1, 32K keys: 64 shares took 0.76x the time of 32), its keys
-    come through a two-stage pipeline (2-4 % faster than three at bs >= 8), and at 64 shares
-    the tree kernel merges them over 32 value columns a program, 8 shares a load (at bs 1,
-    8K and 32K keys, 0.80x the time with 128 columns and one share a load)."""
+    come through a two-stage pipeline (2-4 % faster than three at bs >= 8), and 64 shares
+    are merged as ``LATENT_MERGE`` says (bs 1: 0.80x the time of 128 columns, 1 a load)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -421,8 +419,7 @@ def launch_settings(
         while splits < LATENT_MAX_SPLITS and programs * splits * 2 <= num_sms:
             splits *= 2
         if splits >= LATENT_MAX_SPLITS:  # the merge of many shares: latency-bound
-            tree_dv_block = LATENT_MERGE_DV_TILE
-            latent["tree_merge_chunk"] = LATENT_MERGE_CHUNK
+            tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
         )
