@@ -1,13 +1,18 @@
-"""Registers and spills of the tree-attention Triton kernels, compiled for a GPU target on a
-machine that needs no GPU (Triton's compiler, its bundled ``cuobjdump -res-usage``).
+"""Registers and spills of the tree-attention Triton kernels as the attention hook launches them,
+compiled for a GPU target on a machine that needs no GPU (Triton's compiler and its bundled
+``ptxas`` / ``cuobjdump -res-usage``).
 
-Per kernel and shape (8B heads and K2.6's latent at TP 8; W = 17 / 33 / 65; one program per
-prefix and 16 shares) at the warps ``core.tree_attention.kernel_warps`` picks and at 4: ``REG``
-(registers a thread, 255 the most) and ``STACK`` (bytes a thread spilled to local memory; 0 is
-the aim). Registers differ between Triton versions; the GPU's own build decides.
+`record_launches` runs ``core.tree_attention.tree_attention`` on CPU tensors with its two kernels
+replaced by recorders, so the launches are exactly the hook's (`launch_settings`: tiles, shares,
+warps, stages, the latent variant, the chunked merge); `compile_launch` compiles one of them;
+`usage` reads a compiled kernel's registers a thread (``REG``, 255 the most) and spilled bytes a
+thread (``STACK``; 0 is the aim). Shapes: one K2.6 TP-8 rank's latent (8 query heads, keys 576,
+values 512, W 8) on FlashMLA's 64-slot pages, and the 8B shape (32 / 8 heads of 128, W 16), at
+bs 1 / 8 / 32. Registers differ between Triton versions; the GPU's own build decides
+(`bench_tree_attention.py --sweep` reports that build's).
 
-    python benchmark/ddtree/kernel_registers.py            # sm_90 (H100 / H200)
-    python benchmark/ddtree/kernel_registers.py --arch 100 # sm_100 (B200 / B300)
+    python benchmark/ddtree/kernel_registers.py            # sm_90a (H100 / H200)
+    python benchmark/ddtree/kernel_registers.py --arch 100 # sm_100a (B200 / B300)
 """
 
 from __future__ import annotations
@@ -18,95 +23,152 @@ import re
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
+
+import torch
+
+KERNELS = ("_prefix_attention_kernel", "_tree_attention_kernel")
+_TRITON_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                  torch.int64: "i64", torch.int32: "i32", torch.int8: "i8",
+                  torch.bool: "i1"}  # fmt: skip
 
 
-def _signature(names, pointers: dict[str, str]) -> dict[str, str]:
-    """Triton signature: the named pointers, fp32 scale, int32 strides, the rest constexpr."""
-    out = {}
-    for n in names:
-        if n in pointers:
-            out[n] = pointers[n]
-        elif n == "sm_scale":
-            out[n] = "fp32"
-        elif n.startswith("stride"):
-            out[n] = "i32"
-        else:
-            out[n] = "constexpr"
-    return out
+class _LaunchRecorder:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kw)`` records the launch."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.launches.append((args, kw))
 
 
-def usage(fn, pointers: dict, constexprs: dict, num_warps: int, arch: int) -> tuple[int, int]:
-    """``(registers, stack bytes)`` a thread of ``fn`` compiled with these constants."""
+@contextmanager
+def record_launches():
+    """Within the block, `core.tree_attention`'s kernels only record their launches: yields
+    ``{kernel name: (the real kernel, [(args, kwargs), ...])}``."""
+    import sglang_ddtree.core.tree_attention as ta
+
+    real = {name: getattr(ta, name) for name in KERNELS}
+    recorders = {name: _LaunchRecorder() for name in KERNELS}
+    out = {name: (real[name], recorders[name].launches) for name in KERNELS}
+    try:
+        for name in KERNELS:
+            setattr(ta, name, recorders[name])
+        yield out
+    finally:
+        for name in KERNELS:
+            setattr(ta, name, real[name])
+
+
+def compile_launch(kernel, args, kw, arch: int = 90):
+    """``kernel`` compiled as this launch would run it, for ``sm_<arch>a``, by Triton's own
+    compiler (front end, target passes, ptxas), without a GPU. Raises what Triton raises."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = fn.arg_names
+    kw = dict(kw)
+    options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+    names = kernel.arg_names
+    types, constants = {}, dict(kw)
+    for name, a in zip(names, args):
+        if isinstance(a, torch.Tensor):
+            types[name] = "*" + _TRITON_DTYPES[a.dtype]
+        elif a is None or isinstance(a, bool):
+            constants[name] = a
+        else:
+            types[name] = "fp32" if isinstance(a, float) else "i32"
     src = ASTSource(
-        fn=fn,
-        signature=_signature(names, pointers),
-        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        fn=kernel,
+        signature={n: types.get(n, "constexpr") for n in names},
+        constexprs={(names.index(k),): v for k, v in constants.items()},
     )
-    kernel = triton.compile(
-        src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps}
-    )
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compiler_missing() -> str | None:
+    """Why kernels cannot be compiled here (no Triton, or a Triton without ``ptxas``), or None."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    if not os.path.exists(_tool("ptxas")):
+        return "this Triton has no bundled ptxas"
+    return None
+
+
+def usage(compiled) -> tuple[int, int]:
+    """``(registers, stack bytes)`` a thread of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
+        f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        text = subprocess.run(
+            [_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True
+        ).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+)", text)
     assert found, text
     return int(found.group(1)), int(found.group(2))
+
+
+def hook_case(bs: int, shape: str, num_sms: int = 132, prefix: int = 300, **overrides):
+    """``(args, kwargs)`` of `tree_attention` as the hook calls it for ``shape`` (``k26``: one
+    K2.6 TP-8 rank on FlashMLA's pages; ``tiny``: the tiny pair's 4-head latent on a slot
+    table; ``8b``: the 8B shape on a slot table), CPU tensors; ``overrides`` replace launch
+    keywords."""
+    import sglang_ddtree.core.tree_attention as ta
+
+    hq, hkv, d, dv, w = {"k26": (8, 1, 576, 512, 8), "tiny": (4, 1, 576, 512, 8),
+                         "8b": (32, 8, 128, 128, 16)}[shape]  # fmt: skip
+    latent = d != dv
+    q = torch.randn(bs * w, hq, d, dtype=torch.bfloat16)
+    slots = bs * (prefix + w) + 64
+    k = torch.randn(slots, hkv, d, dtype=torch.bfloat16)
+    v = k[..., :dv] if latent else torch.randn(slots, hkv, dv, dtype=torch.bfloat16)
+    indptr = torch.arange(bs + 1, dtype=torch.int32) * prefix
+    loc = torch.arange(bs * w, dtype=torch.int64) + bs * prefix
+    mask = torch.ones(bs, w, w, dtype=torch.bool).tril()
+    kw = dict(ta.launch_settings(bs, w, hq, hkv, dv, num_sms, latent_d=d if latent else 0))
+    if shape == "k26":  # a block table of 64-slot pages
+        indices = torch.arange(bs * -(-prefix // 64), dtype=torch.int32).view(bs, -1)
+        kw["page_size"] = 64
+    else:
+        indices = torch.arange(bs * prefix, dtype=torch.int32)
+    kw.update(overrides)
+    return (q, k, v, indptr, indices, loc, mask, d**-0.5), kw
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10")
     args = ap.parse_args(argv)
+    missing = compiler_missing()
+    if missing:
+        raise SystemExit(f"kernel_registers.py compiles with Triton's bundled ptxas: {missing}.")
     import triton
 
-    from sglang_ddtree.core import tree_attention as ta
+    from sglang_ddtree.core.tree_attention import tree_attention
 
-    tree_ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "NodeLoc": "*i64",
-                 "Mask": "*i1", "MaskIndptr": "*i32", "KvIndptr": "*i32", "O1": "*fp32",
-                 "Lse1": "*fp32"}  # fmt: skip
-    prefix_ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "KvIndptr": "*i32",
-                   "KvIndices": "*i32", "Out": "*fp32", "Lse": "*fp32"}  # fmt: skip
-    shapes = {
-        "8B heads": dict(G=4, D=128, DV=128, hq=32),
-        "K2.6 TP8": dict(G=8, D=576, DV=512, hq=8),
-    }
-    print(f"Triton {triton.__version__}, sm_{args.arch}: registers a thread / stack bytes")
-    print("| kernel | shape | W | shares | warps: kernel_warps | warps: 4 |")
-    print("|---|---|---:|---:|---|---|")
-    for label, s in shapes.items():
-        d_tiles = -(-s["D"] // 64)
-        dv_block = min(s["DV"], ta.VALUE_TILE)
-        for w in (17, 33, 65):
-            block_w = max(16, triton.next_power_of_2(w))
-            block_r = min(block_w, ta.TREE_ROWS)
-            prefix_warps, tree_warps = ta.kernel_warps(block_r, block_w, dv_block, d_tiles)
-            for splits in (1, 16):
-                tree = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"], BLOCK_R=block_r,
-                            BLOCK_W=block_w, BLOCK_DK=64, D_TILES=d_tiles, BLOCK_DV=dv_block,
-                            DV_TILES=-(-s["DV"] // dv_block), FULL_MASK=True,
-                            SPLITS=splits, BLOCK_S=splits, MIN_SHARE=ta.MIN_SHARE_KEYS,
-                            BLOCK_N=ta.PREFIX_BLOCK_N)  # fmt: skip
-                fn = ta._tree_attention_kernel
-                picked = usage(fn, tree_ptrs, tree, tree_warps, args.arch)
-                four = usage(fn, tree_ptrs, tree, 4, args.arch)
-                print(f"| tree | {label} | {w} | {splits} | {tree_warps}: {picked} | {four} |")
-            for splits in (1, 16):  # the prefix kernel's values whole (`value_tiling`)
-                prefix = dict(W=w, G=s["G"], D=s["D"], DV=s["DV"],
-                              BLOCK_M=ta._rows_per_program(w, s["G"], s["DV"]),
-                              BLOCK_N=ta.PREFIX_BLOCK_N, BLOCK_DK=64, D_TILES=d_tiles,
-                              BLOCK_DV=triton.next_power_of_2(s["DV"]), DV_TILES=1,
-                              SPLITS=splits, MIN_SHARE=ta.MIN_SHARE_KEYS)  # fmt: skip
-                fn = ta._prefix_attention_kernel
-                picked = usage(fn, prefix_ptrs, prefix, prefix_warps, args.arch)
-                four = usage(fn, prefix_ptrs, prefix, 4, args.arch)
-                print(f"| prefix | {label} | {w} | {splits} | {prefix_warps}: {picked} | {four} |")
+    print(f"Triton {triton.__version__}, sm_{args.arch}a, the hook's launches")
+    print("| shape | bs | kernel | warps | stages | registers | spilled bytes |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for shape in ("k26", "8b"):
+        for bs in (1, 8, 32):
+            call, kw = hook_case(bs, shape)
+            with record_launches() as launches:
+                tree_attention(*call, **kw)
+            for name, (kernel, recorded) in launches.items():
+                for launch_args, launch_kw in recorded:
+                    regs, stack = usage(compile_launch(kernel, launch_args, launch_kw, args.arch))
+                    stages = launch_kw.get("num_stages", "-")
+                    print(f"| {shape} | {bs} | {name.strip('_')} | "
+                          f"{launch_kw.get('num_warps', 4)} | {stages} | {regs} | {stack} |")  # fmt: skip
     return 0
 
 

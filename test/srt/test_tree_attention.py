@@ -559,106 +559,44 @@ def test_attention_switch_is_on_by_default():
             enabled({ENV: bad})
 
 
-class _LaunchRecorder:
-    """Stands in for a Triton kernel: ``kernel[grid](*args, **kw)`` records the launch."""
-
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kw: self.launches.append((args, kw))
-
-
-_TRITON_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.int64: "i64",
-                  torch.int32: "i32", torch.int8: "i8", torch.bool: "i1"}  # fmt: skip
-
-
-def _compile_for_hopper(kernel, args, kw):
-    """Compile ``kernel`` as this launch would run it, for sm_90a, by Triton's own compiler
-    (front end, Hopper passes, ptxas), without a GPU. Raises what Triton raises."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kw = dict(kw)
-    options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
-    names = kernel.arg_names
-    types, constants = {}, dict(kw)
-    for name, a in zip(names, args):
-        if isinstance(a, torch.Tensor):
-            types[name] = "*" + _TRITON_DTYPES[a.dtype]
-        elif a is None or isinstance(a, bool):
-            constants[name] = a
-        else:
-            types[name] = "fp32" if isinstance(a, float) else "i32"
-    signature = {n: types.get(n, "constexpr") for n in names}
-    src = ASTSource(
-        fn=kernel,
-        signature=signature,
-        constexprs={(names.index(k),): v for k, v in constants.items()},
-    )
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
-
-def _hopper_compiler_or_skip():
-    import importlib.util
-    import os
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton not installed")
-    import triton
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        pytest.skip("this Triton has no bundled ptxas")
-
-
 @pytest.mark.parametrize(
     "case",
-    ["k26_bs1_paged", "k26_bs8_slots", "k26_bs8_lazy", "tiny_mla_bs4", "8b_bs1_full_mask"],
+    ["k26_bs1_paged", "k26_bs8_paged", "k26_bs8_lazy", "tiny_mla_bs4", "8b_bs1_full_mask"],
 )
-def test_the_hooks_launches_compile_for_hopper(monkeypatch, case):
+def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     """Every kernel launch `tree_attention` makes with the hook's settings (`launch_settings`)
-    compiles for sm_90a with Triton's compiler, on a machine without a GPU: what the CPU
-    interpreter never checks (a loop-carried variable that changes type, a constexpr branch
-    the interpreter tolerates). Cases: one K2.6 TP-8 rank (8 heads, latent 512 + rope 64, W 8)
-    at bs 1 on FlashMLA's 64-slot pages (64 shares, the chunked merge) and at bs 8 on a slot
-    table, also with the lazy rescale; the tiny pair's 4-head latent; the 8B shape (32 / 8
-    heads of 128, W 16) from SGLang's verify mask."""
-    _hopper_compiler_or_skip()
-    import sglang_ddtree.core.tree_attention as ta
+    compiles for sm_90a with Triton's compiler, on a machine without a GPU
+    (`kernel_registers.py`): what the CPU interpreter never checks (a loop-carried variable
+    that changes type, a constexpr branch the interpreter tolerates). Cases: one K2.6 TP-8
+    rank (8 heads, latent 512 + rope 64, W 8) on FlashMLA's 64-slot pages at bs 1 (64 shares,
+    the chunked merge) and bs 8, also with the lazy rescale; the tiny pair's 4-head latent on
+    a slot table; the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask."""
+    regs = load_benchmark("kernel_registers")
+    missing = regs.compiler_missing()
+    if missing:
+        pytest.skip(missing)
+    from sglang_ddtree.core.layout import flatten_verify_mask
+    from sglang_ddtree.core.tree_attention import tree_attention
 
-    kernels = {"prefix": ta._prefix_attention_kernel, "tree": ta._tree_attention_kernel}
-    recorders = {name: _LaunchRecorder() for name in kernels}
-    monkeypatch.setattr(ta, "_prefix_attention_kernel", recorders["prefix"])
-    monkeypatch.setattr(ta, "_tree_attention_kernel", recorders["tree"])
-    mla = not case.startswith("8b")
-    bs = {"k26_bs1_paged": 1, "tiny_mla_bs4": 4, "8b_bs1_full_mask": 1}.get(case, 8)
-    hq, hkv, d, dv, w = (4 if case.startswith("tiny") else 8, 1, 576, 512, 8) if mla else (
-        32, 8, 128, 128, 16)  # fmt: skip
-    args, scale = random_case(bs=bs, w=w, hq=hq, hkv=hkv, d=d, dv=dv, prefix=[300] * bs,
-                              seed=0, dtype=torch.bfloat16, mla=mla)  # fmt: skip
-    q, k, v, indptr, indices, loc, mask = args
-    indptr, indices = indptr.to(torch.int32), indices.to(torch.int32)
-    settings = ta.launch_settings(bs, w, hq, hkv, dv, 132, latent_d=d if mla else 0)
-    extra = {}
+    shape, bs = case.split("_")[0], int(case.split("_bs")[1][0])
+    call, kw = regs.hook_case(bs, shape)
     if case == "k26_bs1_paged":
-        assert settings["tree_merge_chunk"] > 1 and settings["prefix_splits"] > 1
-        indices = torch.arange(bs * 8, dtype=torch.int32).view(bs, 8)  # a block table
-        extra["page_size"] = 64
+        assert kw["tree_merge_chunk"] > 1 and kw["prefix_splits"] > 1 and kw["page_size"] == 64
     if case == "k26_bs8_lazy":
-        extra["prefix_lazy_rescale"] = True
+        kw["prefix_lazy_rescale"] = True
     if case == "8b_bs1_full_mask":
-        from sglang_ddtree.core.layout import flatten_verify_mask
-
+        q, k, v, indptr, indices, loc, mask, scale = call
+        w = mask.shape[1]
         prefix = (indptr[1:] - indptr[:-1]).long()
         sizes = (prefix + w) * w
         mask_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)])
         full = flatten_verify_mask(mask, prefix, int(sizes.sum()))
-        extra.update(full_mask=full, mask_indptr=mask_indptr, num_nodes=w)
-        mask = None
-    ta.tree_attention(q, k, v, indptr, indices, loc, mask, scale, **settings, **extra)
-    for name, kernel in kernels.items():
-        (launch,) = recorders[name].launches
-        compiled = _compile_for_hopper(kernel, *launch)
-        assert compiled.asm["cubin"], (case, name)
+        call = (q, k, v, indptr, indices, loc, None, scale)
+        kw.update(full_mask=full, mask_indptr=mask_indptr, num_nodes=w)
+    with regs.record_launches() as launches:
+        tree_attention(*call, **kw)
+    for name, (kernel, recorded) in launches.items():
+        ((args, launch_kw),) = recorded
+        compiled = regs.compile_launch(kernel, args, launch_kw)
+        registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
+        assert 0 < registers <= 255, (case, name, registers)
