@@ -507,15 +507,37 @@ def accept_length(outs: list[dict]) -> float | None:
     return tokens / steps if steps else None
 
 
-def step_stats(records: list[dict], t0: float, t1: float, bs: int) -> dict:
+def _window_steps(records: list[dict], t0: float, t1: float, bs: int) -> list[dict]:
+    """The decode steps of ``bs`` requests in one timed run, its first ``DROP_FIRST_STEPS``
+    dropped."""
     rows = [r for r in records if t0 <= r["t"] <= t1 and r["mode"] == "DECODE" and r["bs"] == bs]
-    rows = rows[DROP_FIRST_STEPS:]
+    return rows[DROP_FIRST_STEPS:]
+
+
+def step_stats(records: list[dict], t0: float, t1: float, bs: int) -> dict:
+    return cell_stats(records, [(t0, t1)], bs)
+
+
+def cell_stats(records: list[dict], windows: list[tuple[float, float]], bs: int) -> dict:
+    """One cell's step over its timed runs (``windows``: host ``(t0, t1)`` each): the median
+    period and span over all their steps; with several runs also each run's median period
+    (``repeat_step_ms``: the spread between runs of one engine)."""
+    per_run = [_window_steps(records, t0, t1, bs) for t0, t1 in windows]
+    rows = [r for run in per_run for r in run]
     periods = [r["period_ms"] for r in rows if r["period_ms"] is not None]
-    return {
+    out = {
         "steps": len(rows),
         "step_ms": statistics.median(periods) if periods else None,
         "span_ms": statistics.median(r["span_ms"] for r in rows) if rows else None,
     }
+    if len(windows) > 1:
+        out["repeat_step_ms"] = [
+            statistics.median(p) if p else None
+            for p in (
+                [r["period_ms"] for r in run if r["period_ms"] is not None] for run in per_run
+            )
+        ]
+    return out
 
 
 def flush_timing(eng, spec) -> None:
@@ -677,20 +699,24 @@ def run_config(spec, config, args, timing_dir) -> dict:
                     generate(eng, prompts, {"max_new_tokens": 1, "temperature": 0.0})
                     for tname, tparams in args.temps:
                         params = {"max_new_tokens": args.step_tokens, "ignore_eos": True}
+                        runs = []
                         try:
-                            outs, t0 = generate(eng, prompts, {**params, **tparams})
+                            for _ in range(args.repeats):
+                                outs, t0 = generate(eng, prompts, {**params, **tparams})
+                                runs.append((t0, time.monotonic(), accept_length(outs)))
                         except Exception as e:  # a refused parameter: this cell's error
                             row["step"].append(
                                 {"bs": bs, "prompt_len": plen, "temp": tname,
                                  "error": f"{type(e).__name__}: {e}"[:500]}
                             )  # fmt: skip
                             continue
-                        t1 = time.monotonic()
-                        windows.append((plen, bs, tname, t0, t1, accept_length(outs)))
+                        windows.append((plen, bs, tname, runs))
             flush_timing(eng, spec)
             records = read_steps(timing_dir)
-            for plen, bs, tname, t0, t1, acc in windows:
-                st = step_stats(records, t0, t1, bs)
+            for plen, bs, tname, runs in windows:
+                st = cell_stats(records, [(t0, t1) for t0, t1, _ in runs], bs)
+                accepts = [a for _, _, a in runs if a is not None]
+                acc = statistics.mean(accepts) if accepts else None
                 tok = (bs * (acc or 1.0) / st["step_ms"] * 1e3) if st["step_ms"] else None
                 row["step"].append(
                     {
@@ -699,7 +725,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
                         "temp": tname,
                         "accept_length": acc,
                         "tok_per_s": tok,
-                        "wall_s": t1 - t0,
+                        "wall_s": sum(t1 - t0 for t0, t1, _ in runs),
                         **st,
                     }
                 )
@@ -740,7 +766,8 @@ def table(result: dict) -> str:
     keys = sorted({(s["temp"], s.get("prompt_len") or 0, s["bs"]) for _, s in steps})
     by_prompt = any(plen for _, plen, _ in keys)  # a prompt column where lengths were set
     lines += [
-        "step ms (accept length, tokens/s) per configuration",
+        "step ms (accept length, tokens/s) per configuration"
+        + ("; [the range of the repeats' medians]" if _has_repeats(rows) else ""),
         "",
         "| T | " + ("prompt | " if by_prompt else "") + "bs | " + " | ".join(configs) + " |",
         "|---|" + ("---:|" if by_prompt else "") + "---:|" + "---|" * len(configs),
@@ -753,10 +780,18 @@ def table(result: dict) -> str:
                 cells.append("refused" if s and "error" in s else "-")
                 continue
             acc = f"{s['accept_length']:.2f}" if s["accept_length"] else "1"
-            cells.append(f"{s['step_ms']:.2f} ({acc}, {s['tok_per_s']:.0f})")
+            spread = s.get("repeat_step_ms")
+            spread = (
+                f" [{min(spread):.2f}-{max(spread):.2f}]" if spread and None not in spread else ""
+            )
+            cells.append(f"{s['step_ms']:.2f}{spread} ({acc}, {s['tok_per_s']:.0f})")
         prompt = f"{plen or '-'} | " if by_prompt else ""
         lines.append(f"| {temp} | {prompt}{bs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _has_repeats(rows) -> bool:
+    return any("repeat_step_ms" in s for r in rows for s in r.get("step", []))
 
 
 def plot(result: dict, path: str) -> None:
@@ -853,6 +888,13 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--accept-tokens", type=int, default=256)
     ap.add_argument("--step-tokens", type=int, default=128)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time each step cell this many times in the same engine (its prompts prefilled "
+        "once); the cell's step is the median over all, each run's median in repeat_step_ms",
+    )
     ap.add_argument("--deadline-s", type=float, default=540)
     ap.add_argument(
         "--cprofile-skip",
@@ -902,6 +944,8 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown --temps {unknown}; known: {list(ALL_TEMPS)}")
     args.temps = [(t, ALL_TEMPS[t]) for t in args.temps.split(",")]
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be at least 1")
     args.phases = set(args.phases.split(","))
     if not args.phases <= {"accept", "step", "experts"}:
         raise SystemExit(f"unknown --phases {sorted(args.phases)}; accept, step or experts")

@@ -194,6 +194,25 @@ def test_step_stats_window_batch_size_and_warmup(bench):
     assert bench.step_stats(recs, 10.0, 20.0, 64) == {"steps": 0, "step_ms": None, "span_ms": None}
 
 
+def test_cell_stats_over_repeated_runs(bench):
+    """--repeats: a cell's step is the median over every run's steps (each run's first
+    DROP_FIRST_STEPS dropped), and each run's own median is kept (their spread)."""
+    drop = bench.DROP_FIRST_STEPS
+    recs = [{"t": 10.0 + i, "bs": 1, "mode": "DECODE", "span_ms": 1.0, "period_ms": 10.0}
+            for i in range(drop + 3)]  # fmt: skip
+    recs += [{"t": 30.0 + i, "bs": 1, "mode": "DECODE", "span_ms": 1.0, "period_ms": 20.0}
+             for i in range(drop + 5)]  # fmt: skip
+    st = bench.cell_stats(recs, [(10.0, 20.0), (30.0, 40.0)], 1)
+    assert st["steps"] == 8 and st["step_ms"] == 20.0  # 3 at 10 ms, 5 at 20 ms
+    assert st["repeat_step_ms"] == [10.0, 20.0]
+    assert "repeat_step_ms" not in bench.cell_stats(recs, [(10.0, 20.0)], 1)
+    result = {"rows": [{"config": "dflash", "step": [
+        {"bs": 1, "prompt_len": None, "temp": "T0", "accept_length": 1.0, "tok_per_s": 50.0,
+         **st}]}]}  # fmt: skip
+    md = bench.table(result)
+    assert "20.00 [10.00-20.00] (1.00, 50)" in md and "range of the repeats' medians" in md
+
+
 def test_accept_length_is_tokens_per_verify_step(bench):
     outs = [{"meta_info": {"completion_tokens": 30, "spec_verify_ct": 10}},
             {"meta_info": {"completion_tokens": 10, "spec_verify_ct": 10}}]  # fmt: skip
