@@ -78,6 +78,7 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
     "sglang_ddtree.srt.ddtree_penalties": f"{SPEC}/ddtree_penalties.py",
+    "sglang_ddtree.srt.ddtree_logprobs": f"{SPEC}/ddtree_logprobs.py",
     "sglang_ddtree.srt.ddtree_attention": f"{SPEC}/ddtree_attention.py",
 }
 
@@ -496,6 +497,7 @@ SERIES = [
             "sglang_ddtree.core.penalties",
             "sglang_ddtree.core.logprobs",
             "sglang_ddtree.srt.ddtree_penalties",
+            "sglang_ddtree.srt.ddtree_logprobs",
         ),
         templates=("test_ddtree_request_laws.py",),
     ),

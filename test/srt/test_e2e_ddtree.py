@@ -20,7 +20,9 @@ f. with triton's custom-mask extend kernel instead (``SGLANG_DDTREE_TREE_ATTENTI
 g. the split attention on the Kimi-shaped MLA + MoE pair (``--arch mla``): b, through the split
    kernels (MLA's 512-wide values tiled). Greedy is left out there: on that random-router target
    greedy outputs differ from no speculation at expert-routing near-ties with either attention
-   (RESULTS.md).
+   (RESULTS.md);
+h. logprobs (``--checks logprobs``, bfloat16): DDTREE's greedy logprobs and top-5 against the
+   non-speculative server's, per position kind (``testing.logprobs_check``).
 """
 
 from __future__ import annotations
@@ -122,3 +124,18 @@ def test_g_split_tree_attention_mla(split_attention_mla):
     assert SPLIT_LOG_LINE in log
     assert summary["arch"] == "mla"
     assert summary["sampling"]["passed"], json.dumps(summary["sampling"], indent=1)
+
+
+@pytest.fixture(scope="module")
+def logprobs_run(tmp_path_factory, run_gpu_check):
+    out = str(tmp_path_factory.mktemp("e2e_logprobs"))
+    args = ["--dtype", "bfloat16", "--checks", "logprobs"]
+    return run_gpu_check(out, "sglang_ddtree.testing.e2e", args, "e2e_summary.json", 600)
+
+
+def test_h_logprobs_equal_no_spec(logprobs_run):
+    """Greedy logprobs and top-5 of DDTREE (its per-request refusal lifted in the test's engine)
+    within 0.02 of the non-speculative server's in bfloat16, per position kind
+    (`testing.logprobs_check`); reading them one position late is caught."""
+    lp = logprobs_run["logprobs"]
+    assert lp["passed"], json.dumps(lp, indent=1)

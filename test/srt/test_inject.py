@@ -97,3 +97,25 @@ def test_serve_penalties_lifts_only_their_refusal(monkeypatch):
     assert "logprobs" in ddtree_requests.refuse_request(
         SimpleNamespace(sampling_params=penalized, return_logprob=True)
     )
+
+
+def test_serve_logprobs_lifts_only_their_refusal(monkeypatch):
+    """The logprobs check admits logprobs through the injection; penalties and custom logit
+    processors stay refused."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt import ddtree_requests
+
+    monkeypatch.setattr(ddtree_requests, "refuse_logprobs", ddtree_requests.refuse_logprobs)
+    plain = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0)
+    req = SimpleNamespace(sampling_params=plain, return_logprob=True)
+    assert "logprobs" in ddtree_requests.refuse_request(req)  # refused without the injection
+    assert inject.install_from_env({inject.SERVE_LOGPROBS_ENV: "1"}) == [inject.SERVE_LOGPROBS_ENV]
+    assert ddtree_requests.refuse_request(req) is None
+    penalized = SimpleNamespace(frequency_penalty=0.3, presence_penalty=0.0, repetition_penalty=1.0)
+    assert "frequency_penalty" in ddtree_requests.refuse_request(
+        SimpleNamespace(sampling_params=penalized, return_logprob=True)
+    )
+    processor = SimpleNamespace(sampling_params=plain, return_logprob=True,
+                                custom_logit_processor="x")  # fmt: skip
+    assert "custom logit" in ddtree_requests.refuse_request(processor)

@@ -237,3 +237,135 @@ def test_hand_computed_chain():
     torch.testing.assert_close(got.token_logprobs[0, :3], want)
     assert got.top_ids[0, :, 0].tolist() == [0, 3, 1, -1]
     assert got.token_logprobs[0, 3] == 0 and got.top_logprobs[0, 3, 0] == 0
+
+
+class _OutputLogprobProcessor:
+    """The steps of SGLang 0.5.17's ``OutputLogprobProcessor.compute_logprobs`` (it cannot be
+    imported on a machine without SGLang): clamp, per-row top-k cut to each row's own k, the
+    requested ids' logprobs, the sampled tokens' logprobs; ``write_output_to`` as its
+    ``LogprobResult``'s."""
+
+    def compute_logprobs(self, logprobs, top_nums, token_ids, next_ids):
+        from types import SimpleNamespace
+
+        logprobs.clamp_(min=torch.finfo(logprobs.dtype).min)
+        out = SimpleNamespace(top_val=None, top_idx=None, ids_val=None, ids_idx=None)
+        if any(k > 0 for k in top_nums):
+            values, indices = logprobs.topk(max(top_nums), dim=-1)
+            out.top_val = [values[i][:k] for i, k in enumerate(top_nums)]
+            out.top_idx = [indices[i][:k] for i, k in enumerate(top_nums)]
+        if any(t is not None for t in token_ids):
+            out.ids_val = [[] if t is None else logprobs[i, t] for i, t in enumerate(token_ids)]
+            out.ids_idx = [[] if t is None else t for t in token_ids]
+        out.token = logprobs[torch.arange(len(next_ids)), next_ids]
+
+        def write_output_to(o):
+            o.next_token_logprobs = out.token
+            if out.top_val is not None:
+                o.next_token_top_logprobs_val, o.next_token_top_logprobs_idx = (
+                    out.top_val,
+                    out.top_idx,
+                )
+            if out.ids_val is not None:
+                o.next_token_token_ids_logprobs_val = out.ids_val
+                o.next_token_token_ids_logprobs_idx = out.ids_idx
+
+        out.write_output_to = write_output_to
+        return out
+
+
+def test_step_logprobs_are_read_by_the_scheduler_as_the_core_reports_them(steps):
+    """`write_step_logprobs` on the verify's [bs * W, V] logits: the scheduler's reads of a
+    speculative batch (``next_token_logprobs[i][j]``, top-n and requested ids at row
+    ``i * S + j``, for j below request i's commit length) give `committed_logprobs`' values,
+    each request's top-n cut to its own ``top_logprobs_num``; a request asking ids gets their
+    logprobs at its predicting node. Calibration: the rows read one too deep differ."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_logprobs import write_step_logprobs
+
+    checked = 0
+    for seed, step in enumerate(steps):
+        bs, w, vocab = step.processed.shape
+        s = step.plan.out_tokens.shape[1]
+        want = committed_logprobs(step.processed, step.plan.keep_nodes, step.plan.out_tokens,
+                                  step.temperature, vocab, all_greedy=step.all_greedy)  # fmt: skip
+        top_nums = [(seed + i) % 4 for i in range(bs)]
+        token_ids = [[1, 2] if i % 2 else None for i in range(bs)]
+        out = SimpleNamespace()
+        write_step_logprobs(
+            out, _OutputLogprobProcessor(), step.processed.reshape(bs * w, vocab),
+            step.plan.keep_nodes, step.plan.next_token_ids, step.temperature, step.all_greedy,
+            top_nums, token_ids,
+        )  # fmt: skip
+        assert out.next_token_logprobs.shape == (bs, s)
+        for i in range(bs):
+            for j in range(int(step.plan.commit_lens[i])):
+                flat = i * s + j
+                assert torch.equal(out.next_token_logprobs[i, j], want.token_logprobs[i, j])
+                k = top_nums[i]
+                if any(top_nums):
+                    got_top = out.next_token_top_logprobs_val[flat]
+                    assert torch.equal(got_top, want.top_logprobs[i, j, :k]), (seed, i, j)
+                if token_ids[i] is not None:
+                    node = int(step.plan.keep_nodes[i, j])
+                    row = predicting_row(step, i, node)
+                    assert torch.equal(out.next_token_token_ids_logprobs_val[flat], row[[1, 2]])
+                checked += 1
+        deeper = SimpleNamespace()
+        write_step_logprobs(
+            deeper, _OutputLogprobProcessor(), step.processed.reshape(bs * w, vocab),
+            _one_too_deep(step.plan.keep_nodes), step.plan.next_token_ids, step.temperature,
+            step.all_greedy, None, None,
+        )  # fmt: skip
+        if int((step.plan.commit_lens > 1).sum()):  # a draft node to misread
+            assert not torch.equal(deeper.next_token_logprobs, out.next_token_logprobs), seed
+    assert checked >= 300, checked
+
+
+def predicting_row(step, i: int, node: int) -> torch.Tensor:
+    """Request i's reported logprob row at ``node`` (the sampler's rule, clamped)."""
+    from sglang_ddtree.core.logprobs import node_logprobs
+
+    row = node_logprobs(step.processed[i, node], step.temperature[i].view(1), step.all_greedy)
+    return row.clamp(min=FLOAT32_MIN)
+
+
+def test_prefill_with_logprobs_passes_dflash_s_door_and_the_target_gets_the_batch():
+    """DFLASH's forward refuses a batch asking for logprobs; through `prefill_with_logprobs` it
+    runs on a copy without the flag while the target worker's forward receives the batch
+    itself (flag set), its result comes back, and the target worker's method is its own again
+    afterwards, also when the prefill raises. Without it, the door refuses (calibration)."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs
+
+    class Target:
+        def __init__(self):
+            self.seen = []
+
+        def forward_batch_generation(self, batch, capture_hidden_mode=None):
+            self.seen.append((batch, capture_hidden_mode))
+            return "result"
+
+    target = Target()
+
+    def dflash_forward(batch):  # the door, then the target's forward, as DFLASH's prefill
+        if getattr(batch, "return_logprob", False):
+            raise ValueError("DFLASH speculative decoding does not support return_logprob yet.")
+        return target.forward_batch_generation(batch, capture_hidden_mode="FULL")
+
+    batch = SimpleNamespace(return_logprob=True, seq_lens=torch.tensor([5]))
+    with pytest.raises(ValueError, match="return_logprob"):
+        dflash_forward(batch)
+    assert prefill_with_logprobs(dflash_forward, target, batch) == "result"
+    assert target.seen == [(batch, "FULL")] and batch.return_logprob
+    assert "forward_batch_generation" not in vars(target)
+
+    def failing(b):
+        target.forward_batch_generation(b)
+        raise RuntimeError("prefill failed")
+
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        prefill_with_logprobs(failing, target, batch)
+    assert target.seen[-1][0] is batch and "forward_batch_generation" not in vars(target)

@@ -151,6 +151,35 @@ def test_request_hook_names_ddtree_first():
         dreq.set_active(was)
 
 
+def test_request_hook_passes_dflash_s_logprob_refusal_once_ddtree_admits_logprobs(monkeypatch):
+    """Where DDTREE admits logprobs, SGLang's DFlash-family check still runs for the rest (its
+    other refusal, hidden states under overlap, answers) but not for logprobs, and the request
+    keeps its flag; a request without logprobs reaches the check untouched."""
+    from sglang_ddtree.plugin import _validate_request_hook
+
+    def original(req, *a, **k):
+        if req.return_logprob:
+            return "DFLASH speculative decoding does not support return_logprob yet."
+        if req.return_hidden_states:
+            return "DFLASH speculative decoding does not support return_hidden_states yet."
+        return None
+
+    monkeypatch.setattr(dreq, "refuse_logprobs", lambda req: None)
+    sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
+    req = SimpleNamespace(custom_logit_processor=None, return_logprob=True,
+                          return_hidden_states=False, sampling_params=sp)  # fmt: skip
+    was = dreq.ddtree_active()
+    try:
+        dreq.set_active(True)
+        assert _validate_request_hook(original, req) is None and req.return_logprob
+        req.return_hidden_states = True
+        assert "hidden_states" in _validate_request_hook(original, req) and req.return_logprob
+        dreq.set_active(False)  # not a DDTREE server: SGLang's check as it is
+        assert "return_logprob" in _validate_request_hook(original, req)
+    finally:
+        dreq.set_active(was)
+
+
 def _max_row_column(ctx: int, w: int, block: int) -> int:
     """The largest req_to_token column (exclusive) a DDTREE request touches near the context
     limit: DFLASH v2 reserves ``committed + 2 W`` for every running request (committed below

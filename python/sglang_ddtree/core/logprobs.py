@@ -66,6 +66,23 @@ def node_logprobs(
     return out.clamp_(min=torch.finfo(torch.float32).min)
 
 
+def predicting_rows(
+    logits: torch.Tensor,  # [bs, W, V] float, processed logits at every tree node
+    keep_nodes: torch.Tensor,  # [bs, S] int64, predicting node of each committed token; -1 pad
+    temperature: torch.Tensor,  # [bs] float32 > 0
+    all_greedy: bool = False,
+    before_temperature: bool = False,
+) -> torch.Tensor:
+    """[bs, S, V] float32: the reported logprobs (`node_logprobs`) of each committed token's
+    predicting node; a pad reads the root's row. Only these S rows of a request are
+    normalized. No host synchronization."""
+    bs, w, vocab = logits.shape
+    s = keep_nodes.shape[1]
+    nodes = keep_nodes.to(torch.int64).clamp(0, w - 1)
+    rows = logits.gather(1, nodes[:, :, None].expand(bs, s, vocab))  # [bs, S, V]
+    return node_logprobs(rows, temperature[:, None, None], all_greedy, before_temperature)
+
+
 def committed_logprobs(
     logits: torch.Tensor,  # [bs, W, V] float, processed logits at every tree node
     keep_nodes: torch.Tensor,  # [bs, S] int64, predicting node of each committed token; -1 pad
@@ -90,11 +107,8 @@ def committed_logprobs(
     assert out_tokens.shape == keep_nodes.shape, "out_tokens must be [bs, S] like keep_nodes"
     assert temperature.shape == (bs,), "temperature must be [bs]"
     assert 0 <= top_n <= vocab, (top_n, vocab)
-    s = keep_nodes.shape[1]
     present = (keep_nodes >= 0) & (out_tokens >= 0)  # [bs, S]
-    nodes = keep_nodes.to(torch.int64).clamp(0, w - 1)
-    rows = logits.gather(1, nodes[:, :, None].expand(bs, s, vocab))  # [bs, S, V]
-    logprobs = node_logprobs(rows, temperature[:, None, None], all_greedy, before_temperature)
+    logprobs = predicting_rows(logits, keep_nodes, temperature, all_greedy, before_temperature)
     tokens = out_tokens.to(torch.int64).clamp(0, vocab - 1)
     token_logprobs = logprobs.gather(2, tokens[:, :, None])[:, :, 0]
     top_logprobs, top_ids = torch.topk(logprobs, top_n, dim=-1)

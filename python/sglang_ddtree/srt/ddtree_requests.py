@@ -46,10 +46,16 @@ def refuse_sampling_params(sp) -> str | None:
     return None
 
 
+def refuse_logprobs(req) -> str | None:
+    """Logprobs are written and wired (``ddtree_logprobs``) and refused until their check against
+    the non-speculative server has run."""
+    if getattr(req, "return_logprob", False):
+        return "DDTREE speculative decoding does not support logprobs; omit logprobs."
+    return None
+
+
 def refuse_request(req) -> str | None:
     if getattr(req, "custom_logit_processor", None):
         return "DDTREE speculative decoding does not support custom logit processors."
     # Refused here (HTTP 400) rather than in the worker, where raising would stop the server.
-    if getattr(req, "return_logprob", False):
-        return "DDTREE speculative decoding does not support logprobs; omit logprobs."
-    return refuse_sampling_params(req.sampling_params)
+    return refuse_logprobs(req) or refuse_sampling_params(req.sampling_params)

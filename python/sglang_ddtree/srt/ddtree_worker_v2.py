@@ -106,6 +106,7 @@ from sglang_ddtree.srt.ddtree_glue_warmup import (
     glue_at_startup_enabled,
 )
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs, write_step_logprobs
 from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
     StepGlue,
@@ -352,15 +353,19 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return None  # availability is checked at startup; no silent greedy fallback
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
-        if getattr(batch, "return_logprob", False):
-            raise ValueError("DDTREE speculative decoding does not support return_logprob.")
         is_decode = not (
             batch.forward_mode.is_extend()
             or batch.is_extend_in_batch
             or batch.forward_mode.is_idle()
         )
         if not is_decode or batch.spec_info is None:
-            result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
+            if getattr(batch, "return_logprob", False):  # past DFLASH's refusal (the module's)
+                dflash = super().forward_batch_generation
+                result = prefill_with_logprobs(
+                    lambda b: dflash(b, on_publish, grammar_barrier), self.target_worker, batch
+                )
+            else:
+                result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
             if batch.forward_mode.is_idle():
                 result.speculative_num_draft_tokens = self.ddtree_shape.accept_width
             elif not is_decode and batch.reqs:  # a prefill: its rows restart
@@ -409,6 +414,30 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if bias is not None:
             rows.add_(bias[:, None, :].to(rows.dtype))
         return state
+
+    @functools.cached_property
+    def _logprob_processor(self):
+        from sglang.srt.layers.logprob_processor import OutputLogprobProcessor
+
+        return OutputLogprobProcessor()
+
+    def _write_step_logprobs(self, logits_output, logits, commit, batch, sampling_info) -> None:
+        """The committed tokens' logprobs, as the non-speculative server reports them, from the
+        processed verify logits (`ddtree_logprobs.write_step_logprobs`)."""
+        from sglang.srt.layers.sampler import SGLANG_RETURN_ORIGINAL_LOGPROB
+
+        write_step_logprobs(
+            logits_output,
+            self._logprob_processor,
+            logits,
+            commit.keep_nodes,
+            commit.next_token_ids,
+            sampling_info.temperatures,
+            bool(sampling_info.is_all_greedy),
+            getattr(batch, "top_logprobs_nums", None),
+            getattr(batch, "token_ids_logprobs", None),
+            before_temperature=bool(SGLANG_RETURN_ORIGINAL_LOGPROB),
+        )
 
     # ------------------------------------------------------------------------------------------
     def host_seq_lens(self, batch, draft_input, extra: int):
@@ -701,6 +730,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             self._check_ranks_agree(tree, commit)
         if penalty_state is not None:  # the emitted tokens count from the next step on
             self._penalty_rows.record(batch.req_pool_indices, commit.out_tokens, penalty_state)
+        if getattr(batch, "return_logprob", False):
+            self._write_step_logprobs(logits_output, logits, commit, batch, sampling_info)
         # Publish the next lengths before the KV glue, as DFLASH v2 does before its drafter-KV
         # append: the scheduler's seq-lens copy waits on this event, not on the KV moves.
         # A clone: graph outputs are overwritten by the next replay.

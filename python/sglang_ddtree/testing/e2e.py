@@ -81,7 +81,7 @@ GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
 # Accepted by --checks, not in the default set.
-OPTIONAL_CHECKS = ("chain", "backend_floor", "defaults")
+OPTIONAL_CHECKS = ("chain", "backend_floor", "defaults", "logprobs")
 CHAIN_EXCESS_P = 0.01
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
 # Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
@@ -670,6 +670,19 @@ def main() -> int:
             check_generation_defaults(target, draft, summary, log_dir=args.out)
         except Exception as e:
             summary["defaults"] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
+    if "logprobs" in checks:
+        from sglang_ddtree.testing.logprobs_check import check_logprobs
+
+        try:
+            check_logprobs(
+                lambda algo: engine_kwargs(target, draft, algo),
+                engine,
+                prompts,
+                GREEDY_NEW_TOKENS,
+                summary,
+            )
+        except Exception as e:
+            summary["logprobs"] = {"passed": False, "error": f"{type(e).__name__}: {e}"}
     for name in checks:
         print(f"[e2e] {name}: {json.dumps(summary[name])[:2000]}", flush=True)
     summary["seconds"] = round(time.time() - t0, 1)

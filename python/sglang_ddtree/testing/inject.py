@@ -17,6 +17,8 @@ launch are then made in every process of that engine, before the worker is built
 - ``SERVE_PENALTIES_ENV`` = 1: the per-request refusal of penalties and min_new_tokens lifted,
   so their law (the worker applies them at every node already) is tested against the
   non-speculative server before the server admits them.
+- ``SERVE_LOGPROBS_ENV`` = 1: the per-request refusal of logprobs lifted, so the worker's
+  logprobs are checked against the non-speculative server's before the server admits them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ WRONG_COINS_ENV = "DDTREE_TESTING_WRONG_COINS"
 RANK_SKEW_ENV = "DDTREE_TESTING_RANK_SKEW"
 GRAPH_STATS_ENV = "DDTREE_TESTING_GRAPH_STATS"
 SERVE_PENALTIES_ENV = "DDTREE_TESTING_SERVE_PENALTIES"
+SERVE_LOGPROBS_ENV = "DDTREE_TESTING_SERVE_LOGPROBS"
 # Where the worker and its glue live: the plugin's modules, or SGLang's tree with the patch.
 PLUGIN = "sglang_ddtree.srt"
 IN_TREE = "sglang.srt.speculative"
@@ -54,6 +57,9 @@ def install_from_env(environ: Mapping[str, str] | None = None, package: str = PL
     if env.get(SERVE_PENALTIES_ENV):
         serve_penalties(package)
         done.append(SERVE_PENALTIES_ENV)
+    if env.get(SERVE_LOGPROBS_ENV):
+        serve_logprobs(package)
+        done.append(SERVE_LOGPROBS_ENV)
     return done
 
 
@@ -115,3 +121,12 @@ def serve_penalties(package: str = PLUGIN) -> None:
     requests = importlib.import_module(f"{package}.ddtree_requests")
     requests.refuse_sampling_params = lambda sp: None
     logger.warning("DDTREE admits penalties and min_new_tokens (tests only).")
+
+
+def serve_logprobs(package: str = PLUGIN) -> None:
+    """``ddtree_requests.refuse_logprobs`` admits logprobs (the other refusals stay)."""
+    import importlib
+
+    requests = importlib.import_module(f"{package}.ddtree_requests")
+    requests.refuse_logprobs = lambda req: None
+    logger.warning("DDTREE admits logprobs (tests only).")

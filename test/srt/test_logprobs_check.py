@@ -1,0 +1,67 @@
+"""The logprobs check's logic on synthetic outputs (CPU): position kinds from streamed step
+sizes, the per-kind comparison on the common prefix, the verdict and its calibration."""
+
+import random
+
+from sglang_ddtree.testing import logprobs_check as lc
+
+
+def test_position_kinds_from_streamed_steps():
+    # The prefill's token alone, then steps of 3, 1 and 2 tokens.
+    assert lc.position_kinds([1, 3, 1, 2]) == [
+        "prefill", "root", "path", "bonus", "root", "root", "bonus",
+    ]  # fmt: skip
+    # The first chunk carrying the first step as well.
+    assert lc.position_kinds([3, 2]) == ["prefill", "root", "bonus", "root", "bonus"]
+
+
+def _outputs(seed: int, noise: float, steps_per_prompt: int = 12):
+    """(base, tree, kinds) of 8 prompts whose ids agree up to a late divergence in two of
+    them; DDTREE's values are the base's plus uniform noise of at most ``noise``."""
+    rng = random.Random(seed)
+    base, tree, kinds = [], [], []
+    for p in range(8):
+        sizes = [1] + [rng.randint(1, 5) for _ in range(steps_per_prompt)]
+        n = sum(sizes)
+        ids = [rng.randrange(1000) for _ in range(n)]
+        lps = [-rng.random() * 5 for _ in range(n)]
+        top = [sorted(((-rng.random() * 5, rng.randrange(1000)) for _ in range(lc.TOP_N)),
+                      reverse=True) for _ in range(n)]  # fmt: skip
+        b = {"ids": ids, "logprobs": lps, "top": top}
+        t_ids = list(ids)
+        if p < 2:  # diverges late: the positions past it are not compared
+            t_ids[n - 3] = (t_ids[n - 3] + 1) % 1000
+        t = {
+            "ids": t_ids,
+            "logprobs": [x + rng.uniform(-noise, noise) for x in lps],
+            "top": [[(v + rng.uniform(-noise, noise), i) for v, i in row] for row in top],
+        }
+        base.append(b)
+        tree.append(t)
+        kinds.append(lc.position_kinds(sizes))
+    return base, tree, kinds
+
+
+def test_within_the_bound_passes_and_the_late_reading_is_caught():
+    base, tree, kinds = _outputs(0, noise=0.005)
+    v = lc.verdict(base, tree, kinds)
+    assert v["passed"] and v["enough_positions"] and v["one_position_late_caught"], v
+    for kind in lc.KINDS:
+        assert v["per_kind"][kind]["token"] <= 0.005 + 1e-12
+    # Positions past a divergence are not compared: a wild value there changes nothing.
+    tree[0]["logprobs"][-1] = 99.0
+    assert lc.verdict(base, tree, kinds)["passed"]
+
+
+def test_a_shift_beyond_the_bound_fails():
+    """Calibration: DDTREE's values off by 0.05 (over the 0.02 bound) fail the verdict."""
+    base, tree, kinds = _outputs(1, noise=0.0)
+    for t in tree:
+        t["logprobs"] = [x + 0.05 for x in t["logprobs"]]
+    v = lc.verdict(base, tree, kinds)
+    assert not v["passed"] and v["per_kind"]["path"]["token"] > lc.MAX_ABS_DIFF
+
+
+def test_too_few_positions_do_not_pass():
+    base, tree, kinds = _outputs(2, noise=0.0, steps_per_prompt=1)
+    assert not lc.verdict(base[:1], tree[:1], kinds[:1])["enough_positions"]
