@@ -359,7 +359,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             or batch.forward_mode.is_idle()
         )
         if not is_decode or batch.spec_info is None:
-            if getattr(batch, "return_logprob", False):  # past DFLASH's refusal (the module's)
+            if getattr(batch, "return_logprob", False):  # DFLASH refuses them at its door
                 dflash = super().forward_batch_generation
                 result = prefill_with_logprobs(
                     lambda b: dflash(b, on_publish, grammar_barrier), self.target_worker, batch
