@@ -134,8 +134,10 @@ def logprobs_run(tmp_path_factory, run_gpu_check):
 
 
 def test_h_logprobs_equal_no_spec(logprobs_run):
-    """Greedy logprobs and top-5 of DDTREE (its per-request refusal lifted in the test's engine)
-    within 0.02 of the non-speculative server's in bfloat16, per position kind
-    (`testing.logprobs_check`); reading them one position late is caught."""
+    """DDTREE's logprobs and top-5 (its per-request refusal lifted in the test's engine) within
+    0.02 of the non-speculative server's in bfloat16, per position kind: greedy against its
+    outputs, sampled at T 1.0 / top_p 0.95 against its scoring of DDTREE's tokens
+    (`testing.logprobs_check`); reading them one position late is caught in both."""
     lp = logprobs_run["logprobs"]
+    assert lp["greedy"]["one_position_late_caught"] and lp["sampled"]["one_position_late_caught"]
     assert lp["passed"], json.dumps(lp, indent=1)

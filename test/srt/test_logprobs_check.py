@@ -65,3 +65,33 @@ def test_a_shift_beyond_the_bound_fails():
 def test_too_few_positions_do_not_pass():
     base, tree, kinds = _outputs(2, noise=0.0, steps_per_prompt=1)
     assert not lc.verdict(base[:1], tree[:1], kinds[:1])["enough_positions"]
+
+
+def test_rescore_asks_each_token_after_the_tokens_before_it():
+    """`rescore` sends one request per position (the prompt and DDTREE's tokens before it,
+    asking DDTREE's token there, one new token at the same sampling parameters) and hands each
+    answer back to its prompt and position."""
+    calls = {}
+
+    class Engine:
+        def generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num,
+                     token_ids_logprob):  # fmt: skip
+            calls.update(params=sampling_params, top=top_logprobs_num)
+            assert return_logprob and len(input_ids) == len(token_ids_logprob)
+            return [
+                {"meta_info": {
+                    "output_token_ids_logprobs": [[(-len(ids) - tok[0] / 1000, tok[0], None)]],
+                    "output_top_logprobs": [[(-0.1, len(ids), None)]],
+                }}
+                for ids, tok in zip(input_ids, token_ids_logprob)
+            ]  # fmt: skip
+
+    prompts = [[1, 2, 3], [4]]
+    outs = [{"ids": [7, 8]}, {"ids": [9, 5, 6]}]
+    got = lc.rescore(Engine(), prompts, outs, lc.SAMPLED)
+    assert calls["params"] == {"max_new_tokens": 1, "ignore_eos": True, **lc.SAMPLED}
+    assert calls["top"] == lc.TOP_N
+    # Prompt 0: position 0 after 3 tokens asks 7, position 1 after 4 tokens asks 8.
+    assert got[0]["ids"] == [7, 8] and got[0]["logprobs"] == [-3 - 0.007, -4 - 0.008]
+    assert got[1]["logprobs"] == [-1 - 0.009, -2 - 0.005, -3 - 0.006]
+    assert got[1]["top"][2] == [(-0.1, 3)]

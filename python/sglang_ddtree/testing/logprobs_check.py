@@ -1,7 +1,12 @@
 """DDTREE's logprobs against SGLang's non-speculative server (GPU; `e2e --checks logprobs`).
 
-Both engines decode the same prompts greedily with ``return_logprob`` and ``top_logprobs_num``
-= `TOP_N`. DDTREE's requests run one at a time and streamed: SGLang streams each decode step's
+Greedy: both engines decode the same prompts greedily with ``return_logprob`` and
+``top_logprobs_num`` = `TOP_N`. Sampled (`SAMPLED`, temperature 1.0 / top_p 0.95): DDTREE
+samples; the non-speculative server then scores each of DDTREE's tokens after the same tokens
+(one request per position: the prompt and DDTREE's tokens before it, asking the logprob of
+DDTREE's token there through ``token_ids_logprob``, at the same sampling parameters, so its
+sampler reports ``log(softmax(logits / T))`` as for its own tokens). DDTREE's requests run one
+at a time and streamed: SGLang streams each decode step's
 committed tokens together, so a chunk is a step, and each position gets its kind from its place
 in the step (the predicting node): ``prefill`` (the first output token, from the target's
 prefill), ``root`` (a step's first token, predicted by the tree's root), ``path`` (predicted by
@@ -9,8 +14,8 @@ an accepted draft node other than the step's last) and ``bonus`` (a step's last 
 more, predicted by its deepest accepted node). On each prompt's common prefix of equal output
 ids (the greedy check judges the ids themselves), per kind: the largest |difference| of the
 emitted token's logprob, and of the top-n values where both report the same top-n ids in the
-same order. Passes when every kind's largest difference is at most `MAX_ABS_DIFF` and the kinds
-root, path and bonus each have at least `MIN_POSITIONS` positions.
+same order. Each part passes when every kind's largest difference is at most `MAX_ABS_DIFF` and
+the kinds root, path and bonus each have at least `MIN_POSITIONS` positions.
 
 Calibration, on the same outputs: DDTREE's logprobs read one position late (a predicting node
 one too deep) must differ by more than `MAX_ABS_DIFF` somewhere on the path positions.
@@ -28,6 +33,8 @@ from sglang_ddtree.testing import inject
 TOP_N = 5
 MAX_ABS_DIFF = 0.02  # the issue's bound for bfloat16; float16 runs meet it with room
 MIN_POSITIONS = 20
+SAMPLED = {"temperature": 1.0, "top_p": 0.95}
+SAMPLED_PROMPTS = 32  # enough path positions at the tiny pair's sampled accept length
 KINDS = ("prefill", "root", "path", "bonus")
 
 
@@ -76,8 +83,8 @@ def _read(meta: dict) -> dict:
     }
 
 
-def _params(new_tokens: int) -> dict:
-    return {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
+def _params(new_tokens: int, sampling: dict | None = None) -> dict:
+    return {"max_new_tokens": new_tokens, "ignore_eos": True, **(sampling or {"temperature": 0.0})}
 
 
 def run_base(eng, prompts: list[list[int]], new_tokens: int) -> list[dict]:
@@ -86,12 +93,38 @@ def run_base(eng, prompts: list[list[int]], new_tokens: int) -> list[dict]:
     return [_read(o["meta_info"]) for o in outs]
 
 
-def run_tree(eng, prompts: list[list[int]], new_tokens: int) -> tuple[list[dict], list[list[str]]]:
+def rescore(eng, prompts: list[list[int]], outs: list[dict], sampling: dict) -> list[dict]:
+    """The non-speculative server's logprob and top-n for each of ``outs``' tokens after the
+    same tokens (module docstring), in `_read`'s form."""
+    inputs, asked = [], []
+    for p, o in zip(prompts, outs):
+        for i, tok in enumerate(o["ids"]):
+            inputs.append(list(p) + o["ids"][:i])
+            asked.append([tok])
+    res = eng.generate(input_ids=inputs, sampling_params=_params(1, sampling),
+                       return_logprob=True, top_logprobs_num=TOP_N,
+                       token_ids_logprob=asked)  # fmt: skip
+    scored, at = [], 0
+    for o in outs:
+        metas = [r["meta_info"] for r in res[at : at + len(o["ids"])]]
+        at += len(o["ids"])
+        scored.append({
+            "ids": list(o["ids"]),
+            "logprobs": [float(m["output_token_ids_logprobs"][0][0][0]) for m in metas],
+            "top": [[(float(x[0]), int(x[1])) for x in m["output_top_logprobs"][0]]
+                    for m in metas],
+        })  # fmt: skip
+    return scored
+
+
+def run_tree(
+    eng, prompts: list[list[int]], new_tokens: int, sampling: dict | None = None
+) -> tuple[list[dict], list[list[str]]]:
     """One prompt at a time, streamed: (outputs, position kinds)."""
     outs, kinds = [], []
     for p in prompts:
         sizes, last, done = [], 0, None
-        for chunk in eng.generate(input_ids=p, sampling_params=_params(new_tokens),
+        for chunk in eng.generate(input_ids=p, sampling_params=_params(new_tokens, sampling),
                                   return_logprob=True, top_logprobs_num=TOP_N,
                                   stream=True):  # fmt: skip
             count = int(chunk["meta_info"]["completion_tokens"])
@@ -121,14 +154,24 @@ def verdict(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> dict:
 
 
 def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dict) -> None:
-    """``summary["logprobs"]``: the verdict. ``engine_kwargs(algo)`` / ``engine(**kw)``: the
-    e2e's engine factory (no speculation for ``algo`` None)."""
-    with engine(**engine_kwargs(None)) as eng:
-        base = run_base(eng, prompts, new_tokens)
+    """``summary["logprobs"]``: the greedy and the sampled verdicts. ``engine_kwargs(algo)`` /
+    ``engine(**kw)``: the e2e's engine factory (no speculation for ``algo`` None)."""
+    few = prompts[:SAMPLED_PROMPTS]
     os.environ[inject.SERVE_LOGPROBS_ENV] = "1"  # read by the engine's processes at start
     try:
         with engine(**engine_kwargs("DDTREE")) as eng:
             tree, kinds = run_tree(eng, prompts, new_tokens)
+            sampled, sampled_kinds = run_tree(eng, few, new_tokens, SAMPLED)
     finally:
         os.environ.pop(inject.SERVE_LOGPROBS_ENV, None)
-    summary["logprobs"] = {**verdict(base, tree, kinds), "refusal_lifted_by_the_test": True}
+    with engine(**engine_kwargs(None)) as eng:
+        base = run_base(eng, prompts, new_tokens)
+        scored = rescore(eng, few, sampled, SAMPLED)
+    greedy = verdict(base, tree, kinds)
+    sampled_verdict = verdict(scored, sampled, sampled_kinds)
+    summary["logprobs"] = {
+        "greedy": greedy,
+        "sampled": {**sampled_verdict, "sampling": SAMPLED},
+        "refusal_lifted_by_the_test": True,
+        "passed": bool(greedy["passed"] and sampled_verdict["passed"]),
+    }
