@@ -530,6 +530,9 @@ def cell_stats(records: list[dict], windows: list[tuple[float, float]], bs: int)
         "step_ms": statistics.median(periods) if periods else None,
         "span_ms": statistics.median(r["span_ms"] for r in rows) if rows else None,
     }
+    host = [r["host_ms"] for r in rows if r.get("host_ms") is not None]
+    if host:  # host time in run_batch a step, beside the GPU's period
+        out["host_ms"] = statistics.median(host)
     if len(windows) > 1:
         out["repeat_step_ms"] = [
             statistics.median(p) if p else None

@@ -12,7 +12,9 @@ each scheduler process appends one JSON line per batch to ``<dir>/steps.<pid>.js
 - ``span_ms``: GPU time from the start event to the end event of this batch;
 - ``period_ms``: GPU time from this batch's start event to the next batch's start event
   (``null`` for the last batch before a pause): the step cost the GPU actually sees, idle gaps
-  included, so it is also the cost of a launch-bound step.
+  included, so it is also the cost of a launch-bound step;
+- ``host_ms``: host time inside ``run_batch`` for this batch (its launches, and any wait on
+  the GPU there): beside ``period_ms``, how close a step is to the host bound.
 
 Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the same way.
 
@@ -94,6 +96,7 @@ class StepRecorder:
         end = torch.cuda.Event(enable_timing=True)
         end.record(stream)
         rec["end"] = end
+        rec["host_ms"] = (time.monotonic() - rec["t"]) * 1e3
         self.pending.append(rec)
         self.flush(force=rec["mode"] != "DECODE")
 
@@ -123,6 +126,7 @@ class StepRecorder:
         span = rec["ev"].elapsed_time(rec["end"])
         out = {"t": rec["t"], "bs": rec["bs"], "mode": rec["mode"], "span_ms": span}
         out["period_ms"] = period_ms
+        out["host_ms"] = rec.get("host_ms")
         return json.dumps(out) + "\n"
 
 

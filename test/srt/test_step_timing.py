@@ -38,9 +38,9 @@ class FakeEvent:
         return other.at_ms - self.at_ms
 
 
-def _rec(t, bs, start_ms, end_ms, mode="DECODE", done=True):
+def _rec(t, bs, start_ms, end_ms, mode="DECODE", done=True, host_ms=1.25):
     return {"t": t, "bs": bs, "mode": mode, "ev": FakeEvent(start_ms, done),
-            "end": FakeEvent(end_ms, done)}  # fmt: skip
+            "end": FakeEvent(end_ms, done), "host_ms": host_ms}  # fmt: skip
 
 
 def _lines(path):
@@ -66,6 +66,7 @@ def test_recorder_periods_spans_and_pending(tmp_path):
     rows = _lines(path)
     assert [r["period_ms"] for r in rows] == [5.0, 5.0]
     assert [r["span_ms"] for r in rows] == [3.0, 3.5]
+    assert [r["host_ms"] for r in rows] == [1.25, 1.25]
     assert len(rec.pending) == 2  # the third waits for the fourth's start event
     # A non-forced flush with few pending records writes nothing (no per-step file I/O).
     rec.pending[1]["ev"].done = rec.pending[1]["end"].done = True
@@ -204,6 +205,9 @@ def test_cell_stats_over_repeated_runs(bench):
              for i in range(drop + 5)]  # fmt: skip
     st = bench.cell_stats(recs, [(10.0, 20.0), (30.0, 40.0)], 1)
     assert st["steps"] == 8 and st["step_ms"] == 20.0  # 3 at 10 ms, 5 at 20 ms
+    assert "host_ms" not in st  # records without it (older files)
+    host = [dict(r, host_ms=4.0 if r["t"] < 30 else 6.0) for r in recs]
+    assert bench.cell_stats(host, [(10.0, 20.0), (30.0, 40.0)], 1)["host_ms"] == 6.0
     assert st["repeat_step_ms"] == [10.0, 20.0]
     assert "repeat_step_ms" not in bench.cell_stats(recs, [(10.0, 20.0)], 1)
     result = {"rows": [{"config": "dflash", "step": [
