@@ -101,11 +101,15 @@ def test_launch_settings_are_the_hooks_choice():
     )
     assert launch_settings(32, 16, 32, 8, 128, 132)["prefix_splits"] == 1
     # MLA's latent cache (values the keys' first 512 of 576 columns): the latent variant, all
-    # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs.
+    # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs (a
+    # share per SM at bs 1, 128 of 132; bs 2: 64 each), merged 8 shares a load from 64 on.
     lat = launch_settings(1, 8, 8, 1, 512, 132, latent_d=576)
-    assert lat == dict(prefix_dv_block=None, tree_dv_block=32, prefix_splits=64,
+    assert lat == dict(prefix_dv_block=None, tree_dv_block=32, prefix_splits=128,
                        prefix_latent=True, prefix_rows=64, prefix_keys=64, warps=(8, None),
                        prefix_stages=2, tree_merge_chunk=8)  # fmt: skip
+    bs2 = launch_settings(2, 8, 8, 1, 512, 132, latent_d=576)
+    assert (bs2["prefix_splits"], bs2["tree_merge_chunk"]) == (64, 8)
+    assert launch_settings(1, 8, 8, 1, 512, 100, latent_d=576)["prefix_splits"] == 64
     bs8 = launch_settings(8, 8, 8, 1, 512, 132, latent_d=576)
     assert (bs8["prefix_splits"], bs8["tree_dv_block"]) == (16, 128)
     assert "tree_merge_chunk" not in bs8  # one share a load: 8 at a time was slower at bs 8

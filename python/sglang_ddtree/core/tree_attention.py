@@ -338,8 +338,8 @@ if triton is not None:
 VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-wide latent)
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
 MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 9-33 prefix programs a layer
-LATENT_MAX_SPLITS = 64  # the latent variant at bs 1: 64 shares of one 64-row tile
-LATENT_MERGE = (32, 8)  # where the tree kernel merges 64 shares: value columns, shares a load
+LATENT_MAX_SPLITS = 128  # the latent variant at bs 1: a share per SM for one 64-row tile
+LATENT_MERGE = (64, 32, 8)  # from 64 shares: the tree kernel merges over 32 columns, 8 a load
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
@@ -406,10 +406,10 @@ def launch_settings(
     latent): the prefix kernel's latent variant (a key tile loaded once for both products; up
     to 64 query rows, all of a K2.6 rank's W 8 x 8 heads; 64 keys; 8 warps), the fastest
     setting `bench_tree_attention.py --sweep` timed at bs >= 8 (2.2-2.7x the general ones),
-    best at about one program per SM; so its shares fill one wave, up to
-    ``LATENT_MAX_SPLITS`` (bs 1, 32K keys: 64 shares took 0.76x the time of 32), its keys
-    come through a two-stage pipeline (2-4 % faster than three at bs >= 8), and 64 shares
-    are merged as ``LATENT_MERGE`` says (bs 1: 0.80x the time of 128 columns, 1 a load)."""
+    best at about one program per SM: its shares fill one wave, up to ``LATENT_MAX_SPLITS``
+    (bs 1: 128 shares 0.67-0.77x the time of 64 at 64K-128K keys, 1.03-1.06x at 8K-16K), a
+    two-stage pipeline (2-4 % faster than three at bs >= 8), and the merge of many shares
+    as ``LATENT_MERGE`` says (64: 0.80x the time of 128 columns, 1 a load)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -418,8 +418,8 @@ def launch_settings(
         splits = 1  # about one wave of programs: more shares were slower at bs 8
         while splits < LATENT_MAX_SPLITS and programs * splits * 2 <= num_sms:
             splits *= 2
-        if splits >= LATENT_MAX_SPLITS:  # the merge of many shares: latency-bound
-            tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE
+        if splits >= LATENT_MERGE[0]:  # the merge of many shares: latency-bound
+            tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
         )
