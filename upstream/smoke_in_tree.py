@@ -8,7 +8,7 @@ without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CA
 per-position two-sample chi-squared tests of ``e2e.law_test`` over ``e2e.sample_completions``,
 4 prompts x 256 samples x 24 tokens a side, Bonferroni-combined, p > 0.001), and the
 deliberately wrong coins (``testing.inject`` scaling the in-tree ``ddtree_utils``' coins in the
-engine's processes) are rejected at p < 0.001 with the same samples (the test can fail); a refused option (frequency_penalty) aborts with a message naming DDTREE;
+engine's processes) are rejected at p < 0.001 with the same samples (the test can fail); a refused option (logprobs) aborts with a message naming DDTREE;
 a bad flag value is refused at launch; the in-tree engines' verifies went through the split
 tree-verify attention of the patched ``triton_backend.py`` (its one-time log line, read from this
 process's stderr, which the engines' scheduler processes inherit). Prints one JSON summary line;
@@ -107,9 +107,7 @@ def smoke() -> int:
     }
     one = [eng.generate(input_ids=p, sampling_params=greedy) for p in prompts[:4]]
     try:
-        refused = eng.generate(
-            input_ids=prompts[0], sampling_params={**greedy, "frequency_penalty": 0.5}
-        )
+        refused = eng.generate(input_ids=prompts[0], sampling_params=greedy, return_logprob=True)
         refused = refused["meta_info"].get("finish_reason")
     except Exception as e:  # noqa: BLE001
         refused = f"{type(e).__name__}: {e}"[:300]

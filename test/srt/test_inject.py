@@ -75,33 +75,9 @@ def test_a_spawned_process_gets_the_change(tmp_path):
         assert f"child: {want}" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
-def test_serve_penalties_lifts_only_their_refusal(monkeypatch):
-    """The law tool's penalties part and the generation-defaults check admit penalties and
-    min_new_tokens through the injection; logprobs and custom logit processors stay refused."""
-    from types import SimpleNamespace
-
-    from sglang_ddtree.srt import ddtree_requests
-
-    monkeypatch.setattr(  # restored after
-        ddtree_requests, "refuse_sampling_params", ddtree_requests.refuse_sampling_params
-    )
-    penalized = SimpleNamespace(
-        frequency_penalty=0.3, presence_penalty=0.0, repetition_penalty=1.05, min_new_tokens=4
-    )
-    req = SimpleNamespace(sampling_params=penalized, return_logprob=False)
-    assert "DDTREE" in ddtree_requests.refuse_request(req)  # refused without the injection
-    assert inject.install_from_env({inject.SERVE_PENALTIES_ENV: "1"}) == [
-        inject.SERVE_PENALTIES_ENV
-    ]
-    assert ddtree_requests.refuse_request(req) is None
-    assert "logprobs" in ddtree_requests.refuse_request(
-        SimpleNamespace(sampling_params=penalized, return_logprob=True)
-    )
-
-
 def test_serve_logprobs_lifts_only_their_refusal(monkeypatch):
-    """The logprobs check admits logprobs through the injection; penalties and custom logit
-    processors stay refused."""
+    """The logprobs check admits logprobs through the injection; custom logit processors stay
+    refused."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt import ddtree_requests
@@ -112,10 +88,6 @@ def test_serve_logprobs_lifts_only_their_refusal(monkeypatch):
     assert "logprobs" in ddtree_requests.refuse_request(req)  # refused without the injection
     assert inject.install_from_env({inject.SERVE_LOGPROBS_ENV: "1"}) == [inject.SERVE_LOGPROBS_ENV]
     assert ddtree_requests.refuse_request(req) is None
-    penalized = SimpleNamespace(frequency_penalty=0.3, presence_penalty=0.0, repetition_penalty=1.0)
-    assert "frequency_penalty" in ddtree_requests.refuse_request(
-        SimpleNamespace(sampling_params=penalized, return_logprob=True)
-    )
     processor = SimpleNamespace(sampling_params=plain, return_logprob=True,
                                 custom_logit_processor="x")  # fmt: skip
     assert "custom logit" in ddtree_requests.refuse_request(processor)

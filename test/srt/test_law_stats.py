@@ -464,7 +464,81 @@ def test_penalties_part_wrong_law_and_parts():
     assert wrong["freq0.5_T1.0"]["frequency_penalty"] == 1.0
     assert wrong["pres0.5_rep1.2_T1.0_p0.95"]["presence_penalty"] == 1.0
     assert wrong["pres0.5_rep1.2_T1.0_p0.95"]["repetition_penalty"] == pytest.approx(1.4)
-    assert wrong["min_new4_T1.0"]["min_new_tokens"] == 0
+    assert wrong["min_new4_stop_T1.0"]["min_new_tokens"] == 0
     assert set(law.PARAMETER_PARTS) == {"min_p", "penalties"}
     with pytest.raises(SystemExit):
         law.main(["--parts", "law,bogus"])
+
+
+def _penalized_completions(rng, penalty, held_back=(), n=law.SAMPLES, vocab=30):
+    """A toy sampler with a frequency penalty: Zipf-like logits over ``vocab`` tokens, each
+    token's logit lowered by ``penalty`` per earlier occurrence in the completion, and the
+    ``held_back`` tokens banned for the first 4 tokens (min_new_tokens 4 over stop ids);
+    ``law.PENALTY_NEW_TOKENS`` tokens a completion."""
+    import math
+
+    base = [-0.5 * math.log(i + 1) * 3 for i in range(vocab)]
+    out = []
+    for _ in range(n):
+        seq, counts = [], [0] * vocab
+        for pos in range(law.PENALTY_NEW_TOKENS):
+            logits = [b - penalty * c for b, c in zip(base, counts)]
+            if pos < 4:
+                for t in held_back:
+                    logits[t] = -math.inf
+            top = max(logits)
+            tok = rng.choices(range(vocab), weights=[math.exp(x - top) for x in logits])[0]
+            counts[tok] += 1
+            seq.append(tok)
+        out.append(seq)
+    return out
+
+
+@pytest.mark.parametrize(
+    "case,passes", [("right", True), ("penalty_halved", False), ("no_hold_back", False),
+                    ("blind_power", False)]
+)  # fmt: skip
+def test_penalties_part_is_calibrated(case, passes):
+    """The penalties part at its sample size (``SAMPLES`` completions of
+    ``PENALTY_NEW_TOKENS`` a side, Bonferroni at ``ALPHA`` over every test, the repeat-count
+    test among them), on a toy sampler with a frequency penalty and a min_new_tokens
+    hold-back: the right law passes (null passes, the wrong law at twice the penalty and with
+    no hold-back is rejected at every setting); a DDTREE at half the penalty or without the
+    hold-back fails; and where the wrong law is the right one at some setting (a blind power),
+    the part fails rather than pass untested."""
+    rng = random.Random(5)
+    # Two penalty settings and one hold-back setting, as the part's names.
+    settings = {"freq": (0.5, ()), "freq_strong": (1.0, ()), "hold": (0.0, (0, 1))}
+    saved = law.PARAMETER_PARTS["penalties"]
+    law.PARAMETER_PARTS["penalties"] = (dict.fromkeys(settings), *saved[1:])
+    try:
+
+        def sample(k, scale=1.0, hold=True):
+            pen, held = settings[k]
+            return _penalized_completions(rng, pen * scale, held if hold else ())
+
+        ref = {
+            "penalties": {k: sample(k) for k in settings},
+            "penalties_null": {k: sample(k) for k in settings},
+            "penalties_wrong": {
+                k: (sample(k) if case == "blind_power" and k == "freq" else sample(k, 2.0, False))
+                for k in settings
+            },
+        }
+        tree = {
+            "penalties": {
+                k: sample(k, 0.5 if case == "penalty_halved" else 1.0, case != "no_hold_back")
+                for k in settings
+            }
+        }
+        got = law.summarize_parameter_part("penalties", ref, tree)
+    finally:
+        law.PARAMETER_PARTS["penalties"] = saved
+    assert not got["families"]["null"]["rejected"]
+    assert "repeats" in got["ddtree"]["freq"]["tests"]
+    assert len(got["ddtree"]["freq"]["tests"]) == law.PENALTY_NEW_TOKENS + 2
+    if case == "blind_power":
+        assert got["families"]["power"]["rejected"] == ["freq_strong", "hold"]
+    else:
+        assert got["families"]["power"]["rejected"] == sorted(settings)
+    assert got["passed"] is passes

@@ -113,22 +113,25 @@ def test_request_refusals():
         base.update(kw)
         return SimpleNamespace(**base)
 
-    assert dreq.refuse_sampling_params(sp()) is None
-    assert dreq.refuse_sampling_params(sp(min_p=0.1)) is None  # SGLang's min-p path
-    assert "frequency_penalty" in dreq.refuse_sampling_params(sp(frequency_penalty=0.5))
-    assert "repetition_penalty" in dreq.refuse_sampling_params(sp(repetition_penalty=1.1))
+    def req(**kw):
+        return SimpleNamespace(custom_logit_processor=None, return_logprob=False,
+                               sampling_params=sp(**kw))  # fmt: skip
+
+    assert dreq.refuse_request(req()) is None
+    assert dreq.refuse_request(req(min_p=0.1)) is None  # SGLang's min-p path
+    # Penalties and min_new_tokens are served (each node's path counts; their law test).
+    assert dreq.refuse_request(req(frequency_penalty=0.5, presence_penalty=0.5)) is None
+    assert dreq.refuse_request(req(repetition_penalty=1.1, min_new_tokens=4)) is None
     # Constrained decoding is served (each tree node's grammar mask).
     for name, value in (("regex", "a+"), ("json_schema", "{}"), ("ebnf", 'root ::= "a"'),
                         ("structural_tag", "{}")):  # fmt: skip
-        assert dreq.refuse_sampling_params(sp(**{name: value})) is None
-    assert "min_new_tokens" in dreq.refuse_sampling_params(sp(min_new_tokens=4))
-    assert dreq.refuse_sampling_params(sp(min_new_tokens=0, sampling_seed=7)) is None
-    req = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
-    assert "custom logit" in dreq.refuse_request(req)
-    req = SimpleNamespace(custom_logit_processor=None, return_logprob=True, sampling_params=sp())
-    assert "logprobs" in dreq.refuse_request(req)
-    req = SimpleNamespace(custom_logit_processor=None, return_logprob=False, sampling_params=sp())
-    assert dreq.refuse_request(req) is None
+        assert dreq.refuse_request(req(**{name: value})) is None
+    assert dreq.refuse_request(req(min_new_tokens=0, sampling_seed=7)) is None
+    processor = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
+    assert "custom logit" in dreq.refuse_request(processor)
+    logprobs = SimpleNamespace(custom_logit_processor=None, return_logprob=True,
+                               sampling_params=sp())  # fmt: skip
+    assert "logprobs" in dreq.refuse_request(logprobs)
 
 
 def test_request_hook_names_ddtree_first():

@@ -22,10 +22,6 @@ from sglang.test.test_utils import (
 register_cuda_ci(est_time=200, stage="base-b", runner_config="1-gpu-small")
 
 REFUSED = {
-    "min_new_tokens": ({"min_new_tokens": 4}, {}),
-    "frequency_penalty": ({"frequency_penalty": 0.5}, {}),
-    "presence_penalty": ({"presence_penalty": 0.5}, {}),
-    "repetition_penalty": ({"repetition_penalty": 1.2}, {}),
     "logprobs": ({}, {"return_logprob": True}),
 }
 
@@ -74,13 +70,15 @@ class TestDDTreeRefusals(CustomTestCase):
                 res = self._post(sampling_params, extra)
                 self.assertEqual(res.status_code, 400, res.text)
                 self.assertIn("@@ALGORITHM@@", res.text)
-        # Still serving, and accepted options still work (a per-request seed and a grammar
-        # included: a regex-constrained reply matches the regex).
+        # Still serving, and accepted options still work (a per-request seed, a grammar, the
+        # penalties and min_new_tokens included: a regex-constrained reply matches the regex).
         accepted = (
             {},
             {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "sampling_seed": 1},
             {"temperature": 1.0, "regex": "(yes|no)"},
             {"temperature": 1.0, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
+            {"temperature": 1.0, "frequency_penalty": 0.5, "presence_penalty": 0.5},
+            {"temperature": 1.0, "repetition_penalty": 1.2, "min_new_tokens": 4},
         )
         for params in accepted:
             res = self._post(params, {})

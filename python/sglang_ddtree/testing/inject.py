@@ -14,9 +14,6 @@ launch are then made in every process of that engine, before the worker is built
   check must stop loudly.
 - ``GRAPH_STATS_ENV`` = a file: the worker's CUDA-graph counts (``GraphStats.as_dict``) written
   there after every step and after the startup capture.
-- ``SERVE_PENALTIES_ENV`` = 1: the per-request refusal of penalties and min_new_tokens lifted,
-  so their law (the worker applies them at every node already) is tested against the
-  non-speculative server before the server admits them.
 - ``SERVE_LOGPROBS_ENV`` = 1: the per-request refusal of logprobs lifted, so the worker's
   logprobs are checked against the non-speculative server's before the server admits them.
 """
@@ -33,7 +30,6 @@ logger = logging.getLogger(__name__)
 WRONG_COINS_ENV = "DDTREE_TESTING_WRONG_COINS"
 RANK_SKEW_ENV = "DDTREE_TESTING_RANK_SKEW"
 GRAPH_STATS_ENV = "DDTREE_TESTING_GRAPH_STATS"
-SERVE_PENALTIES_ENV = "DDTREE_TESTING_SERVE_PENALTIES"
 SERVE_LOGPROBS_ENV = "DDTREE_TESTING_SERVE_LOGPROBS"
 # Where the worker and its glue live: the plugin's modules, or SGLang's tree with the patch.
 PLUGIN = "sglang_ddtree.srt"
@@ -54,9 +50,6 @@ def install_from_env(environ: Mapping[str, str] | None = None, package: str = PL
     if env.get(GRAPH_STATS_ENV):
         write_graph_stats(env[GRAPH_STATS_ENV], package)
         done.append(GRAPH_STATS_ENV)
-    if env.get(SERVE_PENALTIES_ENV):
-        serve_penalties(package)
-        done.append(SERVE_PENALTIES_ENV)
     if env.get(SERVE_LOGPROBS_ENV):
         serve_logprobs(package)
         done.append(SERVE_LOGPROBS_ENV)
@@ -111,16 +104,6 @@ def write_graph_stats(path: str, package: str = PLUGIN) -> None:
         os.replace(tmp, path)
 
     stats_cls.flush = flush
-
-
-def serve_penalties(package: str = PLUGIN) -> None:
-    """``ddtree_requests.refuse_sampling_params`` admits penalties and min_new_tokens (its other
-    refusals stay: custom logit processors and logprobs are refused before it is asked)."""
-    import importlib
-
-    requests = importlib.import_module(f"{package}.ddtree_requests")
-    requests.refuse_sampling_params = lambda sp: None
-    logger.warning("DDTREE admits penalties and min_new_tokens (tests only).")
 
 
 def serve_logprobs(package: str = PLUGIN) -> None:

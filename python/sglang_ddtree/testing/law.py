@@ -32,8 +32,9 @@ Parts:
   own calibration: a second non-speculative sample must pass and the non-speculative server at
   twice the min-p must be rejected (Bonferroni within each family).
 - ``penalties``: the same for the ``PENALTY_SETTINGS`` (frequency, presence and repetition
-  penalties, min_new_tokens; the server's per-request refusal of them lifted in the engines by
-  `testing.inject`), the power at twice each penalty (min_new_tokens: none). SGLang's
+  penalties, min_new_tokens over a likely stop id), ``PENALTY_NEW_TOKENS`` tokens a completion
+  and a test on each completion's repeat count besides, the power at twice each penalty
+  (min_new_tokens: none), which must be rejected at every setting. SGLang's
   default overlap scheduler feeds its penalizers one token late, so the non-speculative
   reference must run with ``--disable-overlap-schedule`` (``--no-overlap``), whose law DDTREE
   follows.
@@ -81,6 +82,9 @@ from sglang_ddtree.testing.e2e import engine as e2e_engine
 
 SAMPLES = 3000
 NEW_TOKENS = 6
+# The penalties part's completions: penalties act on tokens already generated, so its samples
+# run longer (more repeats to penalize) and add a test on each completion's repeat count.
+PENALTY_NEW_TOKENS = 16
 TUPLE_LEN = 3
 MIN_BIN = 10
 ALPHA = 0.01
@@ -117,7 +121,16 @@ PENALTY_SETTINGS = {
         "presence_penalty": 0.5,
         "repetition_penalty": 1.2,
     },
-    "min_new4_T1.0": {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "min_new_tokens": 4},
+    # min_new_tokens holds back the stop ids, the request's own stop_token_ids among them (even
+    # under ignore_eos, which only keeps them from ending the request): `make_plan` names the
+    # non-speculative greedy output's 2nd token, a likely one, so the hold-back shows.
+    "min_new4_stop_T1.0": {
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "min_new_tokens": 4,
+        "stop_token_ids": None,
+    },
     # A generation_config's defaults (server_check.GENERATION_DEFAULTS): min-p path + penalty.
     "rep1.05_minp0.05_T1.0": {
         "temperature": 1.0,
@@ -148,10 +161,11 @@ def _twice_penalties(sp: dict) -> dict:
     return out
 
 
-# Each request-parameter part: its settings and its calibration's wrong law.
+# Each request-parameter part: its settings, its calibration's wrong law, the tokens a
+# completion, and whether its tests include the repeat count.
 PARAMETER_PARTS = {
-    "min_p": (MIN_P_SETTINGS, _twice_min_p),
-    "penalties": (PENALTY_SETTINGS, _twice_penalties),
+    "min_p": (MIN_P_SETTINGS, _twice_min_p, NEW_TOKENS, False),
+    "penalties": (PENALTY_SETTINGS, _twice_penalties, PENALTY_NEW_TOKENS, True),
 }
 
 
@@ -179,16 +193,32 @@ def law_settings() -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------- statistics
-def compare_samples(ref: list[list[int]], other: list[list[int]]) -> dict:
-    """Per-position and tuple tests between two lists of completions (token-id lists)."""
+def repeat_count(completion: list[int]) -> int:
+    """Tokens of a completion that repeat an earlier token of it (what frequency and presence
+    penalties act on)."""
+    return sum(1 for i, t in enumerate(completion) if t in completion[:i])
+
+
+def compare_samples(
+    ref: list[list[int]],
+    other: list[list[int]],
+    new_tokens: int = NEW_TOKENS,
+    repeats: bool = False,
+) -> dict:
+    """Per-position and tuple tests between two lists of completions (token-id lists), and with
+    ``repeats`` one on the completions' repeat counts (`repeat_count`)."""
     tests = {}
-    for pos in range(NEW_TOKENS):
+    for pos in range(new_tokens):
         a = [s[pos] for s in ref if len(s) > pos]
         b = [s[pos] for s in other if len(s) > pos]
         tests[f"pos{pos + 1}"] = chi2_two_sample(a, b, MIN_BIN)
     tests[f"tuple{TUPLE_LEN}"] = chi2_two_sample(
         [tuple(s[:TUPLE_LEN]) for s in ref], [tuple(s[:TUPLE_LEN]) for s in other], MIN_BIN
     )
+    if repeats:
+        tests["repeats"] = chi2_two_sample(
+            [repeat_count(s) for s in ref], [repeat_count(s) for s in other], MIN_BIN
+        )
     pmin = min(p for p, _ in tests.values())
     worst = min(tests, key=lambda k: tests[k][0])
     return {
@@ -204,16 +234,23 @@ def largest_differences(ref: list[list[int]], other: list[list[int]], test: str,
     """The ``n`` cells that weigh most in the chi-squared, ``(a - b)^2 / (a + b)`` for counts
     ``a``, ``b`` (equal sample sizes), for one test of `compare_samples`. At ``posK`` a cell is
     (the K-1 tokens before, the K-th token), so a token that one side never emits after some
-    prefix stands out; at ``tupleK`` it is the first K tokens. Each: {"prefix", "token", "ref",
-    "other"} (counts)."""
-    k = TUPLE_LEN if test.startswith("tuple") else int(test.removeprefix("pos"))
+    prefix stands out; at ``tupleK`` it is the first K tokens; at ``repeats`` a repeat count
+    (as "token", with an empty prefix). Each: {"prefix", "token", "ref", "other"} (counts)."""
+    if test == "repeats":
+        k = 0
+    else:
+        k = TUPLE_LEN if test.startswith("tuple") else int(test.removeprefix("pos"))
 
     def cells(samples):
         out: dict = {}
         for s in samples:
-            if len(s) >= k:
+            if k == 0:
+                key = ((), repeat_count(s))
+            elif len(s) >= k:
                 key = (tuple(s[: k - 1]), s[k - 1])
-                out[key] = out.get(key, 0) + 1
+            else:
+                continue
+            out[key] = out.get(key, 0) + 1
         return out
 
     a, b = cells(ref), cells(other)
@@ -418,24 +455,29 @@ def first_differences(a: list[list[int]], b: list[list[int]]) -> dict:
 
 
 # ------------------------------------------------------------------------------- requests
-def _law_requests(prompts, settings, with_greedy=()):
-    """(prompts, params, owner): SAMPLES completions per setting, the setting's prompt is
-    ``prompts[i]`` for the i-th setting of `law_settings`; settings in ``with_greedy`` get one
-    greedy request after each sampled one (owner None)."""
-    index = {k: i for i, k in enumerate([*law_settings(), *MIN_P_SETTINGS, *PENALTY_SETTINGS])}
+def _prompt_index() -> dict[str, int]:
+    """Each setting's prompt: ``prompts[i % len(prompts)]`` for its index here."""
+    return {k: i for i, k in enumerate([*law_settings(), *MIN_P_SETTINGS, *PENALTY_SETTINGS])}
+
+
+def _law_requests(prompts, settings, with_greedy=(), new_tokens=NEW_TOKENS):
+    """(prompts, params, owner): SAMPLES completions of ``new_tokens`` per setting, the
+    setting's prompt as `_prompt_index` says; settings in ``with_greedy`` get one greedy
+    request after each sampled one (owner None)."""
+    index = _prompt_index()
     ps, params, owner = [], [], []
     for name, sp in settings.items():
         prompt = prompts[index[name] % len(prompts)]
         n = int(sp.get("n", 1))
         base = {k: v for k, v in sp.items() if v is not None}
-        base.update(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        base.update(max_new_tokens=new_tokens, ignore_eos=True)
         for _ in range(SAMPLES // n):
             ps.append(prompt)
             params.append(base)
             owner.append(name)
             if name in with_greedy:
                 ps.append(prompt)
-                params.append(dict(GREEDY, max_new_tokens=NEW_TOKENS))
+                params.append(dict(GREEDY, max_new_tokens=new_tokens))
                 owner.append(None)
     return ps, params, owner
 
@@ -468,8 +510,8 @@ def generate_by_n(eng, prompts: list[list[int]], params: list[dict]) -> list[dic
     return [o for i in range(len(params)) for o in outs[i]]
 
 
-def _sample(eng, prompts, settings, with_greedy=()):
-    ps, params, owner = _law_requests(prompts, settings, with_greedy)
+def _sample(eng, prompts, settings, with_greedy=(), new_tokens=NEW_TOKENS):
+    ps, params, owner = _law_requests(prompts, settings, with_greedy, new_tokens)
     return _collect(generate_by_n(eng, ps, params), owner, settings)
 
 
@@ -547,6 +589,15 @@ def make_plan(eng, prompts) -> dict:
             p = prompts[index[name] % len(prompts)]
             t = generate(eng, [p], [dict(GREEDY, max_new_tokens=3)])[0]["output_ids"]
             sp["logit_bias"] = {str(t[0]): -3.0, str(t[1]): 2.0, str(t[2]): 3.0}
+    index = _prompt_index()
+    parameter_settings = {}
+    for part, (part_settings, *_rest) in PARAMETER_PARTS.items():
+        parameter_settings[part] = {k: dict(sp) for k, sp in part_settings.items()}
+        for name, sp in parameter_settings[part].items():
+            if "stop_token_ids" in sp and sp["stop_token_ids"] is None:
+                p = prompts[index[name] % len(prompts)]
+                t = generate(eng, [p], [dict(GREEDY, max_new_tokens=2)])[0]["output_ids"]
+                sp["stop_token_ids"] = [t[1]]
     ps = prompts[:32]
     base = _ids(generate(eng, ps, [dict(GREEDY, max_new_tokens=32)] * len(ps)))
     cases = {  # greedy requests that end where the server decides
@@ -561,7 +612,7 @@ def make_plan(eng, prompts) -> dict:
     }
     for m in (1, 2, 3, 5, 7):
         cases[f"max_new_tokens_{m}"] = [dict(GREEDY, max_new_tokens=m)] * len(ps)
-    return {"settings": settings, "param_cases": cases}
+    return {"settings": settings, "param_cases": cases, "parameter_settings": parameter_settings}
 
 
 def collect(eng, prompts, plan, parts, reference: bool) -> dict:
@@ -588,13 +639,18 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
             mixed = {k: settings[k] for k in MIXED}
             raw["mixed"], raw["mixed_greedy"] = _sample(eng, prompts, mixed, set(MIXED))
         raw["law_seconds"] = round(time.time() - t0, 1)
-    for part, (settings_of_part, wrong) in PARAMETER_PARTS.items():
+    for part, (_, wrong, new_tokens, _repeats) in PARAMETER_PARTS.items():
         if part in parts:
-            raw[part] = _sample(eng, prompts, settings_of_part)[0]
+            settings_of_part = plan["parameter_settings"][part]
+            raw[part] = _sample(eng, prompts, settings_of_part, new_tokens=new_tokens)[0]
             if reference:
-                raw[f"{part}_null"] = _sample(eng, prompts, settings_of_part)[0]
+                raw[f"{part}_null"] = _sample(
+                    eng, prompts, settings_of_part, new_tokens=new_tokens
+                )[0]
                 wrong_settings = {k: wrong(sp) for k, sp in settings_of_part.items()}
-                raw[f"{part}_wrong"] = _sample(eng, prompts, wrong_settings)[0]
+                raw[f"{part}_wrong"] = _sample(
+                    eng, prompts, wrong_settings, new_tokens=new_tokens
+                )[0]
     if "greedy" in parts:
         gp = prompts[:GREEDY_PROMPTS]
         outs = generate(eng, gp, [GREEDY] * len(gp))
@@ -674,11 +730,16 @@ def wrong_min_p() -> dict[str, dict]:
 def summarize_parameter_part(part: str, ref: dict, tree: dict) -> dict:
     """A request-parameter part (``min_p``, ``penalties``): DDTREE against the non-speculative
     server per setting, with the null (a second non-speculative sample, must pass) and the
-    power (the part's wrong law, must be rejected), each a Bonferroni family at ``ALPHA``."""
-    names = PARAMETER_PARTS[part][0]
-    ddtree = {k: compare_samples(ref[part][k], tree[part][k]) for k in names}
-    null = {k: compare_samples(ref[part][k], ref[f"{part}_null"][k]) for k in names}
-    power = {k: compare_samples(ref[part][k], ref[f"{part}_wrong"][k]) for k in names}
+    power (the part's wrong law, must be rejected at every setting: a setting whose wrong law
+    passes says nothing of DDTREE's), each a Bonferroni family at ``ALPHA``."""
+    names, _, new_tokens, repeats = PARAMETER_PARTS[part]
+
+    def compare(a, b):
+        return compare_samples(a, b, new_tokens, repeats)
+
+    ddtree = {k: compare(ref[part][k], tree[part][k]) for k in names}
+    null = {k: compare(ref[part][k], ref[f"{part}_null"][k]) for k in names}
+    power = {k: compare(ref[part][k], ref[f"{part}_wrong"][k]) for k in names}
     fams = {"ddtree": family(ddtree), "null": family(null), "power": family(power)}
     return {
         "settings": names,
@@ -688,7 +749,7 @@ def summarize_parameter_part(part: str, ref: dict, tree: dict) -> dict:
         "families": fams,
         "passed": not fams["ddtree"]["rejected"]
         and not fams["null"]["rejected"]
-        and bool(fams["power"]["rejected"]),
+        and set(fams["power"]["rejected"]) == set(names),
     }
 
 
@@ -844,12 +905,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_saved:
         args.reference = args.from_saved
     parts = [p for p in args.parts.split(",") if p]
-    if "penalties" in parts:
-        # Penalties and min_new_tokens are still refused per request: their law is tested here
-        # with the refusal lifted in the engines' processes (`testing.inject`).
-        from sglang_ddtree.testing import inject
-
-        os.environ[inject.SERVE_PENALTIES_ENV] = "1"
     known = {"law", "greedy", "params", *PARAMETER_PARTS}
     bad = set(parts) - known
     if bad:
@@ -906,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         for part in PARAMETER_PARTS:
             if part in algo_parts:
                 s[part] = summarize_parameter_part(part, raw["nospec"], raw[algo])
+                s[part]["settings"] = plan["parameter_settings"][part]
     probes.close()
     summary["extend_path_probes"] = probes.counts
     summary["seconds"] = round(time.time() - t0, 1)

@@ -2,8 +2,8 @@
 the OpenAI API with temperature, JSON mode (``response_format`` with a JSON schema: the reply
 parses and satisfies it) and forced tool calls through Kimi K2's tool-call parser
 (``tool_choice`` required and named: SGLang turns them into a grammar, and the reply's
-``tool_calls`` name the tool with arguments its schema accepts), reports the accept length, answers HTTP 400 for invalid sampling
-parameters, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
+``tool_calls`` name the tool with arguments its schema accepts), reports the accept length, serves min_p, the penalties and min_tokens,
+answers HTTP 400 for invalid sampling parameters and logprobs, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
 line, reach the worker (its start-up log line), and the verifies take DDTREE's split attention
 (its first-verify log line). Only the standard library talks to the server.
 """
@@ -14,7 +14,6 @@ import json
 import os
 
 from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
-from sglang_ddtree.testing import inject
 from sglang_ddtree.testing.grammar_check import SCHEMA, valid_json
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
@@ -138,8 +137,6 @@ def _exercise(base: str) -> dict:
     bad = {
         "negative_temperature": {"temperature": -1.0},
         "top_p_zero": {"top_p": 0.0},
-        "penalty_unsupported": {"frequency_penalty": 0.5, "temperature": 1.0},
-        "min_tokens_unsupported": {"min_tokens": 4, "temperature": 1.0},
         "logprobs_unsupported": {"logprobs": 2, "temperature": 1.0},
     }
     statuses = {}
@@ -152,16 +149,23 @@ def _exercise(base: str) -> dict:
     out["bad_requests"] = statuses
     out["ok_bad_requests_400"] = all(v["status"] == 400 for v in statuses.values())
     # DDTREE's own refusals name DDTREE, not the DFLASH checks they run before.
-    out["ok_refusals_name_ddtree"] = all(
-        "DDTREE" in statuses[k]["message"]
-        for k in ("min_tokens_unsupported", "logprobs_unsupported")
-    )
-    # min_p is served (SGLang's min-p path over the tree).
-    code, _ = http_json(
-        base + "/v1/completions",
-        {"model": "default", "prompt": "x", "max_tokens": 8, "temperature": 1.0, "min_p": 0.1},
-    )
-    out["ok_min_p_served"] = code == 200
+    out["ok_refusals_name_ddtree"] = "DDTREE" in statuses["logprobs_unsupported"]["message"]
+    # min_p (SGLang's min-p path over the tree), penalties and min_tokens (each node's path
+    # counts) are served.
+    served = {
+        "min_p": {"min_p": 0.1},
+        "penalties": {"frequency_penalty": 0.5, "presence_penalty": 0.3,
+                      "repetition_penalty": 1.1},  # fmt: skip
+        "min_tokens": {"min_tokens": 4},
+    }
+    codes = {}
+    for name, params in served.items():
+        codes[name], _ = http_json(
+            base + "/v1/completions",
+            {"model": "default", "prompt": "x", "max_tokens": 8, "temperature": 1.0, **params},
+        )
+    out["served_parameters"] = codes
+    out["ok_parameters_served"] = all(c == 200 for c in codes.values())
     # A seed is accepted: without deterministic inference SGLang's own sampler ignores it too.
     code, _ = http_json(
         base + "/v1/completions",
@@ -231,25 +235,15 @@ def check_generation_defaults(
     log_path = os.path.join(log_dir or os.environ.get("OUT", "."), "defaults_server.log")
     model = with_generation_defaults(target, tempfile.mkdtemp(prefix="ddtree_defaults_"))
     res: dict = {"log": log_path, "generation_defaults": GENERATION_DEFAULTS}
-    # While penalties are refused per request, the server is launched with that refusal lifted
-    # in its processes (`testing.inject`; the summary says so): what this checks is that the
-    # defaults reach DDTREE's law and are served.
-    cmd = launch_cmd(model, draft, port)
-    cmd[cmd.index("sglang.launch_server")] = "sglang_ddtree.testing.launch_server"
-    res["penalty_refusal_lifted_by_the_test"] = True
     statuses = []
-    os.environ[inject.SERVE_PENALTIES_ENV] = "1"  # read by the server's processes at start
-    try:
-        with launched_server(cmd, base, log_path):
-            for i in range(3):
-                code, body, _ = _chat(base, f"hi {i}", max_tokens=24)
-                statuses.append({"status": code, "body": str(body)[:160]})
-            code, body = http_json(
-                base + "/v1/completions", {"model": "default", "prompt": "abc", "max_tokens": 24}
-            )
+    with launched_server(launch_cmd(model, draft, port), base, log_path):
+        for i in range(3):
+            code, body, _ = _chat(base, f"hi {i}", max_tokens=24)
             statuses.append({"status": code, "body": str(body)[:160]})
-    finally:
-        os.environ.pop(inject.SERVE_PENALTIES_ENV, None)
+        code, body = http_json(
+            base + "/v1/completions", {"model": "default", "prompt": "abc", "max_tokens": 24}
+        )
+        statuses.append({"status": code, "body": str(body)[:160]})
     res["requests"] = statuses
     res["passed"] = all(s["status"] == 200 for s in statuses)
     summary["defaults"] = res
