@@ -95,3 +95,25 @@ def test_rescore_asks_each_token_after_the_tokens_before_it():
     assert got[0]["ids"] == [7, 8] and got[0]["logprobs"] == [-3 - 0.007, -4 - 0.008]
     assert got[1]["logprobs"] == [-1 - 0.009, -2 - 0.005, -3 - 0.006]
     assert got[1]["top"][2] == [(-0.1, 3)]
+
+
+def test_within_the_non_speculative_floor():
+    """DDTREE's differences against the server's decode, read beside the server's own
+    extend-versus-decode differences (a floor of noise up to 0.04): noise up to 0.03 is within
+    it, noise up to 0.08 is not."""
+    base, floor_out, kinds = _outputs(3, noise=0.04)
+    floor = lc.compare(base, floor_out, kinds)
+    rng = random.Random(4)
+
+    def noisy(noise):
+        return [
+            {
+                "ids": list(b["ids"]),
+                "logprobs": [x + rng.uniform(-noise, noise) for x in b["logprobs"]],
+                "top": [[(v + rng.uniform(-noise, noise), i) for v, i in row] for row in b["top"]],
+            }
+            for b in base
+        ]
+
+    assert lc.within_floor(lc.compare(base, noisy(0.03), kinds), floor)
+    assert not lc.within_floor(lc.compare(base, noisy(0.08), kinds), floor)

@@ -20,6 +20,12 @@ the kinds root, path and bonus each have at least `MIN_POSITIONS` positions.
 Calibration, on the same outputs: DDTREE's logprobs read one position late (a predicting node
 one too deep) must differ by more than `MAX_ABS_DIFF` somewhere on the path positions.
 
+The non-speculative server's own floor (greedy part, reported beside the verdict): its decode
+logprobs against its extend path's for the same tokens (`rescore` of its own greedy output),
+per DDTREE position kind. A verify is an extend over the tree, so where the bound is missed,
+this says whether DDTREE's differences are the two forward paths' rounding (bfloat16 logits
+are 8 significant bits: a step of 0.03-0.06 at magnitudes 4-16) or its own.
+
 The DDTREE engine runs with the per-request refusal of logprobs lifted in its processes
 (`testing.inject`), as the server keeps it until this check has passed.
 """
@@ -137,6 +143,15 @@ def run_tree(
     return outs, kinds
 
 
+def within_floor(got: dict[str, dict], floor: dict[str, dict]) -> bool:
+    """Whether DDTREE's largest differences (token and top-n, over every kind) are at most the
+    non-speculative server's own extend-versus-decode ones."""
+    return all(
+        max(c[key] for c in got.values()) <= max(c[key] for c in floor.values())
+        for key in ("token", "top")
+    )
+
+
 def verdict(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> dict:
     got = compare(base, tree, kinds)
     late = compare(base, tree, kinds, shift=1)
@@ -167,7 +182,11 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
     with engine(**engine_kwargs(None)) as eng:
         base = run_base(eng, prompts, new_tokens)
         scored = rescore(eng, few, sampled, SAMPLED)
+        own_extend = rescore(eng, prompts, base, None)
     greedy = verdict(base, tree, kinds)
+    floor = compare(base, own_extend, kinds)
+    greedy["nospec_extend_vs_decode"] = floor
+    greedy["within_nospec_floor"] = within_floor(greedy["per_kind"], floor)
     sampled_verdict = verdict(scored, sampled, sampled_kinds)
     summary["logprobs"] = {
         "greedy": greedy,
