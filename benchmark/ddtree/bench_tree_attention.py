@@ -26,8 +26,8 @@ in tiles of 256; with ``--mla`` also ``pm<rows>w<warps>n<keys>`` and ``lat<rows>
 the prefix kernel's rows, warps and keys per iteration without and with its latent variant, and
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
-kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...lazy``
-the accumulator rescaled only when a row's max grows past 8), each checked against the
+kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
+the page numbers read a key tile ahead (with ``--flashmla``)), each checked against the
 reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
 of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
 memory, warpgroup MMA dots, asynchronous copies). With
@@ -314,11 +314,33 @@ def sweep_variants(w: int, mla: bool) -> dict:
                 dict(prefix_stages=2, prefix_splits=128, tree_dv_block=32, tree_merge_chunk=8),
             ),
             ("lat64w8n64s2m4", dict(prefix_stages=2, tree_merge_chunk=4)),
-            # The accumulator rescaled only when a row's max grows past 8 (base 2).
-            ("lat64w8n64s2lazy", dict(prefix_stages=2, prefix_lazy_rescale=True)),
+            # Page numbers read a key tile ahead (paged: --flashmla), at bs >= 2's settings
+            # and at bs 1's (128 shares, the chunked merge).
+            ("lat64w8n64s2ahead", dict(prefix_stages=2, prefix_page_ahead=True)),
             (
-                "lat64w8n64s2S64t32lazy",
-                dict(prefix_stages=2, prefix_splits=64, tree_dv_block=32, prefix_lazy_rescale=True),
+                "lat64w8n64s2S128t32m8ahead",
+                dict(
+                    prefix_stages=2,
+                    prefix_splits=128,
+                    tree_dv_block=32,
+                    tree_merge_chunk=8,
+                    prefix_page_ahead=True,
+                ),
+            ),  # fmt: skip
+            # Half-page key tiles, page numbers ahead, three and four stages (up to three
+            # tiles' copies in flight while one is computed; four stages fill shared memory).
+            ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_page_ahead=True)),
+            ("lat64w8n32s4ahead", dict(prefix_keys=32, prefix_stages=4, prefix_page_ahead=True)),
+            (
+                "lat64w8n32s4S128t32m8ahead",
+                dict(
+                    prefix_keys=32,
+                    prefix_stages=4,
+                    prefix_splits=128,
+                    tree_dv_block=32,
+                    tree_merge_chunk=8,
+                    prefix_page_ahead=True,
+                ),
             ),
             # Value tiles with the stages that fit shared memory (two programs a row tile).
             ("lat64w8n64dv256s1", dict(prefix_dv_block=256, prefix_stages=1)),

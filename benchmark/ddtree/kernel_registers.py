@@ -28,9 +28,6 @@ from contextlib import contextmanager
 import torch
 
 KERNELS = ("_prefix_attention_kernel", "_tree_attention_kernel")
-_TRITON_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-                  torch.int64: "i64", torch.int32: "i32", torch.int8: "i8",
-                  torch.bool: "i1"}  # fmt: skip
 
 
 class _LaunchRecorder:
@@ -63,26 +60,39 @@ def record_launches():
 
 def compile_launch(kernel, args, kw, arch: int = 90):
     """``kernel`` compiled as this launch would run it, for ``sm_<arch>a``, by Triton's own
-    compiler (front end, target passes, ptxas), without a GPU. Raises what Triton raises."""
+    compiler (front end, target passes, ptxas), without a GPU. Each runtime argument is
+    specialized as Triton's launcher specializes it (`native_specialize_impl`: pointers and
+    integers divisible by 16 marked so, integers equal to 1 made constants): without the
+    divisibility marks the loads cannot become asynchronous copies, and the kernel compiled
+    differs from the one the GPU runs. Raises what Triton raises."""
     import triton
-    from triton.backends.compiler import GPUTarget
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
     kw = dict(kw)
     options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
     names = kernel.arg_names
-    types, constants = {}, dict(kw)
-    for name, a in zip(names, args):
-        if isinstance(a, torch.Tensor):
-            types[name] = "*" + _TRITON_DTYPES[a.dtype]
-        elif a is None or isinstance(a, bool):
-            constants[name] = a
-        else:
-            types[name] = "fp32" if isinstance(a, float) else "i32"
+    types, constants, attrs = {}, dict(kw), {}
+    for i, (param, a) in enumerate(zip(kernel.params, args)):
+        if param.is_constexpr:
+            constants[param.name] = a
+            continue
+        kind, attr = native_specialize_impl(
+            BaseBackend, a, param.is_const, not param.do_not_specialize,
+            not param.do_not_specialize_on_alignment,
+        )  # fmt: skip
+        if kind == "constexpr":
+            constants[param.name] = attr
+            continue
+        types[param.name] = kind
+        if attr == "D":
+            attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(
         fn=kernel,
         signature={n: types.get(n, "constexpr") for n in names},
         constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs=attrs,
     )
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 

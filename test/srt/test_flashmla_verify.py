@@ -117,6 +117,12 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
                              prefix_latent=True, prefix_rows=rows, prefix_keys=keys,
                              prefix_dv_block=dv_block)
         assert (lat - want).abs().max().item() < 1e-4, (page, prefix, rows, keys, dv_block)
+    # Page numbers read a key tile ahead (a tile of 16 keys, one page; an empty share too).
+    for splits in (1, 2) if page == 16 else ():
+        ahead = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale,
+                               page_size=page, prefix_latent=True, prefix_rows=16,
+                               prefix_keys=16, prefix_splits=splits, prefix_page_ahead=True)
+        assert (ahead - want).abs().max().item() < 1e-4, (page, prefix, splits)
     # The latent variant over the slot list (SGLang's triton backend's layout).
     flat_lat = tree_attention(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale,
                               prefix_latent=True, prefix_rows=32, prefix_keys=64)

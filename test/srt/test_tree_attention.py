@@ -237,9 +237,8 @@ cases = [
     dict(bs=2, w=3, hq=4, hkv=1, d=40, dv=32, prefix=[600, 7], seed=5, mla=True),
     dict(bs=2, w=5, hq=4, hkv=2, d=24, dv=20, prefix=[300, 11], seed=6),  # grouped heads
 ]
-# Keys scaled up late in the first request's prefix (its max grows by far more than 8 past the
-# first tiles: the lazy rescale's branch runs) or early (the first tile holds the max: it
-# never runs again).
+# Keys scaled up late in the first request's prefix (its max grows past the first tiles: the
+# accumulator is rescaled late) or early (the first tile holds the max).
 for case, boost in [(c, b) for c in cases for b in (None, "late", "early")]:
     args, scale = random_case(**case)
     q, k, v, indptr, indices, loc, mask = args
@@ -250,9 +249,9 @@ for case, boost in [(c, b) for c in cases for b in (None, "late", "early")]:
     ref_out, ref_lse = prefix_part_reference(q, k, v, indptr, indices, w, scale)
     ref_out, ref_lse = ref_out.reshape(n, hq, dv), ref_lse.transpose(1, 2).reshape(n, hq)
     latent = dict(prefix_latent=True, prefix_rows=32, prefix_keys=64) if case.get("mla") else {}
-    for splits, lazy in ((1, False), (4, False), (1, True), (4, True)):
+    for splits in (1, 4):
         out, lse = prefix_attention_part(q, k, v, indptr, indices, w, scale,
-                                         prefix_splits=splits, prefix_lazy_rescale=lazy, **latent)
+                                         prefix_splits=splits, **latent)
         assert out.shape == (splits, n, hq, dv) and lse.shape == (splits, n, hq)
         # Shares cut as the merge cuts them: the nonempty ones, merged by log-sum-exp, are
         # the whole prefix's part (natural-log lse, whatever base the kernel works in).
@@ -264,9 +263,9 @@ for case, boost in [(c, b) for c in cases for b in (None, "late", "early")]:
         out = torch.where(nonempty[..., None, None], out, 0.0)
         total = torch.logsumexp(lse, 0)  # [n, hq]
         merged = (out * (lse - total).exp()[..., None]).sum(0)
-        assert (total - ref_lse).abs().max().item() < 1e-4, (case, boost, splits, lazy)
+        assert (total - ref_lse).abs().max().item() < 1e-4, (case, boost, splits)
         tol = 1e-4 * max(1.0, ref_out.abs().max().item())
-        assert (merged - ref_out).abs().max().item() < tol, (case, boost, splits, lazy)
+        assert (merged - ref_out).abs().max().item() < tol, (case, boost, splits)
         assert nonempty.sum().item() > n or splits == 1, "a long prefix takes several shares"
     # Calibration: the part of another scale (a wrong softmax base would be one) is caught.
     out, lse = prefix_attention_part(q, k, v, indptr, indices, w, scale * 1.5, **latent)
@@ -278,9 +277,8 @@ print("interpreted prefix part OK")
 def test_prefix_attention_part_interpreted_equals_reference(run_interpreted):
     """`prefix_attention_part` alone, under Triton's interpreter: its shares (one, or four of
     a long prefix), merged by their log-sum-exp, are the reference prefix part (output and
-    natural-log lse), in the latent variant and with grouped heads, with and without the lazy
-    rescale (keys whose scores jump late in a prefix, or peak in its first tile); a wrong scale
-    is caught."""
+    natural-log lse), in the latent variant and with grouped heads (keys whose scores jump late
+    in a prefix, or peak in its first tile); a wrong scale is caught."""
     _needs_loaded_loop_bounds()
     run_interpreted(_PREFIX_PART_CHECK, "interpreted prefix part OK")
 
@@ -312,12 +310,11 @@ def test_tree_attention_on_gpu_bf16(mla, dv_blocks, splits):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("bs,prefix", [(1, [20000]), (8, [4000, 1, 700, 64, 2500, 33, 999, 5])])
-@pytest.mark.parametrize("lazy", [False, True])
-def test_latent_variant_on_a_slot_table_on_gpu(bs, prefix, lazy):
+def test_latent_variant_on_a_slot_table_on_gpu(bs, prefix):
     """One K2.6 rank's latent (keys 576, values their first 512, 8 query heads, W 8) read slot
     by slot, as triton's MLA verify launches it (`launch_settings` with the latent variant:
-    64 rows, 8 warps, 64 shares at bs 1 merged over 32-column tree tiles 8 shares a load),
-    equal to the masked reference in bf16; also with the lazy rescale."""
+    64 rows, 8 warps, 128 shares at bs 1 merged over 32-column tree tiles 8 shares a load),
+    equal to the masked reference in bf16."""
     from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
 
     args, scale = random_case(
@@ -327,7 +324,7 @@ def test_latent_variant_on_a_slot_table_on_gpu(bs, prefix, lazy):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     settings = launch_settings(bs, 8, 8, 1, 512, sms, latent_d=576)
     assert settings["prefix_latent"] and settings["prefix_rows"] == 64
-    got = tree_attention(*args, scale, prefix_lazy_rescale=lazy, **settings)
+    got = tree_attention(*args, scale, **settings)
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
@@ -565,15 +562,23 @@ def test_attention_switch_is_on_by_default():
 
 @pytest.mark.parametrize(
     "case",
-    ["k26_bs1_paged", "k26_bs8_paged", "k26_bs8_lazy", "tiny_mla_bs4", "8b_bs1_full_mask"],
+    [
+        "k26_bs1_paged",
+        "k26_bs8_paged",
+        "k26_bs8_ahead",
+        "k26_bs8_n32s4ahead",
+        "tiny_mla_bs4",
+        "8b_bs1_full_mask",
+    ],
 )
 def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     """Every kernel launch `tree_attention` makes with the hook's settings (`launch_settings`)
     compiles for sm_90a with Triton's compiler, on a machine without a GPU
     (`kernel_registers.py`): what the CPU interpreter never checks (a loop-carried variable
     that changes type, a constexpr branch the interpreter tolerates). Cases: one K2.6 TP-8
-    rank (8 heads, latent 512 + rope 64, W 8) on FlashMLA's 64-slot pages at bs 1 (64 shares,
-    the chunked merge) and bs 8, also with the lazy rescale; the tiny pair's 4-head latent on
+    rank (8 heads, latent 512 + rope 64, W 8) on FlashMLA's 64-slot pages at bs 1 (128 shares,
+    the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
+    stages); the tiny pair's 4-head latent on
     a slot table; the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
@@ -586,8 +591,10 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     call, kw = regs.hook_case(bs, shape)
     if case == "k26_bs1_paged":
         assert kw["tree_merge_chunk"] > 1 and kw["prefix_splits"] > 1 and kw["page_size"] == 64
-    if case == "k26_bs8_lazy":
-        kw["prefix_lazy_rescale"] = True
+    if case == "k26_bs8_ahead":
+        kw["prefix_page_ahead"] = True
+    if case == "k26_bs8_n32s4ahead":  # four stages of half-page tiles fill shared memory
+        kw.update(prefix_page_ahead=True, prefix_keys=32, prefix_stages=4)
     if case == "8b_bs1_full_mask":
         q, k, v, indptr, indices, loc, mask, scale = call
         w = mask.shape[1]

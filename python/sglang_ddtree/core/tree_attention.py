@@ -109,11 +109,16 @@ if triton is not None:
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
         DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
         PAGE: tl.constexpr, LATENT: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-        LAZY_RESCALE: tl.constexpr,
+        PAGE_AHEAD: tl.constexpr,
     ):  # fmt: skip
         # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
         # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
         # PAGE-slot pages: key n of request b at slot table[b, n // PAGE] * PAGE + n % PAGE.
+        # PAGE_AHEAD (a multiple of BLOCK_N in PAGE, so a key tile lies in one page): a tile's
+        # page number is read once, a tile before its use (Triton's pipeline moves it one
+        # further), so the next tile's copy finds its address ready instead of issuing
+        # behind a load from the table (Triton 3.6's schedule; two tiles ahead by hand, the
+        # pipeline gave up: no asynchronous copies).
         # LATENT (MLA): the values are the keys' first DV columns (V a view of K, DV a power of
         # two) and the remaining D - DV <= BLOCK_ROPE are the rope part; the queries are loaded
         # once, before the key loop, and a key tile serves both products (with value tiles,
@@ -148,10 +153,17 @@ if triton is not None:
             offs_lat = tl.arange(0, DV)
             offs_rope = DV + tl.arange(0, BLOCK_ROPE)
             q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, offs_rope, D)
+        if PAGE_AHEAD:
+            table = KvIndices + b * stride_bt
+            page_next = tl.load(table + lo // PAGE, mask=lo < hi, other=0)
         for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < hi
-            if PAGE > 0:
+            if PAGE_AHEAD:
+                page = page_next
+                page_next = tl.load(table + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < hi, other=0)
+                slot = page.to(tl.int64) * PAGE + offs_n % PAGE
+            elif PAGE > 0:
                 page = tl.load(KvIndices + b * stride_bt + offs_n // PAGE, mask=n_ok, other=0)
                 slot = page.to(tl.int64) * PAGE + offs_n % PAGE
             else:
@@ -187,26 +199,12 @@ if triton is not None:
                 )
             # Scores in base 2 (the scale folded with log2 e): exp2 is the hardware's exp.
             s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
-            if LAZY_RESCALE:
-                # Rescale only when some row's max grew past 8 (a factor 256; rare after the
-                # first tiles); exact, as l_i shares the stale max.
-                s_max = tl.max(s, 1)
-                if tl.max(s_max - m_i, 0) > 8.0:
-                    m_new = tl.maximum(m_i, s_max)
-                    alpha = tl.exp2(m_i - m_new)
-                    acc = acc * alpha[:, None]
-                    l_i = l_i * alpha
-                    m_i = m_new
-                p = tl.exp2(s - m_i[:, None])
-                acc = tl.dot(p.to(v.dtype), v, acc=acc)
-                l_i = l_i + tl.sum(p, 1)
-            else:
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                m_i = m_new
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
         has = l_i > 0
         out = acc / tl.where(has, l_i, 1.0)[:, None]
         lse2 = m_i + tl.log2(tl.where(has, l_i, 1.0))
@@ -467,7 +465,7 @@ def tree_attention(
     prefix_keys: int = PREFIX_BLOCK_N,  # prefix kernel: keys per iteration
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
-    prefix_lazy_rescale: bool = False,  # prefix kernel: rescale only when a max grows past 8
+    prefix_page_ahead: bool = False,  # prefix kernel: page numbers read a tile ahead
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
@@ -501,7 +499,7 @@ def tree_attention(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale, page_size=page_size,
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
-        prefix_warps=prefix_warps, prefix_lazy_rescale=prefix_lazy_rescale,
+        prefix_warps=prefix_warps, prefix_page_ahead=prefix_page_ahead,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -531,7 +529,7 @@ def prefix_attention_part(
     prefix_latent: bool = False,  # values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # Triton's pipeline stages (None: its own)
     prefix_warps: int = 4,  # warps per program
-    prefix_lazy_rescale: bool = False,  # rescale the accumulator only when a max grows past 8
+    prefix_page_ahead: bool = False,  # page numbers read a key tile ahead (paged only)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
     of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
@@ -543,6 +541,7 @@ def prefix_attention_part(
     assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
     assert kv_indices.dim() == (2 if page_size else 1) and kv_indices.stride(-1) == 1
     bs, g = n // w, hq // hkv
+    assert not prefix_page_ahead or (page_size and page_size % prefix_keys == 0), "tile in a page"
     # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
     # MLA's latent), so the prefix is read once per request, KV head and row block.
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
@@ -568,7 +567,7 @@ def prefix_attention_part(
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=prefix_keys,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
-        BLOCK_ROPE=64, LAZY_RESCALE=prefix_lazy_rescale, num_warps=prefix_warps, **stages,
+        BLOCK_ROPE=64, PAGE_AHEAD=prefix_page_ahead, num_warps=prefix_warps, **stages,
     )  # fmt: skip
     return o1, lse1
 
