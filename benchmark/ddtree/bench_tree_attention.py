@@ -27,7 +27,7 @@ the prefix kernel's rows, warps and keys per iteration without and with its late
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
-the page numbers read a key tile ahead (with ``--flashmla``)), each checked against the
+a key tile's page number or slots read a tile ahead), each checked against the
 reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
 of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
 memory, warpgroup MMA dots, asynchronous copies). With
@@ -314,9 +314,9 @@ def sweep_variants(w: int, mla: bool) -> dict:
                 dict(prefix_stages=2, prefix_splits=128, tree_dv_block=32, tree_merge_chunk=8),
             ),
             ("lat64w8n64s2m4", dict(prefix_stages=2, tree_merge_chunk=4)),
-            # Page numbers read a key tile ahead (paged: --flashmla), at bs >= 2's settings
-            # and at bs 1's (128 shares, the chunked merge).
-            ("lat64w8n64s2ahead", dict(prefix_stages=2, prefix_page_ahead=True)),
+            # A key tile's page number (--flashmla) or slots read a tile ahead, at bs >= 2's
+            # settings and at bs 1's (128 shares, the chunked merge).
+            ("lat64w8n64s2ahead", dict(prefix_stages=2, prefix_index_ahead=True)),
             (
                 "lat64w8n64s2S128t32m8ahead",
                 dict(
@@ -324,13 +324,13 @@ def sweep_variants(w: int, mla: bool) -> dict:
                     prefix_splits=128,
                     tree_dv_block=32,
                     tree_merge_chunk=8,
-                    prefix_page_ahead=True,
+                    prefix_index_ahead=True,
                 ),
             ),  # fmt: skip
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).
-            ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_page_ahead=True)),
-            ("lat64w8n32s4ahead", dict(prefix_keys=32, prefix_stages=4, prefix_page_ahead=True)),
+            ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_index_ahead=True)),
+            ("lat64w8n32s4ahead", dict(prefix_keys=32, prefix_stages=4, prefix_index_ahead=True)),
             (
                 "lat64w8n32s4S128t32m8ahead",
                 dict(
@@ -339,7 +339,7 @@ def sweep_variants(w: int, mla: bool) -> dict:
                     prefix_splits=128,
                     tree_dv_block=32,
                     tree_merge_chunk=8,
-                    prefix_page_ahead=True,
+                    prefix_index_ahead=True,
                 ),
             ),
             # Value tiles with the stages that fit shared memory (two programs a row tile).

@@ -121,12 +121,17 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
     for splits in (1, 2) if page == 16 else ():
         ahead = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale,
                                page_size=page, prefix_latent=True, prefix_rows=16,
-                               prefix_keys=16, prefix_splits=splits, prefix_page_ahead=True)
+                               prefix_keys=16, prefix_splits=splits, prefix_index_ahead=True)
         assert (ahead - want).abs().max().item() < 1e-4, (page, prefix, splits)
     # The latent variant over the slot list (SGLang's triton backend's layout).
     flat_lat = tree_attention(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale,
                               prefix_latent=True, prefix_rows=32, prefix_keys=64)
     assert (flat_lat - want).abs().max().item() < 1e-4, (page, prefix)
+    # The slots of a key tile read a tile ahead (tiles of 16 over prefixes of up to 33 keys).
+    flat_ahead = tree_attention(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale,
+                                prefix_latent=True, prefix_rows=16, prefix_keys=16,
+                                prefix_index_ahead=True)
+    assert (flat_ahead - want).abs().max().item() < 1e-4, (page, prefix)
     # Calibration: each request's first two pages swapped in its table (reads stay in the
     # cache) is far from the reference.
     wrong = table.clone()

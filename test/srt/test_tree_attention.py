@@ -568,6 +568,7 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_ahead",
         "k26_bs8_n32s4ahead",
         "tiny_mla_bs4",
+        "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
     ],
 )
@@ -578,8 +579,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     that changes type, a constexpr branch the interpreter tolerates). Cases: one K2.6 TP-8
     rank (8 heads, latent 512 + rope 64, W 8) on FlashMLA's 64-slot pages at bs 1 (128 shares,
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
-    stages); the tiny pair's 4-head latent on
-    a slot table; the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask."""
+    stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
+    the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -592,9 +593,11 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     if case == "k26_bs1_paged":
         assert kw["tree_merge_chunk"] > 1 and kw["prefix_splits"] > 1 and kw["page_size"] == 64
     if case == "k26_bs8_ahead":
-        kw["prefix_page_ahead"] = True
+        kw["prefix_index_ahead"] = True
     if case == "k26_bs8_n32s4ahead":  # four stages of half-page tiles fill shared memory
-        kw.update(prefix_page_ahead=True, prefix_keys=32, prefix_stages=4)
+        kw.update(prefix_index_ahead=True, prefix_keys=32, prefix_stages=4)
+    if case == "tiny_mla_bs4_ahead":  # a slot table's slots read a tile ahead
+        kw["prefix_index_ahead"] = True
     if case == "8b_bs1_full_mask":
         q, k, v, indptr, indices, loc, mask, scale = call
         w = mask.shape[1]

@@ -19,9 +19,8 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   ``o = sum_i o_i e^{l_i} / sum_i e^{l_i}`` over the tree part and the prefix shares, ``l`` each
   part's log-sum-exp (natural log) of its scaled scores (``merge_attention_states`` is its
   torch twin for two parts). The prefix shares stay float32 until the merge. Two launches per
-  layer: a merge in separate torch kernels (a dozen per layer) cost more than the split saved,
-  and a merge kernel of its own costs a launch. Row tiles keep the epilogue's tiles small (one
-  program over all 65 rows of W = 65 spilled registers) and give a small batch more programs.
+  layer (a merge in torch kernels cost more than the split saved; its own kernel, a launch).
+  Row tiles keep the epilogue small (65 rows in one program spilled) and feed small batches.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
 runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the switch
@@ -109,16 +108,14 @@ if triton is not None:
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
         DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
         PAGE: tl.constexpr, LATENT: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-        PAGE_AHEAD: tl.constexpr,
+        INDEX_AHEAD: tl.constexpr,
     ):  # fmt: skip
         # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
         # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
         # PAGE-slot pages: key n of request b at slot table[b, n // PAGE] * PAGE + n % PAGE.
-        # PAGE_AHEAD (a multiple of BLOCK_N in PAGE, so a key tile lies in one page): a tile's
-        # page number is read once, a tile before its use (Triton's pipeline moves it one
-        # further), so the next tile's copy finds its address ready instead of issuing
-        # behind a load from the table (Triton 3.6's schedule; two tiles ahead by hand, the
-        # pipeline gave up: no asynchronous copies).
+        # INDEX_AHEAD: a key tile's slots (PAGE = 0) or page (PAGE a multiple of BLOCK_N: one
+        # scalar) read a tile early, so its copy need not wait on the table (Triton 3.6's
+        # pipeline; read two tiles early by hand, Triton dropped the asynchronous copies).
         # LATENT (MLA): the values are the keys' first DV columns (V a view of K, DV a power of
         # two) and the remaining D - DV <= BLOCK_ROPE are the rope part; the queries are loaded
         # once, before the key loop, and a key tile serves both products (with value tiles,
@@ -153,16 +150,23 @@ if triton is not None:
             offs_lat = tl.arange(0, DV)
             offs_rope = DV + tl.arange(0, BLOCK_ROPE)
             q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, offs_rope, D)
-        if PAGE_AHEAD:
+        if INDEX_AHEAD and PAGE > 0:
             table = KvIndices + b * stride_bt
             page_next = tl.load(table + lo // PAGE, mask=lo < hi, other=0)
+        elif INDEX_AHEAD:
+            first = lo + tl.arange(0, BLOCK_N)
+            slots_next = tl.load(KvIndices + start + first, mask=first < hi, other=0)
         for n0 in range(lo, hi, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             n_ok = offs_n < hi
-            if PAGE_AHEAD:
+            if INDEX_AHEAD and PAGE > 0:
                 page = page_next
                 page_next = tl.load(table + (n0 + BLOCK_N) // PAGE, mask=n0 + BLOCK_N < hi, other=0)
                 slot = page.to(tl.int64) * PAGE + offs_n % PAGE
+            elif INDEX_AHEAD:
+                slot = slots_next.to(tl.int64)
+                following = offs_n + BLOCK_N
+                slots_next = tl.load(KvIndices + start + following, mask=following < hi, other=0)
             elif PAGE > 0:
                 page = tl.load(KvIndices + b * stride_bt + offs_n // PAGE, mask=n_ok, other=0)
                 slot = page.to(tl.int64) * PAGE + offs_n % PAGE
@@ -352,12 +356,10 @@ def _rows_per_program(w: int, g: int, dv: int) -> int:
 def kernel_warps(block_r: int, block_w: int, block_dv: int, d_tiles: int) -> tuple[int, int]:
     """``(prefix_warps, tree_warps)``: warps per program of the two kernels. A tree kernel
     program holds all ``block_w`` nodes' keys (``d_tiles`` tiles of 64) and values
-    (``block_dv`` wide) besides its ``block_r`` rows' tiles: over MLA's wide keys, past 16,384
-    elements, it spilled registers at 4 warps (Triton's builds for sm_90), so it takes 8; over
-    128-wide heads it takes 4 (no spill; faster on short prefixes, within 2 % on long ones,
-    bench_tree_attention on an H200). The prefix kernel takes 4:
-    over MLA's 576-wide keys its 16-row programs spill a little at 4 warps yet ran faster than
-    at 8 (bench_tree_attention --sweep on an H200, at every K2.6 shape timed)."""
+    (``block_dv`` wide) besides its ``block_r`` rows' tiles: past 16,384 elements (MLA's wide
+    keys) it spilled at 4 warps, so it takes 8; over 128-wide heads 4 (faster on short
+    prefixes, within 2 % on long ones). The prefix kernel takes 4: its 16-row programs over
+    576-wide keys spill a little at 4 warps yet ran faster than at 8 (every K2.6 shape timed)."""
     tree = 8 if d_tiles > 2 and block_w * (d_tiles * 64 + block_dv) > 16384 else 4
     return 4, tree
 
@@ -405,9 +407,8 @@ def launch_settings(
     to 64 query rows, all of a K2.6 rank's W 8 x 8 heads; 64 keys; 8 warps), the fastest
     setting `bench_tree_attention.py --sweep` timed at bs >= 8 (2.2-2.7x the general ones),
     best at about one program per SM: its shares fill one wave, up to ``LATENT_MAX_SPLITS``
-    (bs 1: 128 shares 0.67-0.77x the time of 64 at 64K-128K keys, 1.03-1.06x at 8K-16K), a
-    two-stage pipeline (2-4 % faster than three at bs >= 8), and the merge of many shares
-    as ``LATENT_MERGE`` says (64: 0.80x the time of 128 columns, 1 a load)."""
+    (bs 1: 128 shares 0.67-0.77x the time of 64 at 64K-128K keys, 1.03-1.06x at 8K-16K), two
+    stages (2-4 % faster than three at bs >= 8), many shares merged as ``LATENT_MERGE`` says."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -465,7 +466,7 @@ def tree_attention(
     prefix_keys: int = PREFIX_BLOCK_N,  # prefix kernel: keys per iteration
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
-    prefix_page_ahead: bool = False,  # prefix kernel: page numbers read a tile ahead
+    prefix_index_ahead: bool = False,  # prefix kernel: a key tile's slots read a tile ahead
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
@@ -499,7 +500,7 @@ def tree_attention(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale, page_size=page_size,
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
-        prefix_warps=prefix_warps, prefix_page_ahead=prefix_page_ahead,
+        prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -529,7 +530,7 @@ def prefix_attention_part(
     prefix_latent: bool = False,  # values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # Triton's pipeline stages (None: its own)
     prefix_warps: int = 4,  # warps per program
-    prefix_page_ahead: bool = False,  # page numbers read a key tile ahead (paged only)
+    prefix_index_ahead: bool = False,  # a key tile's slots or page read a tile ahead
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
     of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
@@ -541,7 +542,7 @@ def prefix_attention_part(
     assert q.stride(-1) == k_buffer.stride(-1) == v_buffer.stride(-1) == 1
     assert kv_indices.dim() == (2 if page_size else 1) and kv_indices.stride(-1) == 1
     bs, g = n // w, hq // hkv
-    assert not prefix_page_ahead or (page_size and page_size % prefix_keys == 0), "tile in a page"
+    assert not (prefix_index_ahead and page_size % prefix_keys), "a key tile within a page"
     # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
     # MLA's latent), so the prefix is read once per request, KV head and row block.
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
@@ -567,7 +568,7 @@ def prefix_attention_part(
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=prefix_keys,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
-        BLOCK_ROPE=64, PAGE_AHEAD=prefix_page_ahead, num_warps=prefix_warps, **stages,
+        BLOCK_ROPE=64, INDEX_AHEAD=prefix_index_ahead, num_warps=prefix_warps, **stages,
     )  # fmt: skip
     return o1, lse1
 
