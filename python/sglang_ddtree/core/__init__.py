@@ -31,6 +31,7 @@ that any subset of its modules is a working package):
 ``step`` holds the two halves a worker runs around the verify (``draft_to_tree``,
 ``accept_and_commit``); ``sampling`` the target law of sampled requests (min-p included);
 ``vocab_shard`` the draft top-K under tensor parallelism; the ``*_triton`` modules and
-``topp_radix`` the kernels. The worker applies all of them; the server refuses penalties and
-logprobs per request until their checks against the non-speculative server have run.
+``topp_radix`` the kernels. The worker applies all of them; the server serves the penalties
+and refuses logprobs per request (their check against the non-speculative server misses its
+bound in bfloat16).
 """
