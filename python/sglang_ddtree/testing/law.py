@@ -237,21 +237,17 @@ def largest_differences(ref: list[list[int]], other: list[list[int]], test: str,
     prefix stands out; at ``tupleK`` it is the first K tokens; at ``repeats`` a repeat count
     (as "token", with an empty prefix). Each: {"prefix", "token", "ref", "other"} (counts)."""
     if test == "repeats":
-        k = 0
+
+        def cell(s):
+            return (), repeat_count(s)
     else:
         k = TUPLE_LEN if test.startswith("tuple") else int(test.removeprefix("pos"))
 
+        def cell(s):
+            return (tuple(s[: k - 1]), s[k - 1]) if len(s) >= k else None
+
     def cells(samples):
-        out: dict = {}
-        for s in samples:
-            if k == 0:
-                key = ((), repeat_count(s))
-            elif len(s) >= k:
-                key = (tuple(s[: k - 1]), s[k - 1])
-            else:
-                continue
-            out[key] = out.get(key, 0) + 1
-        return out
+        return Counter(c for c in map(cell, samples) if c is not None)
 
     a, b = cells(ref), cells(other)
 
@@ -648,9 +644,9 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
                     eng, prompts, settings_of_part, new_tokens=new_tokens
                 )[0]
                 wrong_settings = {k: wrong(sp) for k, sp in settings_of_part.items()}
-                raw[f"{part}_wrong"] = _sample(
-                    eng, prompts, wrong_settings, new_tokens=new_tokens
-                )[0]
+                raw[f"{part}_wrong"] = _sample(eng, prompts, wrong_settings, new_tokens=new_tokens)[
+                    0
+                ]
     if "greedy" in parts:
         gp = prompts[:GREEDY_PROMPTS]
         outs = generate(eng, gp, [GREEDY] * len(gp))
@@ -727,11 +723,14 @@ def wrong_min_p() -> dict[str, dict]:
     return {k: _twice_min_p(sp) for k, sp in MIN_P_SETTINGS.items()}
 
 
-def summarize_parameter_part(part: str, ref: dict, tree: dict) -> dict:
+def summarize_parameter_part(
+    part: str, ref: dict, tree: dict, settings: dict | None = None
+) -> dict:
     """A request-parameter part (``min_p``, ``penalties``): DDTREE against the non-speculative
     server per setting, with the null (a second non-speculative sample, must pass) and the
     power (the part's wrong law, must be rejected at every setting: a setting whose wrong law
-    passes says nothing of DDTREE's), each a Bonferroni family at ``ALPHA``."""
+    passes says nothing of DDTREE's), each a Bonferroni family at ``ALPHA``. ``settings``: the
+    part's settings as the plan filled them in (reported; default the part's own)."""
     names, _, new_tokens, repeats = PARAMETER_PARTS[part]
 
     def compare(a, b):
@@ -742,7 +741,7 @@ def summarize_parameter_part(part: str, ref: dict, tree: dict) -> dict:
     power = {k: compare(ref[part][k], ref[f"{part}_wrong"][k]) for k in names}
     fams = {"ddtree": family(ddtree), "null": family(null), "power": family(power)}
     return {
-        "settings": names,
+        "settings": settings or names,
         "ddtree": ddtree,
         "null": null,
         "power_wrong_law": power,
@@ -960,8 +959,9 @@ def main(argv: list[str] | None = None) -> int:
             s["params"] = summarize_params(raw["nospec"], raw[algo])
         for part in PARAMETER_PARTS:
             if part in algo_parts:
-                s[part] = summarize_parameter_part(part, raw["nospec"], raw[algo])
-                s[part]["settings"] = plan["parameter_settings"][part]
+                s[part] = summarize_parameter_part(
+                    part, raw["nospec"], raw[algo], plan["parameter_settings"][part]
+                )
     probes.close()
     summary["extend_path_probes"] = probes.counts
     summary["seconds"] = round(time.time() - t0, 1)
