@@ -434,7 +434,7 @@ def measure(
     row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
     row["ratio"] = row["split_auto_us"] / row["extend_us"]
     if flashmla:  # the own split as the flashmla backend's own-prefix verify launches it
-        hook = launch_settings(bs, w, hq, hkv, dv_real, sms, latent_d=d)
+        hook = launch_settings(bs, w, hq, hkv, dv_real, sms, latent_d=d, page_size=64)
         row["split_paged_us"] = graph_us(lambda: split("paged", hook), iters)
         row["split_paged_max_err"] = (res.pop("paged").float() - want).abs().max().item()
         # The own prefix kernel alone, as the hook launches it: against FlashMLA's prefix part.

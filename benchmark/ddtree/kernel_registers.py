@@ -144,10 +144,11 @@ def hook_case(bs: int, shape: str, num_sms: int = 132, prefix: int = 300, **over
     indptr = torch.arange(bs + 1, dtype=torch.int32) * prefix
     loc = torch.arange(bs * w, dtype=torch.int64) + bs * prefix
     mask = torch.ones(bs, w, w, dtype=torch.bool).tril()
-    kw = dict(ta.launch_settings(bs, w, hq, hkv, dv, num_sms, latent_d=d if latent else 0))
-    if shape == "k26":  # a block table of 64-slot pages
+    page = 64 if shape == "k26" else 0
+    kw = dict(ta.launch_settings(bs, w, hq, hkv, dv, num_sms, d if latent else 0, page))
+    if page:  # a block table of 64-slot pages
         indices = torch.arange(bs * -(-prefix // 64), dtype=torch.int32).view(bs, -1)
-        kw["page_size"] = 64
+        kw["page_size"] = page
     else:
         indices = torch.arange(bs * prefix, dtype=torch.int32)
     kw.update(overrides)

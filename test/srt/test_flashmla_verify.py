@@ -303,9 +303,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(bs, w, prefix, hq,
     t = bench.random_verify(bs, w, prefix, hq, 1, 576, seed=bs * w, dv=512, page=64)
     scale = 576**-0.5
     kv_indptr = torch.nn.functional.pad(t["prefix_lens"].cumsum(0), (1, 0))
-    settings = launch_settings(
-        bs, w, hq, 1, 512, torch.cuda.get_device_properties(0).multi_processor_count, 576
-    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64)
     assert settings["prefix_latent"]
     got = tree_attention(
         t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,

@@ -117,6 +117,12 @@ def test_launch_settings_are_the_hooks_choice():
     small = launch_settings(4, 8, 4, 1, 512, 132, latent_d=576)  # the tiny pair: 32 rows
     assert (small["prefix_rows"], small["warps"]) == (32, (4, None))
     assert "prefix_stages" not in small  # Triton's own: two stages are timed at 64 rows only
+    # On a paged cache (FlashMLA's 64) the 64-row tile reads its page a tile ahead at bs >= 2;
+    # with many shares (bs 1) and on triton's slot table it does not.
+    assert launch_settings(4, 8, 8, 1, 512, 132, latent_d=576, page_size=64)["prefix_index_ahead"]
+    assert "prefix_index_ahead" not in launch_settings(1, 8, 8, 1, 512, 132, 576, page_size=64)
+    assert "prefix_index_ahead" not in bs8
+    assert launch_settings(1, 8, 8, 1, 512, 132, latent_d=576, page_size=64) == lat
     # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 512, 132, latent_d=640)
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 128, 132, latent_d=128)

@@ -345,6 +345,12 @@ LATENT_MERGE = (64, 32, 8)  # from 64 shares: the tree kernel merges over 32 col
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
+# The latent variant's 64-row key tile on a paged cache (FlashMLA's pages), keywords over
+# `_latent_prefix`'s. At bs >= 2 a tile's page is read a tile ahead (one K2.6 rank, 16K-64K
+# keys: 2-9 % faster at bs 8-32, within 2.5 % at bs 4); with many shares (bs 1) it gained
+# nothing, nor did half-page tiles in three or four stages anywhere.
+PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
+PAGED_LATENT_TILE_MANY_SHARES: dict = {}
 
 
 def _rows_per_program(w: int, g: int, dv: int) -> int:
@@ -396,7 +402,7 @@ def prefix_splits(
 
 
 def launch_settings(
-    bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int, latent_d: int = 0
+    bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int, latent_d: int = 0, page_size: int = 0
 ) -> dict:
     """`tree_attention`'s launch keywords for a verify of this shape, as the attention hook
     passes them: the value tiles (`value_tiling`) and the prefix shares (`prefix_splits`).
@@ -408,7 +414,10 @@ def launch_settings(
     setting `bench_tree_attention.py --sweep` timed at bs >= 8 (2.2-2.7x the general ones),
     best at about one program per SM: its shares fill one wave, up to ``LATENT_MAX_SPLITS``
     (bs 1: 128 shares 0.67-0.77x the time of 64 at 64K-128K keys, 1.03-1.06x at 8K-16K), two
-    stages (2-4 % faster than three at bs >= 8), many shares merged as ``LATENT_MERGE`` says."""
+    stages (2-4 % faster than three at bs >= 8), many shares merged as ``LATENT_MERGE`` says.
+    ``page_size``: the prefix is read through a block table of such pages (FlashMLA's 64):
+    there the 64-row latent tile takes ``PAGED_LATENT_TILE`` (``..._MANY_SHARES`` from
+    ``LATENT_MERGE[0]`` shares on)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -417,8 +426,11 @@ def launch_settings(
         splits = 1  # about one wave of programs: more shares were slower at bs 8
         while splits < LATENT_MAX_SPLITS and programs * splits * 2 <= num_sms:
             splits *= 2
-        if splits >= LATENT_MERGE[0]:  # the merge of many shares: latency-bound
+        many = splits >= LATENT_MERGE[0]
+        if many:  # the merge of many shares: latency-bound
             tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
+        if page_size and rows == 64:
+            latent.update(PAGED_LATENT_TILE_MANY_SHARES if many else PAGED_LATENT_TILE)
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
         )

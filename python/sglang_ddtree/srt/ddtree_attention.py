@@ -381,9 +381,8 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
     from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
 
     bs = forward_batch.batch_size
-    settings = launch_settings(
-        bs, w, hq, k_cache.shape[1], dv, _num_sms(q.device), latent_d=layer.head_dim
-    )
+    hkv, sms = k_cache.shape[1], _num_sms(q.device)
+    settings = launch_settings(bs, w, hq, hkv, dv, sms, layer.head_dim, page_size=FLASHMLA_PAGE)
     out = tree_attention(
         q.view(n, hq, layer.head_dim),
         k_cache,
