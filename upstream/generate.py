@@ -404,8 +404,10 @@ SERIES = [
         "draft-tree",
         "the draft tree and its verify layout",
         "the draft tree (best-first top prefixes of the drafter's per-depth distributions), its "
-        "verify layout and ancestor mask, the vocabulary-sharded top-K, and their Triton paths",
+        "verify layout and ancestor mask, the vocabulary-sharded top-K, their Triton paths, and "
+        "DDTREE's knobs (declared as SGLang's envs are, read by the later parts)",
         modules=(
+            "sglang_ddtree.srt.ddtree_envs",
             "sglang_ddtree.core",
             "sglang_ddtree.core.tree",
             "sglang_ddtree.core.topk_triton",
@@ -449,7 +451,6 @@ SERIES = [
         "from the triton and flashmla backends (inert until a DDTREE worker runs)",
         modules=(
             "sglang_ddtree.core.tree_attention",
-            "sglang_ddtree.srt.ddtree_envs",
             "sglang_ddtree.srt.ddtree_attention",
         ),
         templates=("test_ddtree_tree_attention.py",),
