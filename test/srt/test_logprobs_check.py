@@ -117,3 +117,103 @@ def test_within_the_non_speculative_floor():
 
     assert lc.within_floor(lc.compare(base, noisy(0.03), kinds), floor)
     assert not lc.within_floor(lc.compare(base, noisy(0.08), kinds), floor)
+
+
+class _Model:
+    """A deterministic 'model': token t's logprob after context c, its top-n, and the next
+    token (greedy or 'sampled'), read through the decode path with noise ``decode_noise`` (the
+    extend path, `rescore`'s, is exact) or through DDTREE's verify with ``tree_noise``."""
+
+    def __init__(self, decode_noise: float, tree_noise: float):
+        self.noise = {"decode": decode_noise, "tree": tree_noise}
+        self.rng = random.Random(5)
+
+    @staticmethod
+    def exact(ctx, tok):
+        return -(((sum(ctx) * 31 + len(ctx) * 7 + tok) % 97) + 1) / 10
+
+    def next_token(self, ctx, sampled):
+        return (sum(ctx) * (3 if sampled else 1) + len(ctx)) % 50
+
+    def read(self, ctx, tok, path):
+        e = self.rng.uniform(-self.noise[path], self.noise[path]) if path != "extend" else 0.0
+        top = [(self.exact(ctx, i) + e, i) for i in range(lc.TOP_N)]
+        return self.exact(ctx, tok) + e, top
+
+    def decode(self, prompt, params, path):
+        ctx, lps, tops = list(prompt), [], []
+        for _ in range(params["max_new_tokens"]):
+            tok = self.next_token(ctx, params["temperature"] > 0)
+            lp, top = self.read(ctx, tok, path)
+            lps.append((lp, tok, None))
+            tops.append([(v, i, None) for v, i in top])
+            ctx.append(tok)
+        return lps, tops
+
+
+class _Engine:
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _TreeEngine(_Engine):
+    def generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num, stream):
+        """One prompt, streamed in steps of 1, 3, 2, 3, 2, ... tokens."""
+        lps, tops = self.model.decode(input_ids, sampling_params, "tree")
+        at = 0
+        for size in [1] + [3, 2] * len(lps):
+            if at >= len(lps):
+                return
+            at = min(at + size, len(lps))
+            yield {"meta_info": {"completion_tokens": at, "output_token_logprobs": lps[:at],
+                                 "output_top_logprobs": tops[:at]}}  # fmt: skip
+
+
+class _NospecEngine(_Engine):
+    def generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num,
+                 token_ids_logprob=None):  # fmt: skip
+        out = []
+        for i, p in enumerate(input_ids):
+            if token_ids_logprob is None:  # its own decode
+                lps, tops = self.model.decode(p, sampling_params, "decode")
+                out.append({"meta_info": {"output_token_logprobs": lps,
+                                          "output_top_logprobs": tops}})  # fmt: skip
+            else:  # `rescore`: one position through the extend path
+                lp, top = self.model.read(p, token_ids_logprob[i][0], "extend")
+                out.append({"meta_info": {
+                    "output_token_ids_logprobs": [[(lp, token_ids_logprob[i][0], None)]],
+                    "output_top_logprobs": [[(v, t, None) for v, t in top]],
+                }})  # fmt: skip
+        return out
+
+
+def _check(decode_noise, tree_noise):
+    model = _Model(decode_noise, tree_noise)
+
+    def engine(algo):
+        return _TreeEngine(model) if algo == "DDTREE" else _NospecEngine(model)
+
+    summary = {}
+    prompts = [[i, i + 1] for i in range(lc.SAMPLED_PROMPTS)]
+    lc.check_logprobs(lambda algo: {"algo": algo}, engine, prompts, 12, summary)
+    return summary["logprobs"]
+
+
+def test_check_reads_both_parts_against_the_servers_own_floor():
+    """The whole check on a fake pair of engines: DDTREE reading the extend path's values is
+    within the floor in both parts where the server's decode is 0.04 off its extend (and so
+    misses the 0.02 bound against itself); DDTREE 0.2 off is not; exact reads pass the bound."""
+    quiet = _check(decode_noise=0.04, tree_noise=0.0)
+    assert quiet["within_nospec_floor"], quiet
+    assert quiet["greedy"]["nospec_extend_vs_decode"]["root"]["token"] > lc.MAX_ABS_DIFF
+    assert quiet["sampled"]["within_nospec_floor"] and quiet["sampled"]["enough_positions"]
+    loud = _check(decode_noise=0.04, tree_noise=0.2)
+    assert not loud["within_nospec_floor"] and not loud["passed"]
+    exact = _check(decode_noise=0.0, tree_noise=0.0)
+    assert exact["passed"] and exact["within_nospec_floor"], exact
