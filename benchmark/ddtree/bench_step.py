@@ -64,7 +64,7 @@ the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair), ``T
 top-p, which isolates the top-p renorm's cost), and ``T1_p0.95_minp0.05`` /
 ``T1_p0.95_penalties`` (min_p 0.05; frequency 0.3, presence 0.2 and repetition 1.05 penalties),
 ``T0_regex`` / ``T1_p0.95_regex`` (every request constrained by a regex: the grammar mask's
-host cost): each parameter's step cost beside plain sampling; a setting the server refuses is
+host cost; a random-weight shape gets a word-level tokenizer of its vocabulary size for them): each parameter's step cost beside plain sampling; a setting the server refuses is
 recorded as that cell's error.
 
 One-rank K2.6 (``--tp-rank-of 8``): a tp-1 engine of exactly one TP-8 rank's shapes (8 MLA query
@@ -143,8 +143,8 @@ ALL_TEMPS = {
         "presence_penalty": 0.2,
         "repetition_penalty": 1.05,
     },
-    # Constrained decoding (needs the model's tokenizer: the trained pair's; the random-weight
-    # shapes start without one, so there the cell records the server's error).
+    # Constrained decoding: the trained pair's tokenizer, or on the random-weight shapes a
+    # word-level one of the target's vocabulary size (`write_word_tokenizer`).
     "T0_regex": {"temperature": 0.0, "regex": "[a-z ]+"},
     "T1_p0.95_regex": {"temperature": 1.0, "top_p": 0.95, "regex": "[a-z ]+"},
 }
@@ -325,6 +325,37 @@ def _write_configs(pairs) -> None:
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
+
+
+def write_word_tokenizer(path: str, vocab_size: int, seed: int = 0) -> None:
+    """A word-level fast tokenizer of ``vocab_size`` tokens into ``path``, for a random-weight
+    shape's constrained cells (the shapes start without a tokenizer, so a grammar has no
+    vocabulary): the tiny pairs' special and printable tokens, then distinct words of 2-8
+    lowercase letters, half with a leading space and one in eight capitalized, so that the
+    grammar's mask walks a vocabulary of the target's size and of a real one's kind."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    rng = random.Random(seed)
+    vocab = tiny_models.SPECIALS + [chr(c) for c in range(32, 127)]
+    seen = set(vocab)
+    while len(vocab) < vocab_size:
+        word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8)))
+        word = (" " if rng.random() < 0.5 else "") + (
+            word.capitalize() if rng.random() < 0.125 else word
+        )
+        if word not in seen:
+            seen.add(word)
+            vocab.append(word)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in tiny_models.SPECIALS]
+    )
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                   "pad_token": "<|endoftext|>", "unk_token": "<unk>"}, f)  # fmt: skip
 
 
 def model_spec(
@@ -965,6 +996,12 @@ def main() -> None:
         rank_of=args.tp_rank_of,
         prompt_lens=tuple(args.prompt_lens or (256,)),
     )
+    if any("regex" in params for _, params in args.temps) and spec["engine"].get(
+        "skip_tokenizer_init"
+    ):  # a grammar needs a vocabulary: a word-level one of the target's size
+        with open(os.path.join(spec["target"], "config.json")) as f:
+            write_word_tokenizer(spec["target"], json.load(f)["vocab_size"])
+        spec["engine"]["skip_tokenizer_init"] = False
     result = {
         "model": args.model,
         "command": " ".join(sys.argv),

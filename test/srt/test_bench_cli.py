@@ -54,6 +54,29 @@ def test_kimi_shape_configs(load_benchmark, tmp_path):
         mod.verify_tokens_per_request(spec, "ddtree")  # adaptive: no single W
 
 
+def test_word_tokenizer_for_constrained_cells(load_benchmark, tmp_path):
+    """bench_step's tokenizer for a random-weight shape's regex cells: exactly the target's
+    vocabulary size, distinct tokens, specials first, mostly lowercase words (so a regex of
+    lowercase letters and spaces admits a real share of the vocabulary)."""
+    from tokenizers import Tokenizer
+
+    from sglang_ddtree.testing.tiny_models import SPECIALS
+
+    mod = load_benchmark("bench_step")
+    mod.write_word_tokenizer(str(tmp_path), 5000)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    vocab = tok.get_vocab()
+    assert len(vocab) == 5000 and sorted(vocab.values()) == list(range(5000))
+    assert [tok.id_to_token(i) for i in range(len(SPECIALS))] == SPECIALS
+    lower = [t for t in vocab if t.strip().isalpha() and t.strip().islower()]
+    assert 0.8 * 5000 < len(lower) < 5000
+    spaced = next(t for t in lower if t.startswith(" "))
+    bare = next(t for t in lower if not t.startswith(" "))
+    assert tok.decode([vocab[bare], vocab[spaced]]) == bare + spaced  # detokenized as written
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == SPECIALS[0]
+
+
 def test_expert_counter(tmp_path):
     """The MoE top-k counter counts distinct routed experts (a fused shared expert's id and
     padding excluded) and its files read back; the summary keeps the calls of one width."""
