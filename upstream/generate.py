@@ -57,6 +57,8 @@ MODULE_MAP = {
     "sglang_ddtree.core.layout_triton": f"{SPEC}/ddtree/layout_triton.py",
     "sglang_ddtree.core.logprobs": f"{SPEC}/ddtree/logprobs.py",
     "sglang_ddtree.core.penalties": f"{SPEC}/ddtree/penalties.py",
+    "sglang_ddtree.core.penalties_triton": f"{SPEC}/ddtree/penalties_triton.py",
+    "sglang_ddtree.core.minp_triton": f"{SPEC}/ddtree/minp_triton.py",
     "sglang_ddtree.core.sampling": f"{SPEC}/ddtree/sampling.py",
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
     "sglang_ddtree.core.topk_triton": f"{SPEC}/ddtree/topk_triton.py",
@@ -435,6 +437,7 @@ SERIES = [
         "kernels",
         modules=(
             "sglang_ddtree.core.sampling",
+            "sglang_ddtree.core.minp_triton",
             "sglang_ddtree.core.accept",
             "sglang_ddtree.core.batch_accept",
             "sglang_ddtree.core.commit",
@@ -496,6 +499,7 @@ SERIES = [
         "worker (next part) to apply",
         modules=(
             "sglang_ddtree.core.penalties",
+            "sglang_ddtree.core.penalties_triton",
             "sglang_ddtree.core.logprobs",
             "sglang_ddtree.srt.ddtree_penalties",
             "sglang_ddtree.srt.ddtree_logprobs",

@@ -71,7 +71,7 @@ def compile_launch(kernel, args, kw, arch: int = 90):
     from triton.compiler import ASTSource
 
     kw = dict(kw)
-    options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+    options = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
     names = kernel.arg_names
     types, constants, attrs = {}, dict(kw), {}
     for i, (param, a) in enumerate(zip(kernel.params, args)):

@@ -406,3 +406,31 @@ def test_kernel_min_p_path_matches_sglang(case, top_p_kernel):
     joint = sglang_min_p_path(logits, temp, top_k, top_p, min_p, joint=True).float()
     if not torch.allclose(joint, ref, atol=1e-3):
         assert _gof_pvalue(counts, joint) < P_MIN, name
+
+
+_INTERPRETED_MIN_P = """
+import torch
+from sglang_ddtree.core.minp_triton import min_p_renorm_
+from sglang_ddtree.core.sampling import min_p_renorm
+
+g = torch.Generator().manual_seed(0)
+for rows, vocab, block in ((7, 1000, 128), (5, 300, 512), (3, 1, 16)):
+    logits = (torch.randn(rows, vocab, generator=g) * 3 / 0.25).round() * 0.25  # many ties
+    probs = torch.softmax(logits, -1)
+    probs[0, : vocab // 2] = 0.0  # a row already filtered upstream (zeros stay zeros)
+    min_p = torch.rand(rows, generator=g) * 0.6
+    min_p[1 % rows] = 0.0  # keeps every token
+    want = min_p_renorm(probs, min_p)
+    got = min_p_renorm_(probs.clone(), min_p, block=block)
+    assert torch.equal(got > 0, want > 0), (rows, vocab)  # the kept set, exactly
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+    assert torch.allclose(got.sum(-1), torch.ones(rows))
+print("interpreted min-p OK")
+"""
+
+
+def test_min_p_kernel_interpreted_equals_torch(run_interpreted):
+    """`minp_triton.min_p_renorm_` under Triton's interpreter against `min_p_renorm`: the same
+    kept set (ties at the pivot on a 0.25 logit grid) and values within float32 rounding, over
+    several blocks a row with a partial last one, one block wider than the row, V = 1."""
+    run_interpreted(_INTERPRETED_MIN_P, "interpreted min-p OK")

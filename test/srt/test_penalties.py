@@ -401,3 +401,96 @@ def test_count_emitted_adds_a_step():
     assert torch.equal(
         case.penalties.output_counts.sum(1), torch.tensor([len(e) for e in case.emitted]).int()
     )
+
+
+# ---- The CUDA dense pass (`core.penalties_triton`) against the torch one. ----
+
+_INTERPRETED_DENSE_PASS = """
+import torch
+from test_penalties import NUM_CASES, Case, bits
+from sglang_ddtree.core.penalties import _penalize_
+from sglang_ddtree.core.penalties_triton import penalize_emitted_
+
+# float32 and float16 only: the interpreter casts float32 to bfloat16 by truncation where the
+# GPU rounds to nearest (the bfloat16 case runs on the GPU).
+for seed in range(NUM_CASES):
+    for dtype in (torch.float32, torch.float16):
+        case = Case(seed, dyadic=seed % 2 == 0, dtype=dtype)
+        p = case.penalties
+        rows = [t.float() for t in (p.frequency_penalty, p.presence_penalty, p.repetition_penalty)]
+        want = _penalize_(case.logits.clone(), p.output_counts[:, None, :],
+                          *(t[:, None, None] for t in rows))
+        for block in (32, 128):  # partial last blocks; blocks with and without an emitted id
+            got = penalize_emitted_(case.logits.clone(), p.output_counts, *rows, block=block)
+            assert torch.equal(bits(got), bits(want)), (seed, dtype, block)
+print("interpreted dense pass OK")
+"""
+
+
+def test_dense_pass_kernel_interpreted_equals_torch(run_interpreted):
+    """`penalize_emitted_` under Triton's interpreter against `_penalize_`, bit for bit, on the
+    48 cases' logits (a quarter of the rows neutral, off-grid penalties on odd seeds)."""
+    run_interpreted(_INTERPRETED_DENSE_PASS, "interpreted dense pass OK")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_penalties_match_the_replay_bit_for_bit(cases, replays, dtype):
+    """On CUDA `apply_tree_penalties` takes the kernel for its dense pass: bit for bit the
+    CPU replay of SGLang's penalizers (float32: the 48 cases; bfloat16: 8 of its own), also
+    replayed from a CUDA graph on new logits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pairs = (
+        list(zip(cases, replays))
+        if dtype == torch.float32
+        else [(c, sglang_replay(c)) for c in (Case(100 + s, dtype=dtype) for s in range(8))]
+    )
+    for case, want in pairs:
+        p = RequestPenalties(*(t.cuda() for t in case.penalties))
+        tokens, mask = case.tree.tokens.cuda(), case.layout.tree_mask.cuda()
+        got = apply_tree_penalties(case.logits.cuda(), tokens, mask, p)
+        assert torch.equal(bits(got.cpu()), bits(want))
+    case, want = pairs[0]
+    p = RequestPenalties(*(t.cuda() for t in case.penalties))
+    tokens, mask = case.tree.tokens.cuda(), case.layout.tree_mask.cuda()
+    static = torch.zeros_like(case.logits, device="cuda")
+    apply_tree_penalties(static.clone(), tokens, mask, p)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        apply_tree_penalties(static, tokens, mask, p, inplace=True)
+    static.copy_(case.logits.cuda())
+    graph.replay()
+    assert torch.equal(bits(static.cpu()), bits(want))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_pass_kernel_compiles_without_fused_multiply_adds(load_benchmark, monkeypatch, dtype):
+    """The launch `penalize_emitted_` makes, compiled for sm_90a by Triton's compiler without a
+    GPU (`kernel_registers.py`): no fused multiply-add (one would round ``-(f * c) - p`` once
+    where torch rounds twice), IEEE division, round-to-nearest casts to bfloat16; the same
+    launch with contraction on does fuse (so the first check can fail)."""
+    regs = load_benchmark("kernel_registers")
+    missing = regs.compiler_missing()
+    if missing:
+        pytest.skip(missing)
+    from sglang_ddtree.core import penalties_triton as pt
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((args, kw))
+
+    kernel = pt._penalize_emitted_kernel
+    monkeypatch.setattr(pt, "_penalize_emitted_kernel", Recorder())
+    rows = torch.zeros(4), torch.zeros(4), torch.ones(4)
+    counts = torch.zeros(4, 151936, dtype=torch.int32)
+    pt.penalize_emitted_(torch.zeros(4, 16, 151936, dtype=dtype), counts, *rows)
+    ((args, kw),) = launches
+    assert kw["enable_fp_fusion"] is False
+    ptx = regs.compile_launch(kernel, args, kw).asm["ptx"]
+    assert "fma.rn.f32" not in ptx and "div.rn.f32" in ptx
+    assert ("cvt.rn.bf16.f32" in ptx) == (dtype == torch.bfloat16)
+    fused = regs.compile_launch(kernel, args, dict(kw, enable_fp_fusion=True)).asm["ptx"]
+    assert "fma.rn.f32" in fused

@@ -43,7 +43,8 @@ scaling one, all before the grammar mask, ``logit_bias`` and the temperature):
 
 Cost: one dense pass over the ``[bs, W, V]`` logits for the emitted tokens (SGLang's own
 per-row work; it holds one float and one bool buffer of that shape, plus the output unless
-``inplace``), then only the cells the path touches, ``[bs, W, W]`` (each node's row is
+``inplace``; on CUDA `penalties_triton` instead, which reads the logits only in the vocabulary
+blocks that hold an emitted token), then only the cells the path touches, ``[bs, W, W]`` (each node's row is
 recomputed at the W node tokens, where the counts include the path), and the stop ids,
 ``[bs, W, S]``.
 """
@@ -150,8 +151,16 @@ def apply_tree_penalties(
     path_values = _penalize_(logits.gather(2, cells), node_count, frequency, presence, repetition)
 
     out = logits if inplace else logits.clone()
-    # The emitted tokens' penalties, the same for every node of a request.
-    _penalize_(out, p.output_counts[:, None, :], frequency, presence, repetition)
+    # The emitted tokens' penalties, the same for every node of a request: on CUDA one kernel
+    # that touches only the vocabulary blocks holding an emitted token (the same values).
+    if out.is_cuda and out.stride(-1) == 1 and p.output_counts.stride(-1) == 1:
+        from sglang_ddtree.core.penalties_triton import penalize_emitted_
+
+        penalize_emitted_(
+            out, p.output_counts, *(t[:, 0, 0] for t in (frequency, presence, repetition))
+        )
+    else:
+        _penalize_(out, p.output_counts[:, None, :], frequency, presence, repetition)
     out.scatter_(2, cells, path_values)
 
     # min_new_tokens: stop ids to -inf where fewer than min_new_tokens tokens precede.

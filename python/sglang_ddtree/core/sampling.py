@@ -206,7 +206,8 @@ def target_probs(
     (`_joint_renorm_kernels`; on the min-p path the two one after the other), the nucleus from
     `topp_radix` where ``top_p_kernel`` is "radix" (the same set); with top-p alone, radix
     takes the logits and never writes the softmax out (`topp_radix.top_p_softmax_renorm_radix`);
-    min-p is `min_p_renorm` (elementwise torch). Elsewhere the pure-torch functions above.
+    min-p is `minp_triton.min_p_renorm_` (`min_p_renorm` in one kernel, in place). Elsewhere
+    the pure-torch functions above.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
@@ -235,7 +236,13 @@ def target_probs(
             renorm = sequential_top_k_top_p_renorm if need_min_p else joint_top_k_top_p_renorm
             probs = renorm(probs, k, p)
     if need_min_p:
-        probs = min_p_renorm(probs, min_p.float()[:, None].expand(bs, n).reshape(-1))
+        min_ps = min_p.float()[:, None].expand(bs, n).reshape(-1)
+        if on_device:  # probs is this function's own buffer: filtered in place
+            from sglang_ddtree.core.minp_triton import min_p_renorm_
+
+            probs = min_p_renorm_(probs.contiguous(), min_ps)
+        else:
+            probs = min_p_renorm(probs, min_ps)
     return probs.reshape(bs, n, vocab).contiguous()
 
 
