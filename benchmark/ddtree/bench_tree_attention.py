@@ -27,10 +27,11 @@ the prefix kernel's rows, warps and keys per iteration without and with its late
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
-a key tile's page number or slots read a tile ahead), each checked against the
-reference (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel
-of each setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared
-memory, warpgroup MMA dots, asynchronous copies). With
+a key tile's page number or slots read a tile ahead, ``...tma`` key tiles copied by TMA, with
+``--flashmla``), each checked against the reference (``sweep_err`` per setting,
+``sweep_max_err``); what Triton built for the prefix kernel of each setting first compiled in
+the run (``sweep_prefix_kernel``: registers, spills, shared memory, warpgroup MMA dots,
+asynchronous and TMA copies). With
 ``--flashmla`` the own split reads the paged cache through its block table; it is also timed
 as the flashmla verify launches it (``split_paged_us``: `launch_settings` with the latent
 variant) and its prefix kernel alone (``own_prefix_us``, `prefix_attention_part`), each against
@@ -327,6 +328,19 @@ def sweep_variants(w: int, mla: bool) -> dict:
                     prefix_index_ahead=True,
                 ),
             ),  # fmt: skip
+            # Key tiles copied by TMA (two descriptors of the cache: fewer registers, no
+            # per-thread addresses), at bs >= 2's settings and at bs 1's.
+            ("lat64w8n64s2tma", dict(prefix_stages=2, prefix_tma=True)),
+            (
+                "lat64w8n64s2S128t32m8tma",
+                dict(
+                    prefix_stages=2,
+                    prefix_splits=128,
+                    tree_dv_block=32,
+                    tree_merge_chunk=8,
+                    prefix_tma=True,
+                ),
+            ),  # fmt: skip
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).
             ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_index_ahead=True)),
@@ -367,7 +381,7 @@ def compiled_kernels(fn) -> dict:
 def kernel_stats(kernel) -> dict:
     """What Triton built: registers and spills per thread, shared memory, stages and warps, and
     from its TTGIR how many dots are Hopper's warpgroup MMA and how many loads asynchronous
-    copies (the software pipeline's) -- where a setting's time comes from."""
+    copies or TMA copies (the software pipeline's) -- where a setting's time comes from."""
     meta = getattr(kernel, "metadata", None)
     ttgir = getattr(kernel, "asm", {}).get("ttgir", "")
     return {
@@ -379,6 +393,7 @@ def kernel_stats(kernel) -> dict:
         "warpgroup_dots": ttgir.count("warp_group_dot "),
         "other_dots": len(re.findall(r"= tt\.dot ", ttgir)),
         "async_copies": ttgir.count("async_copy_global_to_local"),
+        "tma_copies": ttgir.count("async_tma_copy_global_to_local"),
     }
 
 
@@ -466,16 +481,23 @@ def measure(
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
+            if moved.get("prefix_tma") and not flashmla:  # TMA reads pages: FlashMLA's layout
+                continue
             settings = {**auto, **moved}
-            built = compiled_kernels(kernels._prefix_attention_kernel)
+            prefix_kernel = (
+                kernels._latent_paged_prefix_kernel
+                if moved.get("prefix_tma")
+                else kernels._prefix_attention_kernel
+            )
+            built = compiled_kernels(prefix_kernel)
             try:
                 row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
             except Exception as e:  # a setting Triton cannot build (out of shared memory)
                 row["sweep_us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
-            new = compiled_kernels(kernels._prefix_attention_kernel).keys() - built.keys()
+            new = compiled_kernels(prefix_kernel).keys() - built.keys()
             row["sweep_prefix_kernel"][name] = [
-                kernel_stats(compiled_kernels(kernels._prefix_attention_kernel)[k]) for k in new
+                kernel_stats(compiled_kernels(prefix_kernel)[k]) for k in new
             ]
             row["sweep_err"][name] = (res.pop(name).float() - want).abs().max().item()
         row["sweep_max_err"] = max(row["sweep_err"].values())

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
-KERNELS = ("_prefix_attention_kernel", "_tree_attention_kernel")
+KERNELS = ("_prefix_attention_kernel", "_latent_paged_prefix_kernel", "_tree_attention_kernel")
 
 
 class _LaunchRecorder:

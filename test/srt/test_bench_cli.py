@@ -320,13 +320,14 @@ def test_bench_step_table_marks_a_refused_parameter(load_benchmark):
 def test_bench_tree_attention_reads_what_triton_built(load_benchmark):
     """The sweep's build report: kernels found in a JIT function's per-device caches (Triton
     keeps ``(kernels, ...)`` tuples there), and from a kernel's TTGIR how many dots are warpgroup
-    MMA, how many plain dots and how many loads asynchronous copies."""
+    MMA, how many plain dots and how many loads asynchronous or TMA copies."""
     mod = load_benchmark("bench_tree_attention")
     ttgir = "\n".join([
         "%a = ttg.async_copy_global_to_local %p, %s : ...",
         "%b = ttg.async_copy_global_to_local %q, %t : ...",
         "%c = ttng.warp_group_dot %x, %y, %z {inputPrecision = 0 : i32} : ...",
         "%d = tt.dot %u, %v, %w : ...",
+        "ttng.async_tma_copy_global_to_local %desc[%i, %j] %buf, %bar, %pred : ...",
     ])  # fmt: skip
     kernel = SimpleNamespace(
         n_regs=168, n_spills=0, asm={"ttgir": ttgir},
@@ -337,7 +338,7 @@ def test_bench_tree_attention_reads_what_triton_built(load_benchmark):
     assert mod.compiled_kernels(SimpleNamespace()) == {}
     assert mod.kernel_stats(kernel) == {
         "regs": 168, "spills": 0, "shared": 147456, "stages": 2, "warps": 8,
-        "warpgroup_dots": 1, "other_dots": 1, "async_copies": 2,
+        "warpgroup_dots": 1, "other_dots": 1, "async_copies": 2, "tma_copies": 1,
     }  # fmt: skip
     # Every sweep setting names a distinct launch, and the new ones move only what they say.
     variants = mod.sweep_variants(8, mla=True)

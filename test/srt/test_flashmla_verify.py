@@ -95,9 +95,16 @@ def test_tree_attention_with_prefix_interpreted(run_interpreted):
     run_interpreted(_INTERPRETED_CHECK, "interpreted prefix merge OK")
 
 
+def wrong_pages(table: torch.Tensor) -> torch.Tensor:
+    """Each request's first two pages swapped in its table (the reads stay in the cache)."""
+    wrong = table.clone()
+    wrong[:, [0, 1]] = table[:, [1, 0]]
+    return wrong
+
+
 _PAGED_CHECK = """
 import torch
-from test_flashmla_verify import paged_case
+from test_flashmla_verify import paged_case, wrong_pages
 from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_reference
 
 g = torch.Generator().manual_seed(0)
@@ -123,6 +130,17 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
                                page_size=page, prefix_latent=True, prefix_rows=16,
                                prefix_keys=16, prefix_splits=splits, prefix_index_ahead=True)
         assert (ahead - want).abs().max().item() < 1e-4, (page, prefix, splits)
+    # Key tiles copied by TMA (a descriptor of the cache; a tile past the prefix's end is read
+    # whole and weighs nothing; the rope block reaches past the key width and reads zeros).
+    for splits in (1, 2) if page == 16 else ():
+        tma = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page,
+                             prefix_latent=True, prefix_rows=16, prefix_keys=16,
+                             prefix_splits=splits, prefix_tma=True)
+        assert (tma - want).abs().max().item() < 1e-4, (page, prefix, splits)
+        swapped = tree_attention(q, k, v, kv_indptr, wrong_pages(table), node_loc, mask, scale,
+                                 page_size=page, prefix_latent=True, prefix_rows=16,
+                                 prefix_keys=16, prefix_tma=True)
+        assert (swapped - want).abs().max().item() > 1e-2, (page, prefix)
     # The latent variant over the slot list (SGLang's triton backend's layout).
     flat_lat = tree_attention(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale,
                               prefix_latent=True, prefix_rows=32, prefix_keys=64)
@@ -134,9 +152,8 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
     assert (flat_ahead - want).abs().max().item() < 1e-4, (page, prefix)
     # Calibration: each request's first two pages swapped in its table (reads stay in the
     # cache) is far from the reference.
-    wrong = table.clone()
-    wrong[:, [0, 1]] = table[:, [1, 0]]
-    bad = tree_attention(q, k, v, kv_indptr, wrong, node_loc, mask, scale, page_size=page)
+    bad = tree_attention(q, k, v, kv_indptr, wrong_pages(table), node_loc, mask, scale,
+                         page_size=page)
     assert (bad - want).abs().max().item() > 1e-2, (page, prefix)
 print("interpreted paged prefix OK")
 """
@@ -288,11 +305,14 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 8, [20000], 8),  # one request: the most prefix shares
     ],
 )
-def test_own_prefix_kernel_on_flashmla_pages_equals_reference(bs, w, prefix, hq, load_benchmark):
+@pytest.mark.parametrize("tma", [False, True], ids=["hook", "tma"])
+def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
+    bs, w, prefix, hq, tma, load_benchmark
+):
     """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``'s attention on the GPU: this project's kernels
     over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
     masked reference within bf16 rounding, with the hook's launch settings (the latent
-    variant)."""
+    variant), and with its key tiles copied by TMA (`prefix_tma`)."""
     from sglang_ddtree.core.tree_attention import (
         launch_settings,
         tree_attention,
@@ -306,6 +326,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(bs, w, prefix, hq,
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64)
     assert settings["prefix_latent"]
+    if tma:
+        settings = dict(settings, prefix_tma=True, prefix_index_ahead=False)
     got = tree_attention(
         t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
         page_size=64, **settings,

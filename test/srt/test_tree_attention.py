@@ -573,6 +573,7 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_paged",
         "k26_bs8_ahead",
         "k26_bs8_n32s4ahead",
+        "k26_bs8_tma",
         "tiny_mla_bs4",
         "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
@@ -586,7 +587,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     rank (8 heads, latent 512 + rope 64, W 8) on FlashMLA's 64-slot pages at bs 1 (128 shares,
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
-    the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask."""
+    the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's key
+    tiles copied by TMA."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -602,6 +604,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         kw["prefix_index_ahead"] = True
     if case == "k26_bs8_n32s4ahead":  # four stages of half-page tiles fill shared memory
         kw.update(prefix_index_ahead=True, prefix_keys=32, prefix_stages=4)
+    if case == "k26_bs8_tma":  # key tiles copied by TMA (its own kernel)
+        kw.update(prefix_tma=True, prefix_index_ahead=False)
     if case == "tiny_mla_bs4_ahead":  # a slot table's slots read a tile ahead
         kw["prefix_index_ahead"] = True
     if case == "8b_bs1_full_mask":
@@ -615,8 +619,17 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         kw.update(full_mask=full, mask_indptr=mask_indptr, num_nodes=w)
     with regs.record_launches() as launches:
         tree_attention(*call, **kw)
+    prefix_kernel = (
+        "_latent_paged_prefix_kernel" if kw.get("prefix_tma") else "_prefix_attention_kernel"
+    )
+    assert {name for name, (_, recorded) in launches.items() if recorded} == {
+        prefix_kernel,
+        "_tree_attention_kernel",
+    }
     for name, (kernel, recorded) in launches.items():
-        ((args, launch_kw),) = recorded
-        compiled = regs.compile_launch(kernel, args, launch_kw)
-        registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
-        assert 0 < registers <= 255, (case, name, registers)
+        for args, launch_kw in recorded:  # one launch each of the two kernels the case runs
+            compiled = regs.compile_launch(kernel, args, launch_kw)
+            registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
+            assert 0 < registers <= 255, (case, name, registers)
+            if name == "_latent_paged_prefix_kernel":
+                assert "async_tma_copy_global_to_local" in compiled.asm["ttgir"]

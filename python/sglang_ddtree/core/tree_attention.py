@@ -224,6 +224,64 @@ if triton is not None:
         tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=written)
 
     @triton.jit
+    def _latent_paged_prefix_kernel(
+        Q, KLatent, KRope, KvIndptr, Table, Out, Lse,
+        sm_scale,
+        stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
+        W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+        MIN_SHARE: tl.constexpr, PAGE: tl.constexpr, BLOCK_ROPE: tl.constexpr,
+    ):  # fmt: skip
+        # `_prefix_attention_kernel`'s LATENT variant on a paged cache with one KV head, its
+        # key tiles (BLOCK_N consecutive slots of one page) copied by the tensor memory
+        # accelerator: KLatent / KRope are descriptors of the [slots, D] cache with blocks
+        # [BLOCK_N, DV] at column 0 and [BLOCK_N, BLOCK_ROPE] at column DV. A tile past the
+        # prefix's end is read whole (rows past the pool come back zero) and its keys get no
+        # weight: their scores are -inf.
+        b = tl.program_id(0)
+        tiles: tl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M
+        split = tl.program_id(2) // tiles
+        rows = tl.program_id(2) % tiles * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < W * G
+        token = b * W + rows // G
+        head = rows % G
+        offs_lat = tl.arange(0, DV)
+        q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
+        q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, DV + tl.arange(0, BLOCK_ROPE), D)
+        length = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
+        share = _share_keys(length, SPLITS, MIN_SHARE, BLOCK_N)
+        lo = split * share
+        hi = tl.minimum(lo + share, length)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DV], tl.float32)
+        qk_scale = sm_scale * 1.4426950408889634  # log2 e
+        table = Table + b * stride_bt
+        for n0 in range(lo, hi, BLOCK_N):
+            slot = tl.load(table + n0 // PAGE) * PAGE + n0 % PAGE
+            k_lat = KLatent.load([slot, 0])  # [BLOCK_N, DV]
+            k_rope = KRope.load([slot, DV])  # [BLOCK_N, BLOCK_ROPE]
+            s = tl.dot(q_lat, tl.trans(k_lat))
+            s = tl.dot(q_rope, tl.trans(k_rope), acc=s)
+            n_ok = n0 + tl.arange(0, BLOCK_N) < hi
+            s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            acc = tl.dot(p.to(k_lat.dtype), k_lat, acc=acc * alpha[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(
+            has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf")
+        )
+        written = row_ok & (rows * 0 + lo < hi)
+        out_rows = Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
+        tl.store(out_rows + offs_lat[None, :], out, mask=written[:, None])
+        tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=written)
+
+    @triton.jit
     def _tree_attention_kernel(
         Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, O1, Lse1, Out,
         sm_scale,
@@ -479,6 +537,7 @@ def tree_attention(
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     prefix_index_ahead: bool = False,  # prefix kernel: a key tile's slots read a tile ahead
+    prefix_tma: bool = False,  # prefix kernel: paged latent tiles copied by TMA
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
@@ -512,7 +571,7 @@ def tree_attention(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale, page_size=page_size,
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
-        prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead,
+        prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead, prefix_tma=prefix_tma,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -543,6 +602,7 @@ def prefix_attention_part(
     prefix_stages: int | None = None,  # Triton's pipeline stages (None: its own)
     prefix_warps: int = 4,  # warps per program
     prefix_index_ahead: bool = False,  # a key tile's slots or page read a tile ahead
+    prefix_tma: bool = False,  # paged latent key tiles copied by TMA (`_tma_latent_prefix`)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
     of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
@@ -571,6 +631,14 @@ def prefix_attention_part(
     block_m = prefix_rows or _rows_per_program(w, g, dv)
     stages = {} if prefix_stages is None else {"num_stages": prefix_stages}
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
+    if prefix_tma:
+        assert prefix_latent and prefix_dv_tiles == 1 and hkv == 1, "TMA: the latent, one head"
+        assert page_size and page_size % prefix_keys == 0, "TMA: a key tile within a page"
+        _tma_latent_prefix(
+            grid, q, k_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, w, g, block_m,
+            prefix_keys, prefix_splits, page_size, num_warps=prefix_warps, **stages,
+        )  # fmt: skip
+        return o1, lse1
     _prefix_attention_kernel[grid](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -583,6 +651,31 @@ def prefix_attention_part(
         BLOCK_ROPE=64, INDEX_AHEAD=prefix_index_ahead, num_warps=prefix_warps, **stages,
     )  # fmt: skip
     return o1, lse1
+
+
+def _tma_latent_prefix(
+    grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
+    page_size, **launch,
+) -> None:  # fmt: skip
+    """`_latent_paged_prefix_kernel`'s launch: two descriptors of the ``[slots, D]`` latent
+    cache (its latent and its rope columns), built on the host from the buffer's address and
+    strides (the same at every call on a fixed pool, so a captured graph replays them)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    slots, _, d = k_buffer.shape
+    dv = o1.shape[-1]
+    cache = k_buffer[:, 0]  # [slots, D], row stride k_buffer.stride(0)
+    latent, rope = (
+        TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols])
+        for cols in (dv, 64)
+    )
+    _latent_paged_prefix_kernel[grid](
+        q, latent, rope, kv_indptr, table, o1, lse1, sm_scale,
+        q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
+        lse1.stride(0), table.stride(0),
+        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+        MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, BLOCK_ROPE=64, **launch,
+    )  # fmt: skip
 
 
 def is_latent_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
