@@ -58,6 +58,7 @@ MODULE_MAP = {
     "sglang_ddtree.core.logprobs": f"{SPEC}/ddtree/logprobs.py",
     "sglang_ddtree.core.penalties": f"{SPEC}/ddtree/penalties.py",
     "sglang_ddtree.core.penalties_triton": f"{SPEC}/ddtree/penalties_triton.py",
+    "sglang_ddtree.core.tree_attention_gluon": f"{SPEC}/ddtree/tree_attention_gluon.py",
     "sglang_ddtree.core.minp_triton": f"{SPEC}/ddtree/minp_triton.py",
     "sglang_ddtree.core.sampling": f"{SPEC}/ddtree/sampling.py",
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
@@ -454,6 +455,7 @@ SERIES = [
         "from the triton and flashmla backends (inert until a DDTREE worker runs)",
         modules=(
             "sglang_ddtree.core.tree_attention",
+            "sglang_ddtree.core.tree_attention_gluon",
             "sglang_ddtree.srt.ddtree_attention",
         ),
         templates=("test_ddtree_tree_attention.py",),

@@ -27,11 +27,11 @@ the prefix kernel's rows, warps and keys per iteration without and with its late
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
-a key tile's page number or slots read a tile ahead, ``...tma`` key tiles copied by TMA, with
-``--flashmla``), each checked against the reference (``sweep_err`` per setting,
-``sweep_max_err``); what Triton built for the prefix kernel of each setting first compiled in
-the run (``sweep_prefix_kernel``: registers, spills, shared memory, warpgroup MMA dots,
-asynchronous and TMA copies). With
+a key tile's page number or slots read a tile ahead, ``...tma`` key tiles copied by TMA and
+``...gluon`` the Gluon prefix kernel, with ``--flashmla``), each checked against the reference
+(``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel of each
+setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared memory,
+warpgroup MMA dots, asynchronous and TMA copies). With
 ``--flashmla`` the own split reads the paged cache through its block table; it is also timed
 as the flashmla verify launches it (``split_paged_us``: `launch_settings` with the latent
 variant) and its prefix kernel alone (``own_prefix_us``, `prefix_attention_part`), each against
@@ -341,6 +341,12 @@ def sweep_variants(w: int, mla: bool) -> dict:
                     prefix_tma=True,
                 ),
             ),  # fmt: skip
+            # The Gluon kernel: each tile's copy issued as soon as its buffer is free.
+            ("lat64w8n64gluon", dict(prefix_gluon=True)),
+            (
+                "lat64w8n64S128t32m8gluon",
+                dict(prefix_splits=128, tree_dv_block=32, tree_merge_chunk=8, prefix_gluon=True),
+            ),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).
             ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_index_ahead=True)),
@@ -481,14 +487,17 @@ def measure(
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
-            if moved.get("prefix_tma") and not flashmla:  # TMA reads pages: FlashMLA's layout
-                continue
+            if (moved.get("prefix_tma") or moved.get("prefix_gluon")) and not flashmla:
+                continue  # TMA reads pages: FlashMLA's layout
             settings = {**auto, **moved}
-            prefix_kernel = (
-                kernels._latent_paged_prefix_kernel
-                if moved.get("prefix_tma")
-                else kernels._prefix_attention_kernel
-            )
+            if moved.get("prefix_gluon"):
+                from sglang_ddtree.core import tree_attention_gluon
+
+                prefix_kernel = tree_attention_gluon._latent_prefix_gluon
+            elif moved.get("prefix_tma"):
+                prefix_kernel = kernels._latent_paged_prefix_kernel
+            else:
+                prefix_kernel = kernels._prefix_attention_kernel
             built = compiled_kernels(prefix_kernel)
             try:
                 row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)

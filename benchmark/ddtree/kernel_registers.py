@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import torch
 
 KERNELS = ("_prefix_attention_kernel", "_latent_paged_prefix_kernel", "_tree_attention_kernel")
+GLUON_KERNELS = ("_latent_prefix_gluon",)  # in core.tree_attention_gluon
 
 
 class _LaunchRecorder:
@@ -42,20 +43,28 @@ class _LaunchRecorder:
 
 @contextmanager
 def record_launches():
-    """Within the block, `core.tree_attention`'s kernels only record their launches: yields
-    ``{kernel name: (the real kernel, [(args, kwargs), ...])}``."""
+    """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s,
+    where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel,
+    [(args, kwargs), ...])}``."""
     import sglang_ddtree.core.tree_attention as ta
 
-    real = {name: getattr(ta, name) for name in KERNELS}
-    recorders = {name: _LaunchRecorder() for name in KERNELS}
-    out = {name: (real[name], recorders[name].launches) for name in KERNELS}
+    modules = {name: ta for name in KERNELS}
     try:
-        for name in KERNELS:
-            setattr(ta, name, recorders[name])
+        import sglang_ddtree.core.tree_attention_gluon as tg
+
+        modules.update({name: tg for name in GLUON_KERNELS})
+    except ImportError:  # a Triton without Gluon
+        pass
+    real = {name: getattr(module, name) for name, module in modules.items()}
+    recorders = {name: _LaunchRecorder() for name in modules}
+    out = {name: (real[name], recorders[name].launches) for name in modules}
+    try:
+        for name, module in modules.items():
+            setattr(module, name, recorders[name])
         yield out
     finally:
-        for name in KERNELS:
-            setattr(ta, name, real[name])
+        for name, module in modules.items():
+            setattr(module, name, real[name])
 
 
 def compile_launch(kernel, args, kw, arch: int = 90):
@@ -88,6 +97,8 @@ def compile_launch(kernel, args, kw, arch: int = 90):
         types[param.name] = kind
         if attr == "D":
             attrs[(i,)] = [["tt.divisibility", 16]]
+    if getattr(kernel, "is_gluon", lambda: False)():  # a Gluon kernel: its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(
         fn=kernel,
         signature={n: types.get(n, "constexpr") for n in names},

@@ -305,14 +305,15 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 8, [20000], 8),  # one request: the most prefix shares
     ],
 )
-@pytest.mark.parametrize("tma", [False, True], ids=["hook", "tma"])
+@pytest.mark.parametrize("kernel", ["hook", "tma", "gluon"])
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
-    bs, w, prefix, hq, tma, load_benchmark
+    bs, w, prefix, hq, kernel, load_benchmark
 ):
     """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``'s attention on the GPU: this project's kernels
     over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
     masked reference within bf16 rounding, with the hook's launch settings (the latent
-    variant), and with its key tiles copied by TMA (`prefix_tma`)."""
+    variant), with its key tiles copied by TMA (`prefix_tma`), and as the Gluon kernel
+    (`prefix_gluon`, 64 rows: the K2.6 rank's 8 heads)."""
     from sglang_ddtree.core.tree_attention import (
         launch_settings,
         tree_attention,
@@ -326,8 +327,10 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64)
     assert settings["prefix_latent"]
-    if tma:
-        settings = dict(settings, prefix_tma=True, prefix_index_ahead=False)
+    if kernel == "gluon" and hq * w != 64:
+        pytest.skip("the Gluon kernel takes 64 query rows a program")
+    if kernel != "hook":
+        settings = dict(settings, prefix_index_ahead=False, **{f"prefix_{kernel}": True})
     got = tree_attention(
         t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
         page_size=64, **settings,

@@ -574,6 +574,8 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_ahead",
         "k26_bs8_n32s4ahead",
         "k26_bs8_tma",
+        "k26_bs8_gluon",
+        "k26_bs1_gluon",
         "tiny_mla_bs4",
         "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
@@ -588,7 +590,7 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
     the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's key
-    tiles copied by TMA."""
+    tiles copied by TMA, and its prefix as the Gluon kernel (bs 8 and 1)."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -606,6 +608,9 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         kw.update(prefix_index_ahead=True, prefix_keys=32, prefix_stages=4)
     if case == "k26_bs8_tma":  # key tiles copied by TMA (its own kernel)
         kw.update(prefix_tma=True, prefix_index_ahead=False)
+    if case.endswith("_gluon"):  # the Gluon prefix kernel (`core.tree_attention_gluon`)
+        pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+        kw.update(prefix_gluon=True, prefix_index_ahead=False)
     if case == "tiny_mla_bs4_ahead":  # a slot table's slots read a tile ahead
         kw["prefix_index_ahead"] = True
     if case == "8b_bs1_full_mask":
@@ -620,7 +625,11 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     with regs.record_launches() as launches:
         tree_attention(*call, **kw)
     prefix_kernel = (
-        "_latent_paged_prefix_kernel" if kw.get("prefix_tma") else "_prefix_attention_kernel"
+        "_latent_prefix_gluon"
+        if kw.get("prefix_gluon")
+        else "_latent_paged_prefix_kernel"
+        if kw.get("prefix_tma")
+        else "_prefix_attention_kernel"
     )
     assert {name for name, (_, recorded) in launches.items() if recorded} == {
         prefix_kernel,
@@ -631,5 +640,5 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
             compiled = regs.compile_launch(kernel, args, launch_kw)
             registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
             assert 0 < registers <= 255, (case, name, registers)
-            if name == "_latent_paged_prefix_kernel":
+            if name in ("_latent_paged_prefix_kernel", "_latent_prefix_gluon"):
                 assert "async_tma_copy_global_to_local" in compiled.asm["ttgir"]

@@ -538,6 +538,7 @@ def tree_attention(
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     prefix_index_ahead: bool = False,  # prefix kernel: a key tile's slots read a tile ahead
     prefix_tma: bool = False,  # prefix kernel: paged latent tiles copied by TMA
+    prefix_gluon: bool = False,  # prefix kernel: the Gluon one (`tree_attention_gluon`)
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
@@ -572,6 +573,7 @@ def tree_attention(
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
         prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead, prefix_tma=prefix_tma,
+        prefix_gluon=prefix_gluon,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -603,6 +605,7 @@ def prefix_attention_part(
     prefix_warps: int = 4,  # warps per program
     prefix_index_ahead: bool = False,  # a key tile's slots or page read a tile ahead
     prefix_tma: bool = False,  # paged latent key tiles copied by TMA (`_tma_latent_prefix`)
+    prefix_gluon: bool = False,  # the paged latent prefix as a Gluon kernel (Hopper)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
     of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
@@ -631,6 +634,16 @@ def prefix_attention_part(
     block_m = prefix_rows or _rows_per_program(w, g, dv)
     stages = {} if prefix_stages is None else {"num_stages": prefix_stages}
     grid = (bs, hkv, triton.cdiv(w * g, block_m) * prefix_dv_tiles * prefix_splits)
+    if prefix_gluon:  # 64 rows and 64-key tiles of a bf16 latent with a 64-wide rope part
+        assert prefix_latent and hkv == 1 and (block_m, prefix_keys, d - dv) == (64, 64, 64)
+        assert page_size and page_size % prefix_keys == 0 and q.dtype == torch.bfloat16
+        from sglang_ddtree.core.tree_attention_gluon import latent_prefix_gluon
+
+        latent_prefix_gluon(
+            grid, q, k_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, w, g, block_m,
+            prefix_keys, prefix_splits, page_size, MIN_SHARE_KEYS,
+        )  # fmt: skip
+        return o1, lse1
     if prefix_tma:
         assert prefix_latent and prefix_dv_tiles == 1 and hkv == 1, "TMA: the latent, one head"
         assert page_size and page_size % prefix_keys == 0, "TMA: a key tile within a page"

@@ -1,0 +1,161 @@
+"""MLA's latent prefix on FlashMLA's pages as a Gluon kernel for Hopper (``prefix_gluon`` of
+`core.tree_attention.prefix_attention_part`; off by default): the Triton latent variant's loop
+with each key tile's TMA copy issued as soon as its buffer is free. Tile i sits in buffer i % 2;
+waiting for tile i's scores also completes tile i - 1's value product, the last reader of the
+other buffer, so tile i + 1's copy starts there and runs under tile i's softmax and value
+product (Triton's pipeline issues it after the value product, and the next iteration waits on
+it). Gluon's API moves between Triton releases: the TMA copy and the CTA barrier are looked up
+under both names (3.6's ``async_copy_global_to_shared`` / ``thread_barrier``, later
+``async_load`` / ``barrier``)."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+@gluon.jit
+def _latent_prefix_gluon(
+    Q, k_lat_desc, k_rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
+    W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
+    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr,
+):  # fmt: skip
+    # Layouts: two warpgroups split the N of both products (S: 64 x 64, O: 64 x DV).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    lat_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV], gl.bfloat16)
+    rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], gl.bfloat16)
+
+    b = gl.program_id(0)
+    tiles: gl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M
+    split = gl.program_id(2) // tiles
+    m0 = gl.program_id(2) % tiles * BLOCK_M
+
+    # The queries: loaded once, into shared memory (the A operand of the score product).
+    rows_q = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_load))
+    q_ptrs = Q + (b * W + rows_q // G)[:, None] * stride_qt + (rows_q % G)[:, None] * stride_qh
+    q_ok = (rows_q < W * G)[:, None]
+    cols_lat = gl.arange(0, DV, layout=gl.SliceLayout(0, q_load))
+    cols_rope = DV + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))
+    q_rows = gl.load(q_ptrs + cols_lat[None, :], mask=q_ok, other=0.0)
+    q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, DV], lat_smem, q_rows)
+    q_rows = gl.load(q_ptrs + cols_rope[None, :], mask=q_ok, other=0.0)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, ROPE], rope_smem, q_rows)
+
+    # This share's keys [lo, hi).
+    length = gl.load(KvIndptr + b + 1) - gl.load(KvIndptr + b)
+    share = gl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
+    share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    lo = split * share
+    hi = gl.minimum(lo + share, length)
+    n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
+
+    # Two key buffers, each with its barrier: tile i in buffer i % 2.
+    k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DV], lat_smem)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], rope_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready.index(0), count=1)
+    mbarrier.init(ready.index(1), count=1)
+    hopper.fence_async_shared()
+    tile_bytes: gl.constexpr = BLOCK_N * (DV + ROPE) * 2
+    table = Table + b * stride_bt
+    if n_tiles > 0:
+        slot = gl.load(table + lo // PAGE) * PAGE + lo % PAGE
+        mbarrier.expect(ready.index(0), tile_bytes)
+        _tma_load(k_lat_desc, [slot, 0], ready.index(0), k_lat.index(0))
+        _tma_load(k_rope_desc, [slot, DV], ready.index(0), k_rope.index(0))
+
+    nxt = lo + BLOCK_N
+    slot_next = gl.load(table + nxt // PAGE, mask=nxt < hi, other=0) * PAGE + nxt % PAGE
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = hopper.warpgroup_mma_init(gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout))
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    qk_scale = sm_scale * 1.4426950408889634
+    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    for i in range(n_tiles):
+        buf = i % 2
+        mbarrier.wait(ready.index(buf), (i // 2) & 1)
+        s = hopper.warpgroup_mma(
+            q_lat, k_lat.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )
+        s = hopper.warpgroup_mma(q_rope, k_rope.index(buf).permute((1, 0)), s, is_async=True)
+        # Waiting for the scores also completes the previous tile's value product, which
+        # frees the other buffer: the next tile's copy starts now, under this tile's softmax
+        # and value product.
+        s, acc = hopper.warpgroup_mma_wait(0, deps=[s, acc])
+        n0 = lo + i * BLOCK_N
+        _thread_barrier()  # both warpgroups past the wait: no reader left of that buffer
+        if i + 1 < n_tiles:
+            mbarrier.expect(ready.index(1 - buf), tile_bytes)
+            _tma_load(k_lat_desc, [slot_next, 0], ready.index(1 - buf), k_lat.index(1 - buf))
+            _tma_load(k_rope_desc, [slot_next, DV], ready.index(1 - buf), k_rope.index(1 - buf))
+        # The page of the tile after next, read now: its copy need not wait on the table.
+        after = n0 + 2 * BLOCK_N
+        slot_next = gl.load(table + after // PAGE, mask=after < hi, other=0) * PAGE + after % PAGE
+        s = gl.where((n0 + keys < hi)[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        acc = hopper.warpgroup_mma(p_op, k_lat.index(buf), acc, is_async=True)
+    acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+
+    has = l_i > 0
+    lse = gl.where(
+        has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf")
+    )
+    rows_s = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    written = (rows_s < W * G) & (rows_s * 0 + lo < hi)
+    gl.store(
+        Lse + split * stride_ls + (b * W + rows_s // G) * stride_lt + rows_s % G, lse, mask=written
+    )
+    out = acc / gl.convert_layout(gl.where(has, l_i, 1.0), gl.SliceLayout(1, o_layout))[:, None]
+    rows_o = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    cols_o = gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    o_ok = (rows_o < W * G) & (rows_o * 0 + lo < hi)
+    o_rows = Out + split * stride_os + (b * W + rows_o // G) * stride_ot + rows_o % G * stride_oh
+    gl.store(o_rows[:, None] + cols_o[None, :], out, mask=o_ok[:, None])
+
+
+def latent_prefix_gluon(
+    grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
+    page_size, min_share,
+) -> None:  # fmt: skip
+    """The kernel's launch (``o1`` / ``lse1`` as `prefix_attention_part` allocates them): two
+    descriptors of the ``[slots, D]`` latent cache, built on the host from its address and
+    strides (the same at every call on a fixed pool, so a captured graph replays them)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    slots, _, d = k_buffer.shape
+    dv = o1.shape[-1]
+    cache = k_buffer[:, 0]  # [slots, D], row stride k_buffer.stride(0)
+    descs = []
+    for cols in (dv, d - dv):
+        layout = gl.NVMMASharedLayout.get_default_for([block_n, cols], gl.bfloat16)
+        descs.append(
+            TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols], layout)
+        )
+    _latent_prefix_gluon[grid](
+        q, *descs, kv_indptr, table, o1, lse1, sm_scale,
+        q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
+        lse1.stride(0), table.stride(0),
+        W=w, G=g, DV=dv, ROPE=d - dv, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+        MIN_SHARE=min_share, PAGE=page_size, num_warps=8,
+    )  # fmt: skip
