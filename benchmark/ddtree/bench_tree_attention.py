@@ -328,6 +328,28 @@ def sweep_variants(w: int, mla: bool) -> dict:
                     prefix_index_ahead=True,
                 ),
             ),  # fmt: skip
+            # The merge of many shares: more shares a load (bs 1's 128), and bs 4's 32 shares
+            # (merged one at a time by the hook) chunked over narrower value tiles.
+            *(
+                (
+                    f"lat64w8n64s2S128t{t}m{m}",
+                    dict(prefix_stages=2, prefix_splits=128, tree_dv_block=t, tree_merge_chunk=m),
+                )
+                for t, m in ((32, 16), (16, 32))
+            ),  # fmt: skip
+            *(
+                (
+                    f"lat64w8n64s2aheadS32t{t}m{m}",
+                    dict(
+                        prefix_stages=2,
+                        prefix_index_ahead=True,
+                        prefix_splits=32,
+                        tree_dv_block=t,
+                        tree_merge_chunk=m,
+                    ),
+                )
+                for t, m in ((128, 1), (32, 8), (64, 4))
+            ),  # fmt: skip
             # Key tiles copied by TMA (two descriptors of the cache: fewer registers, no
             # per-thread addresses), at bs >= 2's settings and at bs 1's.
             ("lat64w8n64s2tma", dict(prefix_stages=2, prefix_tma=True)),
