@@ -43,7 +43,10 @@ sampled verify's nucleus from sgl_kernel's ``top_p_renorm_prob`` instead of ``co
 (``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
 compute the verify's prefix part with DDTREE's own kernel on FlashMLA's pages / with FlashMLA's
 (``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree`` / ``flashmla``; by default ``auto``: the own kernel on
-a bfloat16 cache).
+a bfloat16 cache); ``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an
+earlier commit's ``python/``, put first on the engine processes' ``PYTHONPATH``; the main
+process, which checks requests, keeps the installed one): two versions side by side in one run
+(``ddtree+baseline@flashmla``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
 ``bench_step_<model>.md`` and ``bench_step_<model>.png`` (matplotlib, when importable). A
@@ -600,6 +603,9 @@ VARIANTS = {
     # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
     "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
     "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
+    # The engine's processes import the plugin from --baseline-python (another checkout's
+    # python/, e.g. an earlier commit): two versions side by side in one run.
+    "baseline": {},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
@@ -636,6 +642,17 @@ def split_variant(config: str) -> tuple[str, dict[str, str]]:
     return base, env
 
 
+def engine_pythonpath(config: str, baseline_python: str | None, current: str | None):
+    """The engine processes' ``PYTHONPATH`` for a configuration (``"ddtree+baseline"``: the
+    ``--baseline-python`` folder ahead of ``current``, so they import that plugin before the
+    installed one), or None to leave it as it is."""
+    if "baseline" not in config.split("+")[1:]:
+        return None
+    if not baseline_python:
+        raise SystemExit(f"{config!r} needs --baseline-python")
+    return os.pathsep.join(filter(None, [baseline_python, current]))
+
+
 def run_config(spec, config, args, timing_dir) -> dict:
     import sglang as sgl
 
@@ -649,6 +666,10 @@ def run_config(spec, config, args, timing_dir) -> dict:
     config_only, backend = split_backend(config, args.attention_backend)
     base, variant_env = split_variant(config_only)
     os.environ.update(variant_env)
+    pythonpath = os.environ.get("PYTHONPATH")
+    engine_path = engine_pythonpath(config_only, args.baseline_python, pythonpath)
+    if engine_path is not None:  # spawned engine processes read it at their start
+        os.environ["PYTHONPATH"] = engine_path
     counting = "experts" in args.phases
     if counting:  # graphs off: the counter runs at every MoE call
         os.environ[EXPERT_COUNT_ENV] = str(tiny_models.KIMI_K26.n_routed_experts)
@@ -766,6 +787,10 @@ def run_config(spec, config, args, timing_dir) -> dict:
                 print(f"[bench_step] {config} bs={bs} {tname}: {row['step'][-1]}", flush=True)
     finally:
         eng.shutdown()
+        if pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
     if args.cprofile_skip is not None or args.torch_profile_skip is not None or args.sync_trace:
         # Segments in the order of the runs above (accept phase first, then the step runs).
         # Plain characters only: '@' and '+' in a configuration's name are not portable paths.
@@ -916,6 +941,12 @@ def main() -> None:
         "--draft-attention-backend",
         default=None,
         help="the drafter's backend (default: SGLang's choice for the target's backend)",
+    )
+    ap.add_argument(
+        "--baseline-python",
+        default=None,
+        help="the python/ folder of another checkout (an earlier commit): a configuration "
+        "with the +baseline suffix runs its engine on that plugin",
     )
     ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
     ap.add_argument("--phases", default="step", help="comma list of: accept, step; or experts")

@@ -292,6 +292,13 @@ def test_bench_step_variants(bench):
     assert fmla == ("ddtree-8", {**default, prefix: "flashmla"})
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
+    # +baseline: the worker's defaults, the engine's processes on another checkout's plugin.
+    assert bench.split_variant("ddtree+baseline") == ("ddtree", default)
+    assert bench.engine_pythonpath("ddtree", "/old/python", "/site") is None
+    assert bench.engine_pythonpath("ddtree+baseline", "/old/python", "/site") == "/old/python:/site"
+    assert bench.engine_pythonpath("ddtree+baseline", "/old/python", None) == "/old/python"
+    with pytest.raises(SystemExit, match="needs --baseline-python"):
+        bench.engine_pythonpath("ddtree+baseline", None, "/site")
 
 
 def test_bench_step_prompt_len(bench, tmp_path):
