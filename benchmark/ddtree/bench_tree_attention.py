@@ -290,6 +290,10 @@ def sweep_variants(w: int, mla: bool) -> dict:
         for splits in (16, 32, 64, 128):
             out[f"lat64w8n64S{splits}"] = dict(best, prefix_splits=splits)
             out[f"lat32w4n64S{splits}"] = dict(out["lat32w4n64"], prefix_splits=splits)
+        # The hook's bs-1 launch (128 shares, the chunked merge) and bs 4's (32 shares, the page
+        # read ahead), which the sweep's general shares do not reproduce.
+        bs1 = dict(prefix_stages=2, prefix_splits=128, tree_dv_block=32, tree_merge_chunk=8)
+        bs4 = dict(prefix_stages=2, prefix_index_ahead=True, prefix_splits=32)
         # Wider key tiles (fewer softmax rounds a key) and four warpgroups (a quarter of the
         # accumulator each), with the stages shared memory allows.
         for name, moved in (
@@ -318,57 +322,24 @@ def sweep_variants(w: int, mla: bool) -> dict:
             # A key tile's page number (--flashmla) or slots read a tile ahead, at bs >= 2's
             # settings and at bs 1's (128 shares, the chunked merge).
             ("lat64w8n64s2ahead", dict(prefix_stages=2, prefix_index_ahead=True)),
-            (
-                "lat64w8n64s2S128t32m8ahead",
-                dict(
-                    prefix_stages=2,
-                    prefix_splits=128,
-                    tree_dv_block=32,
-                    tree_merge_chunk=8,
-                    prefix_index_ahead=True,
-                ),
-            ),  # fmt: skip
+            ("lat64w8n64s2S128t32m8ahead", dict(bs1, prefix_index_ahead=True)),
             # The merge of many shares: more shares a load (bs 1's 128), and bs 4's 32 shares
             # (merged one at a time by the hook) chunked over narrower value tiles.
             *(
-                (
-                    f"lat64w8n64s2S128t{t}m{m}",
-                    dict(prefix_stages=2, prefix_splits=128, tree_dv_block=t, tree_merge_chunk=m),
-                )
+                (f"lat64w8n64s2S128t{t}m{m}", dict(bs1, tree_dv_block=t, tree_merge_chunk=m))
                 for t, m in ((32, 16), (16, 32))
-            ),  # fmt: skip
-            *(
-                (
-                    f"lat64w8n64s2aheadS32t{t}m{m}",
-                    dict(
-                        prefix_stages=2,
-                        prefix_index_ahead=True,
-                        prefix_splits=32,
-                        tree_dv_block=t,
-                        tree_merge_chunk=m,
-                    ),
-                )
-                for t, m in ((128, 1), (32, 8), (64, 4))
-            ),  # fmt: skip
-            # Key tiles copied by TMA (two descriptors of the cache: fewer registers, no
-            # per-thread addresses), at bs >= 2's settings and at bs 1's.
-            ("lat64w8n64s2tma", dict(prefix_stages=2, prefix_tma=True)),
-            (
-                "lat64w8n64s2S128t32m8tma",
-                dict(
-                    prefix_stages=2,
-                    prefix_splits=128,
-                    tree_dv_block=32,
-                    tree_merge_chunk=8,
-                    prefix_tma=True,
-                ),
-            ),  # fmt: skip
-            # The Gluon kernel: each tile's copy issued as soon as its buffer is free.
-            ("lat64w8n64gluon", dict(prefix_gluon=True)),
-            (
-                "lat64w8n64S128t32m8gluon",
-                dict(prefix_splits=128, tree_dv_block=32, tree_merge_chunk=8, prefix_gluon=True),
             ),
+            *(
+                (f"lat64w8n64s2aheadS32t{t}m{m}", dict(bs4, tree_dv_block=t, tree_merge_chunk=m))
+                for t, m in ((128, 1), (32, 8), (64, 4))
+            ),
+            # Key tiles copied by TMA (two descriptors of the cache: fewer registers, no
+            # per-thread addresses), and the Gluon kernel (each tile's copy issued as soon as
+            # its buffer is free), at bs >= 2's settings and at bs 1's.
+            ("lat64w8n64s2tma", dict(prefix_stages=2, prefix_tma=True)),
+            ("lat64w8n64s2S128t32m8tma", dict(bs1, prefix_tma=True)),
+            ("lat64w8n64gluon", dict(prefix_gluon=True)),
+            ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).
             ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_index_ahead=True)),

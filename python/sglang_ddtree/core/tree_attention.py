@@ -91,11 +91,41 @@ if triton is not None:
         return (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
 
     @triton.jit
+    def _share_range(
+        length, split, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        """Keys ``[lo, hi)`` of a ``length``-key prefix that share ``split`` walks (an empty
+        share, ``lo >= hi``, writes nothing: the merge skips it)."""
+        share = _share_keys(length, SPLITS, MIN_SHARE, BLOCK_N)
+        return split * share, tl.minimum(split * share + share, length)
+
+    @triton.jit
     def _latent_and_rope(rows, ok, offs_lat, offs_rope, D: tl.constexpr):
         """An MLA row tile's latent [R, DV] and rope [R, BLOCK_ROPE] columns (zero past D)."""
         lat = tl.load(rows + offs_lat[None, :], mask=ok[:, None], other=0.0)
         rope_ok = ok[:, None] & (offs_rope < D)[None, :]
         return lat, tl.load(rows + offs_rope[None, :], mask=rope_ok, other=0.0)
+
+    @triton.jit
+    def _softmax_tile(s, n_ok, qk_scale, m_i, l_i, acc, v):
+        """One key tile of the online softmax: the scores ``s`` [M, N] of the keys ``n_ok``
+        scaled into base 2 (``qk_scale`` holds log2 e: exp2 is the hardware's exp), the
+        accumulator rescaled and the tile's values ``v`` [N, DV] added. ``(acc, l_i, m_i)``."""
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # [M, N]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
+        return acc, l_i * alpha + tl.sum(p, 1), m_new
+
+    @triton.jit
+    def _normalized(acc, l_i, m_i):
+        """``(out, lse)``: a share's normalized output and its log-sum-exp in natural log
+        (zero and -inf where no key was seen)."""
+        has = l_i > 0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse2 = m_i + tl.log2(tl.where(has, l_i, 1.0))
+        return out, tl.where(has, lse2 * 0.6931471805599453, float("-inf"))  # natural: ln 2
 
     @triton.jit
     def _prefix_attention_kernel(
@@ -138,10 +168,7 @@ if triton is not None:
         q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         start = tl.load(KvIndptr + b)
         length = tl.load(KvIndptr + b + 1) - start
-        # Keys [lo, hi) of the prefix (an empty share writes nothing: the merge skips it).
-        share = _share_keys(length, SPLITS, MIN_SHARE, BLOCK_N)
-        lo = split * share
-        hi = tl.minimum(lo + share, length)
+        lo, hi = _share_range(length, split, SPLITS, MIN_SHARE, BLOCK_N)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -201,18 +228,8 @@ if triton is not None:
                     mask=n_ok[:, None] & (offs_dv[None, :] < DV),
                     other=0.0,
                 )
-            # Scores in base 2 (the scale folded with log2 e): exp2 is the hardware's exp.
-            s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # [BLOCK_M, BLOCK_N]
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            acc = tl.dot(p.to(v.dtype), v, acc=acc * alpha[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-        has = l_i > 0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse2 = m_i + tl.log2(tl.where(has, l_i, 1.0))
-        lse = tl.where(has, lse2 * 0.6931471805599453, float("-inf"))  # natural: ln 2
+            acc, l_i, m_i = _softmax_tile(s, n_ok, qk_scale, m_i, l_i, acc, v)
+        out, lse = _normalized(acc, l_i, m_i)
         tl.store(
             Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
             + offs_dv[None, :],
@@ -249,9 +266,7 @@ if triton is not None:
         q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
         q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, DV + tl.arange(0, BLOCK_ROPE), D)
         length = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
-        share = _share_keys(length, SPLITS, MIN_SHARE, BLOCK_N)
-        lo = split * share
-        hi = tl.minimum(lo + share, length)
+        lo, hi = _share_range(length, split, SPLITS, MIN_SHARE, BLOCK_N)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DV], tl.float32)
@@ -264,18 +279,8 @@ if triton is not None:
             s = tl.dot(q_lat, tl.trans(k_lat))
             s = tl.dot(q_rope, tl.trans(k_rope), acc=s)
             n_ok = n0 + tl.arange(0, BLOCK_N) < hi
-            s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            acc = tl.dot(p.to(k_lat.dtype), k_lat, acc=acc * alpha[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-        has = l_i > 0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse = tl.where(
-            has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf")
-        )
+            acc, l_i, m_i = _softmax_tile(s, n_ok, qk_scale, m_i, l_i, acc, k_lat)
+        out, lse = _normalized(acc, l_i, m_i)
         written = row_ok & (rows * 0 + lo < hi)
         out_rows = Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
         tl.store(out_rows + offs_lat[None, :], out, mask=written[:, None])
