@@ -547,7 +547,29 @@ def markdown(rows: list, mode: str, heads: list) -> str:
     for row in rows:  # "-": a field the row lacks (a table is never what stops a run)
         fields = [fmt.format(row[key]) if key in row else "-" for _, key, fmt in cols]
         lines.append("| " + " | ".join(fields) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + sweep_table(rows)) + "\n"
+
+
+def sweep_table(rows: list) -> list[str]:
+    """``--sweep``'s settings as table lines, a column per setting (µs per call, or what stopped
+    a setting), next to the hook's own split; none without a sweep."""
+    names = list(dict.fromkeys(name for row in rows for name in row.get("sweep_us", {})))
+    if not names:
+        return []
+    hook = "split_paged_us" if any("split_paged_us" in row for row in rows) else "split_auto_us"
+    lines = [
+        "",
+        "Sweep, µs per call:",
+        "",
+        "| bs | prefix | W | hook | " + " | ".join(names) + " |",
+    ]
+    lines.append("|" + "---:|" * (4 + len(names)))
+    for row in rows:
+        cells = [row.get("sweep_us", {}).get(name, "-") for name in names]
+        cells = [US.format(c) if isinstance(c, float) else str(c)[:24] for c in cells]
+        head = [str(row["bs"]), f"{row['prefix']:,}", str(row["W"]), US.format(row[hook])]
+        lines.append("| " + " | ".join(head + cells) + " |")
+    return lines
 
 
 def parse_args(argv=None) -> argparse.Namespace:

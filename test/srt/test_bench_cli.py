@@ -345,3 +345,19 @@ def test_bench_tree_attention_reads_what_triton_built(load_benchmark):
     best = variants["lat64w8n64"]
     assert variants["lat64w16n64"] == dict(best, warps=(16, None))
     assert variants["lat64w8n128s1"] == dict(best, prefix_keys=128, prefix_stages=1)
+
+
+def test_bench_tree_attention_sweep_table(load_benchmark):
+    """The sweep's settings as a table, a column per setting, next to the hook's split; a
+    setting Triton could not build shows what stopped it; no sweep, no table."""
+    mod = load_benchmark("bench_tree_attention")
+    rows = [
+        {"bs": 1, "prefix": 16384, "W": 8, "split_paged_us": 39.4,
+         "sweep_us": {"a": 40.04, "b": "OutOfResources: shared memory"}},
+        {"bs": 4, "prefix": 65536, "W": 8, "split_paged_us": 191.0, "sweep_us": {"a": 237.2}},
+    ]  # fmt: skip
+    lines = mod.sweep_table(rows)
+    assert lines[3] == "| bs | prefix | W | hook | a | b |"
+    assert lines[5] == "| 1 | 16,384 | 8 | 39.4 | 40.0 | OutOfResources: shared m |"
+    assert lines[6] == "| 4 | 65,536 | 8 | 191.0 | 237.2 | - |"
+    assert mod.sweep_table([{"bs": 1, "prefix": 1, "W": 8, "split_auto_us": 1.0}]) == []
