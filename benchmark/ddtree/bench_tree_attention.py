@@ -333,6 +333,11 @@ def sweep_variants(w: int, mla: bool) -> dict:
                 (f"lat64w8n64s2aheadS32t{t}m{m}", dict(bs4, tree_dv_block=t, tree_merge_chunk=m))
                 for t, m in ((128, 1), (32, 8), (64, 4))
             ),
+            # bs 4 over two waves of shares (64 each), merged in chunks.
+            (
+                "lat64w8n64s2aheadS64t32m8",
+                dict(bs4, prefix_splits=64, tree_dv_block=32, tree_merge_chunk=8),
+            ),  # fmt: skip
             # Key tiles copied by TMA (two descriptors of the cache: fewer registers, no
             # per-thread addresses), and the Gluon kernel (each tile's copy issued as soon as
             # its buffer is free), at bs >= 2's settings and at bs 1's.
