@@ -333,7 +333,9 @@ def sweep_variants(w: int, mla: bool) -> dict:
                 (f"lat64w8n64s2aheadS32t{t}m{m}", dict(bs4, tree_dv_block=t, tree_merge_chunk=m))
                 for t, m in ((128, 1), (32, 8), (64, 4))
             ),
-            # bs 4 over two waves of shares (64 each), merged in chunks.
+            # bs 4's launch without the read-ahead (is it worth it at 32 shares?), and over two
+            # waves of shares (64 each), merged in chunks.
+            ("lat64w8n64s2S32", dict(bs4, prefix_index_ahead=False)),
             (
                 "lat64w8n64s2aheadS64t32m8",
                 dict(bs4, prefix_splits=64, tree_dv_block=32, tree_merge_chunk=8),
