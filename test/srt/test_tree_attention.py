@@ -642,3 +642,6 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
             assert 0 < registers <= 255, (case, name, registers)
             if name in ("_latent_paged_prefix_kernel", "_latent_prefix_gluon"):
                 assert "async_tma_copy_global_to_local" in compiled.asm["ttgir"]
+            if name == "_latent_prefix_gluon":  # the next tile's copy before this one's softmax
+                loop = compiled.asm["ttgir"].split("scf.for", 1)[1].split("scf.yield", 1)[0]
+                assert loop.index("async_tma_copy_global_to_local") < loop.index("math.exp2")
