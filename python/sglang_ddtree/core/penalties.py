@@ -43,10 +43,10 @@ scaling one, all before the grammar mask, ``logit_bias`` and the temperature):
 
 Cost: one dense pass over the ``[bs, W, V]`` logits for the emitted tokens (SGLang's own
 per-row work; it holds one float and one bool buffer of that shape, plus the output unless
-``inplace``; on CUDA `penalties_triton` instead, which reads the logits only in the vocabulary
-blocks that hold an emitted token), then only the cells the path touches, ``[bs, W, W]`` (each node's row is
-recomputed at the W node tokens, where the counts include the path), and the stop ids,
-``[bs, W, S]``.
+``inplace``; on CUDA `penalties_triton` instead, which reads the logits only in the
+vocabulary blocks that hold an emitted token), then only the cells the path touches,
+``[bs, W, W]`` (each node's row is recomputed at the W node tokens, where the counts include
+the path), and the stop ids, ``[bs, W, S]``.
 """
 
 from __future__ import annotations
