@@ -457,9 +457,10 @@ def test_min_p_part_is_calibrated(ddtree_min_p_scale, passes):
     assert law.wrong_min_p()["minp0.1_T1.0"]["min_p"] == pytest.approx(0.2)
 
 
-def test_penalties_part_wrong_law_and_parts():
+def test_penalties_part_wrong_law_and_parts(capsys):
     """The penalties part's wrong law moves every penalty away from neutral (twice as far) and
-    drops min_new_tokens; an unknown part is refused on the command line."""
+    drops min_new_tokens; an unknown part is refused on the command line, and so is the
+    penalties part without --no-overlap."""
     wrong = {k: law._twice_penalties(sp) for k, sp in law.PENALTY_SETTINGS.items()}
     assert wrong["freq0.5_T1.0"]["frequency_penalty"] == 1.0
     assert wrong["pres0.5_rep1.2_T1.0_p0.95"]["presence_penalty"] == 1.0
@@ -468,6 +469,11 @@ def test_penalties_part_wrong_law_and_parts():
     assert set(law.PARAMETER_PARTS) == {"min_p", "penalties"}
     with pytest.raises(SystemExit):
         law.main(["--parts", "law,bogus"])
+    # The penalties part without --no-overlap: refused (the reference's penalizers would run
+    # one token late), before any engine starts.
+    with pytest.raises(SystemExit):
+        law.main(["--parts", "penalties"])
+    assert "needs --no-overlap" in capsys.readouterr().err
 
 
 def _penalized_completions(rng, penalty, held_back=(), n=law.SAMPLES, vocab=30):

@@ -882,6 +882,12 @@ def main(argv: list[str] | None = None) -> int:
         "SGLang's overlap scheduler feeds its penalizers one token late)",
     )
     args = ap.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    if "penalties" in parts and not args.no_overlap:  # else the reference's law is not SGLang's
+        ap.error(
+            "--parts penalties needs --no-overlap: SGLang's overlap scheduler feeds the "
+            "non-speculative reference's penalizers one token late"
+        )
     tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "")
     if args.arch.startswith("mla"):
         import tempfile
@@ -903,7 +909,6 @@ def main(argv: list[str] | None = None) -> int:
             e2e.ENGINE_EXTRA.update(disable_overlap_schedule=True)
     if args.from_saved:
         args.reference = args.from_saved
-    parts = [p for p in args.parts.split(",") if p]
     known = {"law", "greedy", "params", *PARAMETER_PARTS}
     bad = set(parts) - known
     if bad:
@@ -945,6 +950,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {
         "dtype": args.dtype,
         "fp32_lm_head": args.fp32_lm_head,
+        "no_overlap": args.no_overlap,
         "settings": plan["settings"],
     }
     probes = ExtendPathSampler(plan["settings"], prompts, args.dtype)
