@@ -331,34 +331,25 @@ def _write_configs(pairs) -> None:
 
 
 def write_word_tokenizer(path: str, vocab_size: int, seed: int = 0) -> None:
-    """A word-level fast tokenizer of ``vocab_size`` tokens into ``path``, for a random-weight
-    shape's constrained cells (the shapes start without a tokenizer, so a grammar has no
-    vocabulary): the tiny pairs' special and printable tokens, then distinct words of 2-8
-    lowercase letters, half with a leading space and one in eight capitalized, so that the
-    grammar's mask walks a vocabulary of the target's size and of a real one's kind."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
+    """A tokenizer of ``vocab_size`` tokens into ``path`` for a random-weight shape's
+    constrained cells (the shapes start without one, so a grammar has no vocabulary): the tiny
+    pairs' (`tiny_models.build_tokenizer`) with distinct words of 2-8 lowercase letters after
+    its special and printable tokens, half with a leading space and one in eight capitalized,
+    so that the grammar's mask walks a vocabulary of the target's size and of a real one's
+    kind."""
     rng = random.Random(seed)
-    vocab = tiny_models.SPECIALS + [chr(c) for c in range(32, 127)]
-    seen = set(vocab)
-    while len(vocab) < vocab_size:
+    words: list[str] = []
+    seen = set(tiny_models.SPECIALS) | {chr(c) for c in range(32, 127)}
+    while len(words) < vocab_size:
         word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8)))
         word = (" " if rng.random() < 0.5 else "") + (
             word.capitalize() if rng.random() < 0.125 else word
         )
         if word not in seen:
             seen.add(word)
-            vocab.append(word)
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in tiny_models.SPECIALS]
-    )
-    tok.save(os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-                   "pad_token": "<|endoftext|>", "unk_token": "<unk>"}, f)  # fmt: skip
+            words.append(word)
+    cfg = tiny_models.TinyPairConfig(vocab_size=vocab_size)
+    tiny_models.build_tokenizer(path, cfg, filler=words)
 
 
 def model_spec(

@@ -66,20 +66,23 @@ class TinyPairConfig:
     dtype: str = "float32"
 
 
-def _vocab(cfg: TinyPairConfig) -> list[str]:
+def _vocab(cfg: TinyPairConfig, filler: list[str] | None = None) -> list[str]:
     chars = [chr(c) for c in range(32, 127)]
     vocab = SPECIALS + chars
     if cfg.vocab_size < len(vocab):
         vocab = vocab[: cfg.vocab_size]
-    vocab += [f"<x{i}>" for i in range(cfg.vocab_size - len(vocab))]
+    rest = cfg.vocab_size - len(vocab)
+    vocab += filler[:rest] if filler is not None else [f"<x{i}>" for i in range(rest)]
+    assert len(vocab) == cfg.vocab_size, "filler shorter than the vocabulary"
     return vocab
 
 
-def build_tokenizer(out_dir: str, cfg: TinyPairConfig) -> dict:
-    """Write a character-level fast tokenizer (tokenizer.json + configs); returns its vocab."""
+def build_tokenizer(out_dir: str, cfg: TinyPairConfig, filler: list[str] | None = None) -> dict:
+    """Write a character-level fast tokenizer (tokenizer.json + configs); returns its vocab.
+    ``filler``: the tokens after the special and printable ones (default ``<x0>``, ...)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {tok: i for i, tok in enumerate(_vocab(cfg))}
+    vocab = {tok: i for i, tok in enumerate(_vocab(cfg, filler))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
