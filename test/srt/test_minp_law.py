@@ -434,3 +434,27 @@ def test_min_p_kernel_interpreted_equals_torch(run_interpreted):
     kept set (ties at the pivot on a 0.25 logit grid) and values within float32 rounding, over
     several blocks a row with a partial last one, one block wider than the row, V = 1."""
     run_interpreted(_INTERPRETED_MIN_P, "interpreted min-p OK")
+
+
+@pytest.mark.gpu
+def test_min_p_kernel_rows_match_the_torch_path():
+    """From `MIN_P_KERNEL_ROWS` rows on, CUDA's min-p step is `minp_triton`'s kernel: the
+    same kept set as the torch path and values within float32 rounding, over 16 requests x 9
+    nodes of logits on a 0.25 grid (ties at the pivot), min_p 0 in some rows."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from sglang_ddtree.core.sampling import MIN_P_KERNEL_ROWS
+
+    g = torch.Generator().manual_seed(7)
+    bs, n, vocab = 16, 9, 1000
+    assert bs * n >= MIN_P_KERNEL_ROWS
+    logits = (torch.randn(bs, n, vocab, generator=g) * 12).round() * 0.25
+    args = [torch.rand(bs, generator=g) + 0.5, torch.randint(0, 50, (bs,), generator=g),
+            torch.rand(bs, generator=g) * 0.5 + 0.5]  # fmt: skip
+    min_p = torch.rand(bs, generator=g) * 0.4
+    min_p[::4] = 0.0
+    got = target_probs(logits.cuda(), *(a.cuda() for a in args), min_p=min_p.cuda(),
+                       need_min_p=True).cpu()  # fmt: skip
+    want = target_probs(logits, *args, min_p=min_p, need_min_p=True)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -476,18 +476,12 @@ def test_dense_pass_kernel_compiles_without_fused_multiply_adds(load_benchmark, 
         pytest.skip(missing)
     from sglang_ddtree.core import penalties_triton as pt
 
-    launches = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((args, kw))
-
-    kernel = pt._penalize_emitted_kernel
-    monkeypatch.setattr(pt, "_penalize_emitted_kernel", Recorder())
+    kernel, recorder = pt._penalize_emitted_kernel, regs._LaunchRecorder()
+    monkeypatch.setattr(pt, "_penalize_emitted_kernel", recorder)
     rows = torch.zeros(4), torch.zeros(4), torch.ones(4)
     counts = torch.zeros(4, 151936, dtype=torch.int32)
     pt.penalize_emitted_(torch.zeros(4, 16, 151936, dtype=dtype), counts, *rows)
-    ((args, kw),) = launches
+    ((args, kw),) = recorder.launches
     assert kw["enable_fp_fusion"] is False
     ptx = regs.compile_launch(kernel, args, kw).asm["ptx"]
     assert "fma.rn.f32" not in ptx and "div.rn.f32" in ptx

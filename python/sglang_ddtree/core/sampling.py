@@ -47,6 +47,11 @@ COIN_EPS = 2.0**-24
 TOP_P_KERNELS = ("radix", "flashinfer")
 
 
+# `minp_triton` runs one program per row: with fewer rows than about one per SM, torch's
+# passes, each spread over the whole GPU, keep more of it busy (reasoned, not yet timed).
+MIN_P_KERNEL_ROWS = 128
+
+
 def _sgl_kernel_renorm(top_p_kernel: str = TOP_P_KERNELS[0]):
     """``(top_k_renorm_prob, top_p_renorm_prob)``: sgl_kernel's (FlashInfer's), the top-p one
     `topp_radix.top_p_renorm_radix` for ``top_p_kernel="radix"``; None without sgl_kernel."""
@@ -206,8 +211,9 @@ def target_probs(
     (`_joint_renorm_kernels`; on the min-p path the two one after the other), the nucleus from
     `topp_radix` where ``top_p_kernel`` is "radix" (the same set); with top-p alone, radix
     takes the logits and never writes the softmax out (`topp_radix.top_p_softmax_renorm_radix`);
-    min-p is `minp_triton.min_p_renorm_` (`min_p_renorm` in one kernel, in place). Elsewhere
-    the pure-torch functions above.
+    min-p is `minp_triton.min_p_renorm_` (`min_p_renorm` in one kernel, in place) from
+    ``MIN_P_KERNEL_ROWS`` rows on, `min_p_renorm` below. Elsewhere the pure-torch functions
+    above.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
@@ -237,7 +243,7 @@ def target_probs(
             probs = renorm(probs, k, p)
     if need_min_p:
         min_ps = min_p.float()[:, None].expand(bs, n).reshape(-1)
-        if on_device:  # probs is this function's own buffer: filtered in place
+        if on_device and bs * n >= MIN_P_KERNEL_ROWS:  # this function's own buffer: in place
             from sglang_ddtree.core.minp_triton import min_p_renorm_
 
             probs = min_p_renorm_(probs.contiguous(), min_ps)
