@@ -27,8 +27,8 @@ the prefix kernel's rows, warps and keys per iteration without and with its late
 around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>`` shares,
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
-a key tile's page number or slots read a tile ahead, ``...tma`` key tiles copied by TMA and
-``...gluon`` the Gluon prefix kernel, with ``--flashmla``), each checked against the reference
+a key tile's page number or slots read a tile ahead, ``...gluon`` the Gluon prefix kernel
+(``...gluonS<n>`` over n shares, with ``--flashmla``), each checked against the reference
 (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel of each
 setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared memory,
 warpgroup MMA dots, asynchronous and TMA copies). With
@@ -340,13 +340,22 @@ def sweep_variants(w: int, mla: bool) -> dict:
                 "lat64w8n64s2aheadS64t32m8",
                 dict(bs4, prefix_splits=64, tree_dv_block=32, tree_merge_chunk=8),
             ),  # fmt: skip
-            # Key tiles copied by TMA (two descriptors of the cache: fewer registers, no
-            # per-thread addresses), and the Gluon kernel (each tile's copy issued as soon as
-            # its buffer is free), at bs >= 2's settings and at bs 1's.
-            ("lat64w8n64s2tma", dict(prefix_stages=2, prefix_tma=True)),
-            ("lat64w8n64s2S128t32m8tma", dict(bs1, prefix_tma=True)),
+            # The Gluon kernel (each tile's copy issued as soon as its buffer is free) at the
+            # general shares and at bs 1's, and over 8 to 128 shares (a chunked merge from
+            # 64 on, as the hook's).
             ("lat64w8n64gluon", dict(prefix_gluon=True)),
             ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
+            *(
+                (
+                    f"lat64w8n64gluonS{n}",
+                    dict(
+                        prefix_gluon=True,
+                        prefix_splits=n,
+                        **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 64 else {}),
+                    ),
+                )
+                for n in (2, 4, 8, 16, 32, 64, 128)
+            ),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).
             ("lat64w8n32s3ahead", dict(prefix_keys=32, prefix_stages=3, prefix_index_ahead=True)),
@@ -410,6 +419,7 @@ def measure(
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     from sglang_ddtree.core.tree_attention import (
+        gluon_prefix_runs,
         launch_settings,
         prefix_attention_part,
         tree_attention,
@@ -455,7 +465,8 @@ def measure(
     row["split_auto_max_err"] = (res["auto"].float() - want).abs().max().item()
     row["ratio"] = row["split_auto_us"] / row["extend_us"]
     if flashmla:  # the own split as the flashmla backend's own-prefix verify launches it
-        hook = launch_settings(bs, w, hq, hkv, dv_real, sms, latent_d=d, page_size=64)
+        gluon = gluon_prefix_runs(t["q"].device, t["k"].dtype)
+        hook = launch_settings(bs, w, hq, hkv, dv_real, sms, d, page_size=64, gluon=gluon)
         row["split_paged_us"] = graph_us(lambda: split("paged", hook), iters)
         row["split_paged_max_err"] = (res.pop("paged").float() - want).abs().max().item()
         # The own prefix kernel alone, as the hook launches it: against FlashMLA's prefix part.
@@ -487,15 +498,13 @@ def measure(
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
-            if (moved.get("prefix_tma") or moved.get("prefix_gluon")) and not flashmla:
-                continue  # TMA reads pages: FlashMLA's layout
+            if moved.get("prefix_gluon") and not flashmla:
+                continue  # the Gluon kernel reads pages: FlashMLA's layout
             settings = {**auto, **moved}
             if moved.get("prefix_gluon"):
                 from sglang_ddtree.core import tree_attention_gluon
 
                 prefix_kernel = tree_attention_gluon._latent_prefix_gluon
-            elif moved.get("prefix_tma"):
-                prefix_kernel = kernels._latent_paged_prefix_kernel
             else:
                 prefix_kernel = kernels._prefix_attention_kernel
             built = compiled_kernels(prefix_kernel)

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
-KERNELS = ("_prefix_attention_kernel", "_latent_paged_prefix_kernel", "_tree_attention_kernel")
+KERNELS = ("_prefix_attention_kernel", "_tree_attention_kernel")
 GLUON_KERNELS = ("_latent_prefix_gluon",)  # in core.tree_attention_gluon
 
 
@@ -138,11 +138,13 @@ def usage(compiled) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def hook_case(bs: int, shape: str, num_sms: int = 132, prefix: int = 300, **overrides):
+def hook_case(
+    bs: int, shape: str, num_sms: int = 132, prefix: int = 300, gluon: bool = False, **overrides
+):
     """``(args, kwargs)`` of `tree_attention` as the hook calls it for ``shape`` (``k26``: one
     K2.6 TP-8 rank on FlashMLA's pages; ``tiny``: the tiny pair's 4-head latent on a slot
-    table; ``8b``: the 8B shape on a slot table), CPU tensors; ``overrides`` replace launch
-    keywords."""
+    table; ``8b``: the 8B shape on a slot table), CPU tensors; ``gluon``: as on Hopper, where
+    the hook may take the Gluon prefix kernel; ``overrides`` replace launch keywords."""
     import sglang_ddtree.core.tree_attention as ta
 
     hq, hkv, d, dv, w = {"k26": (8, 1, 576, 512, 8), "tiny": (4, 1, 576, 512, 8),
@@ -152,11 +154,12 @@ def hook_case(bs: int, shape: str, num_sms: int = 132, prefix: int = 300, **over
     slots = bs * (prefix + w) + 64
     k = torch.randn(slots, hkv, d, dtype=torch.bfloat16)
     v = k[..., :dv] if latent else torch.randn(slots, hkv, dv, dtype=torch.bfloat16)
-    indptr = torch.arange(bs + 1, dtype=torch.int32) * prefix
+    page = 64 if shape == "k26" else 0
+    # The flashmla hook's own prefix offsets are int64; the triton backend's kv_indptr int32.
+    indptr = torch.arange(bs + 1, dtype=torch.int64 if page else torch.int32) * prefix
     loc = torch.arange(bs * w, dtype=torch.int64) + bs * prefix
     mask = torch.ones(bs, w, w, dtype=torch.bool).tril()
-    page = 64 if shape == "k26" else 0
-    kw = dict(ta.launch_settings(bs, w, hq, hkv, dv, num_sms, d if latent else 0, page))
+    kw = dict(ta.launch_settings(bs, w, hq, hkv, dv, num_sms, d if latent else 0, page, gluon))
     if page:  # a block table of 64-slot pages
         indices = torch.arange(bs * -(-prefix // 64), dtype=torch.int32).view(bs, -1)
         kw["page_size"] = page

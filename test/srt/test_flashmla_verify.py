@@ -130,17 +130,6 @@ for page, prefix in ((4, [5, 1, 9]), (16, [33, 16, 2])):
                                page_size=page, prefix_latent=True, prefix_rows=16,
                                prefix_keys=16, prefix_splits=splits, prefix_index_ahead=True)
         assert (ahead - want).abs().max().item() < 1e-4, (page, prefix, splits)
-    # Key tiles copied by TMA (a descriptor of the cache; a tile past the prefix's end is read
-    # whole and weighs nothing; the rope block reaches past the key width and reads zeros).
-    for splits in (1, 2) if page == 16 else ():
-        tma = tree_attention(q, k, v, kv_indptr, table, node_loc, mask, scale, page_size=page,
-                             prefix_latent=True, prefix_rows=16, prefix_keys=16,
-                             prefix_splits=splits, prefix_tma=True)
-        assert (tma - want).abs().max().item() < 1e-4, (page, prefix, splits)
-        swapped = tree_attention(q, k, v, kv_indptr, wrong_pages(table), node_loc, mask, scale,
-                                 page_size=page, prefix_latent=True, prefix_rows=16,
-                                 prefix_keys=16, prefix_tma=True)
-        assert (swapped - want).abs().max().item() > 1e-2, (page, prefix)
     # The latent variant over the slot list (SGLang's triton backend's layout).
     flat_lat = tree_attention(q, k, v, kv_indptr, kv_indices, node_loc, mask, scale,
                               prefix_latent=True, prefix_rows=32, prefix_keys=64)
@@ -305,16 +294,17 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 8, [20000], 8),  # one request: the most prefix shares
     ],
 )
-@pytest.mark.parametrize("kernel", ["hook", "tma", "gluon"])
+@pytest.mark.parametrize("kernel", ["triton", "gluon"])
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
     """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``'s attention on the GPU: this project's kernels
     over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
-    masked reference within bf16 rounding, with the hook's launch settings (the latent
-    variant), with its key tiles copied by TMA (`prefix_tma`), and as the Gluon kernel
-    (`prefix_gluon`, 64 rows: the K2.6 rank's 8 heads)."""
+    masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
+    variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
+    K2.6 rank's W 8 x 8 heads; two row tiles at W 16) the Gluon kernel."""
     from sglang_ddtree.core.tree_attention import (
+        gluon_prefix_runs,
         launch_settings,
         tree_attention,
         tree_attention_reference,
@@ -325,12 +315,15 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     scale = 576**-0.5
     kv_indptr = torch.nn.functional.pad(t["prefix_lens"].cumsum(0), (1, 0))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64)
+    gluon = kernel == "gluon"
+    if gluon and not gluon_prefix_runs(t["q"].device, torch.bfloat16):
+        pytest.skip("the Gluon kernel runs on Hopper only")
+    settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64, gluon=gluon)
     assert settings["prefix_latent"]
-    if kernel == "gluon" and hq * w != 64:
+    if gluon and settings["prefix_rows"] != 64:
+        assert not settings.get("prefix_gluon")  # 32 rows a program: the Triton kernel's
         pytest.skip("the Gluon kernel takes 64 query rows a program")
-    if kernel != "hook":
-        settings = dict(settings, prefix_index_ahead=False, **{f"prefix_{kernel}": True})
+    assert settings.get("prefix_gluon", False) == gluon
     got = tree_attention(
         t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
         page_size=64, **settings,

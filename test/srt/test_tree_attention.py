@@ -573,7 +573,6 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_paged",
         "k26_bs8_ahead",
         "k26_bs8_n32s4ahead",
-        "k26_bs8_tma",
         "k26_bs8_gluon",
         "k26_bs1_gluon",
         "tiny_mla_bs4",
@@ -589,8 +588,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     rank (8 heads, latent 512 + rope 64, W 8) on FlashMLA's 64-slot pages at bs 1 (128 shares,
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
-    the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's key
-    tiles copied by TMA, and its prefix as the Gluon kernel (bs 8 and 1)."""
+    the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's prefix
+    as the Gluon kernel, where the hook takes it on Hopper (bs 8 and 1)."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -599,18 +598,17 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     from sglang_ddtree.core.tree_attention import tree_attention
 
     shape, bs = case.split("_")[0], int(case.split("_bs")[1][0])
-    call, kw = regs.hook_case(bs, shape)
+    gluon = case.endswith("_gluon")  # the Gluon prefix kernel (`core.tree_attention_gluon`)
+    if gluon:
+        pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    call, kw = regs.hook_case(bs, shape, gluon=gluon)
+    assert kw.get("prefix_gluon", False) == gluon  # the hook's pick on Hopper at 64 rows
     if case == "k26_bs1_paged":
         assert kw["tree_merge_chunk"] > 1 and kw["prefix_splits"] > 1 and kw["page_size"] == 64
     if case == "k26_bs8_ahead":
         kw["prefix_index_ahead"] = True
     if case == "k26_bs8_n32s4ahead":  # four stages of half-page tiles fill shared memory
         kw.update(prefix_index_ahead=True, prefix_keys=32, prefix_stages=4)
-    if case == "k26_bs8_tma":  # key tiles copied by TMA (its own kernel)
-        kw.update(prefix_tma=True, prefix_index_ahead=False)
-    if case.endswith("_gluon"):  # the Gluon prefix kernel (`core.tree_attention_gluon`)
-        pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-        kw.update(prefix_gluon=True, prefix_index_ahead=False)
     if case == "tiny_mla_bs4_ahead":  # a slot table's slots read a tile ahead
         kw["prefix_index_ahead"] = True
     if case == "8b_bs1_full_mask":
@@ -624,13 +622,7 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         kw.update(full_mask=full, mask_indptr=mask_indptr, num_nodes=w)
     with regs.record_launches() as launches:
         tree_attention(*call, **kw)
-    prefix_kernel = (
-        "_latent_prefix_gluon"
-        if kw.get("prefix_gluon")
-        else "_latent_paged_prefix_kernel"
-        if kw.get("prefix_tma")
-        else "_prefix_attention_kernel"
-    )
+    prefix_kernel = "_latent_prefix_gluon" if gluon else "_prefix_attention_kernel"
     assert {name for name, (_, recorded) in launches.items() if recorded} == {
         prefix_kernel,
         "_tree_attention_kernel",
@@ -640,8 +632,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
             compiled = regs.compile_launch(kernel, args, launch_kw)
             registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
             assert 0 < registers <= 255, (case, name, registers)
-            if name in ("_latent_paged_prefix_kernel", "_latent_prefix_gluon"):
+            if name == "_latent_prefix_gluon":
                 assert "async_tma_copy_global_to_local" in compiled.asm["ttgir"]
-            if name == "_latent_prefix_gluon":  # the next tile's copy before this one's softmax
+                # The next tile's copy is issued before this tile's softmax.
                 loop = compiled.asm["ttgir"].split("scf.for", 1)[1].split("scf.yield", 1)[0]
                 assert loop.index("async_tma_copy_global_to_local") < loop.index("math.exp2")

@@ -29,6 +29,8 @@ runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the swi
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -241,52 +243,6 @@ if triton is not None:
         tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=written)
 
     @triton.jit
-    def _latent_paged_prefix_kernel(
-        Q, KLatent, KRope, KvIndptr, Table, Out, Lse,
-        sm_scale,
-        stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
-        W: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-        MIN_SHARE: tl.constexpr, PAGE: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-    ):  # fmt: skip
-        # `_prefix_attention_kernel`'s LATENT variant on a paged cache with one KV head, its
-        # key tiles (BLOCK_N consecutive slots of one page) copied by the tensor memory
-        # accelerator: KLatent / KRope are descriptors of the [slots, D] cache with blocks
-        # [BLOCK_N, DV] at column 0 and [BLOCK_N, BLOCK_ROPE] at column DV. A tile past the
-        # prefix's end is read whole (rows past the pool come back zero) and its keys get no
-        # weight: their scores are -inf.
-        b = tl.program_id(0)
-        tiles: tl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M
-        split = tl.program_id(2) // tiles
-        rows = tl.program_id(2) % tiles * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < W * G
-        token = b * W + rows // G
-        head = rows % G
-        offs_lat = tl.arange(0, DV)
-        q_rows = Q + token[:, None] * stride_qt + head[:, None] * stride_qh
-        q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, DV + tl.arange(0, BLOCK_ROPE), D)
-        length = tl.load(KvIndptr + b + 1) - tl.load(KvIndptr + b)
-        lo, hi = _share_range(length, split, SPLITS, MIN_SHARE, BLOCK_N)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, DV], tl.float32)
-        qk_scale = sm_scale * 1.4426950408889634  # log2 e
-        table = Table + b * stride_bt
-        for n0 in range(lo, hi, BLOCK_N):
-            slot = tl.load(table + n0 // PAGE) * PAGE + n0 % PAGE
-            k_lat = KLatent.load([slot, 0])  # [BLOCK_N, DV]
-            k_rope = KRope.load([slot, DV])  # [BLOCK_N, BLOCK_ROPE]
-            s = tl.dot(q_lat, tl.trans(k_lat))
-            s = tl.dot(q_rope, tl.trans(k_rope), acc=s)
-            n_ok = n0 + tl.arange(0, BLOCK_N) < hi
-            acc, l_i, m_i = _softmax_tile(s, n_ok, qk_scale, m_i, l_i, acc, k_lat)
-        out, lse = _normalized(acc, l_i, m_i)
-        written = row_ok & (rows * 0 + lo < hi)
-        out_rows = Out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh
-        tl.store(out_rows + offs_lat[None, :], out, mask=written[:, None])
-        tl.store(Lse + split * stride_ls + token * stride_lt + head, lse, mask=written)
-
-    @triton.jit
     def _tree_attention_kernel(
         Q, K, V, NodeLoc, Mask, MaskIndptr, KvIndptr, O1, Lse1, Out,
         sm_scale,
@@ -409,9 +365,14 @@ MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix ta
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
 # The latent variant's 64-row key tile on a paged cache (FlashMLA's pages), keywords over
-# `_latent_prefix`'s. At bs >= 2 a tile's page is read a tile ahead (one K2.6 rank, 16K-64K
-# keys: 2-9 % faster at bs 8-32, within 2.5 % at bs 4); with many shares (bs 1) it gained
-# nothing, nor did half-page tiles in three or four stages anywhere.
+# `_latent_prefix`'s. Where the Gluon kernel runs (Hopper, bf16; `launch_settings`' ``gluon``)
+# it takes the tile: its next tile's copy runs under this tile's softmax and value product,
+# which Triton's pipeline does not do (one K2.6 rank, 16K-64K keys, the whole verify
+# attention: 0.57-0.68x the Triton kernel's time at bs 8-32, 0.78-0.83x at bs 1, 0.88-0.99x
+# at bs 4 at the shares timed). Elsewhere a tile's page is read a tile
+# ahead at bs >= 2 (2-9 % faster at bs 8-32, within 2.5 % at bs 4); with many shares (bs 1)
+# that gained nothing, nor did half-page tiles in three or four stages anywhere.
+PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
 PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
 PAGED_LATENT_TILE_MANY_SHARES: dict = {}
 
@@ -465,7 +426,15 @@ def prefix_splits(
 
 
 def launch_settings(
-    bs: int, w: int, hq: int, hkv: int, dv: int, num_sms: int, latent_d: int = 0, page_size: int = 0
+    bs: int,
+    w: int,
+    hq: int,
+    hkv: int,
+    dv: int,
+    num_sms: int,
+    latent_d: int = 0,
+    page_size: int = 0,
+    gluon: bool = False,
 ) -> dict:
     """`tree_attention`'s launch keywords for a verify of this shape, as the attention hook
     passes them: the value tiles (`value_tiling`) and the prefix shares (`prefix_splits`).
@@ -480,7 +449,8 @@ def launch_settings(
     stages (2-4 % faster than three at bs >= 8), many shares merged as ``LATENT_MERGE`` says.
     ``page_size``: the prefix is read through a block table of such pages (FlashMLA's 64):
     there the 64-row latent tile takes ``PAGED_LATENT_TILE`` (``..._MANY_SHARES`` from
-    ``LATENT_MERGE[0]`` shares on)."""
+    ``LATENT_MERGE[0]`` shares on), or with ``gluon`` (`gluon_prefix_runs`: the Gluon kernel
+    runs on this device and dtype) ``PAGED_LATENT_TILE_GLUON`` at every batch size."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -492,7 +462,9 @@ def launch_settings(
         many = splits >= LATENT_MERGE[0]
         if many:  # the merge of many shares: latency-bound
             tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
-        if page_size and rows == 64:
+        if page_size and rows == 64 and gluon and latent_d - dv == 64 and hkv == 1:
+            latent.update(PAGED_LATENT_TILE_GLUON)
+        elif page_size and rows == 64:
             latent.update(PAGED_LATENT_TILE_MANY_SHARES if many else PAGED_LATENT_TILE)
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
@@ -502,6 +474,22 @@ def launch_settings(
         tree_dv_block=tree_dv_block,
         prefix_splits=prefix_splits(bs, w, hq, hkv, dv, prefix_dv_block, num_sms),
     )
+
+
+@functools.cache
+def gluon_prefix_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the Gluon prefix kernel (`tree_attention_gluon`) runs for this device and KV
+    dtype: a Hopper GPU (compute capability 9.0; its warpgroup MMA and TMA), bfloat16 keys, and
+    a Triton with Gluon's Hopper API."""
+    if device.type != "cuda" or dtype != torch.bfloat16:
+        return False
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    try:
+        import sglang_ddtree.core.tree_attention_gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _latent_prefix(rows: int, dv: int, d: int) -> dict:
@@ -542,7 +530,6 @@ def tree_attention(
     prefix_latent: bool = False,  # prefix kernel: values are the keys' first Dv columns (MLA)
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     prefix_index_ahead: bool = False,  # prefix kernel: a key tile's slots read a tile ahead
-    prefix_tma: bool = False,  # prefix kernel: paged latent tiles copied by TMA
     prefix_gluon: bool = False,  # prefix kernel: the Gluon one (`tree_attention_gluon`)
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
@@ -577,8 +564,7 @@ def tree_attention(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, w, sm_scale, page_size=page_size,
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
-        prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead, prefix_tma=prefix_tma,
-        prefix_gluon=prefix_gluon,
+        prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead, prefix_gluon=prefix_gluon,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -609,7 +595,6 @@ def prefix_attention_part(
     prefix_stages: int | None = None,  # Triton's pipeline stages (None: its own)
     prefix_warps: int = 4,  # warps per program
     prefix_index_ahead: bool = False,  # a key tile's slots or page read a tile ahead
-    prefix_tma: bool = False,  # paged latent key tiles copied by TMA (`_tma_latent_prefix`)
     prefix_gluon: bool = False,  # the paged latent prefix as a Gluon kernel (Hopper)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
@@ -649,14 +634,6 @@ def prefix_attention_part(
             prefix_keys, prefix_splits, page_size, MIN_SHARE_KEYS,
         )  # fmt: skip
         return o1, lse1
-    if prefix_tma:
-        assert prefix_latent and prefix_dv_tiles == 1 and hkv == 1, "TMA: the latent, one head"
-        assert page_size and page_size % prefix_keys == 0, "TMA: a key tile within a page"
-        _tma_latent_prefix(
-            grid, q, k_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, w, g, block_m,
-            prefix_keys, prefix_splits, page_size, num_warps=prefix_warps, **stages,
-        )  # fmt: skip
-        return o1, lse1
     _prefix_attention_kernel[grid](
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -669,31 +646,6 @@ def prefix_attention_part(
         BLOCK_ROPE=64, INDEX_AHEAD=prefix_index_ahead, num_warps=prefix_warps, **stages,
     )  # fmt: skip
     return o1, lse1
-
-
-def _tma_latent_prefix(
-    grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
-    page_size, **launch,
-) -> None:  # fmt: skip
-    """`_latent_paged_prefix_kernel`'s launch: two descriptors of the ``[slots, D]`` latent
-    cache (its latent and its rope columns), built on the host from the buffer's address and
-    strides (the same at every call on a fixed pool, so a captured graph replays them)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    slots, _, d = k_buffer.shape
-    dv = o1.shape[-1]
-    cache = k_buffer[:, 0]  # [slots, D], row stride k_buffer.stride(0)
-    latent, rope = (
-        TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols])
-        for cols in (dv, 64)
-    )
-    _latent_paged_prefix_kernel[grid](
-        q, latent, rope, kv_indptr, table, o1, lse1, sm_scale,
-        q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
-        lse1.stride(0), table.stride(0),
-        W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, BLOCK_ROPE=64, **launch,
-    )  # fmt: skip
 
 
 def is_latent_view(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:

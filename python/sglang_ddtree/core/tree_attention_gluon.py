@@ -1,12 +1,12 @@
 """MLA's latent prefix on FlashMLA's pages as a Gluon kernel for Hopper (``prefix_gluon`` of
-`core.tree_attention.prefix_attention_part`; off by default): the Triton latent variant's loop
-with each key tile's TMA copy issued as soon as its buffer is free. Tile i sits in buffer i % 2;
-waiting for tile i's scores also completes tile i - 1's value product, the last reader of the
-other buffer, so tile i + 1's copy starts there and runs under tile i's softmax and value
-product (Triton's pipeline issues it after the value product, and the next iteration waits on
-it). Gluon's API moves between Triton releases: the TMA copy and the CTA barrier are looked up
-under both names (3.6's ``async_copy_global_to_shared`` / ``thread_barrier``, later
-``async_load`` / ``barrier``)."""
+`core.tree_attention.prefix_attention_part`, the hook's choice where `gluon_prefix_runs`): the
+Triton latent variant's loop with each key tile's TMA copy issued as soon as its buffer is
+free. Tile i sits in buffer i % 2; waiting for tile i's scores also completes tile i - 1's value
+product, the last reader of the other buffer, so tile i + 1's copy starts there and runs under
+tile i's softmax and value product (Triton's pipeline issues it after the value product, and
+the next iteration waits on it). Gluon's API moves between Triton releases: the TMA copy and the
+CTA barrier are looked up under both names (3.6's ``async_copy_global_to_shared`` /
+``thread_barrier``, later ``async_load`` / ``barrier``)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def _latent_prefix_gluon(
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, ROPE], rope_smem, q_rows)
 
     # This share's keys [lo, hi).
-    length = gl.load(KvIndptr + b + 1) - gl.load(KvIndptr + b)
+    # 32-bit key positions (TMA coordinates are 32-bit; the indptr may be int64).
+    length = (gl.load(KvIndptr + b + 1) - gl.load(KvIndptr + b)).to(gl.int32)
     share = gl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
     share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     lo = split * share
@@ -73,13 +74,15 @@ def _latent_prefix_gluon(
     tile_bytes: gl.constexpr = BLOCK_N * (DV + ROPE) * 2
     table = Table + b * stride_bt
     if n_tiles > 0:
-        slot = gl.load(table + lo // PAGE) * PAGE + lo % PAGE
+        slot = gl.load(table + lo // PAGE).to(gl.int32) * PAGE + lo % PAGE
         mbarrier.expect(ready.index(0), tile_bytes)
         _tma_load(k_lat_desc, [slot, 0], ready.index(0), k_lat.index(0))
         _tma_load(k_rope_desc, [slot, DV], ready.index(0), k_rope.index(0))
 
     nxt = lo + BLOCK_N
-    slot_next = gl.load(table + nxt // PAGE, mask=nxt < hi, other=0) * PAGE + nxt % PAGE
+    slot_next = (
+        gl.load(table + nxt // PAGE, mask=nxt < hi, other=0).to(gl.int32) * PAGE + nxt % PAGE
+    )
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
     acc = hopper.warpgroup_mma_init(gl.zeros([BLOCK_M, DV], gl.float32, layout=o_layout))
@@ -105,7 +108,8 @@ def _latent_prefix_gluon(
             _tma_load(k_rope_desc, [slot_next, DV], ready.index(1 - buf), k_rope.index(1 - buf))
         # The page of the tile after next, read now: its copy need not wait on the table.
         after = n0 + 2 * BLOCK_N
-        slot_next = gl.load(table + after // PAGE, mask=after < hi, other=0) * PAGE + after % PAGE
+        page = gl.load(table + after // PAGE, mask=after < hi, other=0).to(gl.int32)
+        slot_next = page * PAGE + after % PAGE
         s = gl.where((n0 + keys < hi)[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         alpha = gl.exp2(m_i - m_new)

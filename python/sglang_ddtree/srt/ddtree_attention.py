@@ -378,11 +378,18 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
     """``[n, Hq * Dv]``: the verify attention on FlashMLA's paged latent cache by
     ``core.tree_attention`` alone: its prefix kernel reads the request's pages through the
     backend's block table (prefix shares float32 until the merge, as on triton)."""
-    from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
+    from sglang_ddtree.core.tree_attention import (
+        gluon_prefix_runs,
+        launch_settings,
+        tree_attention,
+    )
 
     bs = forward_batch.batch_size
     hkv, sms = k_cache.shape[1], _num_sms(q.device)
-    settings = launch_settings(bs, w, hq, hkv, dv, sms, layer.head_dim, page_size=FLASHMLA_PAGE)
+    gluon = gluon_prefix_runs(q.device, k_cache.dtype) and q.dtype == k_cache.dtype
+    settings = launch_settings(
+        bs, w, hq, hkv, dv, sms, layer.head_dim, page_size=FLASHMLA_PAGE, gluon=gluon
+    )
     out = tree_attention(
         q.view(n, hq, layer.head_dim),
         k_cache,
