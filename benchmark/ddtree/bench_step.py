@@ -352,6 +352,24 @@ def write_word_tokenizer(path: str, vocab_size: int, seed: int = 0) -> None:
     tiny_models.build_tokenizer(path, cfg, filler=words)
 
 
+def give_word_tokenizer(spec: dict) -> None:
+    """A random-weight shape's engine with a tokenizer (`write_word_tokenizer`, into the
+    target's directory) instead of none, its drafters' mask token id moved to the tokenizer's
+    (SGLang's DFLASH worker refuses a drafter whose ``mask_token_id`` differs from it)."""
+    with open(os.path.join(spec["target"], "config.json")) as f:
+        write_word_tokenizer(spec["target"], json.load(f)["vocab_size"])
+    spec["engine"]["skip_tokenizer_init"] = False
+    mask_id = tiny_models.SPECIALS.index(tiny_models.MASK_TOKEN)
+    for key in ("drafter", "drafter_b8"):
+        if key in spec:
+            path = os.path.join(spec[key], "config.json")
+            with open(path) as f:
+                cfg = json.load(f)
+            cfg["dflash_config"]["mask_token_id"] = mask_id
+            with open(path, "w") as f:
+                json.dump(cfg, f, indent=1)
+
+
 def model_spec(
     name: str,
     workdir: str,
@@ -1021,9 +1039,7 @@ def main() -> None:
     if any("regex" in params for _, params in args.temps) and spec["engine"].get(
         "skip_tokenizer_init"
     ):  # a grammar needs a vocabulary: a word-level one of the target's size
-        with open(os.path.join(spec["target"], "config.json")) as f:
-            write_word_tokenizer(spec["target"], json.load(f)["vocab_size"])
-        spec["engine"]["skip_tokenizer_init"] = False
+        give_word_tokenizer(spec)
     result = {
         "model": args.model,
         "command": " ".join(sys.argv),

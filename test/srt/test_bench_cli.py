@@ -361,3 +361,50 @@ def test_bench_tree_attention_sweep_table(load_benchmark):
     assert lines[5] == "| 1 | 16,384 | 8 | 39.4 | 40.0 | OutOfResources: shared m |"
     assert lines[6] == "| 4 | 65,536 | 8 | 191.0 | 237.2 | - |"
     assert mod.sweep_table([{"bs": 1, "prefix": 1, "W": 8, "split_auto_us": 1.0}]) == []
+
+
+def test_word_tokenizer_agrees_with_the_drafters_mask_token(load_benchmark, tmp_path):
+    """The 8B shape's regex cells: its drafters' mask token id is the word tokenizer's, the
+    agreement SGLang's DFLASH worker checks at startup (where SGLang imports, its own
+    `_resolve_mask_token_id`, which refuses the drafter's original id)."""
+    from tokenizers import Tokenizer
+
+    from sglang_ddtree.testing.tiny_models import MASK_TOKEN
+
+    mod = load_benchmark("bench_step")
+    spec = mod.model_spec("8b", str(tmp_path))
+    try:
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    except ImportError:  # CPU machines without SGLang: the same comparison, by hand
+        DFlashWorkerV2 = None
+
+    def resolve(drafter_dir):
+        with open(os.path.join(drafter_dir, "config.json")) as f:
+            cfg = json.load(f)["dflash_config"]
+        tokenizer = Tokenizer.from_file(os.path.join(spec["target"], "tokenizer.json"))
+        if DFlashWorkerV2 is None:
+            if tokenizer.get_vocab()[MASK_TOKEN] != cfg["mask_token_id"]:
+                raise ValueError("mask_token_id conflicts with the tokenizer's")
+            return cfg["mask_token_id"]
+        worker = SimpleNamespace(
+            target_worker=SimpleNamespace(
+                model_runner=SimpleNamespace(
+                    model_config=SimpleNamespace(vocab_size=mod.QWEN3_8B["vocab_size"])
+                ),
+                tokenizer=tokenizer,
+            )
+        )
+        return DFlashWorkerV2._resolve_mask_token_id(
+            worker, mask_token=cfg.get("mask_token", MASK_TOKEN), mask_token_id=cfg["mask_token_id"]
+        )
+
+    original = mod.DFLASH_8B["dflash_config"]["mask_token_id"]
+    mod.write_word_tokenizer(spec["target"], mod.QWEN3_8B["vocab_size"])  # the tokenizer alone
+    with pytest.raises(ValueError, match="mask_token_id conflicts"):
+        resolve(spec["drafter"])
+    mod.give_word_tokenizer(spec)
+    assert spec["engine"]["skip_tokenizer_init"] is False
+    for key in ("drafter", "drafter_b8"):
+        got = resolve(spec[key])
+        tokenizer = Tokenizer.from_file(os.path.join(spec["target"], "tokenizer.json"))
+        assert got != original and got == tokenizer.token_to_id(MASK_TOKEN)
