@@ -102,13 +102,15 @@ def test_launch_settings_are_the_hooks_choice():
     assert launch_settings(32, 16, 32, 8, 128, 132)["prefix_splits"] == 1
     # MLA's latent cache (values the keys' first 512 of 576 columns): the latent variant, all
     # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs (a
-    # share per SM at bs 1, 128 of 132; bs 2: 64 each), merged 8 shares a load from 64 on.
+    # share per SM at bs 1, 128 of 132; bs 2: 64 each), merged 8 shares a load from 32 on.
     lat = launch_settings(1, 8, 8, 1, 512, 132, latent_d=576)
     assert lat == dict(prefix_dv_block=None, tree_dv_block=32, prefix_splits=128,
                        prefix_latent=True, prefix_rows=64, prefix_keys=64, warps=(8, None),
                        prefix_stages=2, tree_merge_chunk=8)  # fmt: skip
     bs2 = launch_settings(2, 8, 8, 1, 512, 132, latent_d=576)
     assert (bs2["prefix_splits"], bs2["tree_merge_chunk"]) == (64, 8)
+    bs4 = launch_settings(4, 8, 8, 1, 512, 132, latent_d=576)
+    assert (bs4["prefix_splits"], bs4["tree_dv_block"], bs4["tree_merge_chunk"]) == (32, 32, 8)
     assert launch_settings(1, 8, 8, 1, 512, 100, latent_d=576)["prefix_splits"] == 64
     bs8 = launch_settings(8, 8, 8, 1, 512, 132, latent_d=576)
     assert (bs8["prefix_splits"], bs8["tree_dv_block"]) == (16, 128)
@@ -123,6 +125,17 @@ def test_launch_settings_are_the_hooks_choice():
     assert "prefix_index_ahead" not in launch_settings(1, 8, 8, 1, 512, 132, 576, page_size=64)
     assert "prefix_index_ahead" not in bs8
     assert launch_settings(1, 8, 8, 1, 512, 132, latent_d=576, page_size=64) == lat
+    # Where the Gluon kernel runs (Hopper, bf16) it takes the paged 64-row tile at every bs,
+    # with the same shares and merge; not on a slot table, nor at 32 rows a program.
+    for bs in (1, 4, 8, 32):
+        triton_paged = launch_settings(bs, 8, 8, 1, 512, 132, 576, page_size=64)
+        gluon = launch_settings(bs, 8, 8, 1, 512, 132, 576, page_size=64, gluon=True)
+        assert gluon["prefix_gluon"] and "prefix_index_ahead" not in gluon
+        assert {k: v for k, v in gluon.items() if k != "prefix_gluon"} == {
+            k: v for k, v in triton_paged.items() if k != "prefix_index_ahead"
+        }
+    assert "prefix_gluon" not in launch_settings(8, 8, 8, 1, 512, 132, 576, gluon=True)
+    assert "prefix_gluon" not in launch_settings(4, 8, 4, 1, 512, 132, 576, 64, gluon=True)
     # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 512, 132, latent_d=640)
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 128, 132, latent_d=128)

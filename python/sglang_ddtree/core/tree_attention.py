@@ -360,7 +360,9 @@ VALUE_TILE = 128  # value columns per program where values are wider (MLA's 512-
 PREFIX_BLOCK_N = 32  # prefix keys per iteration of the prefix kernel
 MAX_PREFIX_SPLITS = 16  # a long prompt at bs 1: K2.6 at TP 8 has 9-33 prefix programs a layer
 LATENT_MAX_SPLITS = 128  # the latent variant at bs 1: a share per SM for one 64-row tile
-LATENT_MERGE = (64, 32, 8)  # from 64 shares: the tree kernel merges over 32 columns, 8 a load
+# From 32 shares the tree kernel merges over 32 value columns, 8 shares a load (one K2.6 rank
+# at bs 4's 32 shares: 2-3 % less than 128 columns one share at a time).
+LATENT_MERGE = (32, 32, 8)
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
@@ -369,12 +371,13 @@ TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in 
 # it takes the tile: its next tile's copy runs under this tile's softmax and value product,
 # which Triton's pipeline does not do (one K2.6 rank, 16K-64K keys, the whole verify
 # attention: 0.57-0.68x the Triton kernel's time at bs 8-32, 0.78-0.83x at bs 1, 0.88-0.99x
-# at bs 4 at the shares timed). Elsewhere a tile's page is read a tile
-# ahead at bs >= 2 (2-9 % faster at bs 8-32, within 2.5 % at bs 4); with many shares (bs 1)
+# at bs 4 at the shares timed). Elsewhere a tile's page is read a tile ahead at bs >= 2
+# (2-9 % faster at bs 8-32, within 2.5 % at bs 4); from ``PAGED_MANY_SHARES`` shares (bs 1)
 # that gained nothing, nor did half-page tiles in three or four stages anywhere.
 PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
 PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
 PAGED_LATENT_TILE_MANY_SHARES: dict = {}
+PAGED_MANY_SHARES = 64
 
 
 def _rows_per_program(w: int, g: int, dv: int) -> int:
@@ -449,7 +452,7 @@ def launch_settings(
     stages (2-4 % faster than three at bs >= 8), many shares merged as ``LATENT_MERGE`` says.
     ``page_size``: the prefix is read through a block table of such pages (FlashMLA's 64):
     there the 64-row latent tile takes ``PAGED_LATENT_TILE`` (``..._MANY_SHARES`` from
-    ``LATENT_MERGE[0]`` shares on), or with ``gluon`` (`gluon_prefix_runs`: the Gluon kernel
+    ``PAGED_MANY_SHARES`` shares on), or with ``gluon`` (`gluon_prefix_runs`: the Gluon kernel
     runs on this device and dtype) ``PAGED_LATENT_TILE_GLUON`` at every batch size."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
@@ -459,12 +462,12 @@ def launch_settings(
         splits = 1  # about one wave of programs: more shares were slower at bs 8
         while splits < LATENT_MAX_SPLITS and programs * splits * 2 <= num_sms:
             splits *= 2
-        many = splits >= LATENT_MERGE[0]
-        if many:  # the merge of many shares: latency-bound
+        if splits >= LATENT_MERGE[0]:  # the merge of many shares: latency-bound
             tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
         if page_size and rows == 64 and gluon and latent_d - dv == 64 and hkv == 1:
             latent.update(PAGED_LATENT_TILE_GLUON)
         elif page_size and rows == 64:
+            many = splits >= PAGED_MANY_SHARES
             latent.update(PAGED_LATENT_TILE_MANY_SHARES if many else PAGED_LATENT_TILE)
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
