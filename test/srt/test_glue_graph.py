@@ -428,9 +428,13 @@ def test_accept_mode_names_every_host_branch():
                                     need_top_p_sampling=p, need_min_p_sampling=m))
         for k in (False, True) for p in (False, True) for m in (False, True)
     }  # fmt: skip
-    # Four without min-p; with it one mode, every row on SGLang's sequential min-p path.
-    assert len(modes) == 5 and all(m[0] == "sampled" for m in modes)
-    assert ("sampled", True, True, True) in modes
+    # Four without min-p; with it every row on SGLang's sequential min-p path, the top-p pass
+    # always (as SGLang), the top-k pass where some row has top-k: two modes.
+    assert len(modes) == 6 and all(m[0] == "sampled" for m in modes)
+    assert {m for m in modes if m[3]} == {
+        ("sampled", False, True, True),
+        ("sampled", True, True, True),
+    }
 
 
 def test_accept_tree_greedy_and_sampled_dispatch():
@@ -582,7 +586,7 @@ def test_startup_modes_are_every_accept_mode():
     from sglang_ddtree.srt.ddtree_utils import accept_mode
 
     modes = accept_modes()
-    assert len(set(modes)) == len(modes) == 6
+    assert len(set(modes)) == len(modes) == 7
     for mode in modes:
         info = dummy_sampling_info(mode, 3, "cpu")
         assert accept_mode(info) == mode
@@ -719,7 +723,7 @@ def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
 
 
 def test_glue_output_bytes_sum_every_key_buffers():
-    """Per batch size one tree key and five accept keys, each with its own buffers; the W
+    """Per batch size one tree key and seven accept keys, each with its own buffers; the W
     follows the schedule; every tensor may round up by one allocator block."""
     from types import SimpleNamespace
 
@@ -728,11 +732,11 @@ def test_glue_output_bytes_sum_every_key_buffers():
 
     schedule = BudgetSchedule.parse("1:33,4:17")
     per_width = {33: (1000.0, 10, 100.0, 8), 17: (500.0, 10, 50.0, 8)}
-    got = glue_output_bytes(per_width, schedule, 5)  # six accept modes a batch size
-    want = sum(bs * (1000 + 6 * 100) for bs in (1, 2, 3)) + sum(
-        bs * (500 + 6 * 50) for bs in (4, 5)
+    got = glue_output_bytes(per_width, schedule, 5)  # seven accept modes a batch size
+    want = sum(bs * (1000 + 7 * 100) for bs in (1, 2, 3)) + sum(
+        bs * (500 + 7 * 50) for bs in (4, 5)
     )
-    assert got == want + 5 * BLOCK * (10 + 6 * 8)
+    assert got == want + 5 * BLOCK * (10 + 7 * 8)
     nest = (
         SimpleNamespace(),
         (torch.zeros(3, 4), [torch.zeros(2, dtype=torch.int64)]),
@@ -763,11 +767,11 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
     # One accept key, measured in the min-p mode (the most any mode copies): 4 int64 [S] rows,
     # two int32 and two int64 scalars of the commit plan, and copied temperature, top_k, top_p,
     # min_p, final coin (4 bytes each) and coins [W] float32: 32 S + 24 + 20 + 4 W bytes in 14
-    # tensors. Six accept keys per batch size.
+    # tensors. Seven accept keys per batch size.
     def per_request(w):
-        return (48 * w + 9 * w * w + 40) + 6 * (32 * 4 + 24 + 20 + 4 * w)
+        return (48 * w + 9 * w * w + 40) + 7 * (32 * 4 + 24 + 20 + 4 * w)
 
-    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 6 * 14)
+    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 7 * 14)
     assert outputs == want
 
 
@@ -850,7 +854,7 @@ def test_glue_capture_footprint_runs_every_segment_and_frees_them(monkeypatch):
     monkeypatch.setattr(warm, "accept_tree", counting_accept)
     worker = _fake_worker("cpu")
     kept, pool = warm.glue_capture_footprint(worker, max_bs=4)
-    assert (kept, pool) == (12 << 20, 6 << 20)  # two keys x six modes, 1 MiB each
+    assert (kept, pool) == (14 << 20, 6 << 20)  # two keys x seven modes, 1 MiB each
     modes = warm.accept_modes()
     # Largest batch first, as the startup capture goes (the pool's blocks reused the same way).
     assert ran == [((4, 5), (20, 64), (4,), m) for m in modes] + [

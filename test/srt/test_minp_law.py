@@ -192,6 +192,26 @@ def test_matches_sglang_min_p_path(cases, references):
             assert same_law(case.got(need_top_p=False), want), f"case {seed}, no top-p"
 
 
+def test_min_p_path_without_top_k_skips_its_pass(cases):
+    """SGLang's min-p path applies ``top_k_renorm_prob`` to every row; where no row has top-k
+    (SGLang's ``need_top_k_sampling`` False: every k at "all") that pass is the identity, so
+    ``need_top_k=False`` (the accept mode that skips it) gives the same law, for each case
+    with its top-k taken off. Calibration: a case that keeps a row's top-k is caught."""
+    caught = 0
+    for seed, case in enumerate(cases):
+        kept_top_k = case.top_k
+        case.top_k = torch.full_like(kept_top_k, TOP_K_ALL)
+        try:
+            want = case.reference()
+            assert same_law(case.got(need_top_k=False), want), f"case {seed}"
+            assert same_law(case.got(), want), f"case {seed}"
+        finally:
+            case.top_k = kept_top_k
+        if bool((kept_top_k < case.logits.shape[-1]).any() & (kept_top_k > 0).any()):
+            caught += not same_law(case.got(need_top_k=False), case.reference())
+    assert caught >= NUM_CASES // 2, caught
+
+
 def test_cases_exercise_the_law(cases, references):
     """The sample holds rows where the order matters: min-p cutting tokens the filters kept,
     and the sequential nucleus differing from the joint one (min_p 0 rows included)."""
@@ -406,6 +426,37 @@ def test_kernel_min_p_path_matches_sglang(case, top_p_kernel):
     joint = sglang_min_p_path(logits, temp, top_k, top_p, min_p, joint=True).float()
     if not torch.allclose(joint, ref, atol=1e-3):
         assert _gof_pvalue(counts, joint) < P_MIN, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_p_kernel", ["radix", "flashinfer"])
+def test_kernel_min_p_path_without_top_k(top_p_kernel):
+    """On the GPU, sgl_kernel's ``top_k_renorm_prob`` at k >= V (SGLang's "all") returns its
+    input bit for bit, so the min-p accept mode without the top-k pass (``need_top_k=False``,
+    the top-p pass then free to take the logits: radix) keeps SGLang's law: the same kept set
+    and values within float32 rounding as the path with the pass, over 16 requests x 9 nodes
+    of logits on a 0.25 grid (ties at the cuts)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from sgl_kernel import top_k_renorm_prob
+
+    g = torch.Generator().manual_seed(11)
+    bs, n, vocab = 16, 9, 1000
+    logits = ((torch.randn(bs, n, vocab, generator=g) * 12).round() * 0.25).cuda()
+    probs = torch.softmax(logits.view(bs * n, vocab), -1)
+    for k in (TOP_K_ALL, vocab):
+        ks = torch.full((bs * n,), k, dtype=torch.int32, device="cuda")
+        assert torch.equal(top_k_renorm_prob(probs, ks), probs), k
+    temp = (torch.rand(bs, generator=g) + 0.5).cuda()
+    top_k = torch.full((bs,), TOP_K_ALL, device="cuda")
+    top_p = (torch.rand(bs, generator=g) * 0.5 + 0.5).cuda()
+    min_p = (torch.rand(bs, generator=g) * 0.4).cuda()
+    args = (logits, temp, top_k, top_p)
+    kw = dict(min_p=min_p, need_min_p=True, top_p_kernel=top_p_kernel)
+    want = target_probs(*args, need_top_k=True, **kw)
+    got = target_probs(*args, need_top_k=False, **kw)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
 _INTERPRETED_MIN_P = """

@@ -57,9 +57,9 @@ def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
 
 def accept_modes() -> list[tuple]:
     """Every accept-graph mode (``ddtree_utils.accept_mode``): greedy, the four sampled ones
-    and the min-p one."""
+    and the two min-p ones (with and without the top-k pass)."""
     sampled = [("sampled", k, p, False) for k in (False, True) for p in (False, True)]
-    return [("greedy",), *sampled, ("sampled", True, True, True)]
+    return [("greedy",), *sampled, ("sampled", False, True, True), ("sampled", True, True, True)]
 
 
 def dummy_sampling_info(mode: tuple, bs: int, device) -> SimpleNamespace | None:
@@ -128,13 +128,18 @@ def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
 
 
 def glue_output_bytes(
-    per_width: dict, schedule, max_bs: int, modes: int = 6, skip: frozenset = frozenset()
+    per_width: dict,
+    schedule,
+    max_bs: int,
+    modes: int | None = None,
+    skip: frozenset = frozenset(),
 ) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
     the graph pool) over batch sizes 1..``max_bs`` except ``skip``: per batch size, one tree
-    key and ``modes`` accept keys. ``per_width[W] = (tree bytes per request, tree tensors,
+    key and ``modes`` accept keys (None: every mode of `accept_modes`). ``per_width[W] = (tree bytes per request, tree tensors,
     accept bytes per request, accept tensors)``; each tensor may round up by one allocator
     block."""
+    modes = len(accept_modes()) if modes is None else modes
     total = 0
     for bs in range(1, int(max_bs) + 1):
         if bs in skip:
@@ -172,7 +177,8 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         else:
             tree = fns["tree"](hidden, zeros, zeros, zeros)
         coins, final_coins = draw_coins(bs, w, device)
-        # The min-p mode: both renorm passes and the min-p one, the most any mode allocates.
+        # The min-p mode with top-k: both renorm passes and the min-p one, the most any mode
+        # allocates.
         info = dummy_sampling_info(("sampled", True, True, True), bs, device)
         commit = accept_and_commit(
             logits, tree.tokens, tree.layout, zeros, accept_width=s,

@@ -242,15 +242,18 @@ def accept_mode(sampling_info) -> tuple:
     """The accept segment's host branch: ``("greedy",)`` or ``("sampled", need_top_k,
     need_top_p, need_min_p)`` (SGLang's host flags: a renorm pass over ``[bs * W, V]`` that no
     request needs is skipped). With SGLang's ``need_min_p_sampling`` every row takes its min-p
-    path, top-k then top-p then min-p (`core.sampling`), so that is one mode, both renorm passes
-    on (each the identity where a row leaves it at its neutral value, as in SGLang's sampler).
-    Each mode is its own accept graph with its own outputs, so a segment that binds those
-    outputs (the KV commit) keys on the mode too."""
+    path, top-k then top-p then min-p (`core.sampling`), as SGLang's sampler does: the top-p
+    pass always (as SGLang calls it), the top-k pass only where some row has top-k (SGLang's
+    ``need_top_k_sampling``): sgl_kernel's ``top_k_renorm_prob`` at k >= V keeps every value
+    and scales by 1, the identity bit for bit, so skipping it is the same law and leaves the
+    top-p pass free to take the logits (`topp_radix`). Each mode is its own accept graph with
+    its own outputs, so a segment that binds those outputs (the KV commit) keys on the mode
+    too."""
     if sampling_info is None or sampling_info.is_all_greedy:
         return ("greedy",)
-    if bool(getattr(sampling_info, "need_min_p_sampling", False)):
-        return ("sampled", True, True, True)
     need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
+    if bool(getattr(sampling_info, "need_min_p_sampling", False)):
+        return ("sampled", need_k, True, True)
     need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
     return ("sampled", need_k, need_p, False)
 
