@@ -4,6 +4,7 @@ as its two engines have run (a run stopped during a later engine keeps it)."""
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 
 import pytest
@@ -174,3 +175,28 @@ def test_backend_floor_runs_the_nonspeculative_server_on_triton(monkeypatch):
     ]  # fmt: skip
     floor = summary["backend_floor"]
     assert floor["backend"] == "triton" and set(floor["tests"]) == {"T1.0", "T0.7_p0.9"}
+
+
+def test_trained_pair_takes_its_own_dirs_and_prompts(monkeypatch, tmp_path):
+    """``--pair trained``: the checks get the shipped pair's directories and its held-out
+    prompts (tokenized as the law tool's); with ``--arch`` or ``--models`` it is refused."""
+    from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
+    from sglang_ddtree.testing.law import tokenized_prompts
+
+    got = {}
+
+    def fake_run_checks(target, draft, prompts, checks, summary, on_verdict=None):
+        got.update(target=target, draft=draft, prompts=prompts, checks=checks)
+        for name in checks:
+            summary[name] = {"passed": True}
+
+    monkeypatch.setattr(e2e, "run_checks", fake_run_checks)
+    argv = ["e2e", "--out", str(tmp_path), "--pair", "trained", "--checks", "greedy"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert e2e.main() == 0
+    assert (got["target"], got["draft"]) == (str(TARGET_DIR), str(DRAFTER_DIR))
+    assert got["prompts"] == tokenized_prompts() and len(got["prompts"]) > 96
+    for extra in (["--arch", "mla"], ["--models", str(tmp_path)]):
+        monkeypatch.setattr(sys, "argv", argv + extra)
+        with pytest.raises(SystemExit):
+            e2e.main()

@@ -1,6 +1,8 @@
 """End-to-end checks of DDTREE inside SGLang on a CUDA machine, with the tiny random pair.
 
-Run as ``python -m sglang_ddtree.testing.e2e --out DIR [--checks greedy,sampling,...]``. Each
+Run as ``python -m sglang_ddtree.testing.e2e --out DIR [--checks greedy,sampling,...]``
+(``--pair trained``: the shipped trained pair and its held-out prompts instead, where a check
+needs the drafter accepted often, as the logprobs check's sampled paths do). Each
 check starts its own ``sgl.Engine``(s) (CUDA graphs on, triton attention) and records numbers in
 ``DIR/e2e_summary.json``; ``test/srt/test_e2e_ddtree.py`` runs this once and asserts on it.
 
@@ -586,6 +588,13 @@ def main() -> int:
     )
     ap.add_argument("--models", default=None, help="existing tiny pair dir (default: make one)")
     ap.add_argument(
+        "--pair",
+        choices=("tiny", "trained"),
+        default="tiny",
+        help="the tiny random pair, or the shipped trained pair with its held-out prompts (its "
+        "drafter is accepted often at temperature 1, so sampled paths are long)",
+    )
+    ap.add_argument(
         "--arch",
         choices=tiny_models.TINY_ARCHS,
         default="qwen3",
@@ -619,9 +628,19 @@ def main() -> int:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
-    models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
-    weights = args.dtype or "float32"
-    target, draft, cfg = tiny_models.make_pair(args.arch, models, weights)
+    if args.pair == "trained" and (args.models or args.arch != "qwen3"):
+        ap.error("--pair trained is the shipped Qwen3 pair: no --models, no --arch")
+    if args.pair == "trained":
+        from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
+        from sglang_ddtree.testing.law import tokenized_prompts
+
+        models, target, draft = "trained pair", str(TARGET_DIR), str(DRAFTER_DIR)
+        prompts = tokenized_prompts()
+    else:
+        models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
+        weights = args.dtype or "float32"
+        target, draft, cfg = tiny_models.make_pair(args.arch, models, weights)
+        prompts = make_prompts(len(tiny_models.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     if args.dtype:
         ENGINE_EXTRA["dtype"] = args.dtype
     if args.tp > 1:
@@ -634,9 +653,9 @@ def main() -> int:
         ENGINE_EXTRA["speculative_draft_attention_backend"] = args.draft_attention_backend
     if args.fp32_lm_head:
         ENGINE_EXTRA["enable_fp32_lm_head"] = True
-    prompts = make_prompts(len(tiny_models.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
     summary: dict = {
         "models": models,
+        "pair": args.pair,
         "arch": args.arch,
         "dtype": args.dtype or "auto",
         "tp": args.tp,
