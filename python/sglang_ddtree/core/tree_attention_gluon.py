@@ -20,13 +20,34 @@ _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
+def _next_tile(
+    k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, slot_next, i, n_tiles, n0, hi,
+    TILE_BYTES: gl.constexpr, DV: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
+):  # fmt: skip
+    """Tile i + 1's copy into the buffer tile i - 1 held (once both warpgroups are past their
+    last read of it), and the slot of tile i + 2, read now so that copy need not wait on the
+    block table: returned."""
+    _thread_barrier()  # both warpgroups past the wait: no reader left of that buffer
+    other = 1 - i % 2
+    if i + 1 < n_tiles:
+        mbarrier.expect(ready.index(other), TILE_BYTES)
+        _tma_load(k_lat_desc, [slot_next, 0], ready.index(other), k_lat.index(other))
+        _tma_load(k_rope_desc, [slot_next, DV], ready.index(other), k_rope.index(other))
+    after = n0 + 2 * BLOCK_N
+    page = gl.load(table + after // PAGE, mask=after < hi, other=0).to(gl.int32)
+    return page * PAGE + after % PAGE
+
+
+@gluon.jit
 def _latent_prefix_gluon(
     Q, k_lat_desc, k_rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
-    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr,
+    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr, COPY_AFTER_VALUES: gl.constexpr,
 ):  # fmt: skip
+    # COPY_AFTER_VALUES: tile i + 1's copy is issued once tile i - 1's value product is done,
+    # before tile i's arrival and scores are waited for; else after tile i's scores.
     # Layouts: two warpgroups split the N of both products (S: 64 x 64, O: 64 x DV).
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16]
@@ -91,25 +112,31 @@ def _latent_prefix_gluon(
     keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     for i in range(n_tiles):
         buf = i % 2
+        n0 = lo + i * BLOCK_N
+        if COPY_AFTER_VALUES:
+            # The previous tile's value product done frees the other buffer: the next tile's
+            # copy starts before this tile's arrival is waited for, so two are in flight.
+            acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+            slot_next = _next_tile(
+                k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, slot_next, i, n_tiles,
+                n0, hi, tile_bytes, DV, BLOCK_N, PAGE,
+            )  # fmt: skip
         mbarrier.wait(ready.index(buf), (i // 2) & 1)
         s = hopper.warpgroup_mma(
             q_lat, k_lat.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
         )
         s = hopper.warpgroup_mma(q_rope, k_rope.index(buf).permute((1, 0)), s, is_async=True)
-        # Waiting for the scores also completes the previous tile's value product, which
-        # frees the other buffer: the next tile's copy starts now, under this tile's softmax
-        # and value product.
-        s, acc = hopper.warpgroup_mma_wait(0, deps=[s, acc])
-        n0 = lo + i * BLOCK_N
-        _thread_barrier()  # both warpgroups past the wait: no reader left of that buffer
-        if i + 1 < n_tiles:
-            mbarrier.expect(ready.index(1 - buf), tile_bytes)
-            _tma_load(k_lat_desc, [slot_next, 0], ready.index(1 - buf), k_lat.index(1 - buf))
-            _tma_load(k_rope_desc, [slot_next, DV], ready.index(1 - buf), k_rope.index(1 - buf))
-        # The page of the tile after next, read now: its copy need not wait on the table.
-        after = n0 + 2 * BLOCK_N
-        page = gl.load(table + after // PAGE, mask=after < hi, other=0).to(gl.int32)
-        slot_next = page * PAGE + after % PAGE
+        if COPY_AFTER_VALUES:
+            s = hopper.warpgroup_mma_wait(0, deps=[s])
+        else:
+            # Waiting for the scores also completes the previous tile's value product, which
+            # frees the other buffer: the next tile's copy starts now, under this tile's
+            # softmax and value product.
+            s, acc = hopper.warpgroup_mma_wait(0, deps=[s, acc])
+            slot_next = _next_tile(
+                k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, slot_next, i, n_tiles,
+                n0, hi, tile_bytes, DV, BLOCK_N, PAGE,
+            )  # fmt: skip
         s = gl.where((n0 + keys < hi)[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         alpha = gl.exp2(m_i - m_new)
@@ -140,11 +167,12 @@ def _latent_prefix_gluon(
 
 def latent_prefix_gluon(
     grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
-    page_size, min_share,
+    page_size, min_share, copy_after_values=False,
 ) -> None:  # fmt: skip
     """The kernel's launch (``o1`` / ``lse1`` as `prefix_attention_part` allocates them): two
     descriptors of the ``[slots, D]`` latent cache, built on the host from its address and
-    strides (the same at every call on a fixed pool, so a captured graph replays them)."""
+    strides (the same at every call on a fixed pool, so a captured graph replays them).
+    ``copy_after_values``: the kernel's ``COPY_AFTER_VALUES``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     slots, _, d = k_buffer.shape
@@ -161,5 +189,5 @@ def latent_prefix_gluon(
         q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
         lse1.stride(0), table.stride(0),
         W=w, G=g, DV=dv, ROPE=d - dv, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        MIN_SHARE=min_share, PAGE=page_size, num_warps=8,
+        MIN_SHARE=min_share, PAGE=page_size, COPY_AFTER_VALUES=copy_after_values, num_warps=8,
     )  # fmt: skip
