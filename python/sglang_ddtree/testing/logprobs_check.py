@@ -23,6 +23,9 @@ one too deep) must differ by more than `MAX_ABS_DIFF` somewhere on the path posi
 The non-speculative server's own floor (reported beside each part's verdict): its decode
 logprobs against its extend path's for the same tokens (`rescore` of its own greedy output,
 per DDTREE position kind; of its own sampled output, at the sampled part's settings).
+"Within" is judged on the distributions of the decode positions' differences, not their
+maxima (`within_floor`: a one-sided Mann-Whitney U test that DDTREE's are larger, per token and
+top-n; a maximum grows with the number of positions, which differ between the two sides).
 ``within_nospec_floor`` holds where both parts have enough positions, catch the calibration
 and stay within their floors. A verify is an extend over the tree, so where the bound is missed,
 this says whether DDTREE's differences are the two forward paths' rounding (bfloat16 logits
@@ -41,6 +44,7 @@ from sglang_ddtree.testing import inject
 TOP_N = 5
 MAX_ABS_DIFF = 0.02  # the issue's bound for bfloat16; float16 runs meet it with room
 MIN_POSITIONS = 20
+FLOOR_ALPHA = 0.01  # `within_floor` rejects "DDTREE's differences are larger" below this
 SAMPLED = {"temperature": 1.0, "top_p": 0.95}
 SAMPLED_PROMPTS = 96  # >= MIN_POSITIONS path positions at the tiny pair's sampled accept length
 KINDS = ("prefill", "root", "path", "bonus")
@@ -58,6 +62,22 @@ def position_kinds(step_sizes: list[int]) -> list[str]:
     return kinds
 
 
+def _differences(base: list[dict], tree: list[dict], kinds: list[list[str]], shift: int = 0):
+    """Yields ``(kind, |token difference|, |top-n difference| or None)`` per compared position
+    (`compare`'s positions; the top-n one where both report the same ids in the same order)."""
+    for b, t, ks in zip(base, tree, kinds):
+        n = 0
+        while n < min(len(b["ids"]), len(t["ids"])) and b["ids"][n] == t["ids"][n]:
+            n += 1
+        for i in range(min(n, len(t["logprobs"]) - shift)):
+            token = abs(b["logprobs"][i] - t["logprobs"][i + shift])
+            b_top, t_top = b["top"][i], t["top"][i + shift]
+            top = None
+            if [x[1] for x in b_top] == [x[1] for x in t_top]:
+                top = max((abs(x[0] - y[0]) for x, y in zip(b_top, t_top)), default=0.0)
+            yield ks[i], token, top
+
+
 def compare(
     base: list[dict], tree: list[dict], kinds: list[list[str]], shift: int = 0
 ) -> dict[str, dict]:
@@ -66,18 +86,47 @@ def compare(
     "logprobs": [...], "top": [[(logprob, id), ...], ...]}``; ``shift``: read DDTREE's logprobs
     that many positions late (the calibration)."""
     out = {k: {"positions": 0, "token": 0.0, "top": 0.0} for k in KINDS}
-    for b, t, ks in zip(base, tree, kinds):
-        n = 0
-        while n < min(len(b["ids"]), len(t["ids"])) and b["ids"][n] == t["ids"][n]:
-            n += 1
-        for i in range(min(n, len(t["logprobs"]) - shift)):
-            cell = out[ks[i]]
-            cell["positions"] += 1
-            cell["token"] = max(cell["token"], abs(b["logprobs"][i] - t["logprobs"][i + shift]))
-            b_top, t_top = b["top"][i], t["top"][i + shift]
-            if [x[1] for x in b_top] == [x[1] for x in t_top]:
-                top = max((abs(x[0] - y[0]) for x, y in zip(b_top, t_top)), default=0.0)
-                cell["top"] = max(cell["top"], top)
+    for kind, token, top in _differences(base, tree, kinds, shift):
+        cell = out[kind]
+        cell["positions"] += 1
+        cell["token"] = max(cell["token"], token)
+        if top is not None:
+            cell["top"] = max(cell["top"], top)
+    return out
+
+
+def differences(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> dict:
+    """Every decode position's |difference| (prefill positions left out: both sides read them
+    from one prefill): ``{"token": [...], "top": [...]}``."""
+    out: dict = {"token": [], "top": []}
+    for kind, token, top in _differences(base, tree, kinds):
+        if kind != "prefill":
+            out["token"].append(token)
+            if top is not None:
+                out["top"].append(top)
+    return out
+
+
+def _quantiles(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    at = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0  # noqa: E731
+    return {"n": len(xs), "median": at(0.5), "p99": at(0.99), "max": xs[-1] if xs else 0.0}
+
+
+def within_floor(got: dict, floor: dict) -> dict:
+    """Whether DDTREE's differences (`differences`) are no larger than the non-speculative
+    server's own extend-versus-decode ones, judged as distributions, not maxima (a maximum
+    grows with the number of positions): per key (token, top-n) a one-sided Mann-Whitney U
+    test of "DDTREE's are larger", rejected below ``FLOOR_ALPHA``; with each side's median,
+    99th percentile and maximum."""
+    from scipy.stats import mannwhitneyu
+
+    out: dict = {"alpha": FLOOR_ALPHA}
+    for key in ("token", "top"):
+        a, b = got[key], floor[key]
+        p = float(mannwhitneyu(a, b, alternative="greater").pvalue) if a and b else 0.0
+        out[key] = {"p_larger": p, "ddtree": _quantiles(a), "floor": _quantiles(b)}
+    out["passed"] = all(out[k]["p_larger"] >= FLOOR_ALPHA for k in ("token", "top"))
     return out
 
 
@@ -147,15 +196,6 @@ def run_tree(
     return outs, kinds
 
 
-def within_floor(got: dict[str, dict], floor: dict[str, dict]) -> bool:
-    """Whether DDTREE's largest differences (token and top-n, over every kind) are at most the
-    non-speculative server's own extend-versus-decode ones."""
-    return all(
-        max(c[key] for c in got.values()) <= max(c[key] for c in floor.values())
-        for key in ("token", "top")
-    )
-
-
 def verdict(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> dict:
     got = compare(base, tree, kinds)
     late = compare(base, tree, kinds, shift=1)
@@ -190,17 +230,22 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
         own_sampled = run_base(eng, few, new_tokens, SAMPLED)
         own_sampled_extend = rescore(eng, few, own_sampled, SAMPLED)
     greedy = verdict(base, tree, kinds)
-    floor = compare(base, own_extend, kinds)
-    greedy["nospec_extend_vs_decode"] = floor
-    greedy["within_nospec_floor"] = within_floor(greedy["per_kind"], floor)
+    greedy["nospec_extend_vs_decode"] = compare(base, own_extend, kinds)
+    floor_test = within_floor(differences(base, tree, kinds), differences(base, own_extend, kinds))
+    greedy["floor_test"] = floor_test
+    greedy["within_nospec_floor"] = floor_test["passed"]
     sampled_verdict = verdict(scored, sampled, sampled_kinds)
     # Its own sampled tokens have no DDTREE kinds: the prefill's, then one kind for the rest.
     decode_kinds = [["prefill"] + ["root"] * (len(o["ids"]) - 1) for o in own_sampled]
-    sampled_floor = compare(own_sampled, own_sampled_extend, decode_kinds)
-    sampled_verdict["nospec_extend_vs_decode"] = sampled_floor
-    sampled_verdict["within_nospec_floor"] = within_floor(
-        sampled_verdict["per_kind"], sampled_floor
+    sampled_verdict["nospec_extend_vs_decode"] = compare(
+        own_sampled, own_sampled_extend, decode_kinds
     )
+    floor_test = within_floor(
+        differences(scored, sampled, sampled_kinds),
+        differences(own_sampled, own_sampled_extend, decode_kinds),
+    )
+    sampled_verdict["floor_test"] = floor_test
+    sampled_verdict["within_nospec_floor"] = floor_test["passed"]
     summary["logprobs"] = {
         "greedy": greedy,
         "sampled": {**sampled_verdict, "sampling": SAMPLED},
