@@ -58,6 +58,11 @@ def _flashmla_prefix_choice() -> str:  # read once per process
     return envs.SGLANG_DDTREE_FLASHMLA_PREFIX.get()
 
 
+@functools.cache
+def _gluon_prefix_allowed() -> bool:  # read once per process
+    return envs.SGLANG_DDTREE_GLUON_PREFIX.get()
+
+
 def own_prefix_on_flashmla(kv_dtype) -> bool:
     """Whether the flashmla verify computes its prefix part with DDTREE's own kernel (float32
     until the merge) rather than FlashMLA's, for a latent cache of ``kv_dtype``. FlashMLA
@@ -386,7 +391,11 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
 
     bs = forward_batch.batch_size
     hkv, sms = k_cache.shape[1], _num_sms(q.device)
-    gluon = gluon_prefix_runs(q.device, k_cache.dtype) and q.dtype == k_cache.dtype
+    gluon = (
+        _gluon_prefix_allowed()
+        and gluon_prefix_runs(q.device, k_cache.dtype)
+        and q.dtype == k_cache.dtype
+    )
     settings = launch_settings(
         bs, w, hq, hkv, dv, sms, layer.head_dim, page_size=FLASHMLA_PAGE, gluon=gluon
     )

@@ -230,6 +230,13 @@ class DDTreeEnvs:
         "non-speculative server's), auto (ddtree on a bfloat16 cache, flashmla on float16)",
         choices=("auto", "ddtree", "flashmla"),
     )
+    SGLANG_DDTREE_GLUON_PREFIX = Knob(
+        bool,
+        True,
+        "on flashmla with DDTREE's own prefix part, its Gluon kernel where it runs (Hopper, "
+        "bfloat16); 0 takes the Triton kernel (both exact, the Triton one slower at bs >= 2)",
+        fix="set it to 0 (the Triton kernel) or 1 (the default)",
+    )
     SGLANG_DDTREE_GLUE_GRAPHS = Knob(
         bool,
         True,
