@@ -165,18 +165,16 @@ def _latent_prefix_gluon(
     gl.store(o_rows[:, None] + cols_o[None, :], out, mask=o_ok[:, None])
 
 
-def latent_prefix_gluon(
-    grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
-    page_size, min_share, copy_after_values=False,
-) -> None:  # fmt: skip
-    """The kernel's launch (``o1`` / ``lse1`` as `prefix_attention_part` allocates them): two
-    descriptors of the ``[slots, D]`` latent cache, built on the host from its address and
-    strides (the same at every call on a fixed pool, so a captured graph replays them).
-    ``copy_after_values``: the kernel's ``COPY_AFTER_VALUES``."""
+def cache_descriptors(k_buffer, dv: int, block_n: int) -> tuple:
+    """Two TMA descriptors of the ``[slots, 1, D]`` latent cache as a ``[slots, D]`` matrix of
+    its row stride: ``[block_n, dv]`` blocks of the latent columns (from column 0) and
+    ``[block_n, D - dv]`` blocks of the rope columns (from column ``dv``), bfloat16, each with
+    Gluon's default swizzled shared layout for that block. Built on the host from the buffer's
+    address and strides: the same at every call on a fixed pool, so a captured graph replays
+    them."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     slots, _, d = k_buffer.shape
-    dv = o1.shape[-1]
     cache = k_buffer[:, 0]  # [slots, D], row stride k_buffer.stride(0)
     descs = []
     for cols in (dv, d - dv):
@@ -184,10 +182,21 @@ def latent_prefix_gluon(
         descs.append(
             TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols], layout)
         )
+    return tuple(descs)
+
+
+def latent_prefix_gluon(
+    grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
+    page_size, min_share, copy_after_values=False,
+) -> None:  # fmt: skip
+    """The kernel's launch (``o1`` / ``lse1`` as `prefix_attention_part` allocates them) over
+    `cache_descriptors`. ``copy_after_values``: the kernel's ``COPY_AFTER_VALUES``."""
+    descs = cache_descriptors(k_buffer, o1.shape[-1], block_n)
     _latent_prefix_gluon[grid](
         q, *descs, kv_indptr, table, o1, lse1, sm_scale,
         q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
         lse1.stride(0), table.stride(0),
-        W=w, G=g, DV=dv, ROPE=d - dv, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        MIN_SHARE=min_share, PAGE=page_size, COPY_AFTER_VALUES=copy_after_values, num_warps=8,
+        W=w, G=g, DV=o1.shape[-1], ROPE=k_buffer.shape[-1] - o1.shape[-1], BLOCK_M=block_m,
+        BLOCK_N=block_n, SPLITS=splits, MIN_SHARE=min_share, PAGE=page_size,
+        COPY_AFTER_VALUES=copy_after_values, num_warps=8,
     )  # fmt: skip
