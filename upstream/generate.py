@@ -115,6 +115,10 @@ TEMPLATE_FILES = [
     ("test_ddtree_tree.py", "test/registered/spec/ddtree/test_ddtree_tree.py"),
     ("test_ddtree_top_p_radix.py", "test/registered/spec/ddtree/test_ddtree_top_p_radix.py"),
     ("test_ddtree_accept.py", "test/registered/spec/ddtree/test_ddtree_accept.py"),
+    (
+        "test_ddtree_latent_prefix_gluon.py",
+        "test/registered/spec/ddtree/test_ddtree_latent_prefix_gluon.py",
+    ),
     ("test_ddtree_tree_attention.py", "test/registered/spec/ddtree/test_ddtree_tree_attention.py"),
     ("test_ddtree_budget.py", "test/registered/spec/ddtree/test_ddtree_budget.py"),
     ("test_ddtree_glue_graph.py", "test/registered/spec/ddtree/test_ddtree_glue_graph.py"),
@@ -449,13 +453,21 @@ SERIES = [
         templates=("test_ddtree_accept.py",),
     ),
     Part(
+        "latent-prefix-gluon",
+        "MLA's latent prefix as a Gluon kernel for Hopper",
+        "MLA's latent prefix attention on FlashMLA's 64-slot pages as a Gluon kernel for "
+        "Hopper, each key tile's TMA copy issued as soon as its buffer is free (the next part's "
+        "flashmla verify takes it on Hopper with a bfloat16 cache)",
+        modules=("sglang_ddtree.core.tree_attention_gluon",),
+        templates=("test_ddtree_latent_prefix_gluon.py",),
+    ),
+    Part(
         "tree-verify-attention",
         "split tree-verify attention on triton and flashmla",
         "the tree-verify attention split into a prefix part and the ancestor block, called "
         "from the triton and flashmla backends (inert until a DDTREE worker runs)",
         modules=(
             "sglang_ddtree.core.tree_attention",
-            "sglang_ddtree.core.tree_attention_gluon",
             "sglang_ddtree.srt.ddtree_attention",
         ),
         templates=("test_ddtree_tree_attention.py",),
