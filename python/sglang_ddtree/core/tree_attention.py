@@ -453,7 +453,9 @@ def launch_settings(
     ``page_size``: the prefix is read through a block table of such pages (FlashMLA's 64):
     there the 64-row latent tile takes ``PAGED_LATENT_TILE`` (``..._MANY_SHARES`` from
     ``PAGED_MANY_SHARES`` shares on), or with ``gluon`` (`gluon_prefix_runs`: the Gluon kernel
-    runs on this device and dtype) ``PAGED_LATENT_TILE_GLUON`` at every batch size."""
+    runs on this device and dtype) ``PAGED_LATENT_TILE_GLUON`` at every batch size where one
+    64-row tile holds a request's W x G rows (a K2.6 TP-8 rank at W 8; more rows, two or more
+    tiles a request, are not yet checked on a GPU)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -464,7 +466,8 @@ def launch_settings(
             splits *= 2
         if splits >= LATENT_MERGE[0]:  # the merge of many shares: latency-bound
             tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
-        if page_size and rows == 64 and gluon and latent_d - dv == 64 and hkv == 1:
+        one_tile = w * (hq // hkv) <= rows  # the Gluon kernel's GPU-tested shapes (W 8 x 8)
+        if page_size and rows == 64 and gluon and one_tile and latent_d - dv == 64 and hkv == 1:
             latent.update(PAGED_LATENT_TILE_GLUON)
         elif page_size and rows == 64:
             many = splits >= PAGED_MANY_SHARES
