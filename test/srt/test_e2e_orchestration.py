@@ -179,24 +179,39 @@ def test_backend_floor_runs_the_nonspeculative_server_on_triton(monkeypatch):
 
 def test_trained_pair_takes_its_own_dirs_and_prompts(monkeypatch, tmp_path):
     """``--pair trained``: the checks get the shipped pair's directories and its held-out
-    prompts (tokenized as the law tool's); with ``--arch`` or ``--models`` it is refused."""
+    prompts (tokenized as the law tool's; the first `NUM_PROMPTS`, the logprobs check
+    `SAMPLED_PROMPTS` of them; the tiny pair's logprobs check as many of its own); with
+    ``--arch`` or ``--models`` it is refused."""
     from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
+    from sglang_ddtree.testing import logprobs_check
     from sglang_ddtree.testing.law import tokenized_prompts
 
     got = {}
 
     def fake_run_checks(target, draft, prompts, checks, summary, on_verdict=None):
-        got.update(target=target, draft=draft, prompts=prompts, checks=checks)
+        got.update(target=target, draft=draft, prompts=prompts)
         for name in checks:
             summary[name] = {"passed": True}
 
+    def fake_logprobs(engine_kwargs, engine, prompts, new_tokens, summary):
+        got["logprob_prompts"] = prompts
+        summary["logprobs"] = {"passed": True}
+
     monkeypatch.setattr(e2e, "run_checks", fake_run_checks)
-    argv = ["e2e", "--out", str(tmp_path), "--pair", "trained", "--checks", "greedy"]
-    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(logprobs_check, "check_logprobs", fake_logprobs)
+    argv = ["e2e", "--out", str(tmp_path), "--checks", "greedy,logprobs"]
+    monkeypatch.setattr(sys, "argv", argv + ["--pair", "trained"])
     assert e2e.main() == 0
     assert (got["target"], got["draft"]) == (str(TARGET_DIR), str(DRAFTER_DIR))
-    assert got["prompts"] == tokenized_prompts() and len(got["prompts"]) > 96
+    held_out = tokenized_prompts()
+    assert got["prompts"] == held_out[: e2e.NUM_PROMPTS]
+    assert got["logprob_prompts"] == held_out[: logprobs_check.SAMPLED_PROMPTS]
+    assert len(got["logprob_prompts"]) == logprobs_check.SAMPLED_PROMPTS > e2e.NUM_PROMPTS
+    monkeypatch.setattr(sys, "argv", argv)  # the tiny pair
+    assert e2e.main() == 0
+    assert len(got["prompts"]) == e2e.NUM_PROMPTS
+    assert len(got["logprob_prompts"]) == logprobs_check.SAMPLED_PROMPTS
     for extra in (["--arch", "mla"], ["--models", str(tmp_path)]):
-        monkeypatch.setattr(sys, "argv", argv + extra)
+        monkeypatch.setattr(sys, "argv", argv + ["--pair", "trained"] + extra)
         with pytest.raises(SystemExit):
             e2e.main()

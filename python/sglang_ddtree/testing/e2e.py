@@ -630,17 +630,23 @@ def main() -> int:
 
     if args.pair == "trained" and (args.models or args.arch != "qwen3"):
         ap.error("--pair trained is the shipped Qwen3 pair: no --models, no --arch")
+    # The logprobs check samples more prompts than the others take (`SAMPLED_PROMPTS`).
+    from sglang_ddtree.testing.logprobs_check import SAMPLED_PROMPTS
+
     if args.pair == "trained":
         from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
         from sglang_ddtree.testing.law import tokenized_prompts
 
         models, target, draft = "trained pair", str(TARGET_DIR), str(DRAFTER_DIR)
-        prompts = tokenized_prompts()
+        prompts, logprob_prompts = tokenized_prompts()[:NUM_PROMPTS], tokenized_prompts()
     else:
         models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
         weights = args.dtype or "float32"
         target, draft, cfg = tiny_models.make_pair(args.arch, models, weights)
-        prompts = make_prompts(len(tiny_models.SPECIALS), cfg.vocab_size, NUM_PROMPTS, seed=1)
+        first, vocab = len(tiny_models.SPECIALS), cfg.vocab_size
+        prompts = make_prompts(first, vocab, NUM_PROMPTS, seed=1)
+        logprob_prompts = make_prompts(first, vocab, max(NUM_PROMPTS, SAMPLED_PROMPTS), seed=1)
+    logprob_prompts = logprob_prompts[:SAMPLED_PROMPTS]
     if args.dtype:
         ENGINE_EXTRA["dtype"] = args.dtype
     if args.tp > 1:
@@ -696,7 +702,7 @@ def main() -> int:
             check_logprobs(
                 lambda algo: engine_kwargs(target, draft, algo),
                 engine,
-                prompts,
+                logprob_prompts,
                 GREEDY_NEW_TOKENS,
                 summary,
             )

@@ -46,7 +46,7 @@ MAX_ABS_DIFF = 0.02  # the issue's bound for bfloat16; float16 runs meet it with
 MIN_POSITIONS = 20
 FLOOR_ALPHA = 0.01  # `within_floor` rejects "DDTREE's differences are larger" below this
 SAMPLED = {"temperature": 1.0, "top_p": 0.95}
-SAMPLED_PROMPTS = 96  # >= MIN_POSITIONS path positions at the tiny pair's sampled accept length
+SAMPLED_PROMPTS = 96  # prompts of both parts: the sampled part needs >= MIN_POSITIONS paths
 KINDS = ("prefill", "root", "path", "bonus")
 
 
