@@ -523,6 +523,24 @@ def test_dense_mla_control_pair(tmp_path):
         tm.make_pair("mla-moe", str(tmp_path / "bad"))
 
 
+def test_eight_head_mla_pair_takes_the_gluon_prefix(tmp_path):
+    """``mla8``: the Kimi-shaped MoE pair with a K2.6 TP-8 rank's 8 heads, so its W 8 verify
+    (the MoE schedule's W = block) has 64 query rows a request: the flashmla verify's launch
+    takes the Gluon prefix where it runs, as on the real rank; the 4-head pair's does not."""
+    from sglang_ddtree.core.tree_attention import launch_settings
+    from sglang_ddtree.testing import tiny_models as tm
+
+    target, _, m = tm.make_pair("mla8", str(tmp_path / "mla8"))
+    with open(os.path.join(target, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["num_attention_heads"] == m.num_heads == 8 and m.first_k_dense == 1
+    d = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    w = str(budget.default_schedule(m.block_size, moe=True)).split(":")[1]
+    for heads, picks in ((8, True), (tm.TinyMLAPairConfig().num_heads, False)):
+        got = launch_settings(4, int(w), heads, 1, cfg["kv_lora_rank"], 132, d, 64, gluon=True)
+        assert got.get("prefix_gluon", False) == picks, heads
+
+
 def test_verify_backend_named_by_the_backend_object():
     """The worker names the verify backend by SGLang's backend class; a prefill / decode split
     falls back to the server args' verify side."""

@@ -598,8 +598,8 @@ def main() -> int:
         "--arch",
         choices=tiny_models.TINY_ARCHS,
         default="qwen3",
-        help="tiny Qwen3 target, the Kimi-K2.6-shaped MLA + MoE target, or that target with "
-        "dense layers only (tiny_models)",
+        help="tiny Qwen3 target, the Kimi-K2.6-shaped MLA + MoE target, that target with "
+        "dense layers only, or with a K2.6 TP-8 rank's 8 heads (tiny_models)",
     )
     ap.add_argument(
         "--dtype",

@@ -863,10 +863,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--arch",
-        choices=("pair", "mla", "mla-dense"),
+        choices=("pair", "mla", "mla-dense", "mla8"),
         default="pair",
-        help="the shipped trained pair, the Kimi-shaped MLA + MoE tiny pair, or that pair with "
-        "dense layers only",
+        help="the shipped trained pair, the Kimi-shaped MLA + MoE tiny pair, that pair with "
+        "dense layers only, or with a K2.6 TP-8 rank's 8 heads (the Gluon prefix at W 8)",
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     ap.add_argument(

@@ -388,7 +388,7 @@ def _mla_layer_weights(prefix: str, m: TinyMLAPairConfig, moe: bool, g: torch.Ge
 
 
 # The tiny pairs the checks can run on (``--arch``).
-TINY_ARCHS = ("qwen3", "mla", "mla-dense")
+TINY_ARCHS = ("qwen3", "mla", "mla-dense", "mla8")
 
 
 def make_pair(
@@ -396,7 +396,9 @@ def make_pair(
 ) -> tuple[str, str, TinyPairConfig | TinyMLAPairConfig]:
     """(target dir, drafter dir, config) of one tiny pair: ``qwen3``; ``mla``, the Kimi-shaped
     MLA + MoE pair; ``mla-dense``, that pair with every target layer dense (no MoE), the
-    control that separates MLA tree verify from expert routing."""
+    control that separates MLA tree verify from expert routing; ``mla8``, that MoE pair with
+    8 attention heads, a K2.6 TP-8 rank's, so that a W 8 verify has 64 query rows a request
+    (the flashmla verify's Gluon prefix on Hopper in bfloat16)."""
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny pair {arch!r}: one of {', '.join(TINY_ARCHS)}")
     if arch == "qwen3":
@@ -405,6 +407,8 @@ def make_pair(
     m = TinyMLAPairConfig(dtype=dtype)
     if arch == "mla-dense":
         m = replace(m, first_k_dense=m.target_layers)
+    if arch == "mla8":
+        m = replace(m, num_heads=8)
     return (*make_tiny_mla_pair(out_dir, m), m)
 
 
