@@ -346,30 +346,20 @@ def sweep_variants(w: int, mla: bool) -> dict:
             # 32 on, as the hook's).
             ("lat64w8n64gluon", dict(prefix_gluon=True)),
             ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
+            # ("early": the next tile's copy issued once the previous tile's value product
+            # is done, before this tile's scores: two copies in flight.)
             *(
                 (
-                    f"lat64w8n64gluonS{n}",
+                    f"lat64w8n64gluon{'early' if early else ''}S{n}",
                     dict(
                         prefix_gluon=True,
+                        prefix_copy_after_values=early,
                         prefix_splits=n,
                         **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
                     ),
                 )
-                for n in (2, 4, 8, 16, 32, 64, 128)
-            ),
-            # ... with the next tile's copy issued once the previous tile's value product is
-            # done, before this tile's scores (two copies in flight).
-            *(
-                (
-                    f"lat64w8n64gluonearlyS{n}",
-                    dict(
-                        prefix_gluon=True,
-                        prefix_copy_after_values=True,
-                        prefix_splits=n,
-                        **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
-                    ),
-                )
-                for n in (4, 16, 32, 128)
+                for early, shares in ((False, (2, 4, 8, 16, 32, 64, 128)), (True, (4, 16, 32, 128)))
+                for n in shares
             ),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).

@@ -170,6 +170,15 @@ def handles(backend, k, v, layer, forward_batch, kwargs) -> bool:
 _announced: list = []
 
 
+@functools.lru_cache(maxsize=1024)
+def _launch(*shape, **kw) -> tuple:
+    """`core.tree_attention.launch_settings` of a verify shape, once per shape (every layer of
+    a forward asks for the same): its items, for a fresh dict at each call."""
+    from sglang_ddtree.core.tree_attention import launch_settings
+
+    return tuple(launch_settings(*shape, **kw).items())
+
+
 @functools.cache
 def _num_sms(device) -> int:
     import torch
@@ -186,7 +195,7 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     q: ``[n = bs * W, Hq * D]``; k, v: ``[n, Hkv, D]`` / ``[n, Hkv, Dv]``, the nodes' KV."""
     if not handles(backend, k, v, layer, forward_batch, kwargs):
         return None
-    from sglang_ddtree.core.tree_attention import is_latent_view, launch_settings, tree_attention
+    from sglang_ddtree.core.tree_attention import is_latent_view, tree_attention
 
     if not _announced:  # once per process: the switch reached a verify, not only the import
         _announced.append(True)
@@ -202,14 +211,16 @@ def tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=
     # MLA's pool hands out the latent as a view of the keys: the prefix kernel's latent variant
     # (a key tile loaded once for both products), as on flashmla's pages.
     latent_d = layer.qk_head_dim if is_latent_view(k_buffer, v_buffer) else 0
-    settings = launch_settings(  # from shapes: no host sync
-        forward_batch.batch_size,
-        w,
-        layer.tp_q_head_num,
-        k_buffer.shape[1],
-        layer.v_head_dim,
-        _num_sms(q.device),
-        latent_d=latent_d,
+    settings = dict(
+        _launch(  # from shapes: no host sync
+            forward_batch.batch_size,
+            w,
+            layer.tp_q_head_num,
+            k_buffer.shape[1],
+            layer.v_head_dim,
+            _num_sms(q.device),
+            latent_d=latent_d,
+        )
     )
     out = tree_attention(
         q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
@@ -383,11 +394,7 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
     """``[n, Hq * Dv]``: the verify attention on FlashMLA's paged latent cache by
     ``core.tree_attention`` alone: its prefix kernel reads the request's pages through the
     backend's block table (prefix shares float32 until the merge, as on triton)."""
-    from sglang_ddtree.core.tree_attention import (
-        gluon_prefix_runs,
-        launch_settings,
-        tree_attention,
-    )
+    from sglang_ddtree.core.tree_attention import gluon_prefix_runs, tree_attention
 
     bs = forward_batch.batch_size
     hkv, sms = k_cache.shape[1], _num_sms(q.device)
@@ -396,9 +403,7 @@ def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, h
         and gluon_prefix_runs(q.device, k_cache.dtype)
         and q.dtype == k_cache.dtype
     )
-    settings = launch_settings(
-        bs, w, hq, hkv, dv, sms, layer.head_dim, page_size=FLASHMLA_PAGE, gluon=gluon
-    )
+    settings = dict(_launch(bs, w, hq, hkv, dv, sms, layer.head_dim, FLASHMLA_PAGE, gluon))
     out = tree_attention(
         q.view(n, hq, layer.head_dim),
         k_cache,

@@ -136,9 +136,9 @@ def glue_output_bytes(
 ) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
     the graph pool) over batch sizes 1..``max_bs`` except ``skip``: per batch size, one tree
-    key and ``modes`` accept keys (None: every mode of `accept_modes`). ``per_width[W] = (tree bytes per request, tree tensors,
-    accept bytes per request, accept tensors)``; each tensor may round up by one allocator
-    block."""
+    key and ``modes`` accept keys (None: every mode of `accept_modes`). ``per_width[W] = (tree
+    bytes per request, tree tensors, accept bytes per request, accept tensors)``; each tensor
+    may round up by one allocator block."""
     modes = len(accept_modes()) if modes is None else modes
     total = 0
     for bs in range(1, int(max_bs) + 1):

@@ -638,7 +638,8 @@ def main() -> int:
         from sglang_ddtree.testing.law import tokenized_prompts
 
         models, target, draft = "trained pair", str(TARGET_DIR), str(DRAFTER_DIR)
-        prompts, logprob_prompts = tokenized_prompts()[:NUM_PROMPTS], tokenized_prompts()
+        logprob_prompts = tokenized_prompts()
+        prompts = logprob_prompts[:NUM_PROMPTS]
     else:
         models = args.models or tempfile.mkdtemp(prefix="ddtree_tiny_")
         weights = args.dtype or "float32"

@@ -79,6 +79,7 @@ from collections import Counter
 
 from sglang_ddtree.testing.e2e import chi2_two_sample, engine_kwargs, excess_p, generate
 from sglang_ddtree.testing.e2e import engine as e2e_engine
+from sglang_ddtree.testing.tiny_models import TINY_ARCHS
 
 SAMPLES = 3000
 NEW_TOKENS = 6
@@ -863,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--arch",
-        choices=("pair", "mla", "mla-dense", "mla8"),
+        choices=("pair", *(a for a in TINY_ARCHS if a.startswith("mla"))),
         default="pair",
         help="the shipped trained pair, the Kimi-shaped MLA + MoE tiny pair, that pair with "
         "dense layers only, or with a K2.6 TP-8 rank's 8 heads (the Gluon prefix at W 8)",

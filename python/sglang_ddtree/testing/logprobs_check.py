@@ -108,9 +108,11 @@ def differences(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> d
 
 
 def _quantiles(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0, "median": 0.0, "p99": 0.0, "max": 0.0}
     xs = sorted(xs)
-    at = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0  # noqa: E731
-    return {"n": len(xs), "median": at(0.5), "p99": at(0.99), "max": xs[-1] if xs else 0.0}
+    at = {q: xs[min(len(xs) - 1, int(q * len(xs)))] for q in (0.5, 0.99)}
+    return {"n": len(xs), "median": at[0.5], "p99": at[0.99], "max": xs[-1]}
 
 
 def within_floor(got: dict, floor: dict) -> dict:
