@@ -244,9 +244,10 @@ def accept_mode(sampling_info) -> tuple:
     request needs is skipped). With SGLang's ``need_min_p_sampling`` every row takes its min-p
     path, top-k then top-p then min-p (`core.sampling`), as SGLang's sampler does: the top-p
     pass always (as SGLang calls it), the top-k pass only where some row has top-k (SGLang's
-    ``need_top_k_sampling``): sgl_kernel's ``top_k_renorm_prob`` at k >= V keeps every value
-    and scales by 1, the identity bit for bit, so skipping it is the same law and leaves the
-    top-p pass free to take the logits (`topp_radix`). Each mode is its own accept graph with
+    ``need_top_k_sampling``): sgl_kernel's ``top_k_renorm_prob`` at k >= V keeps every token
+    and renormalizes a distribution that sums to 1 (values move by float32 rounding only), so
+    skipping it is the same law and leaves the top-p pass free to take the logits
+    (`topp_radix`). Each mode is its own accept graph with
     its own outputs, so a segment that binds those outputs (the KV commit) keys on the mode
     too."""
     if sampling_info is None or sampling_info.is_all_greedy:
