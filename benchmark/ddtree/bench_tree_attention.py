@@ -28,8 +28,7 @@ around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
 a key tile's page number or slots read a tile ahead, ``...gluon`` the Gluon prefix kernel
-(``...gluonS<n>`` over n shares, ``...gluonearlyS<n>`` with the next tile's copy issued before
-this tile's scores, with ``--flashmla``), each checked against the reference
+(``...gluonS<n>`` over n shares, with ``--flashmla``), each checked against the reference
 (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel of each
 setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared memory,
 warpgroup MMA dots, asynchronous and TMA copies). With
@@ -346,20 +345,16 @@ def sweep_variants(w: int, mla: bool) -> dict:
             # 32 on, as the hook's).
             ("lat64w8n64gluon", dict(prefix_gluon=True)),
             ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
-            # ("early": the next tile's copy issued once the previous tile's value product
-            # is done, before this tile's scores: two copies in flight.)
             *(
                 (
-                    f"lat64w8n64gluon{'early' if early else ''}S{n}",
+                    f"lat64w8n64gluonS{n}",
                     dict(
                         prefix_gluon=True,
-                        prefix_copy_after_values=early,
                         prefix_splits=n,
                         **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
                     ),
                 )
-                for early, shares in ((False, (2, 4, 8, 16, 32, 64, 128)), (True, (4, 16, 32, 128)))
-                for n in shares
+                for n in (2, 4, 8, 16, 32, 64, 128)
             ),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
             # tiles' copies in flight while one is computed; four stages fill shared memory).

@@ -294,7 +294,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 8, [20000], 8),  # one request: the most prefix shares
     ],
 )
-@pytest.mark.parametrize("kernel", ["triton", "gluon", "gluon_copy_after_values"])
+@pytest.mark.parametrize("kernel", ["triton", "gluon"])
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
@@ -302,9 +302,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
     masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
     variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
-    K2.6 rank's W 8 x 8 heads) the Gluon kernel, also with its next tile's copy issued before
-    this tile's scores, and at W 16 (two row tiles a request, which the hook does not yet give
-    it) with the Gluon kernel asked for."""
+    K2.6 rank's W 8 x 8 heads) the Gluon kernel, also at W 16 (two row tiles a request, which
+    the hook does not yet give it) with the Gluon kernel asked for."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,
@@ -317,7 +316,7 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     scale = 576**-0.5
     kv_indptr = torch.nn.functional.pad(t["prefix_lens"].cumsum(0), (1, 0))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    gluon = kernel.startswith("gluon")
+    gluon = kernel == "gluon"
     if gluon and not gluon_prefix_runs(t["q"].device, torch.bfloat16):
         pytest.skip("the Gluon kernel runs on Hopper only")
     settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64, gluon=gluon)
@@ -329,8 +328,6 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
         assert not settings.get("prefix_gluon")
         settings = dict(settings, prefix_gluon=True)
     assert settings.get("prefix_gluon", False) == gluon
-    if kernel == "gluon_copy_after_values":  # the next tile's copy before this one's scores
-        settings["prefix_copy_after_values"] = True
     got = tree_attention(
         t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
         page_size=64, **settings,

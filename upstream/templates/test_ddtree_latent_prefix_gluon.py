@@ -82,26 +82,24 @@ class TestDDTreeLatentPrefixGluon(CustomTestCase):
         q, cache, indptr, table = (t.cuda() for t in paged_case(prefix, w, hq, seed=0))
         scale = (DV + 64) ** -0.5
         for splits in (1, 4):
-            for copy_after_values in (False, True):
-                o1 = torch.zeros(splits, q.shape[0], hq, DV, device="cuda")
-                lse1 = torch.zeros(splits, q.shape[0], hq, device="cuda")
-                grid = (len(prefix), 1, -(-w * hq // ROWS) * splits)
-                latent_prefix_gluon(
-                    grid, q, cache, indptr, table, o1, lse1, scale, w, hq, ROWS, KEYS, splits,
-                    PAGE, MIN_SHARE, copy_after_values,
-                )  # fmt: skip
-                for b, length in enumerate(prefix):
-                    for split in range(splits):
-                        lo, hi = share_range(length, split, splits)
-                        if lo >= hi:
-                            continue  # an empty share is left unwritten
-                        host = (q.cpu(), cache.cpu(), table.cpu())
-                        out, lse = reference(*host, b, lo, hi, w, scale)
-                        rows = slice(b * w, (b + 1) * w)
-                        got_out, got_lse = o1[split, rows].cpu(), lse1[split, rows].cpu()
-                        torch.testing.assert_close(got_out, out, atol=2e-2, rtol=2e-2)
-                        torch.testing.assert_close(got_lse, lse, atol=1e-2, rtol=1e-3)
-
+            o1 = torch.zeros(splits, q.shape[0], hq, DV, device="cuda")
+            lse1 = torch.zeros(splits, q.shape[0], hq, device="cuda")
+            grid = (len(prefix), 1, -(-w * hq // ROWS) * splits)
+            latent_prefix_gluon(
+                grid, q, cache, indptr, table, o1, lse1, scale, w, hq, ROWS, KEYS, splits,
+                PAGE, MIN_SHARE,
+            )  # fmt: skip
+            for b, length in enumerate(prefix):
+                for split in range(splits):
+                    lo, hi = share_range(length, split, splits)
+                    if lo >= hi:
+                        continue  # an empty share is left unwritten
+                    host = (q.cpu(), cache.cpu(), table.cpu())
+                    out, lse = reference(*host, b, lo, hi, w, scale)
+                    rows = slice(b * w, (b + 1) * w)
+                    got_out, got_lse = o1[split, rows].cpu(), lse1[split, rows].cpu()
+                    torch.testing.assert_close(got_out, out, atol=2e-2, rtol=2e-2)
+                    torch.testing.assert_close(got_lse, lse, atol=1e-2, rtol=1e-3)
 
 if __name__ == "__main__":
     unittest.main()

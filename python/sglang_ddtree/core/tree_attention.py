@@ -537,7 +537,6 @@ def tree_attention(
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     prefix_index_ahead: bool = False,  # prefix kernel: a key tile's slots read a tile ahead
     prefix_gluon: bool = False,  # prefix kernel: the Gluon one (`tree_attention_gluon`)
-    prefix_copy_after_values: bool = False,  # Gluon: next tile's copy before this one's scores
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
@@ -572,7 +571,6 @@ def tree_attention(
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
         prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead, prefix_gluon=prefix_gluon,
-        prefix_copy_after_values=prefix_copy_after_values,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -604,7 +602,6 @@ def prefix_attention_part(
     prefix_warps: int = 4,  # warps per program
     prefix_index_ahead: bool = False,  # a key tile's slots or page read a tile ahead
     prefix_gluon: bool = False,  # the paged latent prefix as a Gluon kernel (Hopper)
-    prefix_copy_after_values: bool = False,  # Gluon: its COPY_AFTER_VALUES
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
     of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
@@ -640,7 +637,7 @@ def prefix_attention_part(
 
         latent_prefix_gluon(
             grid, q, k_buffer, kv_indptr, kv_indices, o1, lse1, sm_scale, w, g, block_m,
-            prefix_keys, prefix_splits, page_size, MIN_SHARE_KEYS, prefix_copy_after_values,
+            prefix_keys, prefix_splits, page_size, MIN_SHARE_KEYS,
         )  # fmt: skip
         return o1, lse1
     _prefix_attention_kernel[grid](
