@@ -196,7 +196,8 @@ def test_min_p_path_without_top_k_skips_its_pass(cases):
     """SGLang's min-p path applies ``top_k_renorm_prob`` to every row; where no row has top-k
     (SGLang's ``need_top_k_sampling`` False: every k at "all") that pass keeps every token and
     renormalizes a sum of 1, so ``need_top_k=False`` (the accept mode that skips it) gives the
-    same law, for each case with its top-k taken off. Calibration: a case that keeps a row's top-k is caught."""
+    same law, for each case with its top-k taken off. Calibration: a case that keeps a row's
+    top-k is caught."""
     caught = 0
     for seed, case in enumerate(cases):
         kept_top_k = case.top_k

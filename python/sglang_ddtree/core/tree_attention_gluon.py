@@ -119,7 +119,7 @@ def _latent_prefix_gluon(
         # Waiting for the scores also completes the previous tile's value product, which
         # frees the other buffer: the next tile's copy starts now, under this tile's softmax
         # and value product. (Issuing it before the scores, two copies in flight, measured
-        # within -3 to +7 % of this: not worth the registers.)
+        # within -3 to +7 % of this, mixed in sign: not kept.)
         s, acc = hopper.warpgroup_mma_wait(0, deps=[s, acc])
         slot_next = _next_tile(
             k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, slot_next, i, n_tiles,

@@ -247,9 +247,8 @@ def accept_mode(sampling_info) -> tuple:
     ``need_top_k_sampling``): sgl_kernel's ``top_k_renorm_prob`` at k >= V keeps every token
     and renormalizes a distribution that sums to 1 (values move by float32 rounding only), so
     skipping it is the same law and leaves the top-p pass free to take the logits
-    (`topp_radix`). Each mode is its own accept graph with
-    its own outputs, so a segment that binds those outputs (the KV commit) keys on the mode
-    too."""
+    (`topp_radix`). Each mode is its own accept graph with its own outputs, so a segment that
+    binds those outputs (the KV commit) keys on the mode too."""
     if sampling_info is None or sampling_info.is_all_greedy:
         return ("greedy",)
     need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
