@@ -370,8 +370,8 @@ TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in 
 # `_latent_prefix`'s. Where the Gluon kernel runs (Hopper, bf16; `launch_settings`' ``gluon``)
 # it takes the tile: its next tile's copy runs under this tile's softmax and value product,
 # which Triton's pipeline does not do (one K2.6 rank, 16K-64K keys, the whole verify
-# attention: 0.57-0.68x the Triton kernel's time at bs 8-32, 0.78-0.83x at bs 1, 0.88-0.99x
-# at bs 4 at the shares timed). Elsewhere a tile's page is read a tile ahead at bs >= 2
+# attention: 0.57-0.68x the Triton kernel's time at bs 8-32, 0.59-0.75x at bs 4, 0.78-0.83x
+# at bs 1). Elsewhere a tile's page is read a tile ahead at bs >= 2
 # (2-9 % faster at bs 8-32, within 2.5 % at bs 4); from ``PAGED_MANY_SHARES`` shares (bs 1)
 # that gained nothing, nor did half-page tiles in three or four stages anywhere.
 PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
@@ -454,8 +454,8 @@ def launch_settings(
     there the 64-row latent tile takes ``PAGED_LATENT_TILE`` (``..._MANY_SHARES`` from
     ``PAGED_MANY_SHARES`` shares on), or with ``gluon`` (`gluon_prefix_runs`: the Gluon kernel
     runs on this device and dtype) ``PAGED_LATENT_TILE_GLUON`` at every batch size where one
-    64-row tile holds a request's W x G rows (a K2.6 TP-8 rank at W 8; more rows, two or more
-    tiles a request, are not yet checked on a GPU)."""
+    64-row tile holds a request's W x G rows (a K2.6 TP-8 rank at W 8; with more rows, two or
+    more tiles a request, it is exact on a GPU but not yet timed against the Triton kernel)."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -466,7 +466,7 @@ def launch_settings(
             splits *= 2
         if splits >= LATENT_MERGE[0]:  # the merge of many shares: latency-bound
             tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
-        one_tile = w * (hq // hkv) <= rows  # the Gluon kernel's GPU-tested shapes (W 8 x 8)
+        one_tile = w * (hq // hkv) <= rows  # the Gluon kernel's timed shapes (W 8 x 8 heads)
         if page_size and rows == 64 and gluon and one_tile and latent_d - dv == 64 and hkv == 1:
             latent.update(PAGED_LATENT_TILE_GLUON)
         elif page_size and rows == 64:
