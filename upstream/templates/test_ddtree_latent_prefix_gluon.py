@@ -1,8 +1,7 @@
 """@@ALGORITHM@@'s latent prefix as a Gluon kernel (Hopper): its two TMA descriptors of the
 latent cache (CPU), and (on Hopper) every share of each request's prefix, read from 64-slot
 pages through a block table, equal to attention written out in float32 over that share's keys
-(output and log-sum-exp), with one share and several, ragged prefixes over page boundaries,
-the next tile's copy issued after this tile's scores and before them.
+(output and log-sum-exp), with one share and several, ragged prefixes over page boundaries.
 
 Generated from sglang-ddtree's upstream/templates/test_ddtree_latent_prefix_gluon.py.
 """
