@@ -3,13 +3,14 @@ the verify mask's buffer, the draft-tree and accept segments' functions, the acc
 one step (greedy and sampled requests in one pass) through that segment's captured graphs, the
 KV commit segment's call, `StepGlue` (one W's segments and coins, which the worker and the
 startup capture drive), and the fingerprint by which tensor-parallel ranks check that they
-took the same decision.
+took the same decision; the verify tree's host arrays for the grammar mask's walk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from sglang_ddtree.core.commit import CommitPlan
@@ -260,6 +261,28 @@ def accept_mode(sampling_info) -> tuple:
 
 _FINGERPRINT_SEED = 0x5EED
 _fingerprint_weights: dict = {}
+
+
+class _HostTreeArray(np.ndarray):
+    """A host array of the verify tree as NumPy that also answers ``numel``, the one torch
+    method SGLang's mask walk (``generate_token_bitmask``) calls on it."""
+
+    def numel(self) -> int:
+        return self.size
+
+
+class HostArrayGrammarTree:
+    """SGLang's ``GrammarTree`` (the verify tree's first-child / next-sibling arrays and tokens,
+    copied to the host asynchronously) as ``build_grammar_vocab_mask`` reads it, its arrays
+    resolved as NumPy views of the same host copies: the walk (``traverse_tree``) reads a few
+    scalars a node, and a NumPy scalar read costs a fraction of a torch 0-d tensor op (the
+    masks are the same)."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def resolve(self) -> tuple:
+        return tuple(t.numpy().view(_HostTreeArray) for t in self.tree.resolve())
 
 
 def rank_fingerprint(*tensors: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,10 @@ S = max depth + 1), all on device with no host synchronization:
    top-k, top-p per request) through ``core.accept_sampled``; one ``core.commit_accepted``.
    Constrained requests (json_schema, regex, ebnf, structural_tag) first get every node's
    grammar mask on the verify logits, from SGLang's own machinery over the tree's
-   first-child / next-sibling arrays (``GrammarTree``, ``build_grammar_vocab_mask``); the
-   scheduler advances each request's matcher over the committed path. Only such batches wait
-   on the host for the tree (the mask is built there, during the target forward).
+   first-child / next-sibling arrays (``GrammarTree``, ``build_grammar_vocab_mask``; the
+   arrays read as NumPy, `HostArrayGrammarTree`); the scheduler advances each request's
+   matcher over the committed path. Only such batches wait on the host for the tree (the mask
+   is built there, during the target forward).
 5. Commit: accepted target KV moved to contiguous slots ``prefix ..``; the drafter KV of the
    accepted path rebuilt from the target hidden states; outputs and the next draft input.
 
@@ -109,6 +110,7 @@ from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs, write_step_logprobs
 from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
+    HostArrayGrammarTree,
     StepGlue,
     make_accept_fn,
     make_tree_fns,
@@ -672,8 +674,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # Constrained requests: the tree's host copy starts here, ahead of the verify launch.
         grammar_tree = (
-            GrammarTree.from_device(
-                tree.layout.retrieve_next_token, tree.layout.retrieve_next_sibling, tree.tokens
+            HostArrayGrammarTree(
+                GrammarTree.from_device(
+                    tree.layout.retrieve_next_token, tree.layout.retrieve_next_sibling, tree.tokens
+                )
             )
             if batch.has_grammar
             else None
