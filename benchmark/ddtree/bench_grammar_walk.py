@@ -3,9 +3,10 @@
 tree's host arrays as SGLang's ``GrammarTree`` resolves them (torch tensors) and as
 ``HostArrayGrammarTree`` does (NumPy views of the same copies), side by side; the two masks
 must be equal. Host only: the trees are random (each node's parent drawn before it) with
-tokens drawn uniformly from a word vocabulary of ``--vocab`` tokens, as a random-weight
-drafter proposes them; every request is constrained by ``--regex`` through SGLang's
-``XGrammarGrammar``. Milliseconds per step are the best of ``--repeats``.
+tokens drawn uniformly, as a random-weight drafter proposes them, from the word tokenizer
+that ``bench_step.py`` gives its regex cells (``--vocab`` tokens); every request is
+constrained by ``--regex`` through SGLang's ``XGrammarGrammar``. Milliseconds per step are the
+best of ``--repeats``.
 
     python benchmark/ddtree/bench_grammar_walk.py --out DIR
     python benchmark/ddtree/bench_grammar_walk.py --batch-sizes 1 4 32 --widths 8 16 --out DIR
@@ -19,22 +20,17 @@ import argparse
 import json
 import os
 import random
-import string
+import sys
 import time
 from types import SimpleNamespace
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-def word_vocabulary(size: int, seed: int = 0) -> list[str]:
-    """Lowercase words of 1-8 letters, a third with a leading space, every seventh token
-    uppercase (outside ``[a-z ]+``)."""
-    rng = random.Random(seed)
-    words = []
-    for i in range(size):
-        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 8)))
-        words.append(word.upper() if i % 7 == 0 else (" " + word if i % 3 == 0 else word))
-    return words
+from bench_step import tokenizer_words  # noqa: E402
+
+from sglang_ddtree.testing import tiny_models  # noqa: E402
 
 
 def random_trees(bs: int, width: int, vocab: int, rng: random.Random) -> tuple:
@@ -65,7 +61,9 @@ def main() -> None:
 
     from sglang_ddtree.srt.ddtree_utils import HostArrayGrammarTree
 
-    info = xgrammar.TokenizerInfo(word_vocabulary(args.vocab), vocab_size=args.vocab)
+    cfg = tiny_models.TinyPairConfig(vocab_size=args.vocab)
+    vocab = tiny_models.vocabulary(cfg, tokenizer_words(args.vocab))
+    info = xgrammar.TokenizerInfo(vocab, vocab_size=args.vocab)
     compiled = xgrammar.GrammarCompiler(info).compile_regex(args.regex)
 
     def walk(kind, arrays, bs: int) -> tuple[float, torch.Tensor]:

@@ -337,6 +337,12 @@ def write_word_tokenizer(path: str, vocab_size: int, seed: int = 0) -> None:
     its special and printable tokens, half with a leading space and one in eight capitalized,
     so that the grammar's mask walks a vocabulary of the target's size and of a real one's
     kind."""
+    cfg = tiny_models.TinyPairConfig(vocab_size=vocab_size)
+    tiny_models.build_tokenizer(path, cfg, filler=tokenizer_words(vocab_size, seed))
+
+
+def tokenizer_words(vocab_size: int, seed: int = 0) -> list[str]:
+    """`write_word_tokenizer`'s words (its tokens after the special and printable ones)."""
     rng = random.Random(seed)
     words: list[str] = []
     seen = set(tiny_models.SPECIALS) | {chr(c) for c in range(32, 127)}
@@ -348,8 +354,7 @@ def write_word_tokenizer(path: str, vocab_size: int, seed: int = 0) -> None:
         if word not in seen:
             seen.add(word)
             words.append(word)
-    cfg = tiny_models.TinyPairConfig(vocab_size=vocab_size)
-    tiny_models.build_tokenizer(path, cfg, filler=words)
+    return words
 
 
 def give_word_tokenizer(spec: dict) -> None:

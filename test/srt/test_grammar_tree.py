@@ -65,23 +65,15 @@ class CountingGrammar:
         vocab_mask[idx] = torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words])
 
 
-def random_trees(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[BATCH, WIDTH]`` first-child / next-sibling arrays (SGLang's retrieve layout) of
-    random trees, node 0 the root and each node's parent before it, and their tokens (some
-    past the vocabulary)."""
-    rng = random.Random(seed)
-    first_child = [[-1] * WIDTH for _ in range(BATCH)]
-    next_sibling = [[-1] * WIDTH for _ in range(BATCH)]
-    for b in range(BATCH):
-        for node in range(WIDTH - 1, 0, -1):
-            parent = rng.randrange(node)
-            next_sibling[b][node], first_child[b][parent] = first_child[b][parent], node
-    tokens = [[rng.randrange(VOCAB + 8) for _ in range(WIDTH)] for _ in range(BATCH)]
-    return torch.tensor(first_child), torch.tensor(next_sibling), torch.tensor(tokens)
+def random_trees(load_benchmark, seed: int) -> tuple:
+    """`bench_grammar_walk.random_trees` of ``BATCH`` x ``WIDTH`` nodes, some tokens past the
+    vocabulary."""
+    bench = load_benchmark("bench_grammar_walk")
+    return bench.random_trees(BATCH, WIDTH, VOCAB + 8, random.Random(seed))
 
 
-def test_host_arrays_hold_the_trees_values():
-    arrays = random_trees(0)
+def test_host_arrays_hold_the_trees_values(load_benchmark):
+    arrays = random_trees(load_benchmark, 0)
     host = HostArrayGrammarTree(ResolvedTree(*arrays)).resolve()
     for got, want in zip(host, arrays, strict=True):
         assert isinstance(got, np.ndarray) and got.shape == tuple(want.shape)
@@ -90,7 +82,7 @@ def test_host_arrays_hold_the_trees_values():
         assert isinstance(got[1][2], np.integer)  # a scalar read is NumPy's, not a tensor
 
 
-def test_sglangs_mask_walk_gives_the_same_mask_over_host_arrays():
+def test_sglangs_mask_walk_gives_the_same_mask_over_host_arrays(load_benchmark):
     """Over 6 requests x 12 nodes of random trees and tokens (some out of the vocabulary, so the
     walk takes both its accepted and rejected branches, and some grammars end inside a tree),
     SGLang's ``generate_token_bitmask`` gives the same mask over `HostArrayGrammarTree`'s
@@ -105,7 +97,7 @@ def test_sglangs_mask_walk_gives_the_same_mask_over_host_arrays():
         assert all(not r.grammar.accepted for r in reqs)  # every token rolled back
         return got
 
-    arrays = random_trees(0)
+    arrays = random_trees(load_benchmark, 0)
     want = mask(spec_utils.GrammarTree.from_host(*arrays), arrays)
     got = mask(HostArrayGrammarTree(spec_utils.GrammarTree.from_host(*arrays)), arrays)
     assert torch.equal(got, want)
@@ -135,4 +127,3 @@ def test_bench_trees_are_trees(load_benchmark):
                 if link != -1:
                     stack.append(link)
         assert sorted(seen) == list(range(16)), b
-    assert len(bench.word_vocabulary(100)) == 100

@@ -66,7 +66,9 @@ class TinyPairConfig:
     dtype: str = "float32"
 
 
-def _vocab(cfg: TinyPairConfig, filler: list[str] | None = None) -> list[str]:
+def vocabulary(cfg: TinyPairConfig, filler: list[str] | None = None) -> list[str]:
+    """`build_tokenizer`'s tokens in id order: the special and printable ones, then ``filler``
+    (default ``<x0>``, ...) up to the vocabulary size."""
     chars = [chr(c) for c in range(32, 127)]
     vocab = SPECIALS + chars
     if cfg.vocab_size < len(vocab):
@@ -82,7 +84,7 @@ def build_tokenizer(out_dir: str, cfg: TinyPairConfig, filler: list[str] | None 
     ``filler``: the tokens after the special and printable ones (default ``<x0>``, ...)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {tok: i for i, tok in enumerate(_vocab(cfg, filler))}
+    vocab = {tok: i for i, tok in enumerate(vocabulary(cfg, filler))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
