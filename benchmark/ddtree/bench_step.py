@@ -58,6 +58,16 @@ routed experts each MoE layer's top-k selects in one forward of the target, from
 forwards (``bs x W`` tokens; W = 1 without speculation); random weights route near uniformly,
 which spreads tokens over more experts than a trained router does.
 
+Phase ``startup`` (``--phases startup``, alone): each configuration's engine started at a
+decode-graph batch size of ``max(--batch-sizes)`` (``--cuda-graph-max-bs``), then
+``max(--batch-sizes)`` requests of 8 tokens at T 1 / top_p 0.95: the seconds to a serving
+engine, the KV pool it was left (tokens), and for DDTREE the glue graphs its startup captured
+(`ddtree_glue_warmup.capture_glue_at_startup`: batch sizes, graphs, seconds, memory, what was
+held for them before the pool was sized) and any glue graph captured later, while serving
+(none should be). The worker's graph counts come out through the test hook
+``testing.inject.GRAPH_STATS_ENV``, which rewrites a file after every step, so this phase runs
+no timed steps.
+
 Diagnostics (``sglang_ddtree.step_timing``; files copied to ``<out>/profile_<model>_<config>/``,
 one per step run in run order): ``--torch-profile-skip N`` (torch profiler tables of 20 decode
 steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (host time),
@@ -125,7 +135,8 @@ from sglang_ddtree.step_timing import (
 )
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 from sglang_ddtree.testing import tiny_models
-from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE
+from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE  # also installs testing.inject's hooks
+from sglang_ddtree.testing.inject import GRAPH_STATS_ENV
 
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
@@ -689,6 +700,12 @@ def run_config(spec, config, args, timing_dir) -> dict:
         os.environ[EXPERT_COUNT_ENV] = str(tiny_models.KIMI_K26.n_routed_experts)
     else:
         os.environ.pop(EXPERT_COUNT_ENV, None)
+    stats_path = os.path.join(timing_dir, "graph_stats.json")
+    if "startup" in args.phases:  # the worker writes its graph counts there (testing.inject)
+        os.makedirs(timing_dir, exist_ok=True)
+        os.environ[GRAPH_STATS_ENV] = stats_path
+    else:
+        os.environ.pop(GRAPH_STATS_ENV, None)
     t_start = time.monotonic()
     kw = engine_kwargs(
         spec,
@@ -725,6 +742,10 @@ def run_config(spec, config, args, timing_dir) -> dict:
         # The KV pool holds this many tokens: a cell whose requests do not fit together never
         # runs as one batch of bs, so it is skipped, not timed.
         pool_tokens = info.get("max_total_num_tokens")
+        if "startup" in args.phases:
+            row["startup"] = startup_stats(eng, spec, row["engine_up_s"], pool_tokens,
+                                           max(args.batch_sizes), stats_path)  # fmt: skip
+            print(f"[bench_step] {config} startup: {row['startup']}", flush=True)
         if "accept" in args.phases and config != "none" and args.model == "pair":
             for tname, tparams in TEMPS:
                 params = {"max_new_tokens": args.accept_tokens, "ignore_eos": True, **tparams}
@@ -817,7 +838,69 @@ def run_config(spec, config, args, timing_dir) -> dict:
     return row
 
 
+def read_graph_stats(path: str) -> dict | None:
+    """The worker's last graph counts (``GraphStats.as_dict``), or None (no DDTREE worker)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def glue_captures(stats: dict | None) -> int | None:
+    """Glue graphs captured so far, over every segment."""
+    if not stats:
+        return None
+    return sum(seg.get("captures", 0) for seg in stats.get("glue", {}).values())
+
+
+def startup_stats(eng, spec, up_s: float, pool_tokens, max_bs: int, stats_path: str) -> dict:
+    """Phase ``startup``: what starting the engine cost (see the module's docstring)."""
+    at_start = read_graph_stats(stats_path)
+    prompts = [spec["prompts"][i % len(spec["prompts"])] for i in range(max_bs)]
+    params = {"max_new_tokens": 8, "ignore_eos": True, "temperature": 1.0, "top_p": 0.95}
+    outs, t0 = generate(eng, prompts, params)
+    serve_s = time.monotonic() - t0
+    after = read_graph_stats(stats_path)
+    glue = (at_start or {}).get("startup")
+    before, later = glue_captures(at_start), glue_captures(after)
+    return {
+        "max_bs": max_bs,
+        "engine_up_s": up_s,
+        "kv_pool_tokens": pool_tokens,
+        "glue": glue,
+        "glue_captures_while_serving": None if before is None else later - before,
+        "first_batch_s": round(serve_s, 2),
+        "first_batch_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+    }
+
+
+def startup_table(rows: list[dict]) -> str:
+    """Phase ``startup``'s rows as markdown."""
+    lines = [
+        "| config | max bs | engine up s | KV pool tokens | glue: batch sizes | graphs | s | "
+        "GiB taken | GiB held | captured while serving |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        st = r["startup"]
+        g = st.get("glue") or {}
+        cells = [g.get(k, "-") for k in ("batch_sizes", "captures", "seconds", "memory_gib")]
+        cells.append(g.get("reserved_gib", "-") if g else "-")
+        later = st.get("glue_captures_while_serving")
+        cells.append("-" if later is None else later)
+        lines.append(
+            f"| {r['config']} | {st['max_bs']} | {st['engine_up_s']} | {st['kv_pool_tokens']} | "
+            + " | ".join(str(c) for c in cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def table(result: dict) -> str:
+    started = [r for r in result["rows"] if "startup" in r]
+    if started:
+        return startup_table(started)
     rows = [r for r in result["rows"] if "step" in r]
     lines = []
     acc_rows = [r for r in rows if r.get("accept")]
@@ -963,7 +1046,9 @@ def main() -> None:
         "with the +baseline suffix runs its engine on that plugin",
     )
     ap.add_argument("--configs", default=None, help="comma list (default: DEFAULT_CONFIGS[model])")
-    ap.add_argument("--phases", default="step", help="comma list of: accept, step; or experts")
+    ap.add_argument(
+        "--phases", default="step", help="comma list of: accept, step; or experts; or startup"
+    )
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--accept-tokens", type=int, default=256)
     ap.add_argument("--step-tokens", type=int, default=128)
@@ -1026,10 +1111,14 @@ def main() -> None:
     if args.repeats < 1:
         raise SystemExit("--repeats must be at least 1")
     args.phases = set(args.phases.split(","))
-    if not args.phases <= {"accept", "step", "experts"}:
-        raise SystemExit(f"unknown --phases {sorted(args.phases)}; accept, step or experts")
+    if not args.phases <= {"accept", "step", "experts", "startup"}:
+        raise SystemExit(
+            f"unknown --phases {sorted(args.phases)}; accept, step, experts or startup"
+        )
     if "experts" in args.phases and len(args.phases) > 1:
         raise SystemExit("--phases experts runs alone (its engines run without CUDA graphs)")
+    if "startup" in args.phases and len(args.phases) > 1:
+        raise SystemExit("--phases startup runs alone (its graph counts are written every step)")
     os.makedirs(args.out, exist_ok=True)
     t_begin = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="bench_step_")

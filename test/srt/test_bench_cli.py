@@ -408,3 +408,48 @@ def test_word_tokenizer_agrees_with_the_drafters_mask_token(load_benchmark, tmp_
         got = resolve(spec[key])
         tokenizer = Tokenizer.from_file(os.path.join(spec["target"], "tokenizer.json"))
         assert got != original and got == tokenizer.token_to_id(MASK_TOKEN)
+
+
+def test_bench_step_startup_phase_counts_graphs_captured_while_serving(load_benchmark, tmp_path):
+    """Phase ``startup`` reads the worker's graph counts before and after its first batch: the
+    glue capture at startup is reported as the worker wrote it, a glue graph captured while
+    serving is counted (none should be), and an engine without a DDTREE worker (no counts
+    file) reports none rather than zero."""
+    mod = load_benchmark("bench_step")
+    stats_path = tmp_path / "graph_stats.json"
+    glue = {"batch_sizes": 3, "captures": 45, "seconds": 1.5, "memory_gib": 0.2,
+            "reserved_gib": 0.25}  # fmt: skip
+    at_start = {"glue": {"tree_w9": {"captures": 3}, "accept_w9": {"captures": 21}},
+                "startup": glue}  # fmt: skip
+
+    class Engine:
+        def __init__(self, captured_later: int):
+            self.captured_later = captured_later
+            self.calls = []
+
+        def generate(self, input_ids, sampling_params):
+            self.calls.append((len(input_ids), sampling_params))
+            if stats_path.exists():  # the worker rewrites its counts after the steps
+                after = json.loads(stats_path.read_text())
+                after["glue"]["tree_w9"]["captures"] += self.captured_later
+                stats_path.write_text(json.dumps(after))
+            return [{"meta_info": {"completion_tokens": 8}} for _ in input_ids]
+
+    spec = {"prompts": [[1, 2, 3], [4, 5]]}
+    rows = []
+    for later in (0, 2):
+        stats_path.write_text(json.dumps(at_start))
+        eng = Engine(later)
+        st = mod.startup_stats(eng, spec, 61.0, 5000, 4, str(stats_path))
+        assert eng.calls[0][0] == 4 and eng.calls[0][1]["max_new_tokens"] == 8
+        assert st["glue"] == glue and st["glue_captures_while_serving"] == later
+        assert st["first_batch_tokens"] == 32 and st["kv_pool_tokens"] == 5000
+        rows.append({"config": f"ddtree{later}", "startup": st})
+    stats_path.unlink()
+    none = mod.startup_stats(Engine(0), spec, 40.0, 6000, 4, str(stats_path))
+    assert none["glue"] is None and none["glue_captures_while_serving"] is None
+    rows.append({"config": "dflash", "startup": none, "step": []})
+    text = mod.table({"rows": rows})
+    assert "| ddtree0 | 4 | 61.0 | 5000 | 3 | 45 | 1.5 | 0.2 | 0.25 | 0 |" in text
+    assert "| ddtree2 | 4 | 61.0 | 5000 | 3 | 45 | 1.5 | 0.2 | 0.25 | 2 |" in text
+    assert "| dflash | 4 | 40.0 | 6000 | - | - | - | - | - | - |" in text
