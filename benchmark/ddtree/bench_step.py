@@ -59,7 +59,8 @@ forwards (``bs x W`` tokens; W = 1 without speculation); random weights route ne
 which spreads tokens over more experts than a trained router does.
 
 Phase ``startup`` (``--phases startup``, alone): each configuration's engine started at a
-decode-graph batch size of ``max(--batch-sizes)`` (``--cuda-graph-max-bs``), then
+decode-graph batch size of ``max(--batch-sizes)`` (``--cuda-graph-max-bs-decode``, formerly
+``--cuda-graph-max-bs``), then
 ``max(--batch-sizes)`` requests of 8 tokens at T 1 / top_p 0.95: the seconds to a serving
 engine, the KV pool it was left (tokens), and for DDTREE the glue graphs its startup captured
 (`ddtree_glue_warmup.capture_glue_at_startup`: batch sizes, graphs, seconds, memory, what was
@@ -864,12 +865,13 @@ def startup_stats(eng, spec, up_s: float, pool_tokens, max_bs: int, stats_path: 
     after = read_graph_stats(stats_path)
     glue = (at_start or {}).get("startup")
     before, later = glue_captures(at_start), glue_captures(after)
+    while_serving = None if before is None or later is None else later - before
     return {
         "max_bs": max_bs,
         "engine_up_s": up_s,
         "kv_pool_tokens": pool_tokens,
         "glue": glue,
-        "glue_captures_while_serving": None if before is None else later - before,
+        "glue_captures_while_serving": while_serving,
         "first_batch_s": round(serve_s, 2),
         "first_batch_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
     }
