@@ -291,7 +291,9 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
     [
         (4, 8, [20, 300, 64, 1000], 4),
         (8, 16, [5000, 64, 2, 700, 4097, 33, 640, 1], 8),
+        (4, 32, [3000, 1, 129, 9000], 8),  # four row tiles a request
         (1, 8, [20000], 8),  # one request: the most prefix shares
+        (1, 16, [20000], 8),  # two row tiles over bs 1's 64 shares: Triton's in the hook
     ],
 )
 @pytest.mark.parametrize("kernel", ["triton", "gluon"])
@@ -302,8 +304,9 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
     masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
     variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
-    K2.6 rank's W 8 x 8 heads) the Gluon kernel, also at W 16 (two row tiles a request, which
-    the hook does not yet give it) with the Gluon kernel asked for."""
+    K2.6 rank's W 8 x 8 heads, and W 16 / 32's two or four tiles a request at bs >= 4) the
+    Gluon kernel, also at bs 1's many shares of two tiles (Triton's in the hook) with the Gluon
+    kernel asked for."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,
@@ -324,7 +327,7 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     if gluon and settings["prefix_rows"] != 64:
         assert not settings.get("prefix_gluon")  # 32 rows a program: the Triton kernel's
         pytest.skip("the Gluon kernel takes 64 query rows a program")
-    if gluon and w * hq > 64:  # two row tiles a request: not the hook's pick yet; run it here
+    if gluon and w * hq > 64 and settings["prefix_splits"] > 16:  # not the hook's pick: asked
         assert not settings.get("prefix_gluon")
         settings = dict(settings, prefix_gluon=True)
     assert settings.get("prefix_gluon", False) == gluon

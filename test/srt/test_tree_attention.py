@@ -125,18 +125,21 @@ def test_launch_settings_are_the_hooks_choice():
     assert "prefix_index_ahead" not in launch_settings(1, 8, 8, 1, 512, 132, 576, page_size=64)
     assert "prefix_index_ahead" not in bs8
     assert launch_settings(1, 8, 8, 1, 512, 132, latent_d=576, page_size=64) == lat
-    # Where the Gluon kernel runs (Hopper, bf16) it takes the paged 64-row tile at every bs,
-    # with the same shares and merge; not on a slot table, nor at 32 rows a program, nor where
-    # a request's rows take two 64-row tiles (W 16: not yet checked on a GPU).
-    for bs in (1, 4, 8, 32):
-        triton_paged = launch_settings(bs, 8, 8, 1, 512, 132, 576, page_size=64)
-        gluon = launch_settings(bs, 8, 8, 1, 512, 132, 576, page_size=64, gluon=True)
-        assert gluon["prefix_gluon"] and "prefix_index_ahead" not in gluon
+    # Where the Gluon kernel runs (Hopper, bf16) it takes the paged 64-row tile at every bs
+    # where a request's rows fit one tile, and at bs >= 4 where they take two or four (W 16 /
+    # 32: their shares are at most 16), with the same shares and merge; not at bs 1's 32-64
+    # shares of several tiles, not on a slot table, nor at 32 rows a program.
+    for bs, w in [(b, 8) for b in (1, 4, 8, 32)] + [(b, w) for b in (4, 8, 32) for w in (16, 32)]:
+        triton_paged = launch_settings(bs, w, 8, 1, 512, 132, 576, page_size=64)
+        gluon = launch_settings(bs, w, 8, 1, 512, 132, 576, page_size=64, gluon=True)
+        assert gluon["prefix_gluon"] and "prefix_index_ahead" not in gluon, (bs, w)
         assert {k: v for k, v in gluon.items() if k != "prefix_gluon"} == {
             k: v for k, v in triton_paged.items() if k != "prefix_index_ahead"
         }
+    for w in (16, 32):
+        bs1 = launch_settings(1, w, 8, 1, 512, 132, 576, page_size=64, gluon=True)
+        assert bs1["prefix_splits"] > 16 and "prefix_gluon" not in bs1
     assert "prefix_gluon" not in launch_settings(8, 8, 8, 1, 512, 132, 576, gluon=True)
-    assert "prefix_gluon" not in launch_settings(4, 16, 8, 1, 512, 132, 576, 64, gluon=True)
     assert "prefix_gluon" not in launch_settings(4, 8, 4, 1, 512, 132, 576, 64, gluon=True)
     # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).
     assert "prefix_latent" not in launch_settings(1, 8, 8, 1, 512, 132, latent_d=640)
