@@ -55,8 +55,10 @@ configuration that fails is recorded with its error and the run goes on; none is
 
 Phase ``experts`` (``--phases experts``, alone: CUDA graphs off): per batch size, the distinct
 routed experts each MoE layer's top-k selects in one forward of the target, from the verify
-forwards (``bs x W`` tokens; W = 1 without speculation); random weights route near uniformly,
-which spreads tokens over more experts than a trained router does.
+forwards (``bs x W`` tokens; W = 1 without speculation), next to uniform routing's expectation.
+Random weights do not route like a trained router: with SGLang's dummy loader every token of
+the one-rank engine took the same 8-9 experts a layer, at any batch size, so its step times
+price the routed experts at that count, not at the 60-384 a spread router would touch.
 
 Phase ``startup`` (``--phases startup``, alone): each configuration's engine started at a
 decode-graph batch size of ``max(--batch-sizes)`` (``--cuda-graph-max-bs-decode``, formerly
@@ -899,10 +901,29 @@ def startup_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def experts_table(rows: list[dict]) -> str:
+    """Phase ``experts``' rows as markdown: per configuration and batch size, the median and
+    largest distinct routed experts a MoE layer call selected, next to uniform routing's."""
+    lines = [
+        "distinct routed experts per MoE layer call: median / max (uniform routing's)",
+        "",
+        "| config | bs | tokens | calls | median | max | uniform |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        for e in r["experts"]:
+            cells = [e["bs"], e["tokens"], e["calls"], e["median"], e["max"], e["uniform"]]
+            lines.append(f"| {r['config']} | " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def table(result: dict) -> str:
     started = [r for r in result["rows"] if "startup" in r]
     if started:
         return startup_table(started)
+    counted = [r for r in result["rows"] if "experts" in r]
+    if counted:
+        return experts_table(counted)
     rows = [r for r in result["rows"] if "step" in r]
     lines = []
     acc_rows = [r for r in rows if r.get("accept")]

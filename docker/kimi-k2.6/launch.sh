@@ -7,7 +7,8 @@
 #
 # Env: MODEL (default moonshotai/Kimi-K2.6), DRAFT (default z-lab/Kimi-K2.6-DFlash), HW (h200 |
 # b300, default h200), PORT (default 30000), MEM_FRACTION_STATIC (overrides the HW default),
-# ATTENTION (triton | flashmla, default triton; flashmla: H200 only, page size 64).
+# ATTENTION (flashmla | triton; default flashmla on h200, triton on b300; flashmla: H200 only,
+# page size 64).
 # Extra arguments are passed on to sglang.launch_server unchanged.
 set -euo pipefail
 
@@ -30,10 +31,14 @@ case "$HW" in
 esac
 MEM="${MEM_FRACTION_STATIC:-$default_mem}"
 
-# triton at page size 1: the tree verify with its end-to-end checks against the non-speculative
-# server. flashmla at page size 64 (Hopper only): FlashMLA reads the prefix, at the DFLASH
-# chain's step cost at long contexts, but its end-to-end checks have no verdict yet (README.md).
-ATTENTION="${ATTENTION:-triton}"
+# flashmla at page size 64 (Hopper only): the backend the DFLASH chain runs K2.6 on, where
+# DDTREE's step is within 1.10x the chain's and 1.6-3.3x faster than on triton at 16K-64K
+# tokens (README.md). triton at page size 1 elsewhere (B300: FlashMLA's kernel is Hopper's).
+case "$HW" in
+  h200) default_attention=flashmla ;;
+  *) default_attention=triton ;;
+esac
+ATTENTION="${ATTENTION:-$default_attention}"
 case "$ATTENTION" in
   triton) page=1 ;;
   flashmla)

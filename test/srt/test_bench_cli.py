@@ -97,6 +97,12 @@ def test_expert_stats(load_benchmark):
         "tokens": 66, "calls": 3, "median": 42, "max": 44
     }  # fmt: skip
     assert mod.expert_stats([], 9)["calls"] == 0
+    # The phase's markdown: one line per configuration and batch size, with the counts.
+    text = mod.table({"rows": [{"config": "ddtree-8", "experts": [{"bs": 4, **got}]}]})
+    line = next(x for x in text.splitlines() if x.startswith("| ddtree-8 |"))
+    assert [c.strip() for c in line.strip("|").split("|")] == [
+        "ddtree-8", "4", "66", "3", "42", "44", str(got["uniform"])
+    ]  # fmt: skip
     # Uniform routing: one token touches exactly top_k experts; many tokens approach all.
     assert mod.uniform_distinct_experts(1, 384, 8) == pytest.approx(8.0)
     assert mod.uniform_distinct_experts(9, 384, 8) < 72 < mod.uniform_distinct_experts(65, 384, 8)

@@ -54,8 +54,9 @@ def test_launch_flags(hw):
         "--speculative-algorithm": "DDTREE",
         "--speculative-draft-model-path": "z-lab/Kimi-K2.6-DFlash",
         "--tp": "8",
-        "--attention-backend": "triton",
-        "--page-size": "1",
+        # FlashMLA at its page size on Hopper; triton where FlashMLA's kernel does not run.
+        "--attention-backend": {"h200": "flashmla", "b300": "triton"}[hw],
+        "--page-size": {"h200": "64", "b300": "1"}[hw],
         "--reasoning-parser": "kimi_k2",
         "--tool-call-parser": "kimi_k2",
         "--host": "0.0.0.0",
@@ -89,11 +90,15 @@ def test_launch_env_and_extra_args():
 
 
 def test_launch_flashmla_on_h200_only():
-    """ATTENTION=flashmla: FlashMLA at its page size 64, on H200 (Hopper) only; other values
-    are refused with a message and exit 2."""
+    """ATTENTION=flashmla: FlashMLA at its page size 64, on H200 (Hopper) only; ATTENTION=triton
+    at page size 1 on either; other values are refused with a message and exit 2."""
     argv = launch_argv(ATTENTION="flashmla")
     assert flag_value(argv, "--attention-backend") == "flashmla"
     assert flag_value(argv, "--page-size") == "64"
+    for hw in ("h200", "b300"):
+        argv = launch_argv(ATTENTION="triton", HW=hw)
+        assert flag_value(argv, "--attention-backend") == "triton"
+        assert flag_value(argv, "--page-size") == "1"
     for env, needle in (({"ATTENTION": "flashmla", "HW": "b300"}, "HW=h200"),
                         ({"ATTENTION": "fa3"}, "ATTENTION must be triton or flashmla")):  # fmt: skip
         out = subprocess.run(
