@@ -59,6 +59,8 @@ forwards (``bs x W`` tokens; W = 1 without speculation), next to uniform routing
 Random weights do not route like a trained router: with SGLang's dummy loader every token of
 the one-rank engine took the same 8-9 experts a layer, at any batch size, so its step times
 price the routed experts at that count, not at the 60-384 a spread router would touch.
+``--routing uniform`` spreads them by SGLang's benchmark-only simulation instead (each token's
+experts from a random offset), for every phase.
 
 Phase ``startup`` (``--phases startup``, alone): each configuration's engine started at a
 decode-graph batch size of ``max(--batch-sizes)`` (``--cuda-graph-max-bs-decode``, formerly
@@ -483,6 +485,23 @@ def widest_verify_width(spec: dict, config: str) -> int:
     return verify_tokens_per_request(spec, config)
 
 
+# SGLang's benchmark-only routing knob (``sglang.srt.layers.moe.topk.select_experts``): each
+# token takes experts ``o, o + E/k, ...`` (mod E) from a random offset ``o``, router ignored.
+SIMULATE_UNIFORM_EXPERTS_ENV = "SGLANG_SIMULATE_UNIFORM_EXPERTS"
+ROUTINGS = ("weights", "uniform")
+
+
+def routing_env(routing: str) -> dict:
+    """The engine processes' environment for ``--routing``: ``weights`` routes by the loaded
+    router (with dummy weights every token of the K2.6 rank took the same 8-9 experts a
+    layer), ``uniform`` by SGLang's uniform simulation (each token's experts from a random
+    offset: E / k residue classes, so ``tokens`` tokens touch about ``k *
+    uniform_distinct_experts(tokens, E // k, 1)`` experts, within 1 % of uniformly random
+    routing's count for K2.6 at 9 tokens)."""
+    assert routing in ROUTINGS, routing
+    return {SIMULATE_UNIFORM_EXPERTS_ENV: "1" if routing == "uniform" else "0"}
+
+
 def uniform_distinct_experts(tokens: int, experts: int, top_k: int) -> float:
     """Expected distinct experts when each of ``tokens`` tokens picks ``top_k`` of ``experts``
     uniformly at random: the spread of an untrained router, an upper reference for a trained
@@ -698,6 +717,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
     engine_path = engine_pythonpath(config_only, args.baseline_python, pythonpath)
     if engine_path is not None:  # spawned engine processes read it at their start
         os.environ["PYTHONPATH"] = engine_path
+    os.environ.update(routing_env(args.routing))
     counting = "experts" in args.phases
     if counting:  # graphs off: the counter runs at every MoE call
         os.environ[EXPERT_COUNT_ENV] = str(tiny_models.KIMI_K26.n_routed_experts)
@@ -1114,6 +1134,14 @@ def main() -> None:
         "--step-tokens for all its requests to share decode steps (bs 64 with 2048 "
         "and 48 measured no step)",
     )
+    ap.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default="weights",
+        help="kimi: routed experts chosen by the loaded router (weights; with dummy weights "
+        "every token takes the same experts) or spread by SGLang's benchmark-only uniform "
+        f"simulation ({SIMULATE_UNIFORM_EXPERTS_ENV})",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from sglang_ddtree.serve import serving_unavailable
@@ -1125,6 +1153,8 @@ def main() -> None:
         raise SystemExit("--prompt-len applies to --model 8b only")
     if (args.tp_rank_of or args.prompt_lens) and args.model != "kimi":
         raise SystemExit("--tp-rank-of and --prompt-lens apply to --model kimi only")
+    if args.routing != "weights" and args.model != "kimi":
+        raise SystemExit("--routing applies to --model kimi only (the other targets are dense)")
     if args.kimi_layers is None:
         args.kimi_layers = 61 if args.tp_rank_of else KIMI_TP2_LAYERS
     unknown = [t for t in args.temps.split(",") if t not in ALL_TEMPS]
@@ -1163,6 +1193,7 @@ def main() -> None:
         "gpu": gpu_name(),
         "batch_sizes": args.batch_sizes,
         "tp_rank_of": args.tp_rank_of,
+        "routing": args.routing,
         "rows": [],
         "not_run": [],
     }

@@ -90,6 +90,21 @@ def test_expert_counter(tmp_path):
     assert sorted(rows) == [(2, 3), (66, 40), (66, 44)]
 
 
+def test_routing_option_sets_sglangs_uniform_simulation(load_benchmark):
+    """``--routing uniform`` turns on SGLang's own benchmark-only routing simulation for the
+    engine processes (and ``weights`` turns it off, so a later configuration does not inherit
+    it); its residue-class spread touches about as many experts as uniformly random routing."""
+    mod = load_benchmark("bench_step")
+    assert mod.routing_env("uniform") == {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
+    assert mod.routing_env("weights") == {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "0"}
+    with pytest.raises(AssertionError):
+        mod.routing_env("random")
+    classes = 8 * mod.uniform_distinct_experts(9, 384 // 8, 1)
+    assert classes == pytest.approx(mod.uniform_distinct_experts(9, 384, 8), rel=0.01)
+    sglang_envs = pytest.importorskip("sglang.srt.environ").envs
+    assert hasattr(sglang_envs, mod.SIMULATE_UNIFORM_EXPERTS_ENV)
+
+
 def test_expert_stats(load_benchmark):
     mod = load_benchmark("bench_step")
     got = mod.expert_stats([(66, 40), (66, 44), (256, 200), (66, 42)], 66)
