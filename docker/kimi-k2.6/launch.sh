@@ -56,6 +56,11 @@ esac
 
 # No --speculative-num-draft-tokens: DDTREE's default tree budget applies (for a mixture-of-
 # experts target such as K2.6, W = the drafter's block at every batch size).
+# --cuda-graph-max-bs-decode 128: SGLang's default at TP 8 on these GPUs is 512, for which
+# DDTREE would capture a glue graph set per batch size 1-512 at startup (7,680 graphs) holding
+# float32 probabilities of 512 x 8 rows x 163,840 tokens a few times over on every GPU
+# (README.md). Larger batches still run, without CUDA graphs; pass a larger value to capture
+# more.
 cmd=(
   python3 -m sglang.launch_server
   --model-path "$MODEL"
@@ -64,6 +69,7 @@ cmd=(
   --tp 8
   --attention-backend "$ATTENTION"
   --page-size "$page"
+  --cuda-graph-max-bs-decode 128
   --mem-fraction-static "$MEM"
   --trust-remote-code
   --reasoning-parser kimi_k2

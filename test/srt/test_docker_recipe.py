@@ -57,6 +57,8 @@ def test_launch_flags(hw):
         # FlashMLA at its page size on Hopper; triton where FlashMLA's kernel does not run.
         "--attention-backend": {"h200": "flashmla", "b300": "triton"}[hw],
         "--page-size": {"h200": "64", "b300": "1"}[hw],
+        # Bounds the glue graphs DDTREE captures at startup (SGLang's default there is 512).
+        "--cuda-graph-max-bs-decode": "128",
         "--reasoning-parser": "kimi_k2",
         "--tool-call-parser": "kimi_k2",
         "--host": "0.0.0.0",
@@ -146,8 +148,9 @@ def test_launch_argv_parses_with_sglang(hw):
     assert ns.speculative_draft_model_path == "z-lab/Kimi-K2.6-DFlash"
     assert ns.speculative_num_draft_tokens is None
     assert ns.tp_size == 8
-    assert ns.attention_backend == "triton"
-    assert ns.page_size == 1
+    assert ns.attention_backend == {"h200": "flashmla", "b300": "triton"}[hw]
+    assert ns.page_size == {"h200": 64, "b300": 1}[hw]
+    assert ns.cuda_graph_max_bs_decode == 128
     assert ns.trust_remote_code is True
     assert ns.reasoning_parser == "kimi_k2" and ns.tool_call_parser == "kimi_k2"
     assert ns.host == "0.0.0.0" and ns.port == 30000
