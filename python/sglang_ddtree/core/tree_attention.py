@@ -378,6 +378,7 @@ PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
 # Where a request's W x G rows take two or more 64-row tiles (W 16 / 32 on a K2.6 rank) the
 # Gluon kernel takes them up to this many shares (bs >= 4's): 0.55-0.66x the Triton kernel's
 # time at bs 4-32, 16K-64K keys. bs 1's 32-64 shares are not timed with it: Triton keeps them.
+# Wider trees (W 64: eight tiles) follow the same rule untimed.
 GLUON_MULTI_TILE_MAX_SHARES = 16
 PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
 PAGED_LATENT_TILE_MANY_SHARES: dict = {}
