@@ -101,6 +101,11 @@ def test_routing_option_sets_sglangs_uniform_simulation(load_benchmark):
         mod.routing_env("random")
     classes = 8 * mod.uniform_distinct_experts(9, 384 // 8, 1)
     assert classes == pytest.approx(mod.uniform_distinct_experts(9, 384, 8), rel=0.01)
+
+
+def test_routing_knob_is_sglangs(load_benchmark):
+    """The knob ``--routing uniform`` sets is one SGLang 0.5.17's envs module defines."""
+    mod = load_benchmark("bench_step")
     sglang_envs = pytest.importorskip("sglang.srt.environ").envs
     assert hasattr(sglang_envs, mod.SIMULATE_UNIFORM_EXPERTS_ENV)
 
