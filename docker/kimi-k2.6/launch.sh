@@ -21,9 +21,12 @@ PORT="${PORT:-30000}"
 # TP 8 each GPU holds roughly 75 GB of weights, the rest of the fraction becomes KV cache, and
 # what is left outside it holds activations, CUDA graphs and the triton MLA kernel's buffers.
 # Lower it on out-of-memory at startup or under load.
+# ATTENTION's default: flashmla at page size 64 on Hopper, the backend the DFLASH chain runs
+# K2.6 on, where DDTREE's step is within 1.10x the chain's and 1.6-3.3x faster than on triton
+# at 16K-64K tokens (README.md); triton at page size 1 on B300 (FlashMLA's kernel is Hopper's).
 case "$HW" in
-  h200) default_mem=0.85 ;;  # 141 GB a GPU
-  b300) default_mem=0.9 ;;   # 288 GB a GPU
+  h200) default_mem=0.85 default_attention=flashmla ;;  # 141 GB a GPU
+  b300) default_mem=0.9 default_attention=triton ;;     # 288 GB a GPU
   *)
     echo "launch.sh: HW must be h200 or b300, not '$HW'" >&2
     exit 2
@@ -31,13 +34,6 @@ case "$HW" in
 esac
 MEM="${MEM_FRACTION_STATIC:-$default_mem}"
 
-# flashmla at page size 64 (Hopper only): the backend the DFLASH chain runs K2.6 on, where
-# DDTREE's step is within 1.10x the chain's and 1.6-3.3x faster than on triton at 16K-64K
-# tokens (README.md). triton at page size 1 elsewhere (B300: FlashMLA's kernel is Hopper's).
-case "$HW" in
-  h200) default_attention=flashmla ;;
-  *) default_attention=triton ;;
-esac
 ATTENTION="${ATTENTION:-$default_attention}"
 case "$ATTENTION" in
   triton) page=1 ;;

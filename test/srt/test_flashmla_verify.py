@@ -308,6 +308,7 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     Gluon kernel, also at bs 1's many shares of two tiles (Triton's in the hook) with the Gluon
     kernel asked for."""
     from sglang_ddtree.core.tree_attention import (
+        GLUON_MULTI_TILE_MAX_SHARES,
         gluon_prefix_runs,
         launch_settings,
         tree_attention,
@@ -327,8 +328,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     if gluon and settings["prefix_rows"] != 64:
         assert not settings.get("prefix_gluon")  # 32 rows a program: the Triton kernel's
         pytest.skip("the Gluon kernel takes 64 query rows a program")
-    if gluon and w * hq > 64 and settings["prefix_splits"] > 16:  # not the hook's pick: asked
-        assert not settings.get("prefix_gluon")
+    if gluon and w * hq > 64 and settings["prefix_splits"] > GLUON_MULTI_TILE_MAX_SHARES:
+        assert not settings.get("prefix_gluon")  # not the hook's pick: asked for here
         settings = dict(settings, prefix_gluon=True)
     assert settings.get("prefix_gluon", False) == gluon
     got = tree_attention(

@@ -91,7 +91,7 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
 def test_launch_settings_are_the_hooks_choice():
     """`launch_settings` (what the attention hook launches): `value_tiling`'s tiles and
     `prefix_splits`' shares for the shape."""
-    from sglang_ddtree.core.tree_attention import launch_settings
+    from sglang_ddtree.core.tree_attention import GLUON_MULTI_TILE_MAX_SHARES, launch_settings
 
     assert launch_settings(1, 65, 32, 8, 128, 132) == dict(
         prefix_dv_block=None, tree_dv_block=None, prefix_splits=4
@@ -138,7 +138,7 @@ def test_launch_settings_are_the_hooks_choice():
         }
     for w in (16, 32):
         bs1 = launch_settings(1, w, 8, 1, 512, 132, 576, page_size=64, gluon=True)
-        assert bs1["prefix_splits"] > 16 and "prefix_gluon" not in bs1
+        assert bs1["prefix_splits"] > GLUON_MULTI_TILE_MAX_SHARES and "prefix_gluon" not in bs1
     assert "prefix_gluon" not in launch_settings(8, 8, 8, 1, 512, 132, 576, gluon=True)
     assert "prefix_gluon" not in launch_settings(4, 8, 4, 1, 512, 132, 576, 64, gluon=True)
     # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).
