@@ -30,7 +30,8 @@ def ddtree_active() -> bool:
 def refuse_logprobs(req) -> str | None:
     """Logprobs are written and wired (``ddtree_logprobs``) and refused: in bfloat16 their check
     against the non-speculative server (``testing.e2e --checks logprobs``) finds token logprobs
-    up to 0.04 apart, above its 0.02 bound."""
+    up to 0.07 apart, above its 0.02 bound and larger than that server's own extend-versus-decode
+    differences (docs/requests.md)."""
     if getattr(req, "return_logprob", False):
         return "DDTREE speculative decoding does not support logprobs; omit logprobs."
     return None
