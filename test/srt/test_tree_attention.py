@@ -91,7 +91,7 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
 def test_launch_settings_are_the_hooks_choice():
     """`launch_settings` (what the attention hook launches): `value_tiling`'s tiles and
     `prefix_splits`' shares for the shape."""
-    from sglang_ddtree.core.tree_attention import GLUON_MULTI_TILE_MAX_SHARES, launch_settings
+    from sglang_ddtree.core.tree_attention import launch_settings
 
     assert launch_settings(1, 65, 32, 8, 128, 132) == dict(
         prefix_dv_block=None, tree_dv_block=None, prefix_splits=4
@@ -125,20 +125,20 @@ def test_launch_settings_are_the_hooks_choice():
     assert "prefix_index_ahead" not in launch_settings(1, 8, 8, 1, 512, 132, 576, page_size=64)
     assert "prefix_index_ahead" not in bs8
     assert launch_settings(1, 8, 8, 1, 512, 132, latent_d=576, page_size=64) == lat
-    # Where the Gluon kernel runs (Hopper, bf16) it takes the paged 64-row tile at every bs
-    # where a request's rows fit one tile, and at bs >= 4 where they take two or four (W 16 /
-    # 32: their shares are at most 16), with the same shares and merge; not at bs 1's 32-64
-    # shares of several tiles, not on a slot table, nor at 32 rows a program.
-    for bs, w in [(b, 8) for b in (1, 4, 8, 32)] + [(b, w) for b in (4, 8, 32) for w in (16, 32)]:
+    # Where the Gluon kernel runs (Hopper, bf16) it takes the paged 64-row tile at every bs,
+    # whether a request's rows fit one tile (W 8) or take two or four (W 16 / 32), with the same
+    # shares and merge (bs 1: 64 shares at W 16, 32 at W 32); not on a slot table, nor at 32
+    # rows a program.
+    for bs, w in [(b, w) for b in (1, 4, 8, 32) for w in (8, 16, 32)]:
         triton_paged = launch_settings(bs, w, 8, 1, 512, 132, 576, page_size=64)
         gluon = launch_settings(bs, w, 8, 1, 512, 132, 576, page_size=64, gluon=True)
         assert gluon["prefix_gluon"] and "prefix_index_ahead" not in gluon, (bs, w)
         assert {k: v for k, v in gluon.items() if k != "prefix_gluon"} == {
             k: v for k, v in triton_paged.items() if k != "prefix_index_ahead"
         }
-    for w in (16, 32):
+    for w, shares in ((16, 64), (32, 32)):
         bs1 = launch_settings(1, w, 8, 1, 512, 132, 576, page_size=64, gluon=True)
-        assert bs1["prefix_splits"] > GLUON_MULTI_TILE_MAX_SHARES and "prefix_gluon" not in bs1
+        assert (bs1["prefix_splits"], bs1["tree_merge_chunk"]) == (shares, 8)
     assert "prefix_gluon" not in launch_settings(8, 8, 8, 1, 512, 132, 576, gluon=True)
     assert "prefix_gluon" not in launch_settings(4, 8, 4, 1, 512, 132, 576, 64, gluon=True)
     # Not a latent layout (a rope part over 64 columns, or values as wide as the keys).

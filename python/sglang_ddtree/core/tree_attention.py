@@ -376,10 +376,8 @@ TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in 
 # that gained nothing, nor did half-page tiles in three or four stages anywhere.
 PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
 # Where a request's W x G rows take two or more 64-row tiles (W 16 / 32 on a K2.6 rank) the
-# Gluon kernel takes them up to this many shares (bs >= 4's): 0.55-0.66x the Triton kernel's
-# time at bs 4-32, 16K-64K keys. bs 1's 32-64 shares are not timed with it: Triton keeps them.
-# Wider trees (W 64: eight tiles) follow the same rule untimed.
-GLUON_MULTI_TILE_MAX_SHARES = 16
+# Gluon kernel takes them too: 0.55-0.66x the Triton kernel's time at bs 4-32 (at most 16
+# shares), 0.38-0.91x at bs 1's 64 / 32 shares, 16K-64K keys. W 64 (eight tiles) untimed.
 PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
 PAGED_LATENT_TILE_MANY_SHARES: dict = {}
 PAGED_MANY_SHARES = 64
@@ -459,8 +457,8 @@ def launch_settings(
     there the 64-row latent tile takes ``PAGED_LATENT_TILE`` (``..._MANY_SHARES`` from
     ``PAGED_MANY_SHARES`` shares on), or with ``gluon`` (`gluon_prefix_runs`: the Gluon kernel
     runs on this device and dtype) ``PAGED_LATENT_TILE_GLUON`` at every batch size where one
-    64-row tile holds a request's W x G rows (a K2.6 TP-8 rank at W 8), and where they take two
-    or more tiles (W 16 / 32) up to ``GLUON_MULTI_TILE_MAX_SHARES`` shares."""
+    64-row tile holds a request's W x G rows (a K2.6 TP-8 rank at W 8) or two or more tiles
+    (W 16 / 32), with the same shares and merge."""
     prefix_dv_block, tree_dv_block = value_tiling(dv)
     latent = _latent_prefix(w * (hq // hkv), dv, latent_d)
     if latent:
@@ -471,8 +469,7 @@ def launch_settings(
             splits *= 2
         if splits >= LATENT_MERGE[0]:  # the merge of many shares: latency-bound
             tree_dv_block, latent["tree_merge_chunk"] = LATENT_MERGE[1:]
-        timed = w * (hq // hkv) <= rows or splits <= GLUON_MULTI_TILE_MAX_SHARES
-        if page_size and rows == 64 and gluon and timed and latent_d - dv == 64 and hkv == 1:
+        if page_size and rows == 64 and gluon and latent_d - dv == 64 and hkv == 1:
             latent.update(PAGED_LATENT_TILE_GLUON)
         elif page_size and rows == 64:
             many = splits >= PAGED_MANY_SHARES
