@@ -377,7 +377,7 @@ TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in 
 PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
 # Where a request's W x G rows take two or more 64-row tiles (W 16 / 32 on a K2.6 rank) the
 # Gluon kernel takes them too: 0.55-0.66x the Triton kernel's time at bs 4-32 (at most 16
-# shares), 0.38-0.91x at bs 1's 64 / 32 shares, 16K-64K keys. W 64 (eight tiles) untimed.
+# shares), 0.62-0.88x at bs 1's 64 / 32 shares, 16K-64K keys. W 64 (eight tiles) untimed.
 PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
 PAGED_LATENT_TILE_MANY_SHARES: dict = {}
 PAGED_MANY_SHARES = 64
