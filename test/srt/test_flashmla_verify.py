@@ -294,6 +294,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (4, 32, [3000, 1, 129, 9000], 8),  # four row tiles a request
         (1, 8, [20000], 8),  # one request: the most prefix shares
         (1, 16, [20000], 8),  # two row tiles over bs 1's 64 shares
+        (1, 32, [20000], 8),  # four row tiles over bs 1's 32 shares
     ],
 )
 @pytest.mark.parametrize("kernel", ["triton", "gluon"])
