@@ -48,6 +48,11 @@ and under the plan for these exact lengths (``flashinfer_exact_*``);
 the graph plan's two. FlashInfer compiles its kernels at first use (the JIT needs FlashInfer's
 CCCL headers).
 
+``--kernel-times`` (with ``--flashmla``): each split's device time per kernel
+(``kernel_us``: ``own`` the hook's launch, ``flashmla`` FlashMLA's split kernel, its combine
+kernel and the ancestor block), from eager calls under torch.profiler, µs per call averaged over
+``--iters``: which kernel a gap between the two splits sits in.
+
 Every mode writes ``bench_tree_attention.json`` (all fields) and ``bench_tree_attention.md`` (a
 table of the timings, µs per call; "floor": reading the prefix KV once at 4.8 TB/s).
 """
@@ -247,6 +252,31 @@ def graph_us(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
+def kernel_us(events, calls: int) -> dict:
+    """``{kernel name: µs per call}`` from a profiler's events of ``calls`` calls: the device
+    time of each CUDA kernel, summed by name (cut to 60 characters: a template's instance
+    name) and divided by ``calls``."""
+    total = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name[:60]
+        total[name] = total.get(name, 0.0) + e.device_time_total / calls
+    return {name: round(us, 1) for name, us in total.items()}
+
+
+def profiled_kernel_us(fn, iters: int) -> dict:
+    """`kernel_us` of ``iters`` eager calls of ``fn`` (after five warm-up calls)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    return kernel_us(prof.events(), iters)
+
+
 def time_prefix_and_split(row: dict, name: str, parts: tuple, want: torch.Tensor, iters: int):
     """Times ``parts`` (``(prefix_part, split)``, as `flashmla_split` returns them) into ``row``:
     ``{name}_prefix_us``, ``{name}_split_us`` and ``{name}_split_max_err`` (the split's largest
@@ -414,7 +444,7 @@ def kernel_stats(kernel) -> dict:
 
 def measure(
     bs, w, prefix, hq, hkv, d, iters, seed=0, dv=None, sweep=False, flashmla=False,
-    flashinfer=False, page_size=1, flashinfer_backend="fa2", sweep_only=None,
+    flashinfer=False, page_size=1, flashinfer_backend="fa2", sweep_only=None, kernel_times=False,
 ):  # fmt: skip
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
@@ -479,7 +509,14 @@ def measure(
             ),
             iters,
         )  # fmt: skip
-        time_prefix_and_split(row, "flashmla", flashmla_split(t, w, scale), want, iters)
+        flashmla_parts = flashmla_split(t, w, scale)
+        time_prefix_and_split(row, "flashmla", flashmla_parts, want, iters)
+        if kernel_times:
+            row["kernel_us"] = {
+                "own": profiled_kernel_us(lambda: split("paged", hook), iters),
+                "flashmla": profiled_kernel_us(flashmla_parts[1], iters),
+            }
+            res.pop("paged")
         row["floor_us"] = prefix_floor_us(t)
         row["flashmla_split_over_prefix"] = row["flashmla_split_us"] / row["flashmla_prefix_us"]
         row["own_prefix_over_flashmla_prefix"] = row["own_prefix_us"] / row["flashmla_prefix_us"]
@@ -623,6 +660,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="fa2",
         help="FlashInfer's kernels (fa2: as SGLang's flashinfer backend runs them)",
     )
+    ap.add_argument(
+        "--kernel-times",
+        action="store_true",
+        help="--flashmla: also each split's device time per kernel (torch.profiler, eager)",
+    )
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args(argv)
     args.heads = args.heads or ([8, 1, 576] if args.mla else [32, 8, 128])
@@ -632,6 +674,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--mla: one KV head (Hkv 1) and --mla-latent <= D")
     if args.flashmla and dv is None:
         ap.error("--flashmla needs --mla")
+    if args.kernel_times and not args.flashmla:
+        ap.error("--kernel-times needs --flashmla")
     if args.flashinfer and dv is not None:
         ap.error("--flashinfer times MHA heads: without --mla")
     if args.page_size < 1 or (args.page_size != 1 and not args.flashinfer):
@@ -650,6 +694,7 @@ def cells(args: argparse.Namespace) -> list[tuple[dict, dict]]:
         dv=args.mla_latent if args.mla else None, sweep=args.sweep, flashmla=args.flashmla,
         flashinfer=args.flashinfer, page_size=args.page_size,
         flashinfer_backend=args.flashinfer_backend, sweep_only=args.sweep_only,
+        kernel_times=args.kernel_times,
     )  # fmt: skip
     return [
         (dict(bs=bs, w=w, prefix=prefix, hq=hq, hkv=hkv, d=d, iters=args.iters), options)

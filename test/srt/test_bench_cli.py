@@ -263,6 +263,9 @@ def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
          ["--flashinfer", "--mla"]),
         ("bench_tree_attention", "no CUDA GPU here",
          ["--flashinfer", "--flashinfer-backend", "fa3"], ["--page-size", "16"]),
+        # The per-kernel times compare the two splits on FlashMLA's pages.
+        ("bench_tree_attention", "no CUDA GPU here", ["--mla", "--flashmla", "--kernel-times"],
+         ["--mla", "--kernel-times"]),
         # Row shapes are bench_core's.
         ("bench_top_p", "needs a CUDA GPU", [], ["--shapes", "uniform"]),
     ],
@@ -294,7 +297,8 @@ def test_bench_tree_attention_flashinfer_cells(load_benchmark, tmp_path):
     shape, options = cells[0]
     assert (shape["hq"], shape["hkv"], shape["d"]) == (32, 8, 128)
     assert options == dict(dv=None, sweep=False, flashmla=False, flashinfer=True, page_size=1,
-                           flashinfer_backend="fa2", sweep_only=None)  # fmt: skip
+                           flashinfer_backend="fa2", sweep_only=None,
+                           kernel_times=False)  # fmt: skip
     # The other modes keep their cells.
     plain = mod.parse_args(["--out", str(tmp_path)])
     assert len(mod.cells(plain)) == 3 * 3 * 2 and plain.mode == "triton"
@@ -371,6 +375,21 @@ def test_bench_tree_attention_reads_what_triton_built(load_benchmark):
     best = variants["lat64w8n64"]
     assert variants["lat64w16n64"] == dict(best, warps=(16, None))
     assert variants["lat64w8n128s1"] == dict(best, prefix_keys=128, prefix_stages=1)
+
+
+def test_bench_tree_attention_kernel_times(load_benchmark):
+    """``--kernel-times``: the device time of each CUDA kernel per call, summed over its
+    launches by name (a template instance cut to 60 characters), host events left out."""
+    mod = load_benchmark("bench_tree_attention")
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    long_name = "void sm90::flash_fwd_splitkv_mla_kernel<Traits<cutlass::bfloat16_t>, x>"
+    events = [
+        SimpleNamespace(name="_tree_attention_kernel", device_type=cuda, device_time_total=30.0),
+        SimpleNamespace(name="_tree_attention_kernel", device_type=cuda, device_time_total=10.0),
+        SimpleNamespace(name=long_name, device_type=cuda, device_time_total=50.0),
+        SimpleNamespace(name="aten::empty", device_type=cpu, device_time_total=0.0),
+    ]  # fmt: skip
+    assert mod.kernel_us(events, calls=4) == {"_tree_attention_kernel": 10.0, long_name[:60]: 12.5}
 
 
 def test_bench_tree_attention_sweep_table(load_benchmark):
