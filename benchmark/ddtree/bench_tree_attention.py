@@ -28,7 +28,8 @@ around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
 a key tile's page number or slots read a tile ahead, ``...gluon`` the Gluon prefix kernel
-(``...gluonS<n>`` over n shares, with ``--flashmla``), each checked against the reference
+(``...gluonS<n>`` over n shares, with ``--flashmla``), ``...seesawS<n>`` the warp-specialized
+Gluon kernel of `prefix_seesaw.py` at that launch, each checked against the reference
 (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel of each
 setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared memory,
 warpgroup MMA dots, asynchronous and TMA copies). With
@@ -65,6 +66,7 @@ import json
 import os
 import re
 import sys
+from contextlib import nullcontext
 
 import torch
 
@@ -227,6 +229,17 @@ def flashinfer_split(t: dict, w: int, scale: float, page: int = 1, graph_plan: b
     return prefix_part, split
 
 
+def prefix_seesaw_module():
+    """`prefix_seesaw.py` beside this file (the warp-specialized Gluon prefix kernel)."""
+    name = "prefix_seesaw"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
 def prefix_floor_us(t: dict) -> float:
     """Microseconds to read every request's prefix KV once at the H200's 4.8 TB/s (MLA's values,
     a slice of the keys, come with them)."""
@@ -377,13 +390,15 @@ def sweep_variants(w: int, mla: bool) -> dict:
             ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
             *(
                 (
-                    f"lat64w8n64gluonS{n}",
-                    dict(
-                        prefix_gluon=True,
-                        prefix_splits=n,
+                    f"lat64w8n64{kernel}S{n}",
+                    {
+                        f"prefix_{kernel}": True,
+                        "prefix_splits": n,
                         **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
-                    ),
+                    },
                 )
+                # seesaw: `prefix_seesaw.py`'s warp-specialized kernel at the Gluon one's launch
+                for kernel in ("gluon", "seesaw")
                 for n in (2, 4, 8, 16, 32, 64, 128)
             ),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
@@ -535,18 +550,25 @@ def measure(
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
-            if moved.get("prefix_gluon") and not flashmla:
-                continue  # the Gluon kernel reads pages: FlashMLA's layout
-            settings = {**auto, **moved}
-            if moved.get("prefix_gluon"):
+            seesaw = moved.pop("prefix_seesaw", False)  # the Gluon kernel's launch, that kernel
+            if (moved.get("prefix_gluon") or seesaw) and not flashmla:
+                continue  # the Gluon kernels read pages: FlashMLA's layout
+            settings = {**auto, **moved, **({"prefix_gluon": True} if seesaw else {})}
+            if seesaw:
+                prefix_kernel = prefix_seesaw_module()._latent_prefix_seesaw
+            elif moved.get("prefix_gluon"):
                 from sglang_ddtree.core import tree_attention_gluon
 
                 prefix_kernel = tree_attention_gluon._latent_prefix_gluon
             else:
                 prefix_kernel = kernels._prefix_attention_kernel
             built = compiled_kernels(prefix_kernel)
+            kernel_swap = prefix_seesaw_module().as_the_gluon_prefix() if seesaw else nullcontext()
             try:
-                row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
+                with kernel_swap:
+                    row["sweep_us"][name] = graph_us(
+                        lambda n=name, st=settings: split(n, st), iters
+                    )
             except Exception as e:  # a setting Triton cannot build (out of shared memory)
                 row["sweep_us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue

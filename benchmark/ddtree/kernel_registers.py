@@ -29,6 +29,7 @@ import torch
 
 KERNELS = ("_prefix_attention_kernel", "_tree_attention_kernel")
 GLUON_KERNELS = ("_latent_prefix_gluon",)  # in core.tree_attention_gluon
+SEESAW_KERNELS = ("_latent_prefix_seesaw",)  # in prefix_seesaw.py beside this file
 
 
 class _LaunchRecorder:
@@ -43,8 +44,8 @@ class _LaunchRecorder:
 
 @contextmanager
 def record_launches():
-    """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s,
-    where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel,
+    """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s and
+    `prefix_seesaw.py`'s, where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel,
     [(args, kwargs), ...])}``."""
     import sglang_ddtree.core.tree_attention as ta
 
@@ -53,6 +54,7 @@ def record_launches():
         import sglang_ddtree.core.tree_attention_gluon as tg
 
         modules.update({name: tg for name in GLUON_KERNELS})
+        modules.update({name: prefix_seesaw_module() for name in SEESAW_KERNELS})
     except ImportError:  # a Triton without Gluon
         pass
     real = {name: getattr(module, name) for name, module in modules.items()}
@@ -65,6 +67,19 @@ def record_launches():
     finally:
         for name, module in modules.items():
             setattr(module, name, real[name])
+
+
+def prefix_seesaw_module():
+    """`prefix_seesaw.py` beside this file, imported once."""
+    import importlib.util
+
+    name = "prefix_seesaw"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def compile_launch(kernel, args, kw, arch: int = 90):
@@ -80,7 +95,9 @@ def compile_launch(kernel, args, kw, arch: int = 90):
     from triton.compiler import ASTSource
 
     kw = dict(kw)
-    options = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
+    options = {
+        k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion", "maxnreg") if k in kw
+    }
     names = kernel.arg_names
     types, constants, attrs = {}, dict(kw), {}
     for i, (param, a) in enumerate(zip(kernel.params, args)):

@@ -11,6 +11,8 @@ into the next page, bs 1-64, one case replayed from a CUDA graph.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -297,7 +299,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 32, [20000], 8),  # four row tiles over bs 1's 32 shares
     ],
 )
-@pytest.mark.parametrize("kernel", ["triton", "gluon"])
+@pytest.mark.parametrize("kernel", ["triton", "gluon", "seesaw"])
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
@@ -306,7 +308,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
     variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
     K2.6 rank's W 8 x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon
-    kernel."""
+    kernel; ``seesaw``: `prefix_seesaw.py`'s warp-specialized Gluon kernel in that one's place
+    (odd tile counts and one-key shares among these prefixes)."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,
@@ -319,19 +322,25 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     scale = 576**-0.5
     kv_indptr = torch.nn.functional.pad(t["prefix_lens"].cumsum(0), (1, 0))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    gluon = kernel == "gluon"
+    gluon = kernel != "triton"
     if gluon and not gluon_prefix_runs(t["q"].device, torch.bfloat16):
-        pytest.skip("the Gluon kernel runs on Hopper only")
+        pytest.skip("the Gluon kernels run on Hopper only")
     settings = launch_settings(bs, w, hq, 1, 512, sms, 576, page_size=64, gluon=gluon)
     assert settings["prefix_latent"]
     if gluon and settings["prefix_rows"] != 64:
         assert not settings.get("prefix_gluon")  # 32 rows a program: the Triton kernel's
         pytest.skip("the Gluon kernel takes 64 query rows a program")
     assert settings.get("prefix_gluon", False) == gluon
-    got = tree_attention(
-        t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"], scale,
-        page_size=64, **settings,
-    )  # fmt: skip
+    swap = (
+        load_benchmark("prefix_seesaw").as_the_gluon_prefix()
+        if kernel == "seesaw"
+        else contextlib.nullcontext()
+    )
+    with swap:
+        got = tree_attention(
+            t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"],
+            scale, page_size=64, **settings,
+        )  # fmt: skip
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     )

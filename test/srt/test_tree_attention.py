@@ -8,6 +8,8 @@ with an empty prefix. GPU (``gpu`` marker): verify-sized shapes in bfloat16.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -593,6 +595,8 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_n32s4ahead",
         "k26_bs8_gluon",
         "k26_bs1_gluon",
+        "k26_bs4_seesaw",
+        "k26_bs1_seesaw",
         "tiny_mla_bs4",
         "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
@@ -607,7 +611,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
     the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's prefix
-    as the Gluon kernel, where the hook takes it on Hopper (bs 8 and 1)."""
+    as the Gluon kernel, where the hook takes it on Hopper (bs 8 and 1), and as the
+    warp-specialized Gluon kernel at that launch (bs 4 and 1)."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -616,11 +621,13 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     from sglang_ddtree.core.tree_attention import tree_attention
 
     shape, bs = case.split("_")[0], int(case.split("_bs")[1][0])
-    gluon = "_gluon" in case  # the Gluon prefix kernel (`core.tree_attention_gluon`)
+    seesaw = "_seesaw" in case  # the warp-specialized one (`prefix_seesaw.py`), in its place
+    gluon = "_gluon" in case or seesaw  # the Gluon prefix kernel (`core.tree_attention_gluon`)
     if gluon:
         pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     call, kw = regs.hook_case(bs, shape, gluon=gluon)
     assert kw.get("prefix_gluon", False) == gluon  # the hook's pick on Hopper at 64 rows
+
     if case == "k26_bs1_paged":
         assert kw["tree_merge_chunk"] > 1 and kw["prefix_splits"] > 1 and kw["page_size"] == 64
     if case == "k26_bs8_ahead":
@@ -638,9 +645,16 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         full = flatten_verify_mask(mask, prefix, int(sizes.sum()))
         call = (q, k, v, indptr, indices, loc, None, scale)
         kw.update(full_mask=full, mask_indptr=mask_indptr, num_nodes=w)
-    with regs.record_launches() as launches:
+    swap = regs.prefix_seesaw_module().as_the_gluon_prefix() if seesaw else nullcontext()
+    with regs.record_launches() as launches, swap:
         tree_attention(*call, **kw)
-    prefix_kernel = "_latent_prefix_gluon" if gluon else "_prefix_attention_kernel"
+    prefix_kernel = (
+        "_latent_prefix_seesaw"
+        if seesaw
+        else "_latent_prefix_gluon"
+        if gluon
+        else "_prefix_attention_kernel"
+    )
     assert {name for name, (_, recorded) in launches.items() if recorded} == {
         prefix_kernel,
         "_tree_attention_kernel",
@@ -650,6 +664,10 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
             compiled = regs.compile_launch(kernel, args, launch_kw)
             registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
             assert 0 < registers <= 255, (case, name, registers)
+            if name == "_latent_prefix_seesaw":  # two partitions, each with its products
+                ttgir = compiled.asm["ttgir"]
+                assert "ttg.warp_specialize" in ttgir and "async_tma_copy_global_to_local" in ttgir
+                assert ttgir.count("warp_group_dot ") >= 8, case  # 2 x (2 score + 2 value)
             if name == "_latent_prefix_gluon":
                 assert "async_tma_copy_global_to_local" in compiled.asm["ttgir"]
                 # The next tile's copy is issued after this tile's scores, before its softmax.
