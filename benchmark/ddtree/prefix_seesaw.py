@@ -14,17 +14,19 @@ read from the request's first page and masked). Each warpgroup holds half of the
 1. warpgroup 0: scores of tile 0, the running max ``m0``, ``P0 = exp2(S0 - m0)``; ``P0`` into
    shared memory over tile 0's rope keys (its score product has read them), ``m0`` beside it;
    its half ``+= P0 V0`` with ``P0`` from registers.
-2. warpgroup 1 (its scores of tile 1 computed meanwhile): ``m1 = max(m0, rowmax S1)``,
-   ``P1 = exp2(S1 - m1)`` likewise into tile 1's rope keys; its half ``+= P0 V0`` (``P0`` from
-   shared memory, at scale ``m0``), rescaled to ``m1``, ``+= P1 V1``.
+2. warpgroup 1 (its scores of tile 1 computed meanwhile): its half ``+= P0 V0`` (``P0`` from
+   shared memory, at scale ``m0``) issued, and under it ``m1 = max(m0, rowmax S1)``,
+   ``P1 = exp2(S1 - m1)`` into shared memory; its half rescaled to ``m1``, ``+= P1 V1``.
 3. warpgroup 0: its half rescaled to ``m1``, ``+= P1 V1`` (``P1`` from shared memory).
 
 Each warpgroup keeps the sum of its own tiles' ``P`` at the same running max; the two are added
-at the end. A buffer is refilled by the warpgroup that computed its scores, once both have
-finished its value products (mbarriers: ``P0`` ready, ``P1`` ready, buffer 0 free, buffer 1
-free, and the two sums at the end). The rounding is the Gluon kernel's (`tree_attention_gluon`):
-``P`` in bfloat16 relative to the running max of its tile, float32 accumulators and sums, the
-output float32 for the merge."""
+at the end. A key tile arrives in two TMA halves, each with its mbarrier: the left half (latent
+columns ``[0, DV / 2)``) and the right half with the rope columns. Each half is refilled with
+the tile two ahead by the warpgroup that reads it last, as soon as its value product is done
+(warpgroup 0 the left halves, warpgroup 1 the right halves and the rope, where ``P0`` sat);
+``P1`` has its own buffer, since warpgroup 0 reads it after warpgroup 1 is done with its tile.
+The rounding is the Gluon kernel's (`tree_attention_gluon`): ``P`` in bfloat16 relative to the
+running max of its tile, float32 accumulators and sums, the output float32 for the merge."""
 
 from __future__ import annotations
 
@@ -35,52 +37,68 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from sglang_ddtree.core.tree_attention_gluon import _thread_barrier, _tma_load, cache_descriptors
+from sglang_ddtree.core.tree_attention_gluon import _thread_barrier, _tma_load
 
-# mbarriers of one program, by index.
+# mbarriers of one program, by index (a key tile's two halves have theirs in ``ready``).
 P0_READY = gl.constexpr(0)
 P1_READY = gl.constexpr(1)
-BUF0_FREE = gl.constexpr(2)
-BUF1_FREE = gl.constexpr(3)
-SUM0_READY = gl.constexpr(4)
-SUM1_READY = gl.constexpr(5)
+SUM0_READY = gl.constexpr(2)
+SUM1_READY = gl.constexpr(3)
 # Registers a thread of warpgroup 1 (its half of the accumulator is 128 of them); warpgroup 0
 # gets what the kernel's ``maxnreg`` leaves.
 WARPGROUP1_REGS = gl.constexpr(256)
 
 
 @gluon.jit
-def _load_tile(
-    k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, pos, hi,
-    BUF: gl.constexpr, DV: gl.constexpr, BLOCK_N: gl.constexpr, ROPE: gl.constexpr,
-    PAGE: gl.constexpr,
+def _load_half(
+    half_desc, rope_desc, k_lat, k_rope, ready, table, pos, hi,
+    BUF: gl.constexpr, RIGHT: gl.constexpr, DV: gl.constexpr, BLOCK_N: gl.constexpr,
+    ROPE: gl.constexpr, PAGE: gl.constexpr,
 ):  # fmt: skip
-    """The TMA copy of the 64-key tile at key position ``pos`` into buffer ``BUF`` (a position
-    past the share's keys reads the request's first page, whose keys are finite: its scores
-    are masked, and its values meet zero weights)."""
+    """The TMA copy of one half of the 64-key tile at key position ``pos`` into buffer ``BUF``:
+    the left latent half, or (``RIGHT``) the right one and the rope columns; ``ready`` holds
+    the two halves' mbarriers, buffer by buffer. A position past the share's keys reads the
+    request's first page, whose keys are finite: its scores are masked and its values meet zero
+    weights."""
+    HALF: gl.constexpr = DV // 2
     pos = gl.where(pos < hi, pos, 0)
     slot = gl.load(table + pos // PAGE).to(gl.int32) * PAGE + pos % PAGE
-    mbarrier.expect(ready.index(BUF), BLOCK_N * (DV + ROPE) * 2)
-    _tma_load(k_lat_desc, [slot, 0], ready.index(BUF), k_lat.index(BUF))
-    _tma_load(k_rope_desc, [slot, DV], ready.index(BUF), k_rope.index(BUF))
+    bar = ready.index(2 * BUF + RIGHT)
+    if RIGHT:
+        mbarrier.expect(bar, BLOCK_N * (HALF + ROPE) * 2)
+        _tma_load(half_desc, [slot, HALF], bar, k_lat.index(BUF).slice(HALF, HALF, dim=1))
+        _tma_load(rope_desc, [slot, DV], bar, k_rope.index(BUF))
+    else:
+        mbarrier.expect(bar, BLOCK_N * HALF * 2)
+        _tma_load(half_desc, [slot, 0], bar, k_lat.index(BUF).slice(0, HALF, dim=1))
 
 
 @gluon.jit
-def _scores(q_lat, q_rope, k_lat, k_rope, n0, hi, qk_scale, BUF: gl.constexpr,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+def _scores(q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, BUF: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr):  # fmt: skip
     """``[BLOCK_M, BLOCK_N]`` base-2 scores of the tile in buffer ``BUF`` (first key ``n0``),
-    keys at or past ``hi`` at -inf."""
+    keys at or past ``hi`` at -inf: the left half's product issued as soon as it has arrived,
+    then the right half's and the rope's."""
+    HALF: gl.constexpr = DV // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
     )
+    keys = k_lat.index(BUF)
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(ready.index(2 * BUF), phase)
     s = hopper.warpgroup_mma(
-        q_lat, k_lat.index(BUF).permute((1, 0)), s, use_acc=False, is_async=True
-    )
+        q_lat.slice(0, HALF, dim=1), keys.slice(0, HALF, dim=1).permute((1, 0)), s,
+        use_acc=False, is_async=True,
+    )  # fmt: skip
+    mbarrier.wait(ready.index(2 * BUF + 1), phase)
+    s = hopper.warpgroup_mma(
+        q_lat.slice(HALF, HALF, dim=1), keys.slice(HALF, HALF, dim=1).permute((1, 0)), s,
+        is_async=True,
+    )  # fmt: skip
     s = hopper.warpgroup_mma(q_rope, k_rope.index(BUF).permute((1, 0)), s, is_async=True)
     s = hopper.warpgroup_mma_wait(0, deps=[s])
-    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    return gl.where((n0 + keys < hi)[None, :], s * qk_scale, float("-inf"))
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    return gl.where((n0 + cols < hi)[None, :], s * qk_scale, float("-inf"))
 
 
 @gluon.jit
@@ -136,8 +154,8 @@ def _epilogue(
 
 @gluon.jit
 def _warpgroup0(
-    q_lat, q_rope, k_lat, k_rope, ready, bars, s_max, s_sum, k_lat_desc, k_rope_desc, table,
-    lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
+    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc, rope_desc,
+    table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
@@ -157,13 +175,16 @@ def _warpgroup0(
     for k in range(n_pairs):
         phase = k & 1
         n0 = lo + 2 * k * BLOCK_N
-        mbarrier.wait(ready.index(0), phase)
-        s = _scores(q_lat, q_rope, k_lat, k_rope, n0, hi, qk_scale, 0, BLOCK_M, BLOCK_N)
+        s = _scores(
+            q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, 0, BLOCK_M, BLOCK_N,
+            DV,
+        )  # fmt: skip
         m0 = gl.maximum(m, gl.max(s, axis=1))
         p = gl.exp2(s - m0[:, None])
         alpha0 = gl.exp2(m - m0)
         l_sum = l_sum * alpha0 + gl.sum(p, axis=1)
         p16 = p.to(gl.bfloat16)
+        # P0 over tile 0's rope keys, which its score product has read.
         _publish(k_rope.index(0), s_max.index(0), p16, m0, bars.index(P0_READY))
         acc = acc * gl.convert_layout(alpha0, rows_o)[:, None]
         acc = hopper.warpgroup_mma(
@@ -174,20 +195,22 @@ def _warpgroup0(
         m1 = s_max.index(1).load(gl.SliceLayout(1, s_layout))
         alpha1 = gl.exp2(m0 - m1)
         acc = hopper.warpgroup_mma_wait(0, deps=[acc])
+        # Tile 0's left half is read (its scores and this value product): the tile two ahead.
+        if k + 1 < n_pairs:
+            _load_half(
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
+                0, 0, DV, BLOCK_N, ROPE, PAGE,
+            )  # fmt: skip
         acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
         l_sum = l_sum * alpha1
-        acc = hopper.warpgroup_mma(
-            k_rope.index(1), k_lat.index(1).slice(0, HALF, dim=1), acc, is_async=True
-        )
-        # Buffer 0 is read (its value product above is done); refill it once warpgroup 1's is.
-        mbarrier.wait(bars.index(BUF0_FREE), phase)
-        if k + 1 < n_pairs:
-            _load_tile(
-                k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
-                0, DV, BLOCK_N, ROPE, PAGE,
-            )  # fmt: skip
+        acc = hopper.warpgroup_mma(p1_buf, k_lat.index(1).slice(0, HALF, dim=1), acc, is_async=True)
         acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(bars.index(BUF1_FREE), count=1)
+        # Tile 1's left half is read (warpgroup 1's scores came before P1): the tile two ahead.
+        if k + 1 < n_pairs:
+            _load_half(
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 3 * BLOCK_N, hi,
+                1, 0, DV, BLOCK_N, ROPE, PAGE,
+            )  # fmt: skip
         m = m1
     _epilogue(
         acc, m, l_sum, s_sum, bars, Out, Lse, b, split, m0_row, lo, hi,
@@ -198,8 +221,8 @@ def _warpgroup0(
 
 @gluon.jit
 def _warpgroup1(
-    q_lat, q_rope, k_lat, k_rope, ready, bars, s_max, s_sum, k_lat_desc, k_rope_desc, table,
-    lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
+    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc, rope_desc,
+    table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
@@ -219,33 +242,40 @@ def _warpgroup1(
     for k in range(n_pairs):
         phase = k & 1
         n1 = lo + (2 * k + 1) * BLOCK_N
-        mbarrier.wait(ready.index(1), phase)
-        s = _scores(q_lat, q_rope, k_lat, k_rope, n1, hi, qk_scale, 1, BLOCK_M, BLOCK_N)
+        s = _scores(
+            q_lat, q_rope, k_lat, k_rope, ready, n1, hi, qk_scale, phase, 1, BLOCK_M, BLOCK_N,
+            DV,
+        )  # fmt: skip
         mbarrier.wait(bars.index(P0_READY), phase)
         m0 = s_max.index(0).load(gl.SliceLayout(1, s_layout))
-        m1 = gl.maximum(m0, gl.max(s, axis=1))
-        p = gl.exp2(s - m1[:, None])
-        l_sum = l_sum * gl.exp2(m_prev - m1) + gl.sum(p, axis=1)
-        p16 = p.to(gl.bfloat16)
-        _publish(k_rope.index(1), s_max.index(1), p16, m1, bars.index(P1_READY))
+        # The value product of P0 runs under this tile's softmax.
         acc = acc * gl.convert_layout(gl.exp2(m_prev - m0), rows_o)[:, None]
         acc = hopper.warpgroup_mma(
             k_rope.index(0), k_lat.index(0).slice(HALF, HALF, dim=1), acc, is_async=True
         )
+        m1 = gl.maximum(m0, gl.max(s, axis=1))
+        p = gl.exp2(s - m1[:, None])
+        l_sum = l_sum * gl.exp2(m_prev - m1) + gl.sum(p, axis=1)
+        p16 = p.to(gl.bfloat16)
+        _publish(p1_buf, s_max.index(1), p16, m1, bars.index(P1_READY))
         acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(bars.index(BUF0_FREE), count=1)
+        # Tile 0's right half and rope (P0) are read: the tile two ahead.
+        if k + 1 < n_pairs:
+            _load_half(
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n1 + BLOCK_N, hi,
+                0, 1, DV, BLOCK_N, ROPE, PAGE,
+            )  # fmt: skip
         acc = acc * gl.convert_layout(gl.exp2(m0 - m1), rows_o)[:, None]
         acc = hopper.warpgroup_mma(
             gl.convert_layout(p16, p_layout), k_lat.index(1).slice(HALF, HALF, dim=1), acc,
             is_async=True,
         )  # fmt: skip
         acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-        # Buffer 1 is read by this warpgroup; refill it once warpgroup 0's value product is done.
-        mbarrier.wait(bars.index(BUF1_FREE), phase)
+        # Tile 1's right half and rope are read: the tile two ahead.
         if k + 1 < n_pairs:
-            _load_tile(
-                k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, n1 + 2 * BLOCK_N, hi,
-                1, DV, BLOCK_N, ROPE, PAGE,
+            _load_half(
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n1 + 2 * BLOCK_N, hi,
+                1, 1, DV, BLOCK_N, ROPE, PAGE,
             )  # fmt: skip
         m_prev = m1
     _epilogue(
@@ -257,7 +287,7 @@ def _warpgroup1(
 
 @gluon.jit
 def _latent_prefix_seesaw(
-    Q, k_lat_desc, k_rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
+    Q, half_desc, rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
@@ -294,39 +324,41 @@ def _latent_prefix_seesaw(
 
     k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DV], lat_smem)
     k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], rope_smem)
+    p1_buf = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], rope_smem)
     s_max = gl.allocate_shared_memory(
         gl.float32, [2, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     )
     s_sum = gl.allocate_shared_memory(
         gl.float32, [2, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     )
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=1)
-    for i in gl.static_range(6):
         mbarrier.init(bars.index(i), count=1)
     hopper.fence_async_shared()
     table = Table + b * stride_bt
-    if n_pairs > 0:
-        _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, lo, hi,
-                   0, DV, BLOCK_N, ROPE, PAGE)  # fmt: skip
-        _load_tile(k_lat_desc, k_rope_desc, k_lat, k_rope, ready, table, lo + BLOCK_N, hi,
-                   1, DV, BLOCK_N, ROPE, PAGE)  # fmt: skip
+    if n_pairs > 0:  # the first pair, both halves of both tiles
+        for buf in gl.static_range(2):
+            for right in gl.static_range(2):
+                _load_half(
+                    half_desc, rope_desc, k_lat, k_rope, ready, table, lo + buf * BLOCK_N, hi,
+                    buf, right, DV, BLOCK_N, ROPE, PAGE,
+                )  # fmt: skip
     qk_scale = sm_scale * 1.4426950408889634
     # The argument tuples are written out in the call: a tuple built first would turn the
     # constexprs into tensors.
     gl.warp_specialize(
         [
             (_warpgroup0, (
-                q_lat, q_rope, k_lat, k_rope, ready, bars, s_max, s_sum, k_lat_desc,
-                k_rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
+                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
+                rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
                 W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE,
             )),
             (_warpgroup1, (
-                q_lat, q_rope, k_lat, k_rope, ready, bars, s_max, s_sum, k_lat_desc,
-                k_rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
+                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
+                rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
                 W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE,
             )),
@@ -336,6 +368,24 @@ def _latent_prefix_seesaw(
     )  # fmt: skip
 
 
+def half_descriptors(k_buffer, dv: int, block_n: int) -> tuple:
+    """Two TMA descriptors of the ``[slots, 1, D]`` latent cache as a ``[slots, D]`` matrix:
+    ``[block_n, dv / 2]`` blocks of latent columns (either half) and ``[block_n, D - dv]``
+    blocks of the rope columns, bfloat16, each with Gluon's default swizzled layout for that
+    block (`tree_attention_gluon.cache_descriptors`' construction)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    slots, _, d = k_buffer.shape
+    cache = k_buffer[:, 0]
+    descs = []
+    for cols in (dv // 2, d - dv):
+        layout = gl.NVMMASharedLayout.get_default_for([block_n, cols], gl.bfloat16)
+        descs.append(
+            TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols], layout)
+        )
+    return tuple(descs)
+
+
 def latent_prefix_seesaw(
     grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
     page_size, min_share,
@@ -343,7 +393,7 @@ def latent_prefix_seesaw(
     """The kernel's launch, `tree_attention_gluon.latent_prefix_gluon`'s arguments (``o1`` /
     ``lse1`` as `prefix_attention_part` allocates them): four warps a program, plus warpgroup
     1's."""
-    descs = cache_descriptors(k_buffer, o1.shape[-1], block_n)
+    descs = half_descriptors(k_buffer, o1.shape[-1], block_n)
     _latent_prefix_seesaw[grid](
         q, *descs, kv_indptr, table, o1, lse1, sm_scale,
         q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
