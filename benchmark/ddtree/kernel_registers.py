@@ -44,9 +44,9 @@ class _LaunchRecorder:
 
 @contextmanager
 def record_launches():
-    """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s and
-    `prefix_seesaw.py`'s, where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel,
-    [(args, kwargs), ...])}``."""
+    """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s
+    where Gluon imports, and `prefix_seesaw.py`'s once it is imported) only record their
+    launches: yields ``{kernel name: (the real kernel, [(args, kwargs), ...])}``."""
     import sglang_ddtree.core.tree_attention as ta
 
     modules = {name: ta for name in KERNELS}
@@ -54,9 +54,11 @@ def record_launches():
         import sglang_ddtree.core.tree_attention_gluon as tg
 
         modules.update({name: tg for name in GLUON_KERNELS})
-        modules.update({name: prefix_seesaw_module() for name in SEESAW_KERNELS})
     except ImportError:  # a Triton without Gluon
         pass
+    seesaw = sys.modules.get("prefix_seesaw")  # loaded by whoever swaps it in
+    if seesaw is not None:
+        modules.update({name: seesaw for name in SEESAW_KERNELS})
     real = {name: getattr(module, name) for name, module in modules.items()}
     recorders = {name: _LaunchRecorder() for name in modules}
     out = {name: (real[name], recorders[name].launches) for name in modules}
@@ -67,19 +69,6 @@ def record_launches():
     finally:
         for name, module in modules.items():
             setattr(module, name, real[name])
-
-
-def prefix_seesaw_module():
-    """`prefix_seesaw.py` beside this file, imported once."""
-    import importlib.util
-
-    name = "prefix_seesaw"
-    if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def compile_launch(kernel, args, kw, arch: int = 90):

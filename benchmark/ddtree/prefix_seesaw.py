@@ -37,7 +37,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from sglang_ddtree.core.tree_attention_gluon import _thread_barrier, _tma_load
+from sglang_ddtree.core.tree_attention_gluon import (
+    _program_start,
+    _thread_barrier,
+    _tma_load,
+    cache_descriptors,
+    launch_latent_prefix,
+)
 
 # mbarriers of one program, by index (a key tile's two halves have theirs in ``ready``).
 P0_READY = gl.constexpr(0)
@@ -75,14 +81,12 @@ def _load_half(
 
 @gluon.jit
 def _scores(q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, BUF: gl.constexpr,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr):  # fmt: skip
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr,
+            s_layout: gl.constexpr):  # fmt: skip
     """``[BLOCK_M, BLOCK_N]`` base-2 scores of the tile in buffer ``BUF`` (first key ``n0``),
     keys at or past ``hi`` at -inf: the left half's product issued as soon as it has arrived,
     then the right half's and the rope's."""
     HALF: gl.constexpr = DV // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
     keys = k_lat.index(BUF)
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(ready.index(2 * BUF), phase)
@@ -116,16 +120,11 @@ def _epilogue(
     acc, m, l_sum, s_sum, bars, Out, Lse, b, split, m0_row, lo, hi,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     MINE: gl.constexpr, W: gl.constexpr, G: gl.constexpr, HALF: gl.constexpr,
-    BLOCK_M: gl.constexpr, WRITE_LSE: gl.constexpr,
+    BLOCK_M: gl.constexpr, WRITE_LSE: gl.constexpr, s_layout: gl.constexpr,
+    o_layout: gl.constexpr,
 ):  # fmt: skip
     """Both warpgroups' sums added, this half of the output divided by it and stored (float32,
     as `prefix_attention_part` allocates it), the log-sum-exp by warpgroup 0."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16]
-    )
     s_sum.index(MINE).store(l_sum)
     _thread_barrier()
     mbarrier.arrive(bars.index(SUM0_READY + MINE), count=1)
@@ -159,14 +158,9 @@ def _warpgroup0(
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16]
-    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -177,7 +171,7 @@ def _warpgroup0(
         n0 = lo + 2 * k * BLOCK_N
         s = _scores(
             q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, 0, BLOCK_M, BLOCK_N,
-            DV,
+            DV, s_layout,
         )  # fmt: skip
         m0 = gl.maximum(m, gl.max(s, axis=1))
         p = gl.exp2(s - m0[:, None])
@@ -215,7 +209,7 @@ def _warpgroup0(
     _epilogue(
         acc, m, l_sum, s_sum, bars, Out, Lse, b, split, m0_row, lo, hi,
         stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-        0, W, G, HALF, BLOCK_M, True,
+        0, W, G, HALF, BLOCK_M, True, s_layout, o_layout,
     )  # fmt: skip
 
 
@@ -226,14 +220,9 @@ def _warpgroup1(
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
-    )
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16]
-    )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_prev = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -244,7 +233,7 @@ def _warpgroup1(
         n1 = lo + (2 * k + 1) * BLOCK_N
         s = _scores(
             q_lat, q_rope, k_lat, k_rope, ready, n1, hi, qk_scale, phase, 1, BLOCK_M, BLOCK_N,
-            DV,
+            DV, s_layout,
         )  # fmt: skip
         mbarrier.wait(bars.index(P0_READY), phase)
         m0 = s_max.index(0).load(gl.SliceLayout(1, s_layout))
@@ -281,7 +270,7 @@ def _warpgroup1(
     _epilogue(
         acc, m_prev, l_sum, s_sum, bars, Out, Lse, b, split, m0_row, lo, hi,
         stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-        1, W, G, HALF, BLOCK_M, False,
+        1, W, G, HALF, BLOCK_M, False, s_layout, o_layout,
     )  # fmt: skip
 
 
@@ -293,32 +282,19 @@ def _latent_prefix_seesaw(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
     MIN_SHARE: gl.constexpr, PAGE: gl.constexpr,
 ):  # fmt: skip
-    q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    # Each warpgroup's layouts: the scores of a whole tile, half of the value columns.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DV // 2, 16]
+    )
     lat_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV], gl.bfloat16)
     rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], gl.bfloat16)
-
-    b = gl.program_id(0)
-    tiles: gl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M
-    split = gl.program_id(2) // tiles
-    m0_row = gl.program_id(2) % tiles * BLOCK_M
-
-    # The queries, loaded once into shared memory (the score products' A operand).
-    rows_q = m0_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_load))
-    q_ptrs = Q + (b * W + rows_q // G)[:, None] * stride_qt + (rows_q % G)[:, None] * stride_qh
-    q_ok = (rows_q < W * G)[:, None]
-    cols_lat = gl.arange(0, DV, layout=gl.SliceLayout(0, q_load))
-    cols_rope = DV + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))
-    q_rows = gl.load(q_ptrs + cols_lat[None, :], mask=q_ok, other=0.0)
-    q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, DV], lat_smem, q_rows)
-    q_rows = gl.load(q_ptrs + cols_rope[None, :], mask=q_ok, other=0.0)
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, ROPE], rope_smem, q_rows)
-
-    # This share's keys [lo, hi), in pairs of tiles.
-    length = (gl.load(KvIndptr + b + 1) - gl.load(KvIndptr + b)).to(gl.int32)
-    share = gl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
-    share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    lo = split * share
-    hi = gl.minimum(lo + share, length)
+    b, split, m0_row, q_lat, q_rope, lo, hi = _program_start(
+        Q, KvIndptr, stride_qt, stride_qh, W, G, DV, ROPE, BLOCK_M, BLOCK_N, SPLITS, MIN_SHARE,
+        4,
+    )  # fmt: skip
     n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
     n_pairs = (n_tiles + 1) // 2
 
@@ -354,13 +330,13 @@ def _latent_prefix_seesaw(
                 q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
                 rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE,
+                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout,
             )),
             (_warpgroup1, (
                 q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
                 rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE,
+                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout,
             )),
         ],
         [4],
@@ -368,39 +344,17 @@ def _latent_prefix_seesaw(
     )  # fmt: skip
 
 
-def half_descriptors(k_buffer, dv: int, block_n: int) -> tuple:
-    """Two TMA descriptors of the ``[slots, 1, D]`` latent cache as a ``[slots, D]`` matrix:
-    ``[block_n, dv / 2]`` blocks of latent columns (either half) and ``[block_n, D - dv]``
-    blocks of the rope columns, bfloat16, each with Gluon's default swizzled layout for that
-    block (`tree_attention_gluon.cache_descriptors`' construction)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    slots, _, d = k_buffer.shape
-    cache = k_buffer[:, 0]
-    descs = []
-    for cols in (dv // 2, d - dv):
-        layout = gl.NVMMASharedLayout.get_default_for([block_n, cols], gl.bfloat16)
-        descs.append(
-            TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols], layout)
-        )
-    return tuple(descs)
-
-
 def latent_prefix_seesaw(
     grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
     page_size, min_share,
 ) -> None:  # fmt: skip
-    """The kernel's launch, `tree_attention_gluon.latent_prefix_gluon`'s arguments (``o1`` /
-    ``lse1`` as `prefix_attention_part` allocates them): four warps a program, plus warpgroup
-    1's."""
-    descs = half_descriptors(k_buffer, o1.shape[-1], block_n)
-    _latent_prefix_seesaw[grid](
-        q, *descs, kv_indptr, table, o1, lse1, sm_scale,
-        q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
-        lse1.stride(0), table.stride(0),
-        W=w, G=g, DV=o1.shape[-1], ROPE=k_buffer.shape[-1] - o1.shape[-1], BLOCK_M=block_m,
-        BLOCK_N=block_n, SPLITS=splits, MIN_SHARE=min_share, PAGE=page_size, num_warps=4,
-        maxnreg=WARPGROUP1_REGS.value,
+    """The kernel's launch, `tree_attention_gluon.latent_prefix_gluon`'s arguments, over
+    descriptors of half the latent columns a block: four warps a program, plus warpgroup 1's."""
+    dv = o1.shape[-1]
+    launch_latent_prefix(
+        _latent_prefix_seesaw, k_buffer, cache_descriptors(k_buffer, dv, block_n, lat_cols=dv // 2),
+        grid, q, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits, page_size,
+        min_share, num_warps=4, maxnreg=WARPGROUP1_REGS.value,
     )  # fmt: skip
 
 

@@ -39,6 +39,45 @@ def _next_tile(
 
 
 @gluon.jit
+def _program_start(
+    Q, KvIndptr, stride_qt, stride_qh,
+    W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
+    MIN_SHARE: gl.constexpr, WARPS: gl.constexpr,
+):  # fmt: skip
+    """A program's request ``b``, share ``split`` and first query row ``m0`` (from its grid
+    position), its ``BLOCK_M`` query rows loaded once into shared memory, latent and rope
+    columns apart (the score product's A operand, by ``WARPS`` warps), and its share's keys
+    ``[lo, hi)``: ``(b, split, m0, q_lat, q_rope, lo, hi)``."""
+    q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    lat_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV], gl.bfloat16)
+    rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], gl.bfloat16)
+
+    b = gl.program_id(0)
+    tiles: gl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M
+    split = gl.program_id(2) // tiles
+    m0 = gl.program_id(2) % tiles * BLOCK_M
+
+    rows_q = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_load))
+    q_ptrs = Q + (b * W + rows_q // G)[:, None] * stride_qt + (rows_q % G)[:, None] * stride_qh
+    q_ok = (rows_q < W * G)[:, None]
+    cols_lat = gl.arange(0, DV, layout=gl.SliceLayout(0, q_load))
+    cols_rope = DV + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))
+    q_rows = gl.load(q_ptrs + cols_lat[None, :], mask=q_ok, other=0.0)
+    q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, DV], lat_smem, q_rows)
+    q_rows = gl.load(q_ptrs + cols_rope[None, :], mask=q_ok, other=0.0)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, ROPE], rope_smem, q_rows)
+
+    # 32-bit key positions (TMA coordinates are 32-bit; the indptr may be int64).
+    length = (gl.load(KvIndptr + b + 1) - gl.load(KvIndptr + b)).to(gl.int32)
+    share = gl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
+    share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    lo = split * share
+    hi = gl.minimum(lo + share, length)
+    return b, split, m0, q_lat, q_rope, lo, hi
+
+
+@gluon.jit
 def _latent_prefix_gluon(
     Q, k_lat_desc, k_rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
@@ -54,33 +93,12 @@ def _latent_prefix_gluon(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16]
     )
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    q_load: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     lat_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DV], gl.bfloat16)
     rope_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE], gl.bfloat16)
-
-    b = gl.program_id(0)
-    tiles: gl.constexpr = (W * G + BLOCK_M - 1) // BLOCK_M
-    split = gl.program_id(2) // tiles
-    m0 = gl.program_id(2) % tiles * BLOCK_M
-
-    # The queries: loaded once, into shared memory (the A operand of the score product).
-    rows_q = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_load))
-    q_ptrs = Q + (b * W + rows_q // G)[:, None] * stride_qt + (rows_q % G)[:, None] * stride_qh
-    q_ok = (rows_q < W * G)[:, None]
-    cols_lat = gl.arange(0, DV, layout=gl.SliceLayout(0, q_load))
-    cols_rope = DV + gl.arange(0, ROPE, layout=gl.SliceLayout(0, q_load))
-    q_rows = gl.load(q_ptrs + cols_lat[None, :], mask=q_ok, other=0.0)
-    q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, DV], lat_smem, q_rows)
-    q_rows = gl.load(q_ptrs + cols_rope[None, :], mask=q_ok, other=0.0)
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, ROPE], rope_smem, q_rows)
-
-    # This share's keys [lo, hi).
-    # 32-bit key positions (TMA coordinates are 32-bit; the indptr may be int64).
-    length = (gl.load(KvIndptr + b + 1) - gl.load(KvIndptr + b)).to(gl.int32)
-    share = gl.maximum((length + SPLITS - 1) // SPLITS, MIN_SHARE)
-    share = (share + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    lo = split * share
-    hi = gl.minimum(lo + share, length)
+    b, split, m0, q_lat, q_rope, lo, hi = _program_start(
+        Q, KvIndptr, stride_qt, stride_qh, W, G, DV, ROPE, BLOCK_M, BLOCK_N, SPLITS, MIN_SHARE,
+        8,
+    )  # fmt: skip
     n_tiles = gl.maximum(hi - lo + BLOCK_N - 1, 0) // BLOCK_N
 
     # Two key buffers, each with its barrier: tile i in buffer i % 2.
@@ -153,24 +171,40 @@ def _latent_prefix_gluon(
     gl.store(o_rows[:, None] + cols_o[None, :], out, mask=o_ok[:, None])
 
 
-def cache_descriptors(k_buffer, dv: int, block_n: int) -> tuple:
+def cache_descriptors(k_buffer, dv: int, block_n: int, lat_cols: int | None = None) -> tuple:
     """Two TMA descriptors of the ``[slots, 1, D]`` latent cache as a ``[slots, D]`` matrix of
-    its row stride: ``[block_n, dv]`` blocks of the latent columns (from column 0) and
-    ``[block_n, D - dv]`` blocks of the rope columns (from column ``dv``), bfloat16, each with
-    Gluon's default swizzled shared layout for that block. Built on the host from the buffer's
-    address and strides: the same at every call on a fixed pool, so a captured graph replays
-    them."""
+    its row stride: ``[block_n, lat_cols]`` blocks of the latent columns (``lat_cols``: all
+    ``dv`` by default) and ``[block_n, D - dv]`` blocks of the rope columns (from column
+    ``dv``), bfloat16, each with Gluon's default swizzled shared layout for that block. Built
+    on the host from the buffer's address and strides: the same at every call on a fixed pool,
+    so a captured graph replays them."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     slots, _, d = k_buffer.shape
     cache = k_buffer[:, 0]  # [slots, D], row stride k_buffer.stride(0)
     descs = []
-    for cols in (dv, d - dv):
+    for cols in (lat_cols or dv, d - dv):
         layout = gl.NVMMASharedLayout.get_default_for([block_n, cols], gl.bfloat16)
         descs.append(
             TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols], layout)
         )
     return tuple(descs)
+
+
+def launch_latent_prefix(
+    kernel, k_buffer, descs, grid, q, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m,
+    block_n, splits, page_size, min_share, **options,
+) -> None:  # fmt: skip
+    """``kernel[grid]`` (this file's kernel's signature) over ``descs``, `cache_descriptors` of
+    ``k_buffer``, with ``o1`` / ``lse1`` as `prefix_attention_part` allocates them;
+    ``options``: the launch's warps and register bound."""
+    kernel[grid](
+        q, *descs, kv_indptr, table, o1, lse1, sm_scale,
+        q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
+        lse1.stride(0), table.stride(0),
+        W=w, G=g, DV=o1.shape[-1], ROPE=k_buffer.shape[-1] - o1.shape[-1], BLOCK_M=block_m,
+        BLOCK_N=block_n, SPLITS=splits, MIN_SHARE=min_share, PAGE=page_size, **options,
+    )  # fmt: skip
 
 
 def latent_prefix_gluon(
@@ -179,11 +213,8 @@ def latent_prefix_gluon(
 ) -> None:  # fmt: skip
     """The kernel's launch (``o1`` / ``lse1`` as `prefix_attention_part` allocates them) over
     `cache_descriptors`."""
-    descs = cache_descriptors(k_buffer, o1.shape[-1], block_n)
-    _latent_prefix_gluon[grid](
-        q, *descs, kv_indptr, table, o1, lse1, sm_scale,
-        q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
-        lse1.stride(0), table.stride(0),
-        W=w, G=g, DV=o1.shape[-1], ROPE=k_buffer.shape[-1] - o1.shape[-1], BLOCK_M=block_m,
-        BLOCK_N=block_n, SPLITS=splits, MIN_SHARE=min_share, PAGE=page_size, num_warps=8,
+    launch_latent_prefix(
+        _latent_prefix_gluon, k_buffer, cache_descriptors(k_buffer, o1.shape[-1], block_n), grid,
+        q, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits, page_size,
+        min_share, num_warps=8,
     )  # fmt: skip
