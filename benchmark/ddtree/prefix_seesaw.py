@@ -25,8 +25,11 @@ columns ``[0, DV / 2)``) and the right half with the rope columns. Each half is 
 the tile two ahead by the warpgroup that reads it last, as soon as its value product is done
 (warpgroup 0 the left halves, warpgroup 1 the right halves and the rope, where ``P0`` sat);
 ``P1`` has its own buffer, since warpgroup 0 reads it after warpgroup 1 is done with its tile.
-The rounding is the Gluon kernel's (`tree_attention_gluon`): ``P`` in bfloat16 relative to the
-running max of its tile, float32 accumulators and sums, the output float32 for the merge."""
+Warpgroup 1 reads its own ``P1`` from shared memory too (from registers, the converted copy
+cost more spilled registers); warpgroup 0 its ``P0`` from registers, since warpgroup 1 refills
+the buffer that holds it without waiting for warpgroup 0. The rounding is the Gluon kernel's
+(`tree_attention_gluon`): ``P`` in bfloat16 relative to the running max of its tile, float32
+accumulators and sums, the output float32 for the merge."""
 
 from __future__ import annotations
 
@@ -161,6 +164,7 @@ def _warpgroup0(
     s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
+    # P0 from registers: warpgroup 1 refills its buffer once its own value product is done.
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -223,7 +227,6 @@ def _warpgroup1(
     s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_prev = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_sum = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -256,7 +259,7 @@ def _warpgroup1(
             )  # fmt: skip
         acc = acc * gl.convert_layout(gl.exp2(m0 - m1), rows_o)[:, None]
         acc = hopper.warpgroup_mma(
-            gl.convert_layout(p16, p_layout), k_lat.index(1).slice(HALF, HALF, dim=1), acc,
+            p1_buf, k_lat.index(1).slice(HALF, HALF, dim=1), acc,
             is_async=True,
         )  # fmt: skip
         acc = hopper.warpgroup_mma_wait(0, deps=[acc])
