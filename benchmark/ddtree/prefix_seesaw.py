@@ -113,8 +113,8 @@ def _publish(p_buf, m_buf, p16, m, bar):
     """``P`` and the running max it is relative to into shared memory, then the mbarrier."""
     p_buf.store(p16)
     m_buf.store(m)
-    _thread_barrier()  # every warp of this warpgroup has written
-    hopper.fence_async_shared()  # the other warpgroup's matrix product reads P
+    hopper.fence_async_shared()  # each thread's writes, before the matrix products read P
+    _thread_barrier()  # every warp of this warpgroup has written and fenced
     mbarrier.arrive(bar, count=1)
 
 
