@@ -189,16 +189,17 @@ def _warpgroup0(
             gl.convert_layout(p16, p_layout), k_lat.index(0).slice(0, HALF, dim=1), acc,
             is_async=True,
         )  # fmt: skip
-        mbarrier.wait(bars.index(P1_READY), phase)
-        m1 = s_max.index(1).load(gl.SliceLayout(1, s_layout))
-        alpha1 = gl.exp2(m0 - m1)
         acc = hopper.warpgroup_mma_wait(0, deps=[acc])
-        # Tile 0's left half is read (its scores and this value product): the tile two ahead.
+        # Tile 0's left half is read (its scores and this value product): the tile two ahead,
+        # issued before waiting for warpgroup 1's P1.
         if k + 1 < n_pairs:
             _load_half(
                 half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
                 0, 0, DV, BLOCK_N, ROPE, PAGE,
             )  # fmt: skip
+        mbarrier.wait(bars.index(P1_READY), phase)
+        m1 = s_max.index(1).load(gl.SliceLayout(1, s_layout))
+        alpha1 = gl.exp2(m0 - m1)
         acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
         l_sum = l_sum * alpha1
         acc = hopper.warpgroup_mma(p1_buf, k_lat.index(1).slice(0, HALF, dim=1), acc, is_async=True)
