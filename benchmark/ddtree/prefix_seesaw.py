@@ -304,7 +304,8 @@ def _latent_prefix_seesaw(
 
     k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DV], lat_smem)
     k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, ROPE], rope_smem)
-    p1_buf = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], rope_smem)
+    p_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
+    p1_buf = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], p_smem)
     s_max = gl.allocate_shared_memory(
         gl.float32, [2, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     )
