@@ -29,7 +29,8 @@ around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
 a key tile's page number or slots read a tile ahead, ``...gluon`` the Gluon prefix kernel
 (``...gluonS<n>`` over n shares, with ``--flashmla``), ``...seesawS<n>`` the warp-specialized
-Gluon kernel of `prefix_seesaw.py` at that launch, each checked against the reference
+Gluon kernel of `prefix_seesaw.py` at that launch (``...seesawc64S<n>``: its key tiles copied in
+64-column chunks), each checked against the reference
 (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel of each
 setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared memory,
 warpgroup MMA dots, asynchronous and TMA copies). With
@@ -390,15 +391,21 @@ def sweep_variants(w: int, mla: bool) -> dict:
             ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
             *(
                 (
-                    f"lat64w8n64{kernel}S{n}",
+                    f"lat64w8n64{label}S{n}",
                     {
-                        f"prefix_{kernel}": True,
+                        key: value,
                         "prefix_splits": n,
                         **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
                     },
                 )
-                # seesaw: `prefix_seesaw.py`'s warp-specialized kernel at the Gluon one's launch
-                for kernel in ("gluon", "seesaw")
+                # seesaw: `prefix_seesaw.py`'s warp-specialized kernel at the Gluon one's launch,
+                # its key tiles copied in halves (the value: latent columns a copy) or in
+                # FlashMLA's 64-column chunks
+                for label, key, value in (
+                    ("gluon", "prefix_gluon", True),
+                    ("seesaw", "prefix_seesaw", 256),
+                    ("seesawc64", "prefix_seesaw", 64),
+                )
                 for n in (2, 4, 8, 16, 32, 64, 128)
             ),
             # Half-page key tiles, page numbers ahead, three and four stages (up to three
@@ -550,7 +557,8 @@ def measure(
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
-            seesaw = moved.pop("prefix_seesaw", False)  # the Gluon kernel's launch, that kernel
+            # The Gluon kernel's launch with the seesaw kernel, this many latent columns a copy.
+            seesaw = moved.pop("prefix_seesaw", 0)
             if (moved.get("prefix_gluon") or seesaw) and not flashmla:
                 continue  # the Gluon kernels read pages: FlashMLA's layout
             settings = {**auto, **moved, **({"prefix_gluon": True} if seesaw else {})}
@@ -563,7 +571,9 @@ def measure(
             else:
                 prefix_kernel = kernels._prefix_attention_kernel
             built = compiled_kernels(prefix_kernel)
-            kernel_swap = prefix_seesaw_module().as_the_gluon_prefix() if seesaw else nullcontext()
+            kernel_swap = (
+                prefix_seesaw_module().as_the_gluon_prefix(seesaw) if seesaw else nullcontext()
+            )
             try:
                 with kernel_swap:
                     row["sweep_us"][name] = graph_us(

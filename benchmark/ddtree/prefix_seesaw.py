@@ -20,10 +20,12 @@ read from the request's first page and masked). Each warpgroup holds half of the
 3. warpgroup 0: its half rescaled to ``m1``, ``+= P1 V1`` (``P1`` from shared memory).
 
 Each warpgroup keeps the sum of its own tiles' ``P`` at the same running max; the two are added
-at the end. A key tile arrives in two TMA halves, each with its mbarrier: the left half (latent
-columns ``[0, DV / 2)``) and the right half with the rope columns. Each half is refilled with
-the tile two ahead by the warpgroup that reads it last, as soon as its value product is done
-(warpgroup 0 the left halves, warpgroup 1 the right halves and the rope, where ``P0`` sat);
+at the end. A key tile arrives in copies of ``CHUNK`` latent columns, each with its mbarrier
+(256: two halves; 64: FlashMLA's chunks), the rope columns with the last, so the score product
+starts on the first chunk while the rest arrive. Each half of a tile (left: latent columns
+``[0, DV / 2)``; right: the rest and the rope) is refilled with the tile two ahead by the
+warpgroup that reads it last, as soon as its value product is done (warpgroup 0 the left
+halves, warpgroup 1 the right halves and the rope, where ``P0`` sat);
 ``P1`` has its own buffer, since warpgroup 0 reads it after warpgroup 1 is done with its tile.
 Warpgroup 1 reads its own ``P1`` from shared memory too (from registers, the converted copy
 cost more spilled registers); warpgroup 0 its ``P0`` from registers, since warpgroup 1 refills
@@ -33,6 +35,7 @@ accumulators and sums, the output float32 for the merge."""
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 from triton.experimental import gluon
@@ -60,48 +63,52 @@ WARPGROUP1_REGS = gl.constexpr(256)
 
 @gluon.jit
 def _load_half(
-    half_desc, rope_desc, k_lat, k_rope, ready, table, pos, hi,
+    chunk_desc, rope_desc, k_lat, k_rope, ready, table, pos, hi,
     BUF: gl.constexpr, RIGHT: gl.constexpr, DV: gl.constexpr, BLOCK_N: gl.constexpr,
-    ROPE: gl.constexpr, PAGE: gl.constexpr,
+    ROPE: gl.constexpr, PAGE: gl.constexpr, CHUNK: gl.constexpr,
 ):  # fmt: skip
-    """The TMA copy of one half of the 64-key tile at key position ``pos`` into buffer ``BUF``:
-    the left latent half, or (``RIGHT``) the right one and the rope columns; ``ready`` holds
-    the two halves' mbarriers, buffer by buffer. A position past the share's keys reads the
+    """The TMA copies of one half of the 64-key tile at key position ``pos`` into buffer
+    ``BUF``, ``CHUNK`` latent columns a copy, each with its mbarrier in ``ready`` (buffer by
+    buffer, chunk by chunk): the left latent half, or (``RIGHT``) the right one and the rope
+    columns, which come with its last chunk. A position past the share's keys reads the
     request's first page, whose keys are finite: its scores are masked and its values meet zero
     weights."""
-    HALF: gl.constexpr = DV // 2
+    CHUNKS: gl.constexpr = DV // CHUNK
     pos = gl.where(pos < hi, pos, 0)
     slot = gl.load(table + pos // PAGE).to(gl.int32) * PAGE + pos % PAGE
-    bar = ready.index(2 * BUF + RIGHT)
-    if RIGHT:
-        mbarrier.expect(bar, BLOCK_N * (HALF + ROPE) * 2)
-        _tma_load(half_desc, [slot, HALF], bar, k_lat.index(BUF).slice(HALF, HALF, dim=1))
-        _tma_load(rope_desc, [slot, DV], bar, k_rope.index(BUF))
-    else:
-        mbarrier.expect(bar, BLOCK_N * HALF * 2)
-        _tma_load(half_desc, [slot, 0], bar, k_lat.index(BUF).slice(0, HALF, dim=1))
+    FIRST: gl.constexpr = RIGHT * (CHUNKS // 2)  # this half's first chunk
+    for j in gl.static_range(CHUNKS // 2):
+        bar = ready.index(BUF * CHUNKS + FIRST + j)
+        if RIGHT and j == CHUNKS // 2 - 1:
+            mbarrier.expect(bar, BLOCK_N * (CHUNK + ROPE) * 2)
+            _tma_load(rope_desc, [slot, DV], bar, k_rope.index(BUF))
+        else:
+            mbarrier.expect(bar, BLOCK_N * CHUNK * 2)
+        _tma_load(
+            chunk_desc, [slot, (FIRST + j) * CHUNK], bar,
+            k_lat.index(BUF).slice((FIRST + j) * CHUNK, CHUNK, dim=1),
+        )  # fmt: skip
 
 
 @gluon.jit
 def _scores(q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, BUF: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr,
-            s_layout: gl.constexpr):  # fmt: skip
+            s_layout: gl.constexpr, CHUNK: gl.constexpr):  # fmt: skip
     """``[BLOCK_M, BLOCK_N]`` base-2 scores of the tile in buffer ``BUF`` (first key ``n0``),
-    keys at or past ``hi`` at -inf: the left half's product issued as soon as it has arrived,
-    then the right half's and the rope's."""
-    HALF: gl.constexpr = DV // 2
+    keys at or past ``hi`` at -inf: each chunk's product issued as soon as the chunk has
+    arrived, the rope's with the last."""
+    CHUNKS: gl.constexpr = DV // CHUNK
     keys = k_lat.index(BUF)
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(ready.index(2 * BUF), phase)
-    s = hopper.warpgroup_mma(
-        q_lat.slice(0, HALF, dim=1), keys.slice(0, HALF, dim=1).permute((1, 0)), s,
-        use_acc=False, is_async=True,
-    )  # fmt: skip
-    mbarrier.wait(ready.index(2 * BUF + 1), phase)
-    s = hopper.warpgroup_mma(
-        q_lat.slice(HALF, HALF, dim=1), keys.slice(HALF, HALF, dim=1).permute((1, 0)), s,
-        is_async=True,
-    )  # fmt: skip
+    for c in gl.static_range(CHUNKS):
+        mbarrier.wait(ready.index(BUF * CHUNKS + c), phase)
+        s = hopper.warpgroup_mma(
+            q_lat.slice(c * CHUNK, CHUNK, dim=1),
+            keys.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)),
+            s,
+            use_acc=c > 0,
+            is_async=True,
+        )
     s = hopper.warpgroup_mma(q_rope, k_rope.index(BUF).permute((1, 0)), s, is_async=True)
     s = hopper.warpgroup_mma_wait(0, deps=[s])
     cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -156,12 +163,12 @@ def _epilogue(
 
 @gluon.jit
 def _warpgroup0(
-    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc, rope_desc,
+    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc, rope_desc,
     table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
-    s_layout: gl.constexpr, o_layout: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr, CHUNK: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
     # P0 from registers: warpgroup 1 refills its buffer once its own value product is done.
@@ -175,7 +182,7 @@ def _warpgroup0(
         n0 = lo + 2 * k * BLOCK_N
         s = _scores(
             q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, 0, BLOCK_M, BLOCK_N,
-            DV, s_layout,
+            DV, s_layout, CHUNK,
         )  # fmt: skip
         m0 = gl.maximum(m, gl.max(s, axis=1))
         p = gl.exp2(s - m0[:, None])
@@ -194,8 +201,8 @@ def _warpgroup0(
         # issued before waiting for warpgroup 1's P1.
         if k + 1 < n_pairs:
             _load_half(
-                half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
-                0, 0, DV, BLOCK_N, ROPE, PAGE,
+                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
+                0, 0, DV, BLOCK_N, ROPE, PAGE, CHUNK,
             )  # fmt: skip
         mbarrier.wait(bars.index(P1_READY), phase)
         m1 = s_max.index(1).load(gl.SliceLayout(1, s_layout))
@@ -207,8 +214,8 @@ def _warpgroup0(
         # Tile 1's left half is read (warpgroup 1's scores came before P1): the tile two ahead.
         if k + 1 < n_pairs:
             _load_half(
-                half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 3 * BLOCK_N, hi,
-                1, 0, DV, BLOCK_N, ROPE, PAGE,
+                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 3 * BLOCK_N, hi,
+                1, 0, DV, BLOCK_N, ROPE, PAGE, CHUNK,
             )  # fmt: skip
         m = m1
     _epilogue(
@@ -220,12 +227,12 @@ def _warpgroup0(
 
 @gluon.jit
 def _warpgroup1(
-    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc, rope_desc,
+    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc, rope_desc,
     table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
-    s_layout: gl.constexpr, o_layout: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr, CHUNK: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -237,7 +244,7 @@ def _warpgroup1(
         n1 = lo + (2 * k + 1) * BLOCK_N
         s = _scores(
             q_lat, q_rope, k_lat, k_rope, ready, n1, hi, qk_scale, phase, 1, BLOCK_M, BLOCK_N,
-            DV, s_layout,
+            DV, s_layout, CHUNK,
         )  # fmt: skip
         mbarrier.wait(bars.index(P0_READY), phase)
         m0 = s_max.index(0).load(gl.SliceLayout(1, s_layout))
@@ -255,8 +262,8 @@ def _warpgroup1(
         # Tile 0's right half and rope (P0) are read: the tile two ahead.
         if k + 1 < n_pairs:
             _load_half(
-                half_desc, rope_desc, k_lat, k_rope, ready, table, n1 + BLOCK_N, hi,
-                0, 1, DV, BLOCK_N, ROPE, PAGE,
+                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n1 + BLOCK_N, hi,
+                0, 1, DV, BLOCK_N, ROPE, PAGE, CHUNK,
             )  # fmt: skip
         acc = acc * gl.convert_layout(gl.exp2(m0 - m1), rows_o)[:, None]
         acc = hopper.warpgroup_mma(
@@ -267,8 +274,8 @@ def _warpgroup1(
         # Tile 1's right half and rope are read: the tile two ahead.
         if k + 1 < n_pairs:
             _load_half(
-                half_desc, rope_desc, k_lat, k_rope, ready, table, n1 + 2 * BLOCK_N, hi,
-                1, 1, DV, BLOCK_N, ROPE, PAGE,
+                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n1 + 2 * BLOCK_N, hi,
+                1, 1, DV, BLOCK_N, ROPE, PAGE, CHUNK,
             )  # fmt: skip
         m_prev = m1
     _epilogue(
@@ -280,11 +287,11 @@ def _warpgroup1(
 
 @gluon.jit
 def _latent_prefix_seesaw(
-    Q, half_desc, rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
+    Q, chunk_desc, rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
-    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr,
+    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr, CHUNK: gl.constexpr,
 ):  # fmt: skip
     # Each warpgroup's layouts: the scores of a whole tile, half of the value columns.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -312,10 +319,11 @@ def _latent_prefix_seesaw(
     s_sum = gl.allocate_shared_memory(
         gl.float32, [2, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     )
-    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [2 * (DV // CHUNK), 1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
+    for i in gl.static_range(2 * (DV // CHUNK)):
         mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(4):
         mbarrier.init(bars.index(i), count=1)
     hopper.fence_async_shared()
     table = Table + b * stride_bt
@@ -323,8 +331,8 @@ def _latent_prefix_seesaw(
         for buf in gl.static_range(2):
             for right in gl.static_range(2):
                 _load_half(
-                    half_desc, rope_desc, k_lat, k_rope, ready, table, lo + buf * BLOCK_N, hi,
-                    buf, right, DV, BLOCK_N, ROPE, PAGE,
+                    chunk_desc, rope_desc, k_lat, k_rope, ready, table, lo + buf * BLOCK_N, hi,
+                    buf, right, DV, BLOCK_N, ROPE, PAGE, CHUNK,
                 )  # fmt: skip
     qk_scale = sm_scale * 1.4426950408889634
     # The argument tuples are written out in the call: a tuple built first would turn the
@@ -332,16 +340,16 @@ def _latent_prefix_seesaw(
     gl.warp_specialize(
         [
             (_warpgroup0, (
-                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
+                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc,
                 rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout,
+                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout, CHUNK,
             )),
             (_warpgroup1, (
-                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
+                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc,
                 rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout,
+                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout, CHUNK,
             )),
         ],
         [4],
@@ -351,26 +359,29 @@ def _latent_prefix_seesaw(
 
 def latent_prefix_seesaw(
     grid, q, k_buffer, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits,
-    page_size, min_share,
+    page_size, min_share, chunk: int = 256,
 ) -> None:  # fmt: skip
     """The kernel's launch, `tree_attention_gluon.latent_prefix_gluon`'s arguments, over
-    descriptors of half the latent columns a block: four warps a program, plus warpgroup 1's."""
+    descriptors of ``chunk`` latent columns a copy (a power of two, at most half the latent):
+    four warps a program, plus warpgroup 1's."""
     dv = o1.shape[-1]
+    assert chunk & (chunk - 1) == 0 and 2 * chunk <= dv, chunk
     launch_latent_prefix(
-        _latent_prefix_seesaw, k_buffer, cache_descriptors(k_buffer, dv, block_n, lat_cols=dv // 2),
+        _latent_prefix_seesaw, k_buffer, cache_descriptors(k_buffer, dv, block_n, lat_cols=chunk),
         grid, q, kv_indptr, table, o1, lse1, sm_scale, w, g, block_m, block_n, splits, page_size,
-        min_share, num_warps=4, maxnreg=WARPGROUP1_REGS.value,
+        min_share, CHUNK=chunk, num_warps=4, maxnreg=WARPGROUP1_REGS.value,
     )  # fmt: skip
 
 
 @contextmanager
-def as_the_gluon_prefix():
-    """Within the block `core.tree_attention` launches this kernel wherever it would launch the
-    Gluon prefix kernel (``prefix_gluon``), CUDA-graph captures included."""
+def as_the_gluon_prefix(chunk: int = 256):
+    """Within the block `core.tree_attention` launches this kernel (``chunk`` latent columns a
+    copy) wherever it would launch the Gluon prefix kernel (``prefix_gluon``), CUDA-graph
+    captures included."""
     from sglang_ddtree.core import tree_attention_gluon
 
     gluon = tree_attention_gluon.latent_prefix_gluon
-    tree_attention_gluon.latent_prefix_gluon = latent_prefix_seesaw
+    tree_attention_gluon.latent_prefix_gluon = functools.partial(latent_prefix_seesaw, chunk=chunk)
     try:
         yield
     finally:

@@ -299,7 +299,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 32, [20000], 8),  # four row tiles over bs 1's 32 shares
     ],
 )
-@pytest.mark.parametrize("kernel", ["triton", "gluon", "seesaw"])
+@pytest.mark.parametrize("kernel", ["triton", "gluon", "seesaw", "seesaw64"])
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
@@ -309,7 +309,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
     K2.6 rank's W 8 x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon
     kernel; ``seesaw``: `prefix_seesaw.py`'s warp-specialized Gluon kernel in that one's place
-    (odd tile counts and one-key shares among these prefixes)."""
+    (odd tile counts and one-key shares among these prefixes), ``seesaw64`` with its key tiles
+    copied in 64-column chunks."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,
@@ -332,8 +333,8 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
         pytest.skip("the Gluon kernel takes 64 query rows a program")
     assert settings.get("prefix_gluon", False) == gluon
     swap = (
-        load_benchmark("prefix_seesaw").as_the_gluon_prefix()
-        if kernel == "seesaw"
+        load_benchmark("prefix_seesaw").as_the_gluon_prefix(64 if kernel == "seesaw64" else 256)
+        if kernel.startswith("seesaw")
         else contextlib.nullcontext()
     )
     with swap:
