@@ -28,9 +28,7 @@ around its best ``...s<n>`` pipeline stages, ``...dv256`` value tiles, ``...S<n>
 ``lat64w16...`` four warpgroups, ``...n128...`` wider key tiles, ``...t<n>`` the tree
 kernel's value columns per program, ``...m<n>`` its merge reading n shares at once, ``...ahead``
 a key tile's page number or slots read a tile ahead, ``...gluon`` the Gluon prefix kernel
-(``...gluonS<n>`` over n shares, with ``--flashmla``), ``...seesawS<n>`` the warp-specialized
-Gluon kernel of `prefix_seesaw.py` at that launch (``...seesawc64S<n>``: its key tiles copied in
-64-column chunks), each checked against the reference
+(``...gluonS<n>`` over n shares, with ``--flashmla``), each checked against the reference
 (``sweep_err`` per setting, ``sweep_max_err``); what Triton built for the prefix kernel of each
 setting first compiled in the run (``sweep_prefix_kernel``: registers, spills, shared memory,
 warpgroup MMA dots, asynchronous and TMA copies). With
@@ -67,7 +65,6 @@ import json
 import os
 import re
 import sys
-from contextlib import nullcontext
 
 import torch
 
@@ -230,17 +227,6 @@ def flashinfer_split(t: dict, w: int, scale: float, page: int = 1, graph_plan: b
     return prefix_part, split
 
 
-def prefix_seesaw_module():
-    """`prefix_seesaw.py` beside this file (the warp-specialized Gluon prefix kernel)."""
-    name = "prefix_seesaw"
-    if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 def prefix_floor_us(t: dict) -> float:
     """Microseconds to read every request's prefix KV once at the H200's 4.8 TB/s (MLA's values,
     a slice of the keys, come with them)."""
@@ -384,27 +370,19 @@ def sweep_variants(w: int, mla: bool) -> dict:
                 "lat64w8n64s2aheadS64t32m8",
                 dict(bs4, prefix_splits=64, tree_dv_block=32, tree_merge_chunk=8),
             ),  # fmt: skip
-            # The Gluon kernel (each tile's copy issued as soon as its buffer is free) at the
-            # general shares and at bs 1's, and over 2 to 128 shares (a chunked merge from
-            # 32 on, as the hook's).
+            # The Gluon kernel (two warpgroups taking the key tiles in turns) at the general
+            # shares and at bs 1's, and over 2 to 128 shares (a chunked merge from 32 on, as
+            # the hook's).
             ("lat64w8n64gluon", dict(prefix_gluon=True)),
             ("lat64w8n64S128t32m8gluon", dict(bs1, prefix_stages=None, prefix_gluon=True)),
             *(
                 (
-                    f"lat64w8n64{label}S{n}",
+                    f"lat64w8n64gluonS{n}",
                     {
-                        key: value,
+                        "prefix_gluon": True,
                         "prefix_splits": n,
                         **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
                     },
-                )
-                # seesaw: `prefix_seesaw.py`'s warp-specialized kernel at the Gluon one's launch,
-                # its key tiles copied in halves (the value: latent columns a copy) or in
-                # FlashMLA's 64-column chunks
-                for label, key, value in (
-                    ("gluon", "prefix_gluon", True),
-                    ("seesaw", "prefix_seesaw", 256),
-                    ("seesawc64", "prefix_seesaw", 64),
                 )
                 for n in (2, 4, 8, 16, 32, 64, 128)
             ),
@@ -557,28 +535,18 @@ def measure(
         for name, moved in sweep_variants(w, dv is not None).items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
-            # The Gluon kernel's launch with the seesaw kernel, this many latent columns a copy.
-            seesaw = moved.pop("prefix_seesaw", 0)
-            if (moved.get("prefix_gluon") or seesaw) and not flashmla:
-                continue  # the Gluon kernels read pages: FlashMLA's layout
-            settings = {**auto, **moved, **({"prefix_gluon": True} if seesaw else {})}
-            if seesaw:
-                prefix_kernel = prefix_seesaw_module()._latent_prefix_seesaw
-            elif moved.get("prefix_gluon"):
+            if moved.get("prefix_gluon") and not flashmla:
+                continue  # the Gluon kernel reads pages: FlashMLA's layout
+            settings = {**auto, **moved}
+            if moved.get("prefix_gluon"):
                 from sglang_ddtree.core import tree_attention_gluon
 
                 prefix_kernel = tree_attention_gluon._latent_prefix_gluon
             else:
                 prefix_kernel = kernels._prefix_attention_kernel
             built = compiled_kernels(prefix_kernel)
-            kernel_swap = (
-                prefix_seesaw_module().as_the_gluon_prefix(seesaw) if seesaw else nullcontext()
-            )
             try:
-                with kernel_swap:
-                    row["sweep_us"][name] = graph_us(
-                        lambda n=name, st=settings: split(n, st), iters
-                    )
+                row["sweep_us"][name] = graph_us(lambda n=name, st=settings: split(n, st), iters)
             except Exception as e:  # a setting Triton cannot build (out of shared memory)
                 row["sweep_us"][name] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue

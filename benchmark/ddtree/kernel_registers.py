@@ -29,7 +29,6 @@ import torch
 
 KERNELS = ("_prefix_attention_kernel", "_tree_attention_kernel")
 GLUON_KERNELS = ("_latent_prefix_gluon",)  # in core.tree_attention_gluon
-SEESAW_KERNELS = ("_latent_prefix_seesaw",)  # in prefix_seesaw.py beside this file
 
 
 class _LaunchRecorder:
@@ -45,8 +44,7 @@ class _LaunchRecorder:
 @contextmanager
 def record_launches():
     """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s
-    where Gluon imports, and `prefix_seesaw.py`'s once it is imported) only record their
-    launches: yields ``{kernel name: (the real kernel, [(args, kwargs), ...])}``."""
+    where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel, [(args, kwargs), ...])}``."""
     import sglang_ddtree.core.tree_attention as ta
 
     modules = {name: ta for name in KERNELS}
@@ -56,9 +54,6 @@ def record_launches():
         modules.update({name: tg for name in GLUON_KERNELS})
     except ImportError:  # a Triton without Gluon
         pass
-    seesaw = sys.modules.get("prefix_seesaw")  # loaded by whoever swaps it in
-    if seesaw is not None:
-        modules.update({name: seesaw for name in SEESAW_KERNELS})
     real = {name: getattr(module, name) for name, module in modules.items()}
     recorders = {name: _LaunchRecorder() for name in modules}
     out = {name: (real[name], recorders[name].launches) for name in modules}

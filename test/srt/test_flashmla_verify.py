@@ -11,8 +11,6 @@ into the next page, bs 1-64, one case replayed from a CUDA graph.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -299,7 +297,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 32, [20000], 8),  # four row tiles over bs 1's 32 shares
     ],
 )
-@pytest.mark.parametrize("kernel", ["triton", "gluon", "seesaw", "seesaw64"])
+@pytest.mark.parametrize("kernel", ["triton", "gluon"])
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
@@ -308,9 +306,7 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
     variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
     K2.6 rank's W 8 x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon
-    kernel; ``seesaw``: `prefix_seesaw.py`'s warp-specialized Gluon kernel in that one's place
-    (odd tile counts and one-key shares among these prefixes), ``seesaw64`` with its key tiles
-    copied in 64-column chunks."""
+    kernel (odd tile counts and one-key shares among these prefixes)."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,
@@ -332,16 +328,10 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
         assert not settings.get("prefix_gluon")  # 32 rows a program: the Triton kernel's
         pytest.skip("the Gluon kernel takes 64 query rows a program")
     assert settings.get("prefix_gluon", False) == gluon
-    swap = (
-        load_benchmark("prefix_seesaw").as_the_gluon_prefix(64 if kernel == "seesaw64" else 256)
-        if kernel.startswith("seesaw")
-        else contextlib.nullcontext()
-    )
-    with swap:
-        got = tree_attention(
-            t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"],
-            scale, page_size=64, **settings,
-        )  # fmt: skip
+    got = tree_attention(
+        t["q"], t["k"], t["v"], kv_indptr, t["block_table"], t["node_loc"], t["mask"],
+        scale, page_size=64, **settings,
+    )  # fmt: skip
     want = tree_attention_reference(
         t["q"], t["k"], t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
     )

@@ -8,8 +8,6 @@ with an empty prefix. GPU (``gpu`` marker): verify-sized shapes in bfloat16.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import pytest
 import torch
 
@@ -595,9 +593,7 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_n32s4ahead",
         "k26_bs8_gluon",
         "k26_bs1_gluon",
-        "k26_bs4_seesaw",
-        "k26_bs1_seesaw",
-        "k26_bs4_seesaw64",
+        "k26_bs4_gluon",
         "tiny_mla_bs4",
         "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
@@ -612,9 +608,7 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
     the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's prefix
-    as the Gluon kernel, where the hook takes it on Hopper (bs 8 and 1), and as the
-    warp-specialized Gluon kernel at that launch (bs 4 and 1; at bs 4 also its 64-column
-    copies)."""
+    as the Gluon kernel, where the hook takes it on Hopper (bs 8, 4 and 1)."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -623,8 +617,7 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     from sglang_ddtree.core.tree_attention import tree_attention
 
     shape, bs = case.split("_")[0], int(case.split("_bs")[1][0])
-    seesaw = "_seesaw" in case  # the warp-specialized one (`prefix_seesaw.py`), in its place
-    gluon = "_gluon" in case or seesaw  # the Gluon prefix kernel (`core.tree_attention_gluon`)
+    gluon = "_gluon" in case  # the Gluon prefix kernel (`core.tree_attention_gluon`)
     if gluon:
         pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     call, kw = regs.hook_case(bs, shape, gluon=gluon)
@@ -646,18 +639,9 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         full = flatten_verify_mask(mask, prefix, int(sizes.sum()))
         call = (q, k, v, indptr, indices, loc, None, scale)
         kw.update(full_mask=full, mask_indptr=mask_indptr, num_nodes=w)
-    # The seesaw module is imported (by the swap) before the recorder looks for it.
-    chunk = 64 if case.endswith("seesaw64") else 256  # latent columns a copy
-    swap = load_benchmark("prefix_seesaw").as_the_gluon_prefix(chunk) if seesaw else nullcontext()
-    with regs.record_launches() as launches, swap:
+    with regs.record_launches() as launches:
         tree_attention(*call, **kw)
-    prefix_kernel = (
-        "_latent_prefix_seesaw"
-        if seesaw
-        else "_latent_prefix_gluon"
-        if gluon
-        else "_prefix_attention_kernel"
-    )
+    prefix_kernel = "_latent_prefix_gluon" if gluon else "_prefix_attention_kernel"
     assert {name for name, (_, recorded) in launches.items() if recorded} == {
         prefix_kernel,
         "_tree_attention_kernel",
@@ -667,14 +651,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
             compiled = regs.compile_launch(kernel, args, launch_kw)
             registers, _ = regs.usage(compiled)  # what cuobjdump reads off the cubin
             assert 0 < registers <= 255, (case, name, registers)
-            if name == "_latent_prefix_seesaw":  # two partitions, each with its products
+            if name == "_latent_prefix_gluon":  # two partitions, each with its products
                 ttgir = compiled.asm["ttgir"]
                 assert "ttg.warp_specialize" in ttgir and "async_tma_copy_global_to_local" in ttgir
-                # Per warpgroup: the scores a latent chunk at a time and the rope, two values.
-                assert ttgir.count("warp_group_dot ") >= 2 * (512 // chunk + 1 + 2), case
-            if name == "_latent_prefix_gluon":
-                assert "async_tma_copy_global_to_local" in compiled.asm["ttgir"]
-                # The next tile's copy is issued after this tile's scores, before its softmax.
-                loop = compiled.asm["ttgir"].split("scf.for", 1)[1].split("scf.yield", 1)[0]
-                copy = loop.index("async_tma_copy_global_to_local")
-                assert loop.index("warp_group_dot ") < copy < loop.index("math.exp2"), case
+                # Per warpgroup: the scores a latent half at a time and the rope, two values.
+                assert ttgir.count("warp_group_dot ") >= 2 * (2 + 1 + 2), case

@@ -6,6 +6,7 @@ pages through a block table, equal to attention written out in float32 over that
 Generated from sglang-ddtree's upstream/templates/test_ddtree_latent_prefix_gluon.py.
 """
 
+import itertools
 import unittest
 
 import torch
@@ -59,13 +60,13 @@ def reference(q, cache, table, b, lo, hi, w, scale):
 class TestDDTreeLatentPrefixGluon(CustomTestCase):
     def test_cache_descriptors_cover_the_latent_and_rope_columns(self):
         """The launch's two TMA descriptors (host-side, no GPU): the pool's [slots, D] rows at
-        its own address and row stride, 64-slot blocks of the 512 latent and the 64 rope
-        columns, each with a 128-byte swizzle."""
+        its own address and row stride, 64-slot blocks of half the 512 latent columns (a key
+        tile arrives in two copies) and of the 64 rope columns, each with a 128-byte swizzle."""
         from sglang.srt.speculative.ddtree.tree_attention_gluon import cache_descriptors
 
         pool = torch.zeros(300, 1, DV + 64, dtype=torch.bfloat16)
-        latent, rope = cache_descriptors(pool, DV, KEYS)
-        for desc, cols in ((latent, DV), (rope, 64)):
+        latent, rope = cache_descriptors(pool, DV, KEYS, lat_cols=DV // 2)
+        for desc, cols in ((latent, DV // 2), (rope, 64)):
             self.assertEqual(desc.base.data_ptr(), pool.data_ptr())
             self.assertEqual(list(desc.shape), [300, DV + 64])
             self.assertEqual(list(desc.strides), [pool.stride(0), 1])
@@ -76,11 +77,11 @@ class TestDDTreeLatentPrefixGluon(CustomTestCase):
     def test_shares_equal_attention_over_their_keys(self):
         from sglang.srt.speculative.ddtree.tree_attention_gluon import latent_prefix_gluon
 
-        w, hq = 8, 8  # 64 query rows: one program a share
         prefix = [5, 64, 65, 700, 3000]
-        q, cache, indptr, table = (t.cuda() for t in paged_case(prefix, w, hq, seed=0))
         scale = (DV + 64) ** -0.5
-        for splits in (1, 4):
+        # 64 query rows (one program a share), and 128 (two row tiles a request).
+        for (w, hq), splits in itertools.product(((8, 8), (16, 8)), (1, 4)):
+            q, cache, indptr, table = (t.cuda() for t in paged_case(prefix, w, hq, seed=w))
             o1 = torch.zeros(splits, q.shape[0], hq, DV, device="cuda")
             lse1 = torch.zeros(splits, q.shape[0], hq, device="cuda")
             grid = (len(prefix), 1, -(-w * hq // ROWS) * splits)

@@ -368,16 +368,18 @@ PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
 # The latent variant's 64-row key tile on a paged cache (FlashMLA's pages), keywords over
 # `_latent_prefix`'s. Where the Gluon kernel runs (Hopper, bf16; `launch_settings`' ``gluon``)
-# it takes the tile: its next tile's copy runs under this tile's softmax and value product,
-# which Triton's pipeline does not do (one K2.6 rank, 16K-64K keys, the whole verify
-# attention: 0.57-0.68x the Triton kernel's time at bs 8-32, 0.59-0.75x at bs 4, 0.78-0.83x
-# at bs 1). Elsewhere a tile's page is read a tile ahead at bs >= 2
+# it takes the tile: its two warpgroups take the key tiles in turns, one's softmax under the
+# other's products, and each buffer half is refilled as soon as its last reader is done (one
+# K2.6 rank, 16K-64K keys, bs 1 / 4, W 8-32, the whole verify attention: 0.61-1.15x FlashMLA's
+# prefix part with the ancestor block merged; an earlier Gluon kernel that split each tile's
+# scores between the warpgroups took 1.21-1.44x at W 16 / 32, and it was 0.57-0.83x the
+# Triton kernel's time). Elsewhere a tile's page is read a tile ahead at bs >= 2
 # (2-9 % faster at bs 8-32, within 2.5 % at bs 4); from ``PAGED_MANY_SHARES`` shares (bs 1)
 # that gained nothing, nor did half-page tiles in three or four stages anywhere.
 PAGED_LATENT_TILE_GLUON: dict = {"prefix_gluon": True}
 # Where a request's W x G rows take two or more 64-row tiles (W 16 / 32 on a K2.6 rank) the
-# Gluon kernel takes them too: 0.55-0.66x the Triton kernel's time at bs 4-32 (at most 16
-# shares), 0.62-0.88x at bs 1's 64 / 32 shares, 16K-64K keys. W 64 (eight tiles) untimed.
+# Gluon kernel takes them too, with the same shares: about one wave of programs (at bs 1 half
+# as many were 1-8 % faster at 16K keys and up to 23 % slower at 64K). W 64 untimed.
 PAGED_LATENT_TILE: dict = {"prefix_index_ahead": True}
 PAGED_LATENT_TILE_MANY_SHARES: dict = {}
 PAGED_MANY_SHARES = 64
@@ -488,7 +490,8 @@ def launch_settings(
 def gluon_prefix_runs(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the Gluon prefix kernel (`tree_attention_gluon`) runs for this device and KV
     dtype: a Hopper GPU (compute capability 9.0; its warpgroup MMA and TMA), bfloat16 keys, and
-    a Triton with Gluon's Hopper API."""
+    a Triton with Gluon's Hopper API and its ``warp_specialize`` over (function, arguments)
+    pairs (3.6, SGLang 0.5.17's)."""
     if device.type != "cuda" or dtype != torch.bfloat16:
         return False
     if torch.cuda.get_device_capability(device) != (9, 0):
