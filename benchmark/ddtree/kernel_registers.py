@@ -44,7 +44,8 @@ class _LaunchRecorder:
 @contextmanager
 def record_launches():
     """Within the block, `core.tree_attention`'s kernels (and `core.tree_attention_gluon`'s
-    where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel, [(args, kwargs), ...])}``."""
+    where Gluon imports) only record their launches: yields ``{kernel name: (the real kernel,
+    [(args, kwargs), ...])}``."""
     import sglang_ddtree.core.tree_attention as ta
 
     modules = {name: ta for name in KERNELS}

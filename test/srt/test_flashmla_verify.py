@@ -295,6 +295,7 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 8, [20000], 8),  # one request: the most prefix shares
         (1, 16, [20000], 8),  # two row tiles over bs 1's 64 shares
         (1, 32, [20000], 8),  # four row tiles over bs 1's 32 shares
+        (2, 12, [3000, 700], 8),  # 96 rows: a second tile half of masked rows
     ],
 )
 @pytest.mark.parametrize("kernel", ["triton", "gluon"])

@@ -370,7 +370,7 @@ TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in 
 # `_latent_prefix`'s. Where the Gluon kernel runs (Hopper, bf16; `launch_settings`' ``gluon``)
 # it takes the tile: its two warpgroups take the key tiles in turns, one's softmax under the
 # other's products, and each buffer half is refilled as soon as its last reader is done (one
-# K2.6 rank, 16K-64K keys, bs 1 / 4, W 8-32, the whole verify attention: 0.61-1.15x FlashMLA's
+# K2.6 rank, 8K-64K keys, bs 1-32, W 8-32, the whole verify attention: 0.61-1.17x FlashMLA's
 # prefix part with the ancestor block merged; an earlier Gluon kernel that split each tile's
 # scores between the warpgroups took 1.21-1.44x at W 16 / 32, and it was 0.57-0.83x the
 # Triton kernel's time). Elsewhere a tile's page is read a tile ahead at bs >= 2
