@@ -425,10 +425,8 @@ def test_series_unit_tests_pass_on_their_part(gen, applied_series, tmp_path):
     assert len(ran) >= 7, ran
 
 
-def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
-    """``upstream/smoke_series.py --apply-only`` (the GPU smoke's first half, which runs
-    anywhere): every committed part applies in order to a copy of pristine SGLang's package,
-    and the unit tests each part adds are found for it to run."""
+def _pristine_site(source, tmp_path) -> Path:
+    """A directory holding a copy of pristine SGLang's ``sglang`` package (``--site``)."""
     site = tmp_path / "site"
     if source.where.is_dir():
         shutil.copytree(source.where / "sglang", site / "sglang")
@@ -437,6 +435,14 @@ def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
 
         with zipfile.ZipFile(source.where) as whl:
             whl.extractall(site, [n for n in whl.namelist() if n.startswith("sglang/")])
+    return site
+
+
+def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
+    """``upstream/smoke_series.py --apply-only`` (the GPU smoke's first half, which runs
+    anywhere): every committed part applies in order to a copy of pristine SGLang's package,
+    and the unit tests each part adds are found for it to run."""
+    site = _pristine_site(source, tmp_path)
     r = subprocess.run(
         [sys.executable, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site),
          "--apply-only", "--keep", str(tmp_path / "tree")],
@@ -449,3 +455,21 @@ def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
     assert all(p["applied"] for p in parts)
     with_tests = [p["part"] for p in parts if p["tests_added"]]
     assert len(with_tests) == len(parts), with_tests  # every part adds its tests
+    assert not any(p["checked"] or p["checks"] for p in parts)
+
+
+def test_series_smoke_from_a_later_part_applies_the_earlier_ones_unchecked(source, tmp_path):
+    """``--from N`` (a smoke split over several calls): every part is applied in order, the
+    parts before N run no check and report so; ``--parts`` still stops the run."""
+    site = _pristine_site(source, tmp_path)
+    n = len(_committed_parts())
+    r = subprocess.run(
+        [sys.executable, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site),
+         "--from", str(n + 1), "--parts", str(n - 1)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    steps = [json.loads(line) for line in r.stdout.splitlines()]
+    parts, summary = steps[:-1], steps[-1]
+    assert summary["ok"] and len(parts) == n - 1  # stopped before the last part
+    assert all(p["applied"] and not p["checked"] and not p["checks"] for p in parts)
