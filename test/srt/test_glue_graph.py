@@ -200,6 +200,27 @@ def test_output_nests_are_mapped_and_copied():
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
 
 
+def test_output_group_keys_share_buffers_of_one_layout():
+    """`SegmentGraphs`' output buffers (allocated before a capture, CPU-checkable): keys of one
+    output group with equal output layouts get the same buffers; another group, another
+    layout or another container type gets its own; without ``outputs_by`` every key its own."""
+    from sglang_ddtree.srt.ddtree_utils import accept_output_group
+
+    tree, layout, prefix, logits, s = _random_tree(2, 5, 11, 4)
+    plan = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
+    grouped = SegmentGraphs("accept", lambda: None, outputs_by=accept_output_group)
+    greedy = grouped._output_buffers((2, "greedy"), plan)
+    sampled = grouped._output_buffers((2, "sampled", True, True, False), plan)
+    assert sampled is greedy and type(greedy) is type(plan)
+    assert all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(greedy, plan))
+    assert grouped._output_buffers((3, "greedy"), plan) is not greedy  # another batch size
+    wider = plan._replace(keep_index=torch.zeros(2, s + 1, dtype=plan.keep_index.dtype))
+    assert grouped._output_buffers((2, "greedy"), wider) is not greedy  # another layout
+    assert grouped._output_buffers((2, "greedy"), tuple(plan)) is not greedy  # another type
+    own = SegmentGraphs("accept", lambda: None)
+    assert own._output_buffers((2, "greedy"), plan) is not own._output_buffers((2, "x"), plan)
+
+
 # ---------------------------------------------------------------------------------- GPU ----
 @pytest.mark.gpu
 @needs_cuda
@@ -386,18 +407,20 @@ def test_step_halves_graph_equals_eager(bs):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("kv_keys_on_mode", [True, False])
-def test_kv_segment_keeps_its_graph_when_batches_switch_mode(kv_keys_on_mode):
-    """The worker's accept segment has one graph per mode (greedy, sampled), each with its own
-    outputs, and the KV segment binds those outputs. Batches of one size that alternate
-    greedy / sampled (mixed traffic) must replay the KV graph, not recapture it every step and
-    then give up on it: the KV key carries ``accept_mode``. The old key (size only) is the
-    calibration: it recaptures, then goes eager."""
+@pytest.mark.parametrize("shared_outputs", [True, False])
+def test_kv_segment_keeps_its_graph_when_batches_switch_mode(shared_outputs):
+    """The worker's accept segment has one graph per mode (greedy, sampled), all writing the
+    batch size's output buffers (`accept_output_group`), and the KV segment, keyed by the
+    batch size, binds them. Batches of one size that alternate greedy / sampled (mixed
+    traffic) must replay one KV graph, not recapture it every step and then give up on it, and
+    each replay must read the mode that just ran. Per-mode outputs are the calibration: the KV
+    graph recaptures, then goes eager."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt.ddtree_utils import accept_mode
+    from sglang_ddtree.srt.ddtree_utils import accept_mode, accept_output_group
 
-    acc = SegmentGraphs("accept", lambda x, scale: x * scale)
+    group = {"outputs_by": accept_output_group} if shared_outputs else {}
+    acc = SegmentGraphs("accept", lambda x, scale: x * scale, **group)
     kv = SegmentGraphs("kv", lambda keep: keep.sum(), pure=False)
     x = torch.randn(8, device="cuda")
     greedy = SimpleNamespace(is_all_greedy=True)
@@ -407,11 +430,16 @@ def test_kv_segment_keeps_its_graph_when_batches_switch_mode(kv_keys_on_mode):
     for step in range(12):
         info = greedy if step % 2 == 0 else sampled
         mode = accept_mode(info)
-        keep = acc((8, *mode), {"x": x}, static={"scale": 1.0 if mode == ("greedy",) else 2.0})
-        kv((8, *mode) if kv_keys_on_mode else (8,), {"keep": keep})
-    if kv_keys_on_mode:
-        assert kv.counts["recaptures"] == 0 and kv.counts["captures"] == 2
-        assert kv.counts["graph"] == 10 and not kv.eager_keys
+        scale = 1.0 if mode == ("greedy",) else 2.0
+        keep = acc((8, *mode), {"x": x}, static={"scale": scale})
+        got = kv((8,), {"keep": keep})
+        torch.testing.assert_close(got, (x * scale).sum())  # this step's mode, not the last
+    if shared_outputs:
+        assert (
+            acc.counts["captures"] == 2 and len({id(e.outputs) for e in acc.entries.values()}) == 1
+        )
+        assert kv.counts["recaptures"] == 0 and kv.counts["captures"] == 1
+        assert kv.counts["graph"] == 11 and not kv.eager_keys
     else:
         assert kv.counts["recaptures"] > 0 and kv.eager_keys == {(8,)}
 
@@ -703,9 +731,10 @@ def test_pool_segment_bytes_sums_the_glue_pool_only():
     assert pool_segment_bytes(snapshot, (0, 9)) == (0, 0)
 
 
-def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
-    """The KV commit call (shared by the decode step and the startup dummy step): key = step
-    key + accept mode (None stays eager), bound names = the worker's KV function arguments."""
+def test_commit_kv_keys_on_the_step_and_binds_the_kv_function_arguments():
+    """The KV commit call (shared by the decode step and the startup dummy step): key = the
+    step's key whatever the accept mode (every mode writes the batch size's outputs; None
+    stays eager), bound names = the worker's KV function arguments."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt.ddtree_utils import commit_kv
@@ -715,28 +744,29 @@ def test_commit_kv_keys_on_mode_and_binds_the_kv_function_arguments():
     commit = SimpleNamespace(keep_index=t, accept_length=t, commit_lens=t)
     tree = SimpleNamespace(verify_loc=t, seq_lens=t, req_pool_indices=t)
     record = lambda key, bound: calls.append((key, bound))  # noqa: E731
-    commit_kv(record, (4,), ("sampled", True, False, False), t, commit, tree)
-    commit_kv(record, None, ("greedy",), t, commit, tree)
-    assert [c[0] for c in calls] == [(4, "sampled", True, False, False), None]
+    commit_kv(record, (4,), t, commit, tree)
+    commit_kv(record, None, t, commit, tree)
+    assert [c[0] for c in calls] == [(4,), None]
     names = ("hidden", "keep_index", "accept_length", "commit_lens", "verify_loc", "seq_lens")
     assert tuple(calls[0][1]) == (*names, "pool_idx")
 
 
 def test_glue_output_bytes_sum_every_key_buffers():
-    """Per batch size one tree key and seven accept keys, each with its own buffers; the W
-    follows the schedule; every tensor may round up by one allocator block."""
+    """Per batch size one tree key and seven accept keys, each with its own copied inputs and
+    all seven with one set of outputs; the W follows the schedule; every tensor may round up
+    by one allocator block."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
     from sglang_ddtree.srt.ddtree_glue_warmup import BLOCK, glue_output_bytes, nest_bytes
 
     schedule = BudgetSchedule.parse("1:33,4:17")
-    per_width = {33: (1000.0, 10, 100.0, 8), 17: (500.0, 10, 50.0, 8)}
+    per_width = {33: (1000.0, 10, 60.0, 3, 100.0, 8), 17: (500.0, 10, 30.0, 3, 50.0, 8)}
     got = glue_output_bytes(per_width, schedule, 5)  # seven accept modes a batch size
-    want = sum(bs * (1000 + 7 * 100) for bs in (1, 2, 3)) + sum(
-        bs * (500 + 7 * 50) for bs in (4, 5)
+    want = sum(bs * (1000 + 60 + 7 * 100) for bs in (1, 2, 3)) + sum(
+        bs * (500 + 30 + 7 * 50) for bs in (4, 5)
     )
-    assert got == want + 5 * BLOCK * (10 + 7 * 8)
+    assert got == want + 5 * BLOCK * (10 + 3 + 7 * 8)
     nest = (
         SimpleNamespace(),
         (torch.zeros(3, 4), [torch.zeros(2, dtype=torch.int64)]),
@@ -764,14 +794,16 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
     # By hand, per request (S = 4): the tree's outputs are 6 int64 [W] rows (tokens, four
     # layout arrays, verify_loc), the bool [W, W] mask, the int64 [W, W] mask cells, two
     # int64 lengths, and three copied int64 inputs: 48 W + 9 W^2 + 40 bytes in 13 tensors.
-    # One accept key, measured in the min-p mode (the most any mode copies): 4 int64 [S] rows,
-    # two int32 and two int64 scalars of the commit plan, and copied temperature, top_k, top_p,
-    # min_p, final coin (4 bytes each) and coins [W] float32: 32 S + 24 + 20 + 4 W bytes in 14
-    # tensors. Seven accept keys per batch size.
+    # The accept, measured in the min-p mode (the most any mode copies): its outputs, one set
+    # per batch size, are 4 int64 [S] rows and two int32 and two int64 scalars of the commit
+    # plan (32 S + 24 bytes in 8 tensors); each of the seven accept keys copies temperature,
+    # top_k, top_p, min_p, final coin (4 bytes each) and coins [W] float32 (20 + 4 W bytes in 6
+    # tensors).
     def per_request(w):
-        return (48 * w + 9 * w * w + 40) + 7 * (32 * 4 + 24 + 20 + 4 * w)
+        return (48 * w + 9 * w * w + 40) + (32 * 4 + 24) + 7 * (20 + 4 * w)
 
-    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5) + 4 * warm.BLOCK * (13 + 7 * 14)
+    want = (1 + 2) * per_request(9) + (3 + 4) * per_request(5)
+    want += 4 * warm.BLOCK * (13 + 8 + 7 * 6)
     assert outputs == want
 
 
@@ -819,7 +851,7 @@ def test_glue_output_bytes_skips_the_measured_batch_sizes():
     from sglang_ddtree.srt.ddtree_glue_warmup import glue_output_bytes
 
     schedule = BudgetSchedule.parse("1:33,4:17")
-    per_width = {33: (1000.0, 10, 100.0, 8), 17: (500.0, 10, 50.0, 8)}
+    per_width = {33: (1000.0, 10, 60.0, 3, 100.0, 8), 17: (500.0, 10, 30.0, 3, 50.0, 8)}
     every = glue_output_bytes(per_width, schedule, 5)
     one = {bs: glue_output_bytes(per_width, schedule, bs) - glue_output_bytes(per_width, schedule, bs - 1) for bs in range(1, 6)}  # fmt: skip
     assert (
@@ -871,7 +903,7 @@ def test_glue_reserve_holds_the_captured_footprint_or_says_it_fell_back(monkeypa
 
     from sglang_ddtree.srt import ddtree_glue_warmup as warm
 
-    per_width = {9: (100.0, 2, 10.0, 1), 5: (50.0, 2, 5.0, 1)}
+    per_width = {9: (100.0, 2, 6.0, 1, 10.0, 1), 5: (50.0, 2, 3.0, 1, 5.0, 1)}
     monkeypatch.setattr(warm, "glue_working_set", lambda w, m: (7000, (2, 9), per_width))
     monkeypatch.setattr(warm, "glue_capture_footprint", lambda w, m: (9000, 6000))
     worker = _fake_worker("cpu")
@@ -1116,7 +1148,7 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
     assert all(torch.equal(a, b) for a, b in zip(got, expect))
     assert glue.mode == mode
     glue.commit_kv((bs,), torch.zeros(bs * w, 4), got, tree)
-    assert kv_calls and kv_calls[0][0] == (bs, *mode)
+    assert kv_calls and kv_calls[0][0] == (bs,)
     glue.accept(None, tree, logits, None)  # no sampling info: the greedy mode, decided here
     assert glue.mode == ("greedy",)
     with pytest.raises(AssertionError):

@@ -19,6 +19,10 @@ Terms:
   into the graph's own buffer before every replay.
 - **outputs**: tensors allocated outside the graph memory pool and written by the graph's last
   kernels; overwritten by the next replay of the same key. Callers clone what outlives the step.
+- **output group** (``outputs_by(key)``): keys whose outputs share one set of buffers where
+  their shapes and dtypes agree, so a later segment that binds them (the KV commit binding the
+  accept's, over the accept modes of one batch size) replays one graph for all of them; a
+  replay of any key of the group overwrites them.
 
 One memory pool serves every graph (a private pool per graph would pin a copy of the sampled
 path's ``[bs x W, V]`` intermediates per key). Sharing is safe for intermediates because the
@@ -97,6 +101,7 @@ class SegmentGraphs:
         pool=None,
         stream: torch.cuda.Stream | None = None,
         max_captures: int = 4,
+        outputs_by: Callable[[Hashable], Hashable] | None = None,
     ):
         self.name = name
         self.fn = fn
@@ -104,6 +109,8 @@ class SegmentGraphs:
         self.pure = pure
         self.pool = pool
         self.max_captures = max_captures
+        self.outputs_by = outputs_by
+        self._group_outputs: dict[Hashable, Any] = {}  # (group, output layout) -> buffers
         self.entries: dict[Hashable, _Entry] = {}
         self.captures_of: dict[Hashable, int] = {}
         self.eager_keys: set[Hashable] = set()
@@ -166,6 +173,16 @@ class SegmentGraphs:
         finally:
             self.counts["capture_ms"] += (time.perf_counter() - t0) * 1e3
 
+    def _output_buffers(self, key, result) -> Any:
+        """Buffers shaped like ``result`` for the key's outputs: its own, or its output
+        group's where the group already has buffers of the same layout."""
+        if self.outputs_by is None:
+            return _map_tensors(torch.empty_like, result)
+        group = (self.outputs_by(key), type(result), _layout(result))
+        if group not in self._group_outputs:
+            self._group_outputs[group] = _map_tensors(torch.empty_like, result)
+        return self._group_outputs[group]
+
     def _eager(self, bound, copied, static) -> Any:
         self.counts["eager"] += 1
         return self.fn(**bound, **copied, **static)
@@ -174,7 +191,7 @@ class SegmentGraphs:
         result = self._eager(bound, copied, static)  # the step's result; also the warm-up
         self.captures_of[key] = self.captures_of.get(key, 0) + 1
         buffers = {name: torch.empty_like(t) for name, t in copied.items()}
-        out_buffers = _map_tensors(torch.empty_like, result)  # outside the pool (see above)
+        out_buffers = self._output_buffers(key, result)  # outside the pool (see above)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         stream = self._stream
@@ -231,6 +248,13 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:
     if isinstance(tree, dict):
         return {k: _map_tensors(fn, v) for k, v in tree.items()}
     return tree
+
+
+def _layout(tree: Any) -> tuple:
+    """The shape, dtype and device of every tensor of a nest, in `_map_tensors`' order."""
+    leaves: list = []
+    _map_tensors(lambda t: leaves.append((tuple(t.shape), t.dtype, t.device)) or t, tree)
+    return tuple(leaves)
 
 
 def _copy_tensors(dst: Any, src: Any) -> None:

@@ -41,7 +41,7 @@ from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
 from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors
-from sglang_ddtree.srt.ddtree_utils import accept_tree
+from sglang_ddtree.srt.ddtree_utils import accept_output_group, accept_tree
 
 logger = logging.getLogger(__name__)
 
@@ -136,16 +136,19 @@ def glue_output_bytes(
 ) -> int:
     """Bytes of every key's own buffers (captured outputs and copied inputs, allocated outside
     the graph pool) over batch sizes 1..``max_bs`` except ``skip``: per batch size, one tree
-    key and ``modes`` accept keys (None: every mode of `accept_modes`). ``per_width[W] = (tree
-    bytes per request, tree tensors, accept bytes per request, accept tensors)``; each tensor
-    may round up by one allocator block."""
+    key and ``modes`` accept keys (None: every mode of `accept_modes`), whose outputs are one
+    set per batch size (`accept_output_group`) and whose copied inputs are each key's.
+    ``per_width[W] = (tree bytes per request, tree tensors, accept output bytes per request,
+    accept output tensors, accept copied bytes per request, accept copied tensors)``; each
+    tensor may round up by one allocator block."""
     modes = len(accept_modes()) if modes is None else modes
     total = 0
     for bs in range(1, int(max_bs) + 1):
         if bs in skip:
             continue
-        tree_b, tree_n, acc_b, acc_n = per_width[schedule.num_nodes_for(bs)]
-        total += int(bs * (tree_b + modes * acc_b)) + BLOCK * (tree_n + modes * acc_n)
+        tree_b, tree_n, out_b, out_n, in_b, in_n = per_width[schedule.num_nodes_for(bs)]
+        total += int(bs * (tree_b + out_b + modes * in_b))
+        total += BLOCK * (tree_n + out_n + modes * in_n)
     return total
 
 
@@ -191,11 +194,12 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         if peak > best:
             best, best_key = peak, (bs, w)
         # A key's own buffers: the tree's outputs and copied inputs (bonus, lengths, pool rows);
-        # the accept's outputs and copied sampling inputs.
+        # the accept's outputs (one set per batch size) and copied sampling inputs (per mode).
         tree_b, tree_n = nest_bytes((tree, zeros, zeros, zeros))
+        out_b, out_n = nest_bytes(commit)
         acc_in = (info.temperatures, info.top_ks, info.top_ps, info.min_ps, coins, final_coins)
-        acc_b, acc_n = nest_bytes((commit, acc_in))
-        per_width[w] = (tree_b / bs, tree_n, acc_b / bs, acc_n)
+        in_b, in_n = nest_bytes(acc_in)
+        per_width[w] = (tree_b / bs, tree_n, out_b / bs, out_n, in_b / bs, in_n)
         del hidden, logits, tree, coins, final_coins, commit
     torch.cuda.empty_cache()  # the placeholders' blocks must not count as used
     return int(best), best_key, per_width
@@ -279,7 +283,9 @@ def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -
         tree_seg = SegmentGraphs(f"measure_tree_w{w}", fns["tree"], **share)
         segments.append(tree_seg)
         tree = tree_seg(key, bound={"hidden": x.hidden}, copied=copied)
-    accept = SegmentGraphs(f"measure_accept_w{w}", worker.accept_fn(shape), **share)
+    accept = SegmentGraphs(
+        f"measure_accept_w{w}", worker.accept_fn(shape), outputs_by=accept_output_group, **share
+    )
     segments.append(accept)
     for mode, info in x.infos.items():
         accept_tree(tree, x.logits, info, accept, key, None, mode)

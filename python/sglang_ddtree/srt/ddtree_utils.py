@@ -147,16 +147,16 @@ def accept_tree(
 def commit_kv(
     kv_graphs,  # ddtree_glue_graph.SegmentGraphs over the worker's KV-commit function
     key,  # the step's graph key (bs,), or None to run eagerly
-    mode: tuple,  # accept_mode(...) of the step
     target_hidden: torch.Tensor,  # [bs * W, H_aux] the target's captured hidden states
     commit: CommitPlan,
     tree: TreeStep,
 ) -> None:
     """Run the KV commit (accepted target KV to contiguous slots, the path's drafter KV). The
-    segment binds the accept graph's outputs, so its key adds the accept ``mode``: batches that
-    switch between greedy and sampled would otherwise move its inputs every step."""
+    segment binds the accept graph's outputs, which every accept mode of a batch size writes
+    into the same buffers (the accept segment's output group is the batch size), so one graph
+    per batch size serves batches that switch between greedy and sampled."""
     kv_graphs(
-        key and (*key, *mode),
+        key,
         bound={
             "hidden": target_hidden,
             "keep_index": commit.keep_index,
@@ -173,8 +173,9 @@ class StepGlue:
     """The glue of the decode steps at one W, as captured graphs: the draft tree (under tensor
     parallelism, each rank's candidates, the all-gather, then the tree), the accept and the KV
     commit, each a ``ddtree_glue_graph.SegmentGraphs`` keyed by ``(bs,)`` and, for the accept
-    and KV segments, the step's accept mode (`accept_mode`, decided by `accept` and kept for
-    the `commit_kv` that follows it); and the generator the verify coins come from. The worker
+    segment, the step's accept mode (`accept_mode`, decided by `accept`; every mode writes the
+    batch size's output buffers, which the KV commit binds); and the generator the verify coins
+    come from. The worker
     drives it once a step and the startup capture drives it the same way on placeholders.
     ``key=None`` runs a segment eagerly."""
 
@@ -189,7 +190,7 @@ class StepGlue:
         self.segments = segments
         self.coin_generator = coin_generator
         self._gather = gather
-        self.mode: tuple | None = None  # the last accept's mode, which its KV commit keys on
+        self.mode: tuple | None = None  # the last accept's mode
 
     def draft_tree(
         self,
@@ -234,9 +235,9 @@ class StepGlue:
         tree: TreeStep,
     ) -> None:
         """The accepted path's target KV to contiguous slots and its drafter KV (`commit_kv`),
-        keyed by the last accept's mode (its outputs are this segment's inputs)."""
+        from the last accept's outputs."""
         assert self.mode is not None, "commit_kv follows an accept"
-        commit_kv(self.segments["kv"], key, self.mode, target_hidden, commit, tree)
+        commit_kv(self.segments["kv"], key, target_hidden, commit, tree)
 
 
 def accept_mode(sampling_info) -> tuple:
@@ -248,8 +249,9 @@ def accept_mode(sampling_info) -> tuple:
     ``need_top_k_sampling``): sgl_kernel's ``top_k_renorm_prob`` at k >= V keeps every token
     and renormalizes a distribution that sums to 1 (values move by float32 rounding only), so
     skipping it is the same law and leaves the top-p pass free to take the logits
-    (`topp_radix`). Each mode is its own accept graph with its own outputs, so a segment that
-    binds those outputs (the KV commit) keys on the mode too."""
+    (`topp_radix`). Each mode is its own accept graph; all of a batch size's modes write the
+    same output buffers (the accept segment's output group), so the KV commit that binds them
+    is one graph per batch size."""
     if sampling_info is None or sampling_info.is_all_greedy:
         return ("greedy",)
     need_k = bool(getattr(sampling_info, "need_top_k_sampling", True))
@@ -257,6 +259,11 @@ def accept_mode(sampling_info) -> tuple:
         return ("sampled", need_k, True, True)
     need_p = bool(getattr(sampling_info, "need_top_p_sampling", True))
     return ("sampled", need_k, need_p, False)
+
+
+def accept_output_group(key: tuple) -> tuple:
+    """The output group of an accept graph key ``(bs, *mode)``: its batch size."""
+    return key[:1]
 
 
 _FINGERPRINT_SEED = 0x5EED

@@ -27,12 +27,12 @@ graph are counted and logged (``graph_stats``).
 
 Glue CUDA graphs: steps 1-2 after the drafter forward (``core.step.draft_to_tree``), step 4
 (``core.step.accept_and_commit``) and step 5 (KV moves + drafter-KV append) are each captured
-per (bs, W, sampling mode) and replayed (``ddtree_glue_graph.SegmentGraphs``), so a step is five
-graph replays (two SGLang forwards, three glue segments) plus a few launches instead of ~100
-eager kernels around two replays. Each W's segments and the coins' generator are one
-``ddtree_utils.StepGlue``, which this worker and the startup capture (``ddtree_glue_warmup``)
-drive. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns the graphs off; outputs that outlive the step are
-cloned.
+per (bs, W), step 4 also per sampling mode, and replayed (``ddtree_glue_graph.SegmentGraphs``),
+so a step is five graph replays (two SGLang forwards, three glue segments) plus a few launches
+instead of ~100 eager kernels around two replays. Each W's segments and the coins' generator are
+one ``ddtree_utils.StepGlue``, which this worker and the startup capture
+(``ddtree_glue_warmup``) drive. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns the graphs off; outputs
+that outlive the step are cloned.
 
 Tensor parallelism: step 2 splits around one all-gather (each rank's draft top-K over its
 vocabulary rows of the LM head, then the same merge and tree on every rank), the verify coins
@@ -112,6 +112,7 @@ from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
 from sglang_ddtree.srt.ddtree_utils import (
     HostArrayGrammarTree,
     StepGlue,
+    accept_output_group,
     make_accept_fn,
     make_tree_fns,
     rank_fingerprint,
@@ -575,7 +576,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             name: SegmentGraphs(f"{name}_w{w}", fn, enabled=enabled, **share)
             for name, fn in tree_fns.items()
         }
-        glue["accept"] = SegmentGraphs(f"accept_w{w}", accept_fn, enabled=enabled, **share)
+        # Every accept mode of a batch size writes one set of outputs: the KV segment that
+        # binds them is then one graph per batch size, not one per mode.
+        glue["accept"] = SegmentGraphs(
+            f"accept_w{w}", accept_fn, enabled=enabled, outputs_by=accept_output_group, **share
+        )
         glue["kv"] = SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share)
         gather = self._gather_candidates if self.tp_size > 1 else None
         return StepGlue(glue, self._coin_generator, gather)
