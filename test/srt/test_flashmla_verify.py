@@ -296,6 +296,8 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
         (1, 16, [20000], 8),  # two row tiles over bs 1's 64 shares
         (1, 32, [20000], 8),  # four row tiles over bs 1's 32 shares
         (2, 12, [3000, 700], 8),  # 96 rows: a second tile half of masked rows
+        (64, 8, [1 + i * 997 % 3000 for i in range(64)], 8),  # bs 64: two shares a request
+        (32, 32, [1 + i * 389 % 2000 for i in range(32)], 8),  # 128 programs of four tiles
     ],
 )
 @pytest.mark.parametrize("kernel", ["triton", "gluon"])
