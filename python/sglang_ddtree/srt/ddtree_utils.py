@@ -175,9 +175,8 @@ class StepGlue:
     commit, each a ``ddtree_glue_graph.SegmentGraphs`` keyed by ``(bs,)`` and, for the accept
     segment, the step's accept mode (`accept_mode`, decided by `accept`; every mode writes the
     batch size's output buffers, which the KV commit binds); and the generator the verify coins
-    come from. The worker
-    drives it once a step and the startup capture drives it the same way on placeholders.
-    ``key=None`` runs a segment eagerly."""
+    come from. The worker drives it once a step and the startup capture drives it the same way
+    on placeholders. ``key=None`` runs a segment eagerly."""
 
     def __init__(
         self,
