@@ -654,6 +654,16 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
+    # The KV commit: one graph per batch size, as the draft tree (every accept mode writes
+    # the outputs it binds); a KV graph per mode fails the check.
+    startup["glue"]["tree_w33"] = _seg(0, 4, 4)
+    stats["glue"]["tree_w33"] = _seg(10, 4, 4)
+    for kv_captures, ok in ((4, True), (4 * 7, False)):
+        startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
+        stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
+        check = e2e._adaptive_summary(outputs, got)
+        assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
+    del startup["glue"]["kv_w33"], stats["glue"]["kv_w33"]
     # Startup capture on (the default) but no counts before the first request: fails; off: the
     # lazy rule (eager only on capture steps) alone.
     lazy_stats = {**stats, "glue": {"tree_w33": _seg(10, 3, 3), "accept_w33": _seg(10, 5, 5)}}

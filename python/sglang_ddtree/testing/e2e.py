@@ -334,12 +334,20 @@ def _adaptive_summary(
     greedy_ok = _rows_ok(rows)
     graphs_ok = all(graphs.values()) and stats.get("width_mismatches", 1) == 0
     graphs_ok = graphs_ok and bool(glue) and all(glue.values())
-    # Glue graphs captured at startup (unless switched off): serving must capture none.
+    # Glue graphs captured at startup (unless switched off): serving must capture none, and
+    # the KV commit one graph per batch size, as the draft tree (every accept mode of a batch
+    # size writes the outputs it binds).
     startup = got.get("startup_stats")
     serving_captures = None
+    kv_per_batch_size = {
+        name: c["captures"] == startup_glue.get("tree_" + name[len("kv_") :], {}).get("captures")
+        for name, c in startup_glue.items()
+        if name.startswith("kv_")
+    }
     if startup is not None:
         serving_captures = _total_captures(stats) - _total_captures(startup)
         graphs_ok = graphs_ok and serving_captures == 0 and _total_captures(startup) > 0
+        graphs_ok = graphs_ok and all(kv_per_batch_size.values())
     elif glue_at_startup_enabled(os.environ):
         graphs_ok = False  # on, yet no counts were written before the first request
     memory = glue_memory_check((startup or {}).get("startup"))
@@ -350,6 +358,7 @@ def _adaptive_summary(
         "glue_graphs_ok": glue,
         "graph_stats": stats,
         "glue_captures_while_serving": serving_captures,
+        "kv_graph_per_batch_size": kv_per_batch_size,
         "glue_startup": (startup or {}).get("startup"),
         "glue_memory": memory,
         "ddtree_mean_accept_length": sum(got["accept"]) / max(len(got["accept"]), 1),
