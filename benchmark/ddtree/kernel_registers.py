@@ -141,16 +141,24 @@ def usage(compiled) -> tuple[int, int]:
 
 
 def hook_case(
-    bs: int, shape: str, num_sms: int = 132, prefix: int = 300, gluon: bool = False, **overrides
+    bs: int,
+    shape: str,
+    num_sms: int = 132,
+    prefix: int = 300,
+    gluon: bool = False,
+    width: int | None = None,
+    **overrides,
 ):
     """``(args, kwargs)`` of `tree_attention` as the hook calls it for ``shape`` (``k26``: one
     K2.6 TP-8 rank on FlashMLA's pages; ``tiny``: the tiny pair's 4-head latent on a slot
     table; ``8b``: the 8B shape on a slot table), CPU tensors; ``gluon``: as on Hopper, where
-    the hook may take the Gluon prefix kernel; ``overrides`` replace launch keywords."""
+    the hook may take the Gluon prefix kernel; ``width``: W (default the shape's: 8, or 16 for
+    ``8b``); ``overrides`` replace launch keywords."""
     import sglang_ddtree.core.tree_attention as ta
 
     hq, hkv, d, dv, w = {"k26": (8, 1, 576, 512, 8), "tiny": (4, 1, 576, 512, 8),
                          "8b": (32, 8, 128, 128, 16)}[shape]  # fmt: skip
+    w = width or w
     latent = d != dv
     q = torch.randn(bs * w, hq, d, dtype=torch.bfloat16)
     slots = bs * (prefix + w) + 64

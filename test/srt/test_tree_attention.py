@@ -594,6 +594,9 @@ def test_attention_switch_is_on_by_default():
         "k26_bs8_gluon",
         "k26_bs1_gluon",
         "k26_bs4_gluon",
+        "k26w12_bs2_gluon",
+        "k26w32_bs32_gluon",
+        "k26_bs64_gluon",
         "tiny_mla_bs4",
         "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
@@ -608,7 +611,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     the chunked merge) and bs 8, also with page numbers read ahead (and half-page tiles in four
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
     the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's prefix
-    as the Gluon kernel, where the hook takes it on Hopper (bs 8, 4 and 1)."""
+    as the Gluon kernel, where the hook takes it on Hopper (bs 8, 4 and 1; W 12's half-masked
+    second row tile at bs 2, W 32's four tiles at bs 32 over one share, bs 64)."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -616,11 +620,12 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     from sglang_ddtree.core.layout import flatten_verify_mask
     from sglang_ddtree.core.tree_attention import tree_attention
 
-    shape, bs = case.split("_")[0], int(case.split("_bs")[1][0])
+    shape, bs = case.split("_")[0], int(case.split("_bs")[1].split("_")[0])
+    shape, _, width = shape.partition("w")  # "k26w12": the K2.6 rank at W 12
     gluon = "_gluon" in case  # the Gluon prefix kernel (`core.tree_attention_gluon`)
     if gluon:
         pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    call, kw = regs.hook_case(bs, shape, gluon=gluon)
+    call, kw = regs.hook_case(bs, shape, gluon=gluon, width=int(width) if width else None)
     assert kw.get("prefix_gluon", False) == gluon  # the hook's pick on Hopper at 64 rows
     if case == "k26_bs1_paged":
         assert kw["tree_merge_chunk"] > 1 and kw["prefix_splits"] > 1 and kw["page_size"] == 64
