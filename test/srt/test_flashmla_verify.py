@@ -520,14 +520,15 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
 def test_gluon_cache_descriptors_cover_the_latent_and_rope_columns():
     """The Gluon prefix kernel's two TMA descriptors, built on the host (no GPU): the pool's
     [slots, D] rows at its own address and row stride (also a pool whose rows are wider than
-    D), 64-slot blocks of the 512 latent and the 64 rope columns, a 128-byte swizzle each."""
+    D), 64-slot blocks of half the 512 latent columns (a key tile arrives in two copies) and of
+    the 64 rope columns, a 128-byte swizzle each."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     from sglang_ddtree.core.tree_attention_gluon import cache_descriptors
 
     wide = torch.zeros(300, 1, 640, dtype=torch.bfloat16)
     for pool in (torch.zeros(300, 1, 576, dtype=torch.bfloat16), wide[..., :576]):
         latent, rope = cache_descriptors(pool, 512, 64)
-        for desc, cols in ((latent, 512), (rope, 64)):
+        for desc, cols in ((latent, 256), (rope, 64)):
             assert desc.base.data_ptr() == pool.data_ptr()
             assert list(desc.shape) == [300, 576]
             assert list(desc.strides) == [pool.stride(0), 1]

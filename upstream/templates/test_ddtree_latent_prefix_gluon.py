@@ -65,7 +65,7 @@ class TestDDTreeLatentPrefixGluon(CustomTestCase):
         from sglang.srt.speculative.ddtree.tree_attention_gluon import cache_descriptors
 
         pool = torch.zeros(300, 1, DV + 64, dtype=torch.bfloat16)
-        latent, rope = cache_descriptors(pool, DV, KEYS, lat_cols=DV // 2)
+        latent, rope = cache_descriptors(pool, DV, KEYS)
         for desc, cols in ((latent, DV // 2), (rope, 64)):
             self.assertEqual(desc.base.data_ptr(), pool.data_ptr())
             self.assertEqual(list(desc.shape), [300, DV + 64])

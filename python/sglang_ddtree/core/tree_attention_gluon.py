@@ -48,7 +48,8 @@ _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 if next(iter(inspect.signature(gl.warp_specialize).parameters)) != "functions_and_args":
     raise ImportError("the Gluon prefix kernel needs warp_specialize over (function, args) pairs")
 
-# mbarriers of one program, by index (a key tile's two halves have theirs in ``ready``).
+# mbarriers of one program, by index (a key tile's two halves have theirs in ``ready``:
+# ``2 * buffer + half``).
 P0_READY = gl.constexpr(0)
 P1_READY = gl.constexpr(1)
 SUM0_READY = gl.constexpr(2)
@@ -99,48 +100,44 @@ def _program_start(
 
 @gluon.jit
 def _load_half(
-    chunk_desc, rope_desc, k_lat, k_rope, ready, table, pos, hi,
+    half_desc, rope_desc, k_lat, k_rope, ready, table, pos, hi,
     BUF: gl.constexpr, RIGHT: gl.constexpr, DV: gl.constexpr, BLOCK_N: gl.constexpr,
-    ROPE: gl.constexpr, PAGE: gl.constexpr, CHUNK: gl.constexpr,
+    ROPE: gl.constexpr, PAGE: gl.constexpr,
 ):  # fmt: skip
-    """The TMA copies of one half of the 64-key tile at key position ``pos`` into buffer
-    ``BUF``, ``CHUNK`` latent columns a copy, each with its mbarrier in ``ready`` (buffer by
-    buffer, chunk by chunk): the left latent half, or (``RIGHT``) the right one and the rope
-    columns, which come with its last chunk. A position past the share's keys reads the
+    """The TMA copy of one half of the 64-key tile at key position ``pos`` into buffer
+    ``BUF``, with its mbarrier ``ready[2 * BUF + RIGHT]``: the left latent half, or
+    (``RIGHT``) the right one and the rope columns. A position past the share's keys reads the
     request's first page, whose keys are finite: its scores are masked and its values meet zero
     weights."""
-    CHUNKS: gl.constexpr = DV // CHUNK
+    HALF: gl.constexpr = DV // 2
     pos = gl.where(pos < hi, pos, 0)
     slot = gl.load(table + pos // PAGE).to(gl.int32) * PAGE + pos % PAGE
-    FIRST: gl.constexpr = RIGHT * (CHUNKS // 2)  # this half's first chunk
-    for j in gl.static_range(CHUNKS // 2):
-        bar = ready.index(BUF * CHUNKS + FIRST + j)
-        if RIGHT and j == CHUNKS // 2 - 1:
-            mbarrier.expect(bar, BLOCK_N * (CHUNK + ROPE) * 2)
-            _tma_load(rope_desc, [slot, DV], bar, k_rope.index(BUF))
-        else:
-            mbarrier.expect(bar, BLOCK_N * CHUNK * 2)
-        _tma_load(
-            chunk_desc, [slot, (FIRST + j) * CHUNK], bar,
-            k_lat.index(BUF).slice((FIRST + j) * CHUNK, CHUNK, dim=1),
-        )  # fmt: skip
+    bar = ready.index(2 * BUF + RIGHT)
+    if RIGHT:
+        mbarrier.expect(bar, BLOCK_N * (HALF + ROPE) * 2)
+        _tma_load(rope_desc, [slot, DV], bar, k_rope.index(BUF))
+    else:
+        mbarrier.expect(bar, BLOCK_N * HALF * 2)
+    _tma_load(
+        half_desc, [slot, RIGHT * HALF], bar, k_lat.index(BUF).slice(RIGHT * HALF, HALF, dim=1)
+    )
 
 
 @gluon.jit
 def _scores(q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, BUF: gl.constexpr,
             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr,
-            s_layout: gl.constexpr, CHUNK: gl.constexpr):  # fmt: skip
+            s_layout: gl.constexpr):  # fmt: skip
     """``[BLOCK_M, BLOCK_N]`` base-2 scores of the tile in buffer ``BUF`` (first key ``n0``),
-    keys at or past ``hi`` at -inf: each chunk's product issued as soon as the chunk has
-    arrived, the rope's with the last."""
-    CHUNKS: gl.constexpr = DV // CHUNK
+    keys at or past ``hi`` at -inf: each half's product issued as soon as the half has
+    arrived, the rope's with the second."""
+    HALF: gl.constexpr = DV // 2
     keys = k_lat.index(BUF)
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    for c in gl.static_range(CHUNKS):
-        mbarrier.wait(ready.index(BUF * CHUNKS + c), phase)
+    for c in gl.static_range(2):
+        mbarrier.wait(ready.index(2 * BUF + c), phase)
         s = hopper.warpgroup_mma(
-            q_lat.slice(c * CHUNK, CHUNK, dim=1),
-            keys.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)),
+            q_lat.slice(c * HALF, HALF, dim=1),
+            keys.slice(c * HALF, HALF, dim=1).permute((1, 0)),
             s,
             use_acc=c > 0,
             is_async=True,
@@ -199,12 +196,12 @@ def _epilogue(
 
 @gluon.jit
 def _warpgroup0(
-    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc, rope_desc,
+    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc, rope_desc,
     table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
-    s_layout: gl.constexpr, o_layout: gl.constexpr, CHUNK: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
     # P0 from registers: warpgroup 1 refills its buffer once its own value product is done.
@@ -218,7 +215,7 @@ def _warpgroup0(
         n0 = lo + 2 * k * BLOCK_N
         s = _scores(
             q_lat, q_rope, k_lat, k_rope, ready, n0, hi, qk_scale, phase, 0, BLOCK_M, BLOCK_N,
-            DV, s_layout, CHUNK,
+            DV, s_layout,
         )  # fmt: skip
         m0 = gl.maximum(m, gl.max(s, axis=1))
         p = gl.exp2(s - m0[:, None])
@@ -237,8 +234,8 @@ def _warpgroup0(
         # issued before waiting for warpgroup 1's P1.
         if k + 1 < n_pairs:
             _load_half(
-                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
-                0, 0, DV, BLOCK_N, ROPE, PAGE, CHUNK,
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 2 * BLOCK_N, hi,
+                0, 0, DV, BLOCK_N, ROPE, PAGE,
             )  # fmt: skip
         mbarrier.wait(bars.index(P1_READY), phase)
         m1 = s_max.index(1).load(gl.SliceLayout(1, s_layout))
@@ -250,8 +247,8 @@ def _warpgroup0(
         # Tile 1's left half is read (warpgroup 1's scores came before P1): the tile two ahead.
         if k + 1 < n_pairs:
             _load_half(
-                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 3 * BLOCK_N, hi,
-                1, 0, DV, BLOCK_N, ROPE, PAGE, CHUNK,
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n0 + 3 * BLOCK_N, hi,
+                1, 0, DV, BLOCK_N, ROPE, PAGE,
             )  # fmt: skip
         m = m1
     _epilogue(
@@ -263,12 +260,12 @@ def _warpgroup0(
 
 @gluon.jit
 def _warpgroup1(
-    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc, rope_desc,
+    q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc, rope_desc,
     table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
     stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, PAGE: gl.constexpr,
-    s_layout: gl.constexpr, o_layout: gl.constexpr, CHUNK: gl.constexpr,
+    s_layout: gl.constexpr, o_layout: gl.constexpr,
 ):  # fmt: skip
     HALF: gl.constexpr = DV // 2
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -280,7 +277,7 @@ def _warpgroup1(
         n1 = lo + (2 * k + 1) * BLOCK_N
         s = _scores(
             q_lat, q_rope, k_lat, k_rope, ready, n1, hi, qk_scale, phase, 1, BLOCK_M, BLOCK_N,
-            DV, s_layout, CHUNK,
+            DV, s_layout,
         )  # fmt: skip
         mbarrier.wait(bars.index(P0_READY), phase)
         m0 = s_max.index(0).load(gl.SliceLayout(1, s_layout))
@@ -298,8 +295,8 @@ def _warpgroup1(
         # Tile 0's right half and rope (P0) are read: the tile two ahead.
         if k + 1 < n_pairs:
             _load_half(
-                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n1 + BLOCK_N, hi,
-                0, 1, DV, BLOCK_N, ROPE, PAGE, CHUNK,
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n1 + BLOCK_N, hi,
+                0, 1, DV, BLOCK_N, ROPE, PAGE,
             )  # fmt: skip
         acc = acc * gl.convert_layout(gl.exp2(m0 - m1), rows_o)[:, None]
         acc = hopper.warpgroup_mma(
@@ -310,8 +307,8 @@ def _warpgroup1(
         # Tile 1's right half and rope are read: the tile two ahead.
         if k + 1 < n_pairs:
             _load_half(
-                chunk_desc, rope_desc, k_lat, k_rope, ready, table, n1 + 2 * BLOCK_N, hi,
-                1, 1, DV, BLOCK_N, ROPE, PAGE, CHUNK,
+                half_desc, rope_desc, k_lat, k_rope, ready, table, n1 + 2 * BLOCK_N, hi,
+                1, 1, DV, BLOCK_N, ROPE, PAGE,
             )  # fmt: skip
         m_prev = m1
     _epilogue(
@@ -323,11 +320,11 @@ def _warpgroup1(
 
 @gluon.jit
 def _latent_prefix_gluon(
-    Q, chunk_desc, rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
+    Q, half_desc, rope_desc, KvIndptr, Table, Out, Lse, sm_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_os, stride_ls, stride_bt,
     W: gl.constexpr, G: gl.constexpr, DV: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLITS: gl.constexpr,
-    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr, CHUNK: gl.constexpr,
+    MIN_SHARE: gl.constexpr, PAGE: gl.constexpr,
 ):  # fmt: skip
     # Each warpgroup's layouts: the scores of a whole tile, half of the value columns.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -354,9 +351,9 @@ def _latent_prefix_gluon(
     s_sum = gl.allocate_shared_memory(
         gl.float32, [2, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     )
-    ready = gl.allocate_shared_memory(gl.int64, [2 * (DV // CHUNK), 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * (DV // CHUNK)):
+    for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=1)
     for i in gl.static_range(4):
         mbarrier.init(bars.index(i), count=1)
@@ -366,8 +363,8 @@ def _latent_prefix_gluon(
         for buf in gl.static_range(2):
             for right in gl.static_range(2):
                 _load_half(
-                    chunk_desc, rope_desc, k_lat, k_rope, ready, table, lo + buf * BLOCK_N, hi,
-                    buf, right, DV, BLOCK_N, ROPE, PAGE, CHUNK,
+                    half_desc, rope_desc, k_lat, k_rope, ready, table, lo + buf * BLOCK_N, hi,
+                    buf, right, DV, BLOCK_N, ROPE, PAGE,
                 )  # fmt: skip
     qk_scale = sm_scale * 1.4426950408889634
     # The argument tuples are written out in the call: a tuple built first would turn the
@@ -375,16 +372,16 @@ def _latent_prefix_gluon(
     gl.warp_specialize(
         [
             (_warpgroup0, (
-                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc,
+                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
                 rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout, CHUNK,
+                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout,
             )),
             (_warpgroup1, (
-                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, chunk_desc,
+                q_lat, q_rope, k_lat, k_rope, p1_buf, ready, bars, s_max, s_sum, half_desc,
                 rope_desc, table, lo, hi, n_pairs, qk_scale, Out, Lse, b, split, m0_row,
                 stride_ot, stride_oh, stride_lt, stride_os, stride_ls,
-                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout, CHUNK,
+                W, G, DV, ROPE, BLOCK_M, BLOCK_N, PAGE, s_layout, o_layout,
             )),
         ],
         [4],
@@ -392,19 +389,19 @@ def _latent_prefix_gluon(
     )  # fmt: skip
 
 
-def cache_descriptors(k_buffer, dv: int, block_n: int, lat_cols: int | None = None) -> tuple:
+def cache_descriptors(k_buffer, dv: int, block_n: int) -> tuple:
     """Two TMA descriptors of the ``[slots, 1, D]`` latent cache as a ``[slots, D]`` matrix of
-    its row stride: ``[block_n, lat_cols]`` blocks of the latent columns (``lat_cols``: all
-    ``dv`` by default) and ``[block_n, D - dv]`` blocks of the rope columns (from column
-    ``dv``), bfloat16, each with Gluon's default swizzled shared layout for that block. Built
-    on the host from the buffer's address and strides: the same at every call on a fixed pool,
-    so a captured graph replays them."""
+    its row stride: ``[block_n, dv / 2]`` blocks of the latent columns (a key tile's half) and
+    ``[block_n, D - dv]`` blocks of the rope columns (from column ``dv``), bfloat16, each with
+    Gluon's default swizzled shared layout for that block. Built on the host from the buffer's
+    address and strides: the same at every call on a fixed pool, so a captured graph replays
+    them."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     slots, _, d = k_buffer.shape
     cache = k_buffer[:, 0]  # [slots, D], row stride k_buffer.stride(0)
     descs = []
-    for cols in (lat_cols or dv, d - dv):
+    for cols in (dv // 2, d - dv):
         layout = gl.NVMMASharedLayout.get_default_for([block_n, cols], gl.bfloat16)
         descs.append(
             TensorDescriptor(cache, [slots, d], [cache.stride(0), 1], [block_n, cols], layout)
@@ -417,15 +414,13 @@ def latent_prefix_gluon(
     page_size, min_share,
 ) -> None:  # fmt: skip
     """The kernel's launch (``o1`` / ``lse1`` as `prefix_attention_part` allocates them) over
-    `cache_descriptors` of half the latent columns a copy: four warps a program, plus
-    warpgroup 1's."""
+    `cache_descriptors`: four warps a program, plus warpgroup 1's."""
     dv = o1.shape[-1]
     _latent_prefix_gluon[grid](
-        q, *cache_descriptors(k_buffer, dv, block_n, lat_cols=dv // 2), kv_indptr, table, o1,
-        lse1, sm_scale,
+        q, *cache_descriptors(k_buffer, dv, block_n), kv_indptr, table, o1, lse1, sm_scale,
         q.stride(0), q.stride(1), o1.stride(1), o1.stride(2), lse1.stride(1), o1.stride(0),
         lse1.stride(0), table.stride(0),
         W=w, G=g, DV=dv, ROPE=k_buffer.shape[-1] - dv, BLOCK_M=block_m, BLOCK_N=block_n,
-        SPLITS=splits, MIN_SHARE=min_share, PAGE=page_size, CHUNK=dv // 2, num_warps=4,
+        SPLITS=splits, MIN_SHARE=min_share, PAGE=page_size, num_warps=4,
         maxnreg=WARPGROUP1_REGS.value,
     )  # fmt: skip
