@@ -110,8 +110,8 @@ def main() -> int:
             ["git", "apply", "-p1", str(patch)], cwd=root, capture_output=True, text=True
         )
         checked = not args.apply_only and i >= args.first
-        step = {"part": patch.name, "applied": applied.returncode == 0, "checked": checked}
-        step["checks"] = []
+        step = {"part": patch.name, "applied": applied.returncode == 0, "checked": checked,
+                "checks": []}  # fmt: skip
         if applied.returncode != 0:
             step["why"] = applied.stderr[-600:]
         new = added_files(patch)

@@ -378,11 +378,11 @@ def sweep_variants(w: int, mla: bool) -> dict:
             *(
                 (
                     f"lat64w8n64gluonS{n}",
-                    {
-                        "prefix_gluon": True,
-                        "prefix_splits": n,
+                    dict(
+                        prefix_gluon=True,
+                        prefix_splits=n,
                         **(dict(tree_dv_block=32, tree_merge_chunk=8) if n >= 32 else {}),
-                    },
+                    ),
                 )
                 for n in (2, 4, 8, 16, 32, 64, 128)
             ),
