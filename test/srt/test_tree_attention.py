@@ -211,6 +211,22 @@ for case in cases:
         got = tree_attention(*args, scale, tree_rows=rows, prefix_splits=splits)
         err = (got - want).abs().max().item()
         assert err < 1e-4, (case, rows, splits, err)
+    # More query rows a prefix program (MHA's wider tiles: a KV head's W x G rows in one or
+    # two programs, a ragged last one), over 32- and 64-key tiles, alone and with shares.
+    if not case.get("mla"):
+        for rows, keys, splits in ((64, 32, 1), (128, 64, 1), (64, 64, 3)):
+            got = tree_attention(*args, scale, prefix_rows=rows, prefix_keys=keys,
+                                 warps=(8, None), prefix_splits=splits)
+            err = (got - want).abs().max().item()
+            assert err < 1e-4, (case, rows, keys, splits, err)
+# A KV head's 80 rows (W 20 x G 4) over 64-row programs: a full one and a ragged second.
+args, scale = random_case(bs=2, w=20, hq=8, hkv=2, d=32, dv=32, prefix=[90, 33], seed=8)
+want = tree_attention_reference(*args, scale)
+for rows, keys, splits in ((64, 32, 1), (64, 64, 2), (128, 32, 1)):
+    got = tree_attention(*args, scale, prefix_rows=rows, prefix_keys=keys, warps=(8, None),
+                         prefix_splits=splits)
+    err = (got - want).abs().max().item()
+    assert err < 1e-4, ("80 rows", rows, keys, splits, err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
