@@ -304,9 +304,7 @@ def sweep_variants(w: int, mla: bool) -> dict:
             for prefix_warps in (4, 8):
                 for keys in (32, 64):
                     name = f"mha{rows}w{prefix_warps}n{keys}"
-                    out[name] = dict(
-                        prefix_rows=rows, warps=(prefix_warps, None), prefix_keys=keys
-                    )
+                    out[name] = dict(prefix_rows=rows, warps=(prefix_warps, None), prefix_keys=keys)
                     out[f"{name}s2"] = dict(out[name], prefix_stages=2)
                     for splits in (2, 4, 8, 16, 32):
                         out[f"{name}S{splits}"] = dict(out[name], prefix_splits=splits)
