@@ -48,7 +48,7 @@ for argv in json.loads(sys.argv[1]):
     sys.argv = ["sglang.benchmark.serving", *argv]
     cli_main()
 """
-CAPTURE_LINE = ": captured key "  # ddtree_glue_graph logs one such line per glue-graph capture
+CAPTURE_LINE = ": captured key "  # ddtree_glue_graph: one such INFO line per capture while serving
 
 
 def client_argv(base_url: str, model: str, temp: str, concurrency: int, args, out_file: str,

@@ -18,7 +18,7 @@ from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import flatten_verify_mask, scatter_verify_mask
 from sglang_ddtree.core.step import accept_and_commit, draft_to_tree
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
-from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled, quiet_captures
 
 HAS_CUDA = torch.cuda.is_available()
 ALL = 1 << 30  # SGLang's top_k for "no top-k" (TOP_K_ALL); top_k 1 marks a greedy row
@@ -244,6 +244,28 @@ def test_replay_follows_copied_inputs_and_recaptures_moved_bound(caplog):
     out = seg(None, {"x": x}, {"y": y})  # key None: eager, nothing captured or replayed
     assert torch.allclose(out, (x * 2 + y).sum(-1, keepdim=True) + y)
     assert seg.counts["captures"] == 2 and seg.counts["graph"] == 4 and len(seg.entries) == 1
+    # Within the startup capture's block a capture is logged at DEBUG only.
+    caplog.clear()
+    with (
+        quiet_captures([seg]),
+        caplog.at_level(logging.DEBUG, "sglang_ddtree.srt.ddtree_glue_graph"),
+    ):
+        seg((8,), {"x": torch.randn(8, 8, device="cuda")}, {"y": torch.randn(8, 1, device="cuda")})
+    quiet = [r for r in caplog.records if "glue graph t: captured key (8,)" in r.getMessage()]
+    assert [r.levelno for r in quiet] == [logging.DEBUG] and seg.counts["captures"] == 3
+
+
+def test_quiet_captures_lowers_the_log_level_within_its_block_only():
+    """The startup capture's keys log at DEBUG; before and after, and after an error inside,
+    every segment logs its captures at its own level again."""
+    a, b = SegmentGraphs("a", lambda x: x), SegmentGraphs("b", lambda x: x)
+    b.capture_log_level = logging.WARNING
+    with quiet_captures([a, b]):
+        assert a.capture_log_level == b.capture_log_level == logging.DEBUG
+    assert (a.capture_log_level, b.capture_log_level) == (logging.INFO, logging.WARNING)
+    with pytest.raises(RuntimeError), quiet_captures([a]):
+        raise RuntimeError("a dummy step failed")
+    assert a.capture_log_level == logging.INFO
 
 
 @pytest.mark.gpu

@@ -48,6 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -114,6 +115,9 @@ class SegmentGraphs:
         self.entries: dict[Hashable, _Entry] = {}
         self.captures_of: dict[Hashable, int] = {}
         self.eager_keys: set[Hashable] = set()
+        # A capture while serving costs that request a step's delay: one line each. The startup
+        # capture (`quiet_captures`) logs its keys at DEBUG and a summary instead.
+        self.capture_log_level = logging.INFO
         self.counts = {
             "graph": 0,
             "eager": 0,
@@ -224,8 +228,7 @@ class SegmentGraphs:
         finally:
             torch.cuda.current_stream().wait_stream(stream)
         self.counts["captures"] += 1
-        # One line per capture: a capture while serving costs that request a step's delay.
-        logger.info("DDTREE glue graph %s: captured key %s.", self.name, key)
+        logger.log(self.capture_log_level, "DDTREE glue graph %s: captured key %s.", self.name, key)
         entry = _Entry(graph, dict(bound), buffers, out_buffers)
         self.entries[key] = entry
         if not self.pure:
@@ -235,6 +238,21 @@ class SegmentGraphs:
             buffers[name].copy_(src, non_blocking=True)
         graph.replay()
         return out_buffers
+
+
+@contextmanager
+def quiet_captures(segments):
+    """Within the block, ``segments`` (``SegmentGraphs``) log each capture at DEBUG: the
+    startup capture of every batch size's keys (thousands at a large max batch size) reports
+    one summary line instead."""
+    levels = [seg.capture_log_level for seg in segments]
+    for seg in segments:
+        seg.capture_log_level = logging.DEBUG
+    try:
+        yield
+    finally:
+        for seg, level in zip(segments, levels):
+            seg.capture_log_level = level
 
 
 def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:

@@ -40,7 +40,7 @@ import torch
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
 from sglang_ddtree.srt.ddtree_envs import envs
-from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors, quiet_captures
 from sglang_ddtree.srt.ddtree_utils import accept_output_group, accept_tree
 
 logger = logging.getLogger(__name__)
@@ -360,11 +360,12 @@ def capture_glue_at_startup(worker) -> dict:
     # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
     # freed (in increasing order every key would need new, larger blocks).
     growth = []
-    for bs in reversed(sizes):
-        _dummy_step(worker, bs)
-        # The allocator's host-side count: no device sync.
-        grown_mib = (torch.cuda.memory_reserved(worker.device) - reserved) / 2**20
-        growth.append([bs, round(grown_mib, 1)])
+    with quiet_captures(worker.graph_stats.glue_segments):
+        for bs in reversed(sizes):
+            _dummy_step(worker, bs)
+            # The allocator's host-side count: no device sync.
+            grown_mib = (torch.cuda.memory_reserved(worker.device) - reserved) / 2**20
+            growth.append([bs, round(grown_mib, 1)])
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the eager first runs' cached blocks; the graphs keep theirs
     captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
