@@ -299,15 +299,22 @@ def sweep_variants(w: int, mla: bool) -> dict:
     if not mla:
         # MHA: more of a KV head's W x G rows in one program, so the prefix is read fewer
         # times (the hook's 32 rows read it W x G / 32 times), with the warps, key tiles,
-        # stages and shares around them (all compile for sm_90a without spills at 8 warps).
+        # stages and shares around them (all compile for sm_90a without spills at 8 warps);
+        # ``q``: the queries loaded once, the key width in one tile.
         for rows in (64, 128):
             for prefix_warps in (4, 8):
                 for keys in (32, 64):
                     name = f"mha{rows}w{prefix_warps}n{keys}"
                     out[name] = dict(prefix_rows=rows, warps=(prefix_warps, None), prefix_keys=keys)
                     out[f"{name}s2"] = dict(out[name], prefix_stages=2)
+                    out[f"{name}q"] = dict(out[name], prefix_q_once=True)
                     for splits in (2, 4, 8, 16, 32):
                         out[f"{name}S{splits}"] = dict(out[name], prefix_splits=splits)
+                        out[f"{name}qS{splits}"] = dict(out[f"{name}q"], prefix_splits=splits)
+        for prefix_warps in (4, 8):  # the hook's 32 rows, queries loaded once
+            out[f"mha32w{prefix_warps}q"] = dict(
+                prefix_rows=32, warps=(prefix_warps, None), prefix_q_once=True
+            )
     if mla:
         out["pm32"] = dict(prefix_rows=32)
         out["pdv256"] = dict(prefix_dv_block=256)

@@ -219,14 +219,21 @@ for case in cases:
                                  warps=(8, None), prefix_splits=splits)
             err = (got - want).abs().max().item()
             assert err < 1e-4, (case, rows, keys, splits, err)
+        # The queries loaded once, the key width in one tile (padded where not a power of 2).
+        for rows, splits in ((None, 1), (64, 2)):
+            got = tree_attention(*args, scale, prefix_q_once=True, prefix_rows=rows,
+                                 prefix_splits=splits)
+            err = (got - want).abs().max().item()
+            assert err < 1e-4, (case, "queries once", rows, splits, err)
 # A KV head's 80 rows (W 20 x G 4) over 64-row programs: a full one and a ragged second.
 args, scale = random_case(bs=2, w=20, hq=8, hkv=2, d=32, dv=32, prefix=[90, 33], seed=8)
 want = tree_attention_reference(*args, scale)
-for rows, keys, splits in ((64, 32, 1), (64, 64, 2), (128, 32, 1)):
+for rows, keys, splits, once in ((64, 32, 1, False), (64, 64, 2, False), (128, 32, 1, False),
+                                 (64, 32, 1, True), (128, 64, 2, True)):
     got = tree_attention(*args, scale, prefix_rows=rows, prefix_keys=keys, warps=(8, None),
-                         prefix_splits=splits)
+                         prefix_splits=splits, prefix_q_once=once)
     err = (got - want).abs().max().item()
-    assert err < 1e-4, ("80 rows", rows, keys, splits, err)
+    assert err < 1e-4, ("80 rows", rows, keys, splits, once, err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
@@ -616,6 +623,7 @@ def test_attention_switch_is_on_by_default():
         "tiny_mla_bs4",
         "tiny_mla_bs4_ahead",
         "8b_bs1_full_mask",
+        "8bw33_bs8_wide_rows",
     ],
 )
 def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
@@ -628,7 +636,9 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
     stages); the tiny pair's 4-head latent on a slot table (also with its slots read ahead);
     the 8B shape (32 / 8 heads of 128, W 16) from SGLang's verify mask; the K2.6 rank's prefix
     as the Gluon kernel, where the hook takes it on Hopper (bs 8, 4 and 1; W 12's half-masked
-    second row tile at bs 2, W 32's four tiles at bs 32 over one share, bs 64)."""
+    second row tile at bs 2, W 32's four tiles at bs 32 over one share, bs 64); and the 8B
+    shape's prefix at 128 rows a program with its queries loaded once (benchmark cells, not
+    yet a hook launch)."""
     regs = load_benchmark("kernel_registers")
     missing = regs.compiler_missing()
     if missing:
@@ -651,6 +661,8 @@ def test_the_hooks_launches_compile_for_hopper(load_benchmark, case):
         kw.update(prefix_index_ahead=True, prefix_keys=32, prefix_stages=4)
     if case == "tiny_mla_bs4_ahead":  # a slot table's slots read a tile ahead
         kw["prefix_index_ahead"] = True
+    if case == "8bw33_bs8_wide_rows":  # the benchmark's MHA cells: 128 rows, queries once
+        kw.update(prefix_rows=128, warps=(8, None), prefix_q_once=True)
     if case == "8b_bs1_full_mask":
         q, k, v, indptr, indices, loc, mask, scale = call
         w = mask.shape[1]

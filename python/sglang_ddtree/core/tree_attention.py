@@ -140,7 +140,7 @@ if triton is not None:
         BLOCK_DK: tl.constexpr, D_TILES: tl.constexpr, BLOCK_DV: tl.constexpr,
         DV_TILES: tl.constexpr, SPLITS: tl.constexpr, MIN_SHARE: tl.constexpr,
         PAGE: tl.constexpr, LATENT: tl.constexpr, BLOCK_ROPE: tl.constexpr,
-        INDEX_AHEAD: tl.constexpr,
+        INDEX_AHEAD: tl.constexpr, Q_ONCE: tl.constexpr,
     ):  # fmt: skip
         # PAGE = 0: KvIndices holds every prefix key's slot, request b's from KvIndptr[b].
         # PAGE > 0: KvIndices is a block table [bs, pages] (row stride stride_bt) of
@@ -152,6 +152,8 @@ if triton is not None:
         # two) and the remaining D - DV <= BLOCK_ROPE are the rope part; the queries are loaded
         # once, before the key loop, and a key tile serves both products (with value tiles,
         # DV_TILES > 1, the tile's own value columns are read again, from cache).
+        # Q_ONCE (MHA, the key width in one tile, D_TILES = 1): the queries are loaded once,
+        # before the key loop, as for LATENT, instead of once a key tile.
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         # The share is the slowest index of the grid: every request's first share is dispatched
@@ -179,6 +181,10 @@ if triton is not None:
             offs_lat = tl.arange(0, DV)
             offs_rope = DV + tl.arange(0, BLOCK_ROPE)
             q_lat, q_rope = _latent_and_rope(q_rows, row_ok, offs_lat, offs_rope, D)
+        if Q_ONCE:
+            q_all = tl.load(
+                q_rows + offs_dk[None, :], mask=row_ok[:, None] & (offs_dk[None, :] < D), other=0.0
+            )
         if INDEX_AHEAD and PAGE > 0:
             table = KvIndices + b * stride_bt
             page_next = tl.load(table + lo // PAGE, mask=lo < hi, other=0)
@@ -210,6 +216,18 @@ if triton is not None:
                     v = k_lat
                 else:
                     v = tl.load(k_rows + offs_dv[None, :], mask=n_ok[:, None], other=0.0)
+            elif Q_ONCE:
+                k = tl.load(
+                    k_rows + offs_dk[None, :],
+                    mask=n_ok[:, None] & (offs_dk[None, :] < D),
+                    other=0.0,
+                )
+                s = tl.dot(q_all, tl.trans(k))
+                v = tl.load(
+                    V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
+                    mask=n_ok[:, None] & (offs_dv[None, :] < DV),
+                    other=0.0,
+                )
             else:
                 s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
                 for t in tl.static_range(D_TILES):  # scores over the key width in tiles
@@ -542,6 +560,7 @@ def tree_attention(
     prefix_stages: int | None = None,  # prefix kernel: Triton's pipeline stages (None: its own)
     prefix_index_ahead: bool = False,  # prefix kernel: a key tile's slots read a tile ahead
     prefix_gluon: bool = False,  # prefix kernel: the Gluon one (`tree_attention_gluon`)
+    prefix_q_once: bool = False,  # prefix kernel: MHA queries loaded once, keys in one tile
     tree_merge_chunk: int = 1,  # tree kernel: prefix shares merged per iteration (power of 2)
     warps: tuple | None = None,  # (prefix, tree) warps per program; None (either): kernel_warps
 ) -> torch.Tensor:
@@ -576,6 +595,7 @@ def tree_attention(
         prefix_dv_block=prefix_dv_block, prefix_splits=prefix_splits, prefix_rows=prefix_rows,
         prefix_keys=prefix_keys, prefix_latent=prefix_latent, prefix_stages=prefix_stages,
         prefix_warps=prefix_warps, prefix_index_ahead=prefix_index_ahead, prefix_gluon=prefix_gluon,
+        prefix_q_once=prefix_q_once,
     )  # fmt: skip
     # The tree kernel reads share s of node r of request b at o1[s, b * W + r].
     o1_strides = (w * o1.stride(1), o1.stride(1), o1.stride(2), o1.stride(0))
@@ -607,6 +627,7 @@ def prefix_attention_part(
     prefix_warps: int = 4,  # warps per program
     prefix_index_ahead: bool = False,  # a key tile's slots or page read a tile ahead
     prefix_gluon: bool = False,  # the paged latent prefix as a Gluon kernel (Hopper)
+    prefix_q_once: bool = False,  # MHA: the key width in one tile, the queries loaded once
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
     of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
@@ -622,6 +643,9 @@ def prefix_attention_part(
     # Scores in key-width tiles of <= 64 (MLA keys are 576 wide); values in one tile (<= 512,
     # MLA's latent), so the prefix is read once per request, KV head and row block.
     block_dk = min(64, max(16, triton.next_power_of_2(d)))
+    if prefix_q_once:  # one key-width tile (128 for 128-wide heads), its queries held
+        assert not prefix_latent and not prefix_gluon and d <= 256, d
+        block_dk = max(16, triton.next_power_of_2(d))
     d_tiles = triton.cdiv(d, block_dk)
     # One value tile holds the accumulator of every row of a program; ``prefix_dv_block``
     # splits wide values (MLA's 512) over programs, each recomputing the scores (their lse is
@@ -654,7 +678,8 @@ def prefix_attention_part(
         W=w, G=g, D=d, DV=dv, BLOCK_M=block_m, BLOCK_N=prefix_keys,
         BLOCK_DK=block_dk, D_TILES=d_tiles, BLOCK_DV=prefix_block_dv, DV_TILES=prefix_dv_tiles,
         SPLITS=prefix_splits, MIN_SHARE=MIN_SHARE_KEYS, PAGE=page_size, LATENT=prefix_latent,
-        BLOCK_ROPE=64, INDEX_AHEAD=prefix_index_ahead, num_warps=prefix_warps, **stages,
+        BLOCK_ROPE=64, INDEX_AHEAD=prefix_index_ahead, Q_ONCE=prefix_q_once,
+        num_warps=prefix_warps, **stages,
     )  # fmt: skip
     return o1, lse1
 
