@@ -48,10 +48,11 @@ and under the plan for these exact lengths (``flashinfer_exact_*``);
 the graph plan's two. FlashInfer compiles its kernels at first use (the JIT needs FlashInfer's
 CCCL headers).
 
-``--kernel-times`` (with ``--flashmla``): each split's device time per kernel
-(``kernel_us``: ``own`` the hook's launch, ``flashmla`` FlashMLA's split kernel, its combine
-kernel and the ancestor block), from eager calls under torch.profiler, µs per call averaged over
-``--iters``: which kernel a gap between the two splits sits in.
+``--kernel-times`` (with ``--flashmla`` or ``--flashinfer``): each split's device time per
+kernel (``kernel_us``: ``own`` the hook's launch, ``flashmla`` FlashMLA's split kernel, its
+combine kernel and the ancestor block, ``flashinfer`` FlashInfer's prefill, its merge and the
+ancestor block under the graph plan), from eager calls under torch.profiler, µs per call
+averaged over ``--iters``: which kernel a gap between the two splits sits in.
 
 Every mode writes ``bench_tree_attention.json`` (all fields) and ``bench_tree_attention.md`` (a
 table of the timings, µs per call; "floor": reading the prefix KV once at 4.8 TB/s).
@@ -544,6 +545,12 @@ def measure(
         for name, graph_plan in (("flashinfer", True), ("flashinfer_exact", False)):
             parts = flashinfer_split(t, w, scale, page_size, graph_plan, flashinfer_backend)
             time_prefix_and_split(row, name, parts, want, iters)
+            if kernel_times and graph_plan:
+                row["kernel_us"] = {
+                    "own": profiled_kernel_us(lambda: split("auto", auto), iters),
+                    "flashinfer": profiled_kernel_us(parts[1], iters),
+                }
+                res.pop("auto")
         row["floor_us"] = prefix_floor_us(t)
         row["split_over_flashinfer_prefix"] = row["split_auto_us"] / row["flashinfer_prefix_us"]
         row["split_over_flashinfer_split"] = row["split_auto_us"] / row["flashinfer_split_us"]
@@ -682,7 +689,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--kernel-times",
         action="store_true",
-        help="--flashmla: also each split's device time per kernel (torch.profiler, eager)",
+        help="--flashmla / --flashinfer: also each split's device time per kernel (torch.profiler, "
+        "eager)",
     )
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args(argv)
@@ -693,8 +701,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--mla: one KV head (Hkv 1) and --mla-latent <= D")
     if args.flashmla and dv is None:
         ap.error("--flashmla needs --mla")
-    if args.kernel_times and not args.flashmla:
-        ap.error("--kernel-times needs --flashmla")
+    if args.kernel_times and not (args.flashmla or args.flashinfer):
+        ap.error("--kernel-times needs --flashmla or --flashinfer")
     if args.flashinfer and dv is not None:
         ap.error("--flashinfer times MHA heads: without --mla")
     if args.page_size < 1 or (args.page_size != 1 and not args.flashinfer):

@@ -263,9 +263,11 @@ def test_bench_serving_refuses_without_a_gpu(load_benchmark, tmp_path, capsys):
          ["--flashinfer", "--mla"]),
         ("bench_tree_attention", "no CUDA GPU here",
          ["--flashinfer", "--flashinfer-backend", "fa3"], ["--page-size", "16"]),
-        # The per-kernel times compare the two splits on FlashMLA's pages.
+        # The per-kernel times compare the own split with a library's (FlashMLA's, FlashInfer's).
         ("bench_tree_attention", "no CUDA GPU here", ["--mla", "--flashmla", "--kernel-times"],
          ["--mla", "--kernel-times"]),
+        ("bench_tree_attention", "no CUDA GPU here", ["--flashinfer", "--kernel-times"],
+         ["--kernel-times"]),
         # Row shapes are bench_core's.
         ("bench_top_p", "needs a CUDA GPU", [], ["--shapes", "uniform"]),
     ],
