@@ -696,6 +696,36 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     assert e2e._adaptive_summary(outputs, lazy)["passed"]
 
 
+def test_startup_warns_when_the_glue_graphs_outgrow_what_was_held():
+    """Within the slack: no warning. Beyond it: one naming the GiB taken, held and over, and
+    what to lower; the e2e check's limit is the same one (one constant)."""
+    from sglang_ddtree.srt.ddtree_glue_warmup import (
+        GLUE_MEMORY_SLACK,
+        glue_memory_excess,
+        glue_memory_warning,
+    )
+    from sglang_ddtree.testing import e2e
+
+    assert e2e.GLUE_MEMORY_SLACK is GLUE_MEMORY_SLACK
+    share, fixed = GLUE_MEMORY_SLACK
+    gib = 2**30
+    held = 8 * gib
+    limit = held * (1 + share) + fixed * gib
+    assert glue_memory_excess(int(limit) - 1, held) == 0
+    assert glue_memory_warning(int(limit) - 1, held, 256) is None
+    assert abs(glue_memory_excess(int(limit) + gib, held) - gib) <= 1  # float rounding of the limit
+    # The measured start at max bs 256 on the Qwen3-8B shape: 9.29 GiB taken, 8.25 held.
+    text = glue_memory_warning(int(9.29 * gib), int(8.25 * gib), 256)
+    assert text is not None
+    for part in ("9.29 GiB", "1.04 GiB more", "8.25 GiB held", "--cuda-graph-max-bs", "now 256"):
+        assert part in text, (part, text)
+    # e2e's check and the warning agree on the edge.
+    within = {"memory_gib": (limit - 1) / gib, "reserved_gib": held / gib}
+    assert e2e.glue_memory_check(within)["passed"]
+    over = {"memory_gib": (limit + gib) / gib, "reserved_gib": held / gib}
+    assert not e2e.glue_memory_check(over)["passed"]
+
+
 def test_adaptive_check_fails_when_startup_capture_outgrows_what_was_held():
     """The startup capture's memory must fit in what the constructor held before the KV pool
     was sized (plus the stated slack); more fails the adaptive check."""

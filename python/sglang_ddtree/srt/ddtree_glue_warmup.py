@@ -45,6 +45,33 @@ from sglang_ddtree.srt.ddtree_utils import accept_output_group, accept_tree
 
 logger = logging.getLogger(__name__)
 
+# The startup capture's memory may exceed what was held for it by this share plus these GiB:
+# the KV segment (not measured: it needs the KV pool), the smaller keys' pool growth, and the
+# allocator's 2 / 20 MiB segment rounding. Beyond it the startup warns.
+GLUE_MEMORY_SLACK = (0.05, 0.0625)
+
+
+def glue_memory_excess(grown: int, held: int) -> int:
+    """Bytes the startup capture took (``grown``) beyond what was held for it before the KV
+    pool was sized (``held``) and the slack (``GLUE_MEMORY_SLACK``); 0 within it."""
+    share, fixed_gib = GLUE_MEMORY_SLACK
+    return max(0, int(grown - held * (1 + share) - fixed_gib * 2**30))
+
+
+def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
+    """The startup's warning where the glue graphs outgrew what was held for them (that memory
+    came out of what SGLang leaves outside its static fraction), else None."""
+    if not glue_memory_excess(grown, held):
+        return None
+    return (
+        f"DDTREE glue graphs took {grown / 2**30:.2f} GiB at startup, "
+        f"{(grown - held) / 2**30:.2f} GiB more than the {held / 2**30:.2f} GiB held for them "
+        "before the KV pool was sized; the rest came out of the memory SGLang leaves outside "
+        f"--mem-fraction-static. If the server runs short of memory, lower --cuda-graph-max-bs "
+        f"(now {max_bs}: every batch size up to it has its glue graphs) or "
+        "--mem-fraction-static."
+    )
+
 GLUE_AT_STARTUP_ENV = envs.SGLANG_DDTREE_GLUE_AT_STARTUP.name
 ALL = 1 << 30  # SGLang's top_k for "no top-k"
 
@@ -398,6 +425,9 @@ def capture_glue_at_startup(worker) -> dict:
     worker.graph_stats.flush()  # the counts before any request (tests compare against them)
     if worker.ps.tp_rank == 0:
         logger.info("DDTREE glue graphs captured at startup: %s", info)
+        warning = glue_memory_warning(grown, reserve.nbytes, max_bs) if reserve else None
+        if warning:
+            logger.warning(warning)
     return info
 
 

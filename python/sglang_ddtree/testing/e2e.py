@@ -60,7 +60,7 @@ import time
 from contextlib import ExitStack, contextmanager
 
 from sglang_ddtree.srt.ddtree_envs import envs
-from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled
+from sglang_ddtree.srt.ddtree_glue_warmup import GLUE_MEMORY_SLACK, glue_at_startup_enabled
 from sglang_ddtree.testing import grammar_check, inject, tiny_models
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
@@ -76,10 +76,6 @@ SAMPLES_PER_PROMPT = 256
 SAMPLE_NEW_TOKENS = 24
 SAMPLING_CASES = (("T1.0", 1.0, 1.0), ("T0.7_p0.9", 0.7, 0.9))
 ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W >= 8)
-# The startup capture's memory may exceed what was held for it by this share plus these GiB:
-# the KV segment (not measured: it needs the KV pool), the smaller keys' pool growth, and the
-# allocator's 2 / 20 MiB segment rounding.
-GLUE_MEMORY_SLACK = (0.05, 0.0625)
 ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
 ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
 # Accepted by --checks, not in the default set.
