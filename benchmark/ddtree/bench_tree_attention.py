@@ -45,7 +45,9 @@ cache, or 16), alone (``flashinfer_prefix_us``) and with the ancestor block merg
 graphs make (``use_cuda_graph``: the tiles fixed for any lengths, as ``launch_settings`` are)
 and under the plan for these exact lengths (``flashinfer_exact_*``);
 ``split_over_flashinfer_prefix`` and ``split_over_flashinfer_split``: the own split's time over
-the graph plan's two. FlashInfer compiles its kernels at first use (the JIT needs FlashInfer's
+the graph plan's two; and the verify SGLang's flashinfer backend runs for DDTREE, one paged
+prefill over each prefix and its W nodes with SGLang's verify mask as the custom mask
+(``flashinfer_masked_us``, slot-addressed, the exact plan). FlashInfer compiles its kernels at first use (the JIT needs FlashInfer's
 CCCL headers).
 
 ``--kernel-times`` (with ``--flashmla`` or ``--flashinfer``): each split's device time per
@@ -226,6 +228,33 @@ def flashinfer_split(t: dict, w: int, scale: float, page: int = 1, graph_plan: b
                                           prefix_lse, prefix_lse_log2=True)  # fmt: skip
 
     return prefix_part, split
+
+
+def flashinfer_masked_verify(t: dict, w: int, scale: float, backend: str = "fa2"):
+    """The tree verify as SGLang's flashinfer backend runs a DDTREE verify (MHA, page 1): one
+    FlashInfer paged batch prefill per layer over each request's prefix and its W nodes, with
+    SGLang's verify mask (W rows of prefix + W columns a request) as the custom mask; no split.
+    Returns a callable (output ``[bs * W, Hq, Dv]``); plan() runs here, for these lengths."""
+    import flashinfer
+
+    q, k, v = t["q"], t["k"], t["v"]
+    bs, (n, hq, d), hkv, dv = t["mask"].shape[0], q.shape, k.shape[1], v.shape[-1]
+    indptr, indices, nodes = t["kv_indptr"].tolist(), t["kv_indices"], t["node_loc"]
+    keys = torch.cat([
+        torch.cat([indices[indptr[b] : indptr[b + 1]], nodes[b * w : (b + 1) * w]])
+        for b in range(bs)
+    ]).to(torch.int32)  # fmt: skip
+    prefix = torch.tensor([indptr[b + 1] - indptr[b] for b in range(bs)], device=q.device)
+    kv_indptr = torch.nn.functional.pad((prefix + w).cumsum(0), (1, 0)).to(torch.int32)
+    last_page_len = torch.ones(bs, dtype=torch.int32, device=q.device)
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device=q.device)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    wrapper.plan(t["qo_indptr"].to(torch.int32), kv_indptr, keys, last_page_len, hq, hkv, d, 1,
+                 custom_mask=t["full_mask"], causal=False, sm_scale=scale, q_data_type=q.dtype,
+                 kv_data_type=k.dtype)  # fmt: skip
+    kv_cache = (k.view(-1, 1, hkv, d), v.view(-1, 1, hkv, dv))
+    out = q.new_empty(n, hq, dv)
+    return lambda: wrapper.run(q, kv_cache, out=out)
 
 
 def prefix_floor_us(t: dict) -> float:
@@ -551,6 +580,9 @@ def measure(
                     "flashinfer": profiled_kernel_us(parts[1], iters),
                 }
                 res.pop("auto")
+        masked = flashinfer_masked_verify(t, w, scale, flashinfer_backend)
+        row["flashinfer_masked_us"] = graph_us(masked, iters)
+        row["flashinfer_masked_max_err"] = (masked().float() - want).abs().max().item()
         row["floor_us"] = prefix_floor_us(t)
         row["split_over_flashinfer_prefix"] = row["split_auto_us"] / row["flashinfer_prefix_us"]
         row["split_over_flashinfer_split"] = row["split_auto_us"] / row["flashinfer_split_us"]
@@ -605,11 +637,14 @@ MODE_COLUMNS = {  # markdown columns after BASE_COLUMNS: (header, row key, forma
     "flashinfer": [("FlashInfer prefix (b)", "flashinfer_prefix_us", US),
                    ("FlashInfer prefix + block (c)", "flashinfer_split_us", US),
                    ("b, exact plan", "flashinfer_exact_prefix_us", US),
-                   ("c, exact plan", "flashinfer_exact_split_us", US), ("floor", "floor_us", US),
+                   ("c, exact plan", "flashinfer_exact_split_us", US),
+                   ("FlashInfer masked verify (m)", "flashinfer_masked_us", US),
+                   ("floor", "floor_us", US),
                    ("a / b", "split_over_flashinfer_prefix", RATIO),
                    ("a / c", "split_over_flashinfer_split", RATIO),
                    ("max err a", "split_auto_max_err", ERR),
-                   ("max err c", "flashinfer_split_max_err", ERR)],
+                   ("max err c", "flashinfer_split_max_err", ERR),
+                   ("max err m", "flashinfer_masked_max_err", ERR)],
 }  # fmt: skip
 
 

@@ -13,7 +13,9 @@ GPU (``gpu`` marker; skipped without FlashInfer): FlashInfer's fa2 kernels (the 
 flashinfer backend builds for Qwen3-8B: bf16, 32 query heads over 8 KV heads, 128 wide) on
 ragged prefixes of 1 to 8,192 tokens in 1- and 16-slot pages, bs 1-32, W 8-33, under the
 CUDA-graph plan and the exact plan; FlashInfer's lse checked to be base 2; a CUDA-graph replay
-equal to the eager call; a base-2 lse read as natural caught.
+equal to the eager call; a base-2 lse read as natural caught. And the verify SGLang's
+flashinfer backend runs for DDTREE (one prefill over prefix and nodes under the verify mask),
+which the benchmark times beside the split, against the same reference.
 """
 
 from __future__ import annotations
@@ -101,16 +103,18 @@ class PagedPrefill:
         self.use_cuda_graph = use_cuda_graph
 
     def plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, d, page, *,
-             causal, sm_scale, q_data_type, kv_data_type):
+             causal, sm_scale, q_data_type, kv_data_type, custom_mask=None):
         assert not causal and kv_indptr.dtype == kv_indices.dtype == torch.int32
-        plans.append((page, self.use_cuda_graph))
+        plans.append((page, self.use_cuda_graph, custom_mask is not None))
         self.plan_args = (qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, page, sm_scale)
+        self.custom_mask = custom_mask  # flat bool: request by request, its rows x its keys
 
-    def run(self, q, kv_cache, *, out, lse, return_lse):
+    def run(self, q, kv_cache, *, out, lse=None, return_lse=False):
         qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hkv, page, scale = self.plan_args
         k_pages, v_pages = kv_cache
-        assert return_lse and k_pages.shape[1:] == (page, hkv, q.shape[-1])
+        assert return_lse == (lse is not None) and k_pages.shape[1:] == (page, hkv, q.shape[-1])
         heads = torch.arange(hq) // (hq // hkv)
+        cell = 0
         for b in range(len(qo_indptr) - 1):
             pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
             keys = (len(pages) - 1) * page + int(last_page_len[b])
@@ -119,9 +123,15 @@ class PagedPrefill:
             v = v_pages.flatten(0, 1)[slots][:, heads].float()
             rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
             s = torch.einsum("ihd,jhd->ihj", q[rows].float(), k) * scale
+            if self.custom_mask is not None:
+                n_rows = rows.stop - rows.start
+                allowed = self.custom_mask[cell : cell + n_rows * keys].view(n_rows, 1, keys)
+                s = s.masked_fill(~allowed, float("-inf"))
+                cell += n_rows * keys
             out[rows] = torch.einsum("ihj,jhd->ihd", s.softmax(-1), v).to(out.dtype)
-            lse[rows] = torch.logsumexp(s, -1) / math.log(2)
-        return out, lse
+            if lse is not None:
+                lse[rows] = torch.logsumexp(s, -1) / math.log(2)
+        return (out, lse) if return_lse else out
 
 
 sys.modules["flashinfer"] = types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=PagedPrefill)
@@ -138,7 +148,18 @@ for page, prefix in ((1, [1, 16, 37]), (4, [1, 4, 5]), (16, [15, 16, 17])):
                                          t["node_loc"], t["mask"], scale)
         err = (split() - want).abs().max().item()
         assert err < 1e-4, (page, prefix, graph_plan, err)
-assert plans == [(page, graph) for page in (1, 4, 16) for graph in (True, False)], plans
+    # SGLang's flashinfer verify: prefix and nodes in one prefill under the verify mask.
+    err = (bench.flashinfer_masked_verify(t, w, scale)() - want).abs().max().item()
+    assert err < 1e-4, (page, prefix, "masked", err)
+# Each page size: the split's two plans, then the masked verify's (slot-addressed: page 1).
+assert plans == [
+    plan for page in (1, 4, 16) for plan in ((page, True, False), (page, False, False),
+                                             (1, False, True))
+], plans
+# The check can fail: the same prefill with every cell allowed (no ancestor mask) is far off.
+t["full_mask"] = torch.ones_like(t["full_mask"])
+err = (bench.flashinfer_masked_verify(t, w, scale)() - want).abs().max().item()
+assert err > 0.05, err
 print("flashinfer glue OK")
 """
 
@@ -147,7 +168,9 @@ def test_flashinfer_split_glue_interpreted(run_interpreted):
     """The benchmark's FlashInfer split on the CPU: a stand-in for FlashInfer's paged prefill that
     follows its documented page layout, so the page indptr, indices and last-page lengths built
     from the block table (pages of 1, 4 and 16 slots; a prefix ending on, before and after a page
-    boundary) select each request's prefix exactly; both plans; the merge under the interpreter."""
+    boundary) select each request's prefix exactly; both plans; the merge under the interpreter.
+    And the masked verify (SGLang's flashinfer backend: prefix and nodes in one prefill, the
+    verify mask as its custom mask), whose check fails without the ancestor mask."""
     run_interpreted(_FAKE_FLASHINFER_CHECK, "flashinfer glue OK")
 
 
@@ -208,6 +231,20 @@ def test_flashinfer_split_equals_reference(bs, w, prefix, page, graph_plan, load
     )
     replayed, _graph = graph_replayed(split)
     assert torch.equal(replayed, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    "bs,w,prefix", [(1, 16, [8192]), (6, 33, RAGGED), (32, 8, RAGGED * 5 + [2, 3])]
+)
+def test_flashinfer_masked_verify_equals_reference(bs, w, prefix, load_benchmark):
+    """The verify as SGLang's flashinfer backend runs it for DDTREE (prefix and nodes in one
+    FlashInfer prefill, SGLang's verify mask as the custom mask) equals the masked reference
+    within bf16 rounding: the benchmark's column times a correct kernel."""
+    bench, t, scale = _flashinfer_verify(load_benchmark, bs, w, prefix, 1, seed=bs * w)
+    got = bench.flashinfer_masked_verify(t, w, scale)()
+    torch.testing.assert_close(got.float(), _reference(t, scale).float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
