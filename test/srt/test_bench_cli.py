@@ -311,8 +311,8 @@ def test_bench_tree_attention_flashinfer_cells(load_benchmark, tmp_path):
     table = mod.markdown([row], args.mode, args.heads).splitlines()
     columns = len(mod.BASE_COLUMNS) + len(mod.MODE_COLUMNS["flashinfer"])
     assert table[2].count("|") == table[3].count("|") == table[4].count("|") == columns + 1
-    assert table[4].startswith("| 1 | 8,192 | 8 | 1,234.5 | 40.0 | 20.0 | 25.0 | - | - | 7.0 |")
-    assert table[4].endswith("| 2.00 | 1.60 | - | - |")
+    assert table[4].startswith("| 1 | 8,192 | 8 | 1,234.5 | 40.0 | 20.0 | 25.0 | - | - | - | 7.0 |")
+    assert table[4].endswith("| 2.00 | 1.60 | - | - | - |")
 
 
 def test_bench_top_p_counts_decisions_against_the_float64_law(load_benchmark):
