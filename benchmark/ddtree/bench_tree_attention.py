@@ -345,6 +345,12 @@ def sweep_variants(w: int, mla: bool) -> dict:
             out[f"mha32w{prefix_warps}q"] = dict(
                 prefix_rows=32, warps=(prefix_warps, None), prefix_q_once=True
             )
+        for rows in (32, 64, 128):  # and each key tile's slots read a tile ahead
+            for keys in (32, 64):
+                out[f"mha{rows}w8n{keys}qa"] = dict(
+                    prefix_rows=rows, warps=(8, None), prefix_keys=keys, prefix_q_once=True,
+                    prefix_index_ahead=True,
+                )  # fmt: skip
     if mla:
         out["pm32"] = dict(prefix_rows=32)
         out["pdv256"] = dict(prefix_dv_block=256)

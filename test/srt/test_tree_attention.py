@@ -228,12 +228,14 @@ for case in cases:
 # A KV head's 80 rows (W 20 x G 4) over 64-row programs: a full one and a ragged second.
 args, scale = random_case(bs=2, w=20, hq=8, hkv=2, d=32, dv=32, prefix=[90, 33], seed=8)
 want = tree_attention_reference(*args, scale)
-for rows, keys, splits, once in ((64, 32, 1, False), (64, 64, 2, False), (128, 32, 1, False),
-                                 (64, 32, 1, True), (128, 64, 2, True)):
+for rows, keys, splits, once, ahead in (
+    (64, 32, 1, False, False), (64, 64, 2, False, False), (128, 32, 1, False, False),
+    (64, 32, 1, True, False), (128, 64, 2, True, False), (64, 32, 3, True, True),
+):
     got = tree_attention(*args, scale, prefix_rows=rows, prefix_keys=keys, warps=(8, None),
-                         prefix_splits=splits, prefix_q_once=once)
+                         prefix_splits=splits, prefix_q_once=once, prefix_index_ahead=ahead)
     err = (got - want).abs().max().item()
-    assert err < 1e-4, ("80 rows", rows, keys, splits, once, err)
+    assert err < 1e-4, ("80 rows", rows, keys, splits, once, ahead, err)
 # The tree block read straight from SGLang's verify mask (FULL_MASK layout) gives the same.
 from sglang_ddtree.core.layout import flatten_verify_mask
 for case in cases:
