@@ -67,7 +67,7 @@ def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
         f"DDTREE glue graphs took {grown / 2**30:.2f} GiB at startup, "
         f"{(grown - held) / 2**30:.2f} GiB more than the {held / 2**30:.2f} GiB held for them "
         "before the KV pool was sized; the rest came out of the memory SGLang leaves outside "
-        f"--mem-fraction-static. If the server runs short of memory, lower --cuda-graph-max-bs "
+        "--mem-fraction-static. If the server runs short of memory, lower --cuda-graph-max-bs "
         f"(now {max_bs}: every batch size up to it has its glue graphs) or "
         "--mem-fraction-static."
     )
