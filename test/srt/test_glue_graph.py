@@ -793,6 +793,30 @@ def test_pool_segment_bytes_sums_the_glue_pool_only():
     assert pool_segment_bytes(snapshot, (0, 9)) == (0, 0)
 
 
+def test_new_segments_outside_the_pool_are_counted_per_type():
+    """The startup's fragmentation figure: segments new since the first snapshot, outside the
+    glue graphs' pool, per type, with their live bytes; old segments and the pool's are not."""
+    from sglang_ddtree.srt.ddtree_glue_warmup import new_segments_outside_pool
+
+    mib = 1 << 20
+    before = [{"address": 1, "segment_type": "large", "total_size": 64 * mib, "allocated_size": 0}]
+    after = before + [
+        {"address": 2, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 512},
+        {"address": 3, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 0},
+        {"address": 4, "segment_type": "large", "total_size": 20 * mib, "allocated_size": 4 * mib},
+        {"address": 5, "segment_type": "large", "total_size": 8 << 30, "allocated_size": 0,
+         "segment_pool_id": (0, 7)},
+    ]  # fmt: skip
+    got = new_segments_outside_pool(before, after, (0, 7))
+    assert got == {
+        "large": {"segments": 1, "gib": round(20 / 1024, 3), "allocated_gib": round(4 / 1024, 3)},
+        "small": {"segments": 2, "gib": round(4 / 1024, 3), "allocated_gib": 0.0},
+    }
+    assert new_segments_outside_pool(after, after, (0, 7)) == {}
+    # Without the pool's id its segment counts as outside.
+    assert new_segments_outside_pool(before, after, None)["large"]["segments"] == 2
+
+
 def test_commit_kv_keys_on_the_step_and_binds_the_kv_function_arguments():
     """The KV commit call (shared by the decode step and the startup dummy step): key = the
     step's key whatever the accept mode (every mode writes the batch size's outputs; None

@@ -154,6 +154,28 @@ def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
     return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
 
 
+def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> dict:
+    """The allocator segments in ``after`` that are neither in ``before`` (by address) nor in
+    the graph pool ``pool``, per segment type (``small``: 2 MiB segments of allocations up to 1
+    MiB; ``large``): ``{type: {"segments", "gib", "allocated_gib"}}``, from two
+    ``torch.cuda.memory_snapshot()``s. Where the startup capture's growth outside the pool is
+    much more than what lives there, segments pinned by a few live blocks (fragmentation)."""
+    known = {seg.get("address") for seg in before}
+    want = tuple(pool) if pool is not None else None
+    out: dict = {}
+    for seg in after:
+        if seg.get("address") in known or tuple(seg.get("segment_pool_id", ())) == want:
+            continue
+        kind = out.setdefault(seg.get("segment_type", "?"), [0, 0, 0])
+        kind[0] += 1
+        kind[1] += seg["total_size"]
+        kind[2] += seg["allocated_size"]
+    return {
+        kind: {"segments": n, "gib": round(total / 2**30, 3), "allocated_gib": round(live / 2**30, 3)}
+        for kind, (n, total, live) in sorted(out.items())
+    }
+
+
 def glue_output_bytes(
     per_width: dict,
     schedule,
@@ -366,12 +388,23 @@ class GlueReserve:
             torch.cuda.empty_cache()
 
 
+def _snapshot() -> list[dict] | None:
+    """``torch.cuda.memory_snapshot()``, or None with a warning: a diagnostic must not stop the
+    server."""
+    try:
+        return torch.cuda.memory_snapshot()
+    except Exception as e:
+        logger.warning("DDTREE glue graphs: no memory snapshot (%s: %s).", type(e).__name__, e)
+        return None
+
+
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
     took from the device), "allocated_gib" (of it, what live tensors hold), "key_buffers_gib" (of
     that, the keys' outputs and copied inputs), "pool_gib" and "pool_allocated_gib" (the segments
-    of the glue graphs' memory pool, and their live bytes), "reserved_gib" and
+    of the glue graphs' memory pool, and their live bytes), "outside_pool" (the new segments
+    outside that pool per type, `new_segments_outside_pool`), "reserved_gib" and
     "reserved_working_set_gib" (what was held for it; "reserved_captured_gib" and
     "reserved_captured_pool_gib": of it, what the measuring captures kept), "growth_mib_by_bs"
     ([bs, MiB reserved since the start] after each batch size's dummy step: where the growth
@@ -383,6 +416,7 @@ def capture_glue_at_startup(worker) -> dict:
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved(worker.device)
     allocated = torch.cuda.memory_allocated(worker.device)
+    snapshot_before = _snapshot()
     t0 = time.perf_counter()
     # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
     # freed (in increasing order every key would need new, larger blocks).
@@ -406,13 +440,15 @@ def capture_glue_at_startup(worker) -> dict:
             "allocated_gib": round(held / 2**30, 3),
             "key_buffers_gib": round(key_buffer_bytes(worker.graph_stats.glue_segments) / 2**30, 3)}  # fmt: skip
     pool = worker.graph_stats.glue_segments[0].pool if worker.graph_stats.glue_segments else None
-    if pool is not None:  # the growth inside the glue graphs' pool, and how much of it is live
-        try:
-            in_pool, live = pool_segment_bytes(torch.cuda.memory_snapshot(), pool)
-            info["pool_gib"] = round(in_pool / 2**30, 3)
-            info["pool_allocated_gib"] = round(live / 2**30, 3)
-        except Exception as e:  # a diagnostic: it must not stop the server
-            logger.warning("DDTREE glue graphs: no pool snapshot (%s: %s).", type(e).__name__, e)
+    snapshot_after = _snapshot()
+    if pool is not None and snapshot_after is not None:
+        # The growth inside the glue graphs' pool and how much of it is live; outside it, the
+        # new segments per type and what lives in them.
+        in_pool, live = pool_segment_bytes(snapshot_after, pool)
+        info["pool_gib"] = round(in_pool / 2**30, 3)
+        info["pool_allocated_gib"] = round(live / 2**30, 3)
+        if snapshot_before is not None:
+            info["outside_pool"] = new_segments_outside_pool(snapshot_before, snapshot_after, pool)
     info["growth_mib_by_bs"] = growth
     reserve = worker.glue_reserve
     info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
