@@ -702,11 +702,12 @@ def test_startup_warns_when_the_glue_graphs_outgrow_what_was_held():
     from sglang_ddtree.srt.ddtree_glue_warmup import (
         GLUE_MEMORY_SLACK,
         glue_memory_excess,
+        glue_memory_limit,
         glue_memory_warning,
     )
     from sglang_ddtree.testing import e2e
 
-    assert e2e.GLUE_MEMORY_SLACK is GLUE_MEMORY_SLACK
+    assert e2e.glue_memory_limit is glue_memory_limit  # the check's edge is the warning's
     share, fixed = GLUE_MEMORY_SLACK
     gib = 2**30
     held = 8 * gib
@@ -729,9 +730,10 @@ def test_startup_warns_when_the_glue_graphs_outgrow_what_was_held():
 def test_adaptive_check_fails_when_startup_capture_outgrows_what_was_held():
     """The startup capture's memory must fit in what the constructor held before the KV pool
     was sized (plus the stated slack); more fails the adaptive check."""
+    from sglang_ddtree.srt.ddtree_glue_warmup import GLUE_MEMORY_SLACK
     from sglang_ddtree.testing import e2e
 
-    share, fixed = e2e.GLUE_MEMORY_SLACK
+    share, fixed = GLUE_MEMORY_SLACK
     assert e2e.glue_memory_check(None) == {"passed": None}  # startup capture off
     assert e2e.glue_memory_check({"memory_gib": 0.2})["passed"] is False  # a number missing
     held = 0.5

@@ -51,11 +51,16 @@ logger = logging.getLogger(__name__)
 GLUE_MEMORY_SLACK = (0.05, 0.0625)
 
 
-def glue_memory_excess(grown: int, held: int) -> int:
-    """Bytes the startup capture took (``grown``) beyond what was held for it before the KV
-    pool was sized (``held``) and the slack (``GLUE_MEMORY_SLACK``); 0 within it."""
+def glue_memory_limit(held: float) -> float:
+    """Bytes the startup capture may take when ``held`` bytes were held for it before the KV
+    pool was sized: ``held`` and the slack (``GLUE_MEMORY_SLACK``)."""
     share, fixed_gib = GLUE_MEMORY_SLACK
-    return max(0, int(grown - held * (1 + share) - fixed_gib * 2**30))
+    return held * (1 + share) + fixed_gib * 2**30
+
+
+def glue_memory_excess(grown: int, held: int) -> int:
+    """Bytes the startup capture took (``grown``) beyond `glue_memory_limit`; 0 within it."""
+    return max(0, int(grown - glue_memory_limit(held)))
 
 
 def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
@@ -146,11 +151,16 @@ def key_buffer_bytes(segments) -> int:
     return sum(seen.values())
 
 
+def _in_pool(segment: dict, pool) -> bool:
+    """Whether a ``torch.cuda.memory_snapshot()`` segment belongs to the graph memory pool
+    ``pool`` (a ``torch.cuda.graph_pool_handle()``; None: no pool)."""
+    return pool is not None and tuple(segment.get("segment_pool_id", ())) == tuple(pool)
+
+
 def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
     """(reserved, allocated) bytes of the allocator segments that belong to the graph memory
     pool ``pool`` (a ``torch.cuda.graph_pool_handle()``), from ``torch.cuda.memory_snapshot()``."""
-    want = tuple(pool)
-    mine = [seg for seg in snapshot if tuple(seg.get("segment_pool_id", ())) == want]
+    mine = [seg for seg in snapshot if _in_pool(seg, pool)]
     return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
 
 
@@ -161,10 +171,9 @@ def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> di
     ``torch.cuda.memory_snapshot()``s. Where the startup capture's growth outside the pool is
     much more than what lives there, segments pinned by a few live blocks (fragmentation)."""
     known = {seg.get("address") for seg in before}
-    want = tuple(pool) if pool is not None else None
     out: dict = {}
     for seg in after:
-        if seg.get("address") in known or tuple(seg.get("segment_pool_id", ())) == want:
+        if seg.get("address") in known or _in_pool(seg, pool):
             continue
         kind = out.setdefault(seg.get("segment_type", "?"), [0, 0, 0])
         kind[0] += 1

@@ -45,8 +45,8 @@ Checks:
   ``srt/ddtree_glue_graph.py``) replayed its graph on every step except the one that captured
   it, with no capture failure; with glue graphs captured at startup (the default) also no glue
   capture after startup, and the memory the startup capture took within what the constructor
-  held for it before the KV pool was sized (``GLUE_MEMORY_SLACK``). Run only it with
-  ``--checks adaptive``.
+  held for it before the KV pool was sized and the slack (``ddtree_glue_warmup``'s
+  ``glue_memory_limit``, where the startup warns). Run only it with ``--checks adaptive``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import time
 from contextlib import ExitStack, contextmanager
 
 from sglang_ddtree.srt.ddtree_envs import envs
-from sglang_ddtree.srt.ddtree_glue_warmup import GLUE_MEMORY_SLACK, glue_at_startup_enabled
+from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled, glue_memory_limit
 from sglang_ddtree.testing import grammar_check, inject, tiny_models
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
@@ -367,15 +367,15 @@ def _adaptive_summary(
 
 def glue_memory_check(startup: dict | None) -> dict:
     """The startup capture's memory (``memory_gib``) against what the constructor held for it
-    (``reserved_gib``), within ``GLUE_MEMORY_SLACK``. ``passed``: None where nothing was
-    captured at startup (switched off); False where it was but a number is missing."""
+    (``reserved_gib``), within `glue_memory_limit` (where the startup warns). ``passed``: None
+    where nothing was captured at startup (switched off); False where it was but a number is
+    missing."""
     if startup is None:
         return {"passed": None}
     grown, held = startup.get("memory_gib"), startup.get("reserved_gib")
     if grown is None or held is None:
         return {"passed": False, "why": "no memory numbers from the startup capture"}
-    share, fixed = GLUE_MEMORY_SLACK
-    limit = held * (1 + share) + fixed
+    limit = glue_memory_limit(held * 2**30) / 2**30
     return {"grown_gib": grown, "held_gib": held, "limit_gib": round(limit, 4),
             "passed": grown <= limit}  # fmt: skip
 
