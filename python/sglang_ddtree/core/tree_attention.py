@@ -216,33 +216,29 @@ if triton is not None:
                     v = k_lat
                 else:
                     v = tl.load(k_rows + offs_dv[None, :], mask=n_ok[:, None], other=0.0)
-            elif Q_ONCE:
-                k = tl.load(
-                    k_rows + offs_dk[None, :],
-                    mask=n_ok[:, None] & (offs_dk[None, :] < D),
-                    other=0.0,
-                )
-                s = tl.dot(q_all, tl.trans(k))
-                v = tl.load(
-                    V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
-                    mask=n_ok[:, None] & (offs_dv[None, :] < DV),
-                    other=0.0,
-                )
             else:
-                s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for t in tl.static_range(D_TILES):  # scores over the key width in tiles
-                    d_ok = (t * BLOCK_DK + offs_dk) < D
-                    q = tl.load(
-                        q_rows + t * BLOCK_DK + offs_dk[None, :],
-                        mask=row_ok[:, None] & d_ok[None, :],
-                        other=0.0,
-                    )
+                if Q_ONCE:
                     k = tl.load(
-                        k_rows + t * BLOCK_DK + offs_dk[None, :],
-                        mask=n_ok[:, None] & d_ok[None, :],
+                        k_rows + offs_dk[None, :],
+                        mask=n_ok[:, None] & (offs_dk[None, :] < D),
                         other=0.0,
                     )
-                    s = tl.dot(q, tl.trans(k), acc=s)
+                    s = tl.dot(q_all, tl.trans(k))
+                else:
+                    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                    for t in tl.static_range(D_TILES):  # scores over the key width in tiles
+                        d_ok = (t * BLOCK_DK + offs_dk) < D
+                        q = tl.load(
+                            q_rows + t * BLOCK_DK + offs_dk[None, :],
+                            mask=row_ok[:, None] & d_ok[None, :],
+                            other=0.0,
+                        )
+                        k = tl.load(
+                            k_rows + t * BLOCK_DK + offs_dk[None, :],
+                            mask=n_ok[:, None] & d_ok[None, :],
+                            other=0.0,
+                        )
+                        s = tl.dot(q, tl.trans(k), acc=s)
                 v = tl.load(
                     V + slot[:, None] * stride_vt + hkv * stride_vh + offs_dv[None, :],
                     mask=n_ok[:, None] & (offs_dv[None, :] < DV),
