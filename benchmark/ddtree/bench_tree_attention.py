@@ -47,8 +47,8 @@ and under the plan for these exact lengths (``flashinfer_exact_*``);
 ``split_over_flashinfer_prefix`` and ``split_over_flashinfer_split``: the own split's time over
 the graph plan's two; and the verify SGLang's flashinfer backend runs for DDTREE, one paged
 prefill over each prefix and its W nodes with SGLang's verify mask as the custom mask
-(``flashinfer_masked_us``, slot-addressed, the exact plan). FlashInfer compiles its kernels at first use (the JIT needs FlashInfer's
-CCCL headers).
+(``flashinfer_masked_us``, slot-addressed, the exact plan). FlashInfer compiles its kernels at
+first use (the JIT needs FlashInfer's CCCL headers).
 
 ``--kernel-times`` (with ``--flashmla`` or ``--flashinfer``): each split's device time per
 kernel (``kernel_us``: ``own`` the hook's launch, ``flashmla`` FlashMLA's split kernel, its
