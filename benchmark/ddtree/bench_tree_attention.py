@@ -596,7 +596,14 @@ def measure(
         from sglang_ddtree.core import tree_attention as kernels
 
         row["sweep_us"], row["sweep_err"], row["sweep_prefix_kernel"] = {}, {}, {}
-        for name, moved in sweep_variants(w, dv is not None).items():
+        variants = sweep_variants(w, dv is not None)
+        if dv is None:  # MHA: the launch without `_wide_mha_prefix` (16 or 32 rows a program)
+            variants["narrow"] = dict(
+                prefix_rows=None, warps=None, prefix_keys=kernels.PREFIX_BLOCK_N,
+                prefix_q_once=False, prefix_index_ahead=False,
+                prefix_splits=kernels.prefix_splits(bs, w, hq, hkv, dv_real, None, sms),
+            )  # fmt: skip
+        for name, moved in variants.items():
             if sweep_only and not re.fullmatch(sweep_only, name):
                 continue
             if moved.get("prefix_gluon") and not flashmla:

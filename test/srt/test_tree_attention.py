@@ -86,6 +86,10 @@ def test_prefix_splits_fill_the_sms_of_a_small_batch_only():
     assert prefix_splits(8, 65, 8, 1, 512, None, 132) == 2  # 264 -> 528
     assert prefix_splits(1, 65, 8, 1, 512, 128, 132) == 4  # values in 4 tiles: 132 -> 528
     assert prefix_splits(1, 17, 32, 8, 128, None, 1) == 1  # the interpreter: one "SM"
+    # The wide MHA tile's 8-warp programs: about two a SM at <= 64 rows, one at 128 rows.
+    assert prefix_splits(8, 17, 32, 8, 128, None, 132, rows=128) == 2  # 64 programs -> 128
+    assert prefix_splits(8, 16, 32, 8, 128, None, 132, rows=64) == 4  # 64 -> 256
+    assert prefix_splits(32, 33, 32, 8, 128, None, 132, rows=128) == 1  # 512: full
 
 
 def test_launch_settings_are_the_hooks_choice():
@@ -93,13 +97,23 @@ def test_launch_settings_are_the_hooks_choice():
     `prefix_splits`' shares for the shape."""
     from sglang_ddtree.core.tree_attention import launch_settings
 
-    assert launch_settings(1, 65, 32, 8, 128, 132) == dict(
-        prefix_dv_block=None, tree_dv_block=None, prefix_splits=4
+    # MHA heads of 128 values with more than 16 rows a KV head (W x G): up to 128 of them in
+    # one program, 8 warps, 64-key tiles, the queries loaded once, the slots read a tile ahead.
+    wide = dict(prefix_keys=64, warps=(8, None), prefix_q_once=True, prefix_index_ahead=True)
+    assert launch_settings(1, 65, 32, 8, 128, 132) == dict(  # 24 programs -> 96
+        prefix_dv_block=None, tree_dv_block=None, prefix_splits=4, prefix_rows=128, **wide
     )
+    rows = {w: launch_settings(4, w, 32, 8, 128, 132)["prefix_rows"] for w in (5, 8, 9, 16, 17)}
+    assert rows == {5: 32, 8: 32, 9: 64, 16: 64, 17: 128}
+    assert launch_settings(4, 4, 32, 8, 128, 132) == dict(  # 16 rows: the 16-row tile
+        prefix_dv_block=None, tree_dv_block=None, prefix_splits=16
+    )
+    assert "prefix_rows" not in launch_settings(4, 16, 16, 2, 256, 132)  # 256-wide values
     assert launch_settings(1, 33, 8, 1, 512, 132) == dict(
         prefix_dv_block=None, tree_dv_block=128, prefix_splits=16
     )
-    assert launch_settings(32, 16, 32, 8, 128, 132)["prefix_splits"] == 1
+    assert launch_settings(32, 16, 32, 8, 128, 132)["prefix_splits"] == 1  # 256 programs
+    assert launch_settings(32, 33, 32, 8, 128, 132)["prefix_splits"] == 1  # 512: full
     # MLA's latent cache (values the keys' first 512 of 576 columns): the latent variant, all
     # 64 rows of a K2.6 rank's W 8 x 8 heads in one program, shares to fill the SMs (a
     # share per SM at bs 1, 128 of 132; bs 2: 64 each), merged 8 shares a load from 32 on.
@@ -376,6 +390,34 @@ def test_latent_variant_on_a_slot_table_on_gpu(bs, prefix):
     got = tree_attention(*args, scale, **settings)
     want = tree_attention_reference(*args, scale)
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("w", [5, 8, 9, 17, 33, 65])
+@pytest.mark.parametrize("bs", [1, 4, 32])
+def test_wide_mha_prefix_as_the_hook_launches_it_on_gpu(bs, w):
+    """Qwen3-8B's heads (32 query over 8 KV heads, 128 wide) as the hook launches them
+    (`launch_settings`: up to 128 of a KV head's W x G rows a program, the queries loaded
+    once, slots read a tile ahead, its shares), over ragged prefixes (empty, one key, shorter
+    than a 64-key tile, several thousand keys), equal to the masked reference in bf16."""
+    from sglang_ddtree.core.tree_attention import launch_settings, tree_attention
+
+    lengths = [5000, 0, 1, 63, 64, 129, 2500, 777]
+    prefix = [lengths[i % len(lengths)] for i in range(bs)]
+    args, scale = random_case(
+        bs=bs, w=w, hq=32, hkv=8, d=128, dv=128, prefix=prefix, seed=bs * 100 + w,
+        dtype=torch.bfloat16, device="cuda",
+    )  # fmt: skip
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    settings = launch_settings(bs, w, 32, 8, 128, sms)
+    assert settings.get("prefix_q_once", False) == (w * 4 > 16), settings
+    got = tree_attention(*args, scale, **settings)
+    want = tree_attention_reference(*args, scale)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    # Calibration: the same launch at another scale is caught at this tolerance.
+    wrong = tree_attention(*args, scale * 1.5, **settings)
+    assert (wrong.float() - want.float()).abs().max().item() > 2e-2
 
 
 @pytest.mark.gpu

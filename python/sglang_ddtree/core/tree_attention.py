@@ -377,8 +377,13 @@ LATENT_MAX_SPLITS = 128  # the latent variant at bs 1: a share per SM for one 64
 # From 32 shares the tree kernel merges over 32 value columns, 8 shares a load (one K2.6 rank
 # at bs 4's 32 shares: 2-3 % less than 128 columns one share at a time).
 LATENT_MERGE = (32, 32, 8)
+MHA_WIDE_DV = 128  # MHA values (and keys) at most this wide take `_wide_mha_prefix`
 MIN_SHARE_KEYS = 256  # a share walks at least this many keys: a short prefix takes few shares
 PROGRAMS_PER_SM = 4  # the prefix kernel's grid with shares, per SM, at most
+# The same for `_wide_mha_prefix`'s 8-warp programs of <= 64 / 128 rows: more shares were
+# slower from bs 4 (Qwen3-8B heads, W 8-32: twice the shares at <= 64 rows 1.02-1.19x the
+# time, four times at 128 rows 1.12-1.46x).
+WIDE_MHA_PROGRAMS_PER_SM = (2, 1)
 TREE_ROWS = 16  # the tree kernel's query nodes per program (all W key nodes in one tile)
 # The latent variant's 64-row key tile on a paged cache (FlashMLA's pages), keywords over
 # `_latent_prefix`'s. Where the Gluon kernel runs (Hopper, bf16; `launch_settings`' ``gluon``)
@@ -428,7 +433,14 @@ def value_tiling(dv: int) -> tuple:
 
 
 def prefix_splits(
-    bs: int, w: int, hq: int, hkv: int, dv: int, prefix_dv_block: int | None, num_sms: int
+    bs: int,
+    w: int,
+    hq: int,
+    hkv: int,
+    dv: int,
+    prefix_dv_block: int | None,
+    num_sms: int,
+    rows: int | None = None,
 ) -> int:
     """How many programs share each request's prefix in `tree_attention`'s prefix kernel (a
     power of two, at most ``MAX_PREFIX_SPLITS``): the most that keep the grid within
@@ -437,12 +449,13 @@ def prefix_splits(
     is walked alone. The grid is fixed at capture while prefix lengths vary between graph
     replays (no host sync), so the shares are launched whatever the length: on a prefix
     shorter than ``MIN_SHARE_KEYS`` all but the first exit at once, and still cost their
-    dispatch, which bounds the grid."""
+    dispatch, which bounds the grid. ``rows``: query rows per program (None: by W * G)."""
     g = hq // hkv
     dv_tiles = 1 if prefix_dv_block is None else -(-dv // prefix_dv_block)
-    programs = bs * hkv * -(-w * g // _rows_per_program(w, g, dv)) * dv_tiles
+    programs = bs * hkv * -(-w * g // (rows or _rows_per_program(w, g, dv))) * dv_tiles
+    per_sm = PROGRAMS_PER_SM if rows is None else WIDE_MHA_PROGRAMS_PER_SM[rows == 128]
     splits = 1
-    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= PROGRAMS_PER_SM * num_sms:
+    while splits < MAX_PREFIX_SPLITS and programs * splits * 2 <= per_sm * num_sms:
         splits *= 2
     return splits
 
@@ -459,7 +472,8 @@ def launch_settings(
     gluon: bool = False,
 ) -> dict:
     """`tree_attention`'s launch keywords for a verify of this shape, as the attention hook
-    passes them: the value tiles (`value_tiling`) and the prefix shares (`prefix_splits`).
+    passes them: the value tiles (`value_tiling`), the prefix shares (`prefix_splits`) and,
+    for MHA heads, the wide row tile (`_wide_mha_prefix`).
     From shapes only, so the same launch replays in a graph whatever the prefix lengths.
 
     ``latent_d``: the key width where the values are the keys' first ``dv`` columns (MLA's
@@ -493,10 +507,12 @@ def launch_settings(
         return dict(
             prefix_dv_block=None, tree_dv_block=tree_dv_block, prefix_splits=splits, **latent
         )
+    wide = _wide_mha_prefix(w * (hq // hkv), dv, latent_d)
+    splits = prefix_splits(
+        bs, w, hq, hkv, dv, prefix_dv_block, num_sms, rows=wide.get("prefix_rows")
+    )
     return dict(
-        prefix_dv_block=prefix_dv_block,
-        tree_dv_block=tree_dv_block,
-        prefix_splits=prefix_splits(bs, w, hq, hkv, dv, prefix_dv_block, num_sms),
+        prefix_dv_block=prefix_dv_block, tree_dv_block=tree_dv_block, prefix_splits=splits, **wide
     )
 
 
@@ -515,6 +531,26 @@ def gluon_prefix_runs(device: torch.device, dtype: torch.dtype) -> bool:
     except ImportError:
         return False
     return True
+
+
+def _wide_mha_prefix(rows: int, dv: int, latent_d: int) -> dict:
+    """The prefix kernel's keywords for MHA heads of at most ``MHA_WIDE_DV`` values (keys as
+    wide) with more than 16 query rows per KV head (W x G), or {}: all of a KV head's rows in
+    one program up to 128 (the prefix is read W x G / 128 times, not W x G / 32), 8 warps,
+    64-key tiles, the queries loaded once and a tile's slots read a tile ahead, with shares
+    for about two programs per SM (one at 128 rows: `WIDE_MHA_PROGRAMS_PER_SM`). The fastest
+    setting `bench_tree_attention.py --sweep` timed on Qwen3-8B's heads (prefix 8,192, bs
+    1-32, W 8-33): 0.32-0.91x the time of 32-row tiles at 4 warps, and 0.71-1.22x
+    FlashInfer's paged prefill as the prefix part with the ancestor block merged."""
+    if latent_d or dv > MHA_WIDE_DV or rows <= 16:
+        return {}
+    return dict(
+        prefix_rows=min(128, triton.next_power_of_2(rows)) if rows > 32 else 32,
+        prefix_keys=64,
+        warps=(8, None),
+        prefix_q_once=True,
+        prefix_index_ahead=True,
+    )
 
 
 def _latent_prefix(rows: int, dv: int, d: int) -> dict:
