@@ -17,11 +17,16 @@ Prints one JSON line per part and a summary line; exit status 0 when every step 
 checks (a smoke split over several calls). ``--apply-only``: apply and list, run nothing (any
 machine).
 Run it where the plugin is not installed: its entry point would register DDTREE as well.
+SGLang's test utilities import its benchmark datasets, hence Hugging Face ``datasets``, at
+module level; where that package is missing (an offline bundle) a stand-in module whose
+``load_dataset`` raises is put last on the path, and the summary line names it (no check here
+loads a dataset).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -64,6 +69,22 @@ def added_files(patch: Path) -> list[str]:
     ]
 
 
+_DATASETS_STAND_IN = """
+def load_dataset(*args, **kwargs):
+    raise RuntimeError("Hugging Face datasets is not installed; smoke_series stands in for it")
+"""
+
+
+def stand_ins(site: Path, root: Path) -> list[Path]:
+    """Directories of stand-in modules for SGLang test imports missing beside ``site``."""
+    if (site / "datasets").is_dir() or importlib.util.find_spec("datasets") is not None:
+        return []
+    shim = root / "stand_ins"
+    (shim / "datasets").mkdir(parents=True, exist_ok=True)
+    (shim / "datasets" / "__init__.py").write_text(_DATASETS_STAND_IN.lstrip())
+    return [shim]
+
+
 def run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
     try:
         r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -95,11 +116,15 @@ def main() -> int:
         raise SystemExit(f"smoke_series: no sglang package under {site}")
     root = Path(args.keep or tempfile.mkdtemp(prefix="ddtree_series_"))
     shutil.copytree(site / "sglang", root / "python" / "sglang", dirs_exist_ok=True)
+    shims = stand_ins(site, root)
     env = {
         **os.environ,
         # The patched tree first, the rest of SGLang's stack after it, then this repository's
-        # python/ (the tiny pair and the test helpers the smoke uses; not the plugin's entry).
-        "PYTHONPATH": os.pathsep.join([str(root / "python"), str(site), str(REPO / "python")]),
+        # python/ (the tiny pair and the test helpers the smoke uses; not the plugin's entry),
+        # then any stand-in module.
+        "PYTHONPATH": os.pathsep.join(
+            [str(root / "python"), str(site), str(REPO / "python"), *map(str, shims)]
+        ),
         "PYTHONUNBUFFERED": "1",
     }
     results, ok = [], True
@@ -151,7 +176,9 @@ def main() -> int:
         print(json.dumps(step), flush=True)
         if not step["applied"]:
             break
-    print(json.dumps({"series": [r["part"] for r in results], "ok": ok, "tree": str(root)}))
+    stood_in = ["datasets"] if shims else []
+    print(json.dumps({"series": [r["part"] for r in results], "ok": ok, "tree": str(root),
+                      "stand_ins": stood_in}))  # fmt: skip
     return 0 if ok else 1
 
 
