@@ -4,6 +4,7 @@ Calibration at the check's own sample size (3,000 completions a side) and Bonfer
 (every setting x 7 tests): samples of one law pass, a 10 % temperature error is rejected.
 """
 
+import math
 import random
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def test_forward_path_check_excuses_a_boundary_swap_and_not_a_law_error():
 
     first_swap = [[b if s[0] == ref[0][0] else s[0]] + s[1:] for s in same]
     got = law.attribute_rejection(ref, first_swap, level, lambda p: _extend_law(rng, p, (a, b)))
-    assert not got["explained"] and got["prefixes"] == []
+    assert not got["explained"] and got["prefixes"] == [] and got["first_token"]
 
     hot = _completions(rng, 1.1)
     for other in (hot, _swap_after(hot, prefix, a, b)):
@@ -133,6 +134,56 @@ def test_forward_path_check_excuses_a_boundary_swap_and_not_a_law_error():
     ok = law.attribute_family(dict(fam), refs, others, lambda n, p: _extend_law(rng, p, (a, b)))
     assert fam["rejected"] == ["swap"] and ok["unexplained"] == []
     assert law.attribute_family(dict(fam), refs, others, None)["unexplained"] == ["swap"]
+
+
+def test_first_token_edge_reads_the_nucleus_and_top_k_margins():
+    """`law.ExtendPathSampler.first_token_edge` against a stand-in engine answering fixed raw
+    logprobs (probabilities 0.6, 0.2, 0.1495, 0.05, ...): at temperature 1 / top_p 0.95 the
+    cumulative probabilities and the least distance to 0.95 (0.0005, from 0.9495); at top_k 2
+    the gap between ranks 2 and 3; no nucleus margin with top-k set (the nucleus is then of the
+    top-k's renormalized law) or at another temperature. The family wrapper attaches it to a
+    rejection at position 1 only."""
+    probs = [0.6, 0.2, 0.1495, 0.05, 0.0005]
+    rows = [(math.log(q), t, None) for q, t in zip(probs, (202, 464, 361, 458, 7))]
+
+    class Engine:
+        def generate(self, input_ids, sampling_params, return_logprob=False, top_logprobs_num=0):
+            if not return_logprob:
+                return [{"output_ids": [202]} for _ in input_ids]
+            return [{"output_ids": [202], "meta_info": {"output_top_logprobs": [rows]}}]
+
+    settings = {
+        "p": {"temperature": 1.0, "top_k": -1, "top_p": 0.95},
+        "k": {"temperature": 1.0, "top_k": 2, "top_p": 0.95},
+        "hot": {"temperature": 1.3, "top_k": -1, "top_p": 0.95},
+    }
+    probe = law.ExtendPathSampler(settings, [[1, 2, 3]], "float16")
+    probe._stack, probe._eng = object(), Engine()
+    got = probe.first_token_edge("p")
+    assert [t for t, *_ in got["extend_top_logprobs"]] == [202, 464, 361, 458, 7]
+    # (the readings keep six decimals of each logprob)
+    assert got["cumulative"][:4] == pytest.approx([0.6, 0.8, 0.9495, 0.9995], abs=2e-6)
+    assert abs(got["top_p_margin"] - 0.0005) < 2e-6 and "top_k_gap" not in got
+    k = probe.first_token_edge("k")
+    assert abs(k["top_k_gap"] - math.log(0.2 / 0.1495)) < 1e-5 and "top_p_margin" not in k
+    assert "top_p_margin" not in probe.first_token_edge("hot")
+
+    rng = random.Random(3)
+    ref, same, _, a, b = _swap_case(rng)
+    first_swap = [[b if s[0] == ref[0][0] else s[0]] + s[1:] for s in same]
+    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
+    fam = {"rejected": ["p"], "per_test_level": level}
+
+    class Probe:
+        def __call__(self, name, prefix):
+            return _extend_law(rng, prefix, (a, b))
+
+        def first_token_edge(self, name):
+            return {"top_p_margin": 0.0005, "setting": name}
+
+    got = law.attribute_family(fam, {"p": ref}, {"p": first_swap}, Probe())
+    assert got["unexplained"] == ["p"]
+    assert got["attribution"]["p"]["first_token_edge"] == {"top_p_margin": 0.0005, "setting": "p"}
 
 
 def test_law_settings_cover_every_pairing_and_temperature():

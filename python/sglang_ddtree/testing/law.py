@@ -58,7 +58,8 @@ path (its law samples through that prefix) differs from its extend path there (p
 (2) the speculative server's samples through that prefix do not differ from that extend path
 (p > ``ALPHA``), and (3) with every completion through that prefix left out on both sides, all of
 the setting's tests pass at the family's per-test level again (up to ``ATTRIBUTED_PREFIXES``
-prefixes, in turn). Position 1 is never put down to it: both servers sample it from the prefill.
+prefixes, in turn). Position 1 is never put down to it: both servers sample it from the prefill (a rejection there
+records the non-speculative server's distance to the top-k or nucleus edge, `first_token_edge`).
 Where it excuses a rejection, the same check runs on the power family, which must stay rejected:
 a law error is not excused. Where nothing needs excusing, no extra server starts.
 
@@ -73,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -278,7 +280,10 @@ def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: flo
             return {"explained": True, "prefixes": prefixes, "remainder_min_p": res["min_p"]}
         prefix = res["worst"]["cells"][0]["prefix"]
         k = len(prefix)
-        if k == 0 or len(prefixes) == ATTRIBUTED_PREFIXES:  # both sample position 1 alike
+        if k == 0:  # both sample position 1 alike, from their prefill: never excused
+            return {"explained": False, "prefixes": prefixes, "remainder_min_p": res["min_p"],
+                    "first_token": True}  # fmt: skip
+        if len(prefixes) == ATTRIBUTED_PREFIXES:
             break
         at_ref = [s[k] for s in ref if s[:k] == prefix and len(s) > k]
         at_other = [s[k] for s in other if s[:k] == prefix and len(s) > k]
@@ -307,9 +312,12 @@ def attribute_family(fam: dict, refs: dict, others: dict, extend_law) -> dict:
         if extend_law is None:
             fam["attribution"][name] = {"explained": False, "not_run": True}
             continue
-        fam["attribution"][name] = attribute_rejection(
+        got = attribute_rejection(
             refs[name], others[name], fam["per_test_level"], lambda p, n=name: extend_law(n, p)
         )
+        if got.get("first_token") and hasattr(extend_law, "first_token_edge"):
+            got["first_token_edge"] = extend_law.first_token_edge(name)
+        fam["attribution"][name] = got
     fam["unexplained"] = sorted(k for k, a in fam["attribution"].items() if not a["explained"])
     return fam
 
@@ -569,6 +577,33 @@ class ExtendPathSampler:
             "extend_top_logprobs": top(prompt, greedy, 0),
             "decode_top_logprobs": top(head, forced, 1) if prefix else None,
         }
+
+    def first_token_edge(self, name: str) -> dict:
+        """A diagnosis, not an excuse: how close the setting's first token is to its top-k or
+        nucleus edge on the non-speculative server's prefill (extend) logits. From the top-12
+        raw logprobs after the setting's prompt: ``top_k_gap`` (the k-th minus the (k+1)-th
+        logprob, any temperature) and, at temperature 1 without top-k or bias (the raw
+        probabilities are then the nucleus's), each rank's cumulative probability and
+        ``top_p_margin``, the least distance of one to top_p (a margin within float rounding
+        says an edge the two prefills may cut apart)."""
+        sp = self.settings[name]
+        if self._stack is None:
+            self(name, [])  # starts the server (and samples the first token once)
+        prompt = self.prompts[self.index[name] % len(self.prompts)]
+        top = self._top_logprobs(prompt, [])["extend_top_logprobs"]
+        out: dict = {"extend_top_logprobs": top}
+        lps = [lp for _, lp, *_ in top]
+        k, p, t = sp.get("top_k") or -1, sp.get("top_p") or 1.0, sp.get("temperature")
+        if 0 < k < len(lps):
+            out["top_k_gap"] = round(lps[k - 1] - lps[k], 6)
+        if t == 1.0 and p < 1.0 and k <= 0 and not sp.get("logit_bias"):  # raw = the law's
+            cumulative, total = [], 0.0
+            for lp in lps:
+                total += math.exp(lp)
+                cumulative.append(round(total, 7))
+            out["cumulative"] = cumulative
+            out["top_p_margin"] = round(min(abs(c - p) for c in cumulative), 7)
+        return out
 
     def close(self) -> None:
         if self._stack is not None:
