@@ -320,7 +320,7 @@ def time_prefix_and_split(row: dict, name: str, parts: tuple, want: torch.Tensor
 
 def sweep_variants(w: int, mla: bool) -> dict:
     """``--sweep``'s launch settings, each one knob moved from the hook's choice."""
-    out = {f"S{n}": dict(prefix_splits=n) for n in (1, 2, 4, 8, 16)}
+    out = {f"S{n}": dict(prefix_splits=n) for n in (1, 2, 4, 8, 16, 32)}
     for rows in sorted({16, 32, max(16, 1 << (w - 1).bit_length())}):
         for tree_warps in (4, 8):
             out[f"rows{rows}w{tree_warps}"] = dict(tree_rows=rows, warps=(None, tree_warps))
@@ -354,7 +354,6 @@ def sweep_variants(w: int, mla: bool) -> dict:
     if mla:
         out["pm32"] = dict(prefix_rows=32)
         out["pdv256"] = dict(prefix_dv_block=256)
-        out["S32"] = dict(prefix_splits=32)
         for rows in (16, 32, 64):
             for prefix_warps in (4, 8):
                 for keys in (32, 64):
