@@ -540,7 +540,7 @@ def _wide_mha_prefix(rows: int, dv: int, latent_d: int) -> dict:
     64-key tiles, the queries loaded once and a tile's slots read a tile ahead, with shares
     for about two programs per SM (one at 128 rows: `WIDE_MHA_PROGRAMS_PER_SM`). The fastest
     setting `bench_tree_attention.py --sweep` timed on Qwen3-8B's heads (prefix 8,192, bs
-    1-32, W 8-33): 0.32-0.91x the time of 32-row tiles at 4 warps, and 0.71-1.22x
+    1-32, W 8-33): 0.32-0.91x the time of 32-row tiles at 4 warps, and 0.71-1.24x
     FlashInfer's paged prefill as the prefix part with the ancestor block merged."""
     if latent_d or dv > MHA_WIDE_DV or rows <= 16:
         return {}

@@ -58,8 +58,9 @@ path (its law samples through that prefix) differs from its extend path there (p
 (2) the speculative server's samples through that prefix do not differ from that extend path
 (p > ``ALPHA``), and (3) with every completion through that prefix left out on both sides, all of
 the setting's tests pass at the family's per-test level again (up to ``ATTRIBUTED_PREFIXES``
-prefixes, in turn). Position 1 is never put down to it: both servers sample it from the prefill (a rejection there
-records the non-speculative server's distance to the top-k or nucleus edge, `first_token_edge`).
+prefixes, in turn). Position 1 is never put down to it: both servers sample it from the
+prefill (a rejection there records the non-speculative server's distance to the top-k or
+nucleus edge, `first_token_edge`).
 Where it excuses a rejection, the same check runs on the power family, which must stay rejected:
 a law error is not excused. Where nothing needs excusing, no extra server starts.
 
