@@ -181,9 +181,67 @@ def test_first_token_edge_reads_the_nucleus_and_top_k_margins():
         def first_token_edge(self, name):
             return {"top_p_margin": 0.0005, "setting": name}
 
-    got = law.attribute_family(fam, {"p": ref}, {"p": first_swap}, Probe())
+    got = law.attribute_family(dict(fam), {"p": ref}, {"p": first_swap}, Probe(), diagnose=True)
     assert got["unexplained"] == ["p"]
     assert got["attribution"]["p"]["first_token_edge"] == {"top_p_margin": 0.0005, "setting": "p"}
+    got = law.attribute_family(dict(fam), {"p": ref}, {"p": first_swap}, Probe())  # the power's
+    assert "first_token_edge" not in got["attribution"]["p"]
+
+
+def test_in_waves_submits_small_batches_of_the_setting():
+    """`law.ExtendPathSampler.in_waves` against a stand-in engine: ``SAMPLES`` completions of
+    the setting's prompt at its parameters (``n`` dropped, ``NEW_TOKENS`` tokens), at most
+    ``SHAPE_WAVE`` requests a call; a mixed setting is its plain twin."""
+    sizes, seen = [], []
+
+    class Engine:
+        def generate(self, input_ids, sampling_params, return_logprob=False, top_logprobs_num=0):
+            sizes.append(len(input_ids))
+            seen.append((input_ids[0], sampling_params[0]))
+            return [{"output_ids": [5] * law.NEW_TOKENS} for _ in input_ids]
+
+    settings = {"s": {"temperature": 1.0, "top_k": -1, "top_p": 0.95, "n": 4}}
+    probe = law.ExtendPathSampler(settings, [[1, 2, 3]], "float16")
+    probe._stack, probe._eng = object(), Engine()
+    out = probe.in_waves("mixed_s")
+    assert len(out) == law.SAMPLES and max(sizes) == law.SHAPE_WAVE and sum(sizes) == law.SAMPLES
+    assert seen[0] == ([1, 2, 3], {"temperature": 1.0, "top_k": -1, "top_p": 0.95,
+                                   "max_new_tokens": law.NEW_TOKENS, "ignore_eos": True})  # fmt: skip
+
+
+def test_shape_null_tells_a_batch_shape_effect_from_a_speculative_one():
+    """`law.shape_null` (sample size 3,000 a side, the toy chain; level: the real family's
+    per-test level). A speculative sample whose first token swaps ``a`` for ``b``: where the
+    reference's own small-batch sample has the same swap (a batch-shape effect of the server),
+    the reference is rejected against it and the speculative sample is not; where that sample
+    follows the reference's law (calibration: a second sample of it), the reference passes
+    against it and the speculative sample is rejected. The family wrapper records it for an
+    unexplained rejection when asked to diagnose."""
+    rng = random.Random(11)
+    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
+    ref, same, _, _, b = _swap_case(rng)
+    a = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
+    swap_first = lambda samples: [[b if s[0] == a else s[0]] + s[1:] for s in samples]  # noqa: E731
+    other = swap_first(same)
+    waves_swapped = swap_first(_completions(rng, 1.0))
+    got = law.shape_null(ref, other, waves_swapped)
+    assert got["wave"] == law.SHAPE_WAVE and got["n"] == law.SAMPLES
+    assert got["reference_vs_waves"]["min_p"] < level < got["other_vs_waves"]["min_p"]
+    got = law.shape_null(ref, other, _completions(rng, 1.0))
+    assert got["other_vs_waves"]["min_p"] < level < got["reference_vs_waves"]["min_p"]
+
+    class Probe:
+        def __call__(self, name, prefix):
+            return _extend_law(rng, prefix)
+
+        def in_waves(self, name):
+            return waves_swapped
+
+    fam = {"rejected": ["s"], "per_test_level": level}
+    got = law.attribute_family(fam, {"s": ref}, {"s": other}, Probe(), diagnose=True)
+    assert got["unexplained"] == ["s"]  # recorded, not excused
+    shape = got["attribution"]["s"]["shape_null"]
+    assert shape["reference_vs_waves"]["min_p"] < level < shape["other_vs_waves"]["min_p"]
 
 
 def test_law_settings_cover_every_pairing_and_temperature():

@@ -62,7 +62,11 @@ prefixes, in turn). Position 1 is never put down to it: both servers sample it f
 prefill (a rejection there records the non-speculative server's distance to the top-k or
 nucleus edge, `first_token_edge`).
 Where it excuses a rejection, the same check runs on the power family, which must stay rejected:
-a law error is not excused. Where nothing needs excusing, no extra server starts.
+a law error is not excused. Where nothing needs excusing, no extra server starts. A rejection it
+does not explain gets a diagnosis, which never excuses it (`shape_null`): the same server's
+completions submitted ``SHAPE_WAVE`` at a time (small batches, as a speculative server admits
+requests) against its reference sample and against the speculative one, since a GEMM's row
+count picks its kernel and so the last bits of every logit.
 
 The LM head's output is rounded to the model dtype as well, which makes exact logit ties
 common: two tokens tied at a nucleus edge stay together under the joint rule in one forward
@@ -93,6 +97,11 @@ TUPLE_LEN = 3
 MIN_BIN = 10
 ALPHA = 0.01
 ATTRIBUTED_PREFIXES = 3
+# The batch-shape null of an unexplained rejection: the non-speculative server's completions
+# submitted this many requests at a time, so its prefill and decode batches hold at most this
+# many rows (the speculative server admits new requests a few at a time, as they finish at
+# different steps, where the reference admits MAX_RUNNING at once).
+SHAPE_WAVE = 32
 GREEDY_PROMPTS = 256
 GREEDY_NEW_TOKENS = 48
 MAX_RUNNING = 128
@@ -303,11 +312,32 @@ def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: flo
     return {"explained": False, "prefixes": prefixes, "remainder_min_p": res["min_p"]}
 
 
-def attribute_family(fam: dict, refs: dict, others: dict, extend_law) -> dict:
+def shape_null(ref: list[list[int]], other: list[list[int]], waves: list[list[int]]) -> dict:
+    """A diagnosis of an unexplained rejection, never an excuse: the non-speculative server's
+    completions of the setting in small batches (``waves``, `SHAPE_WAVE` requests at a time)
+    against its own reference sample (``ref``: is the server's law, as sampled, moved by its
+    batch shapes alone?) and against the speculative server's (``other``). Returns each
+    comparison's smallest p and worst test (`compare_samples`)."""
+    def brief(res: dict) -> dict:
+        return {"min_p": res["min_p"], "worst": res["worst"]}
+
+    return {
+        "wave": SHAPE_WAVE,
+        "n": len(waves),
+        "reference_vs_waves": brief(compare_samples(ref, waves)),
+        "other_vs_waves": brief(compare_samples(other, waves)),
+    }
+
+
+def attribute_family(
+    fam: dict, refs: dict, others: dict, extend_law, diagnose: bool = False
+) -> dict:
     """`attribute_rejection` on every setting ``fam`` rejected; adds ``attribution`` (per
     setting) and ``unexplained`` (the rejections it does not put down to the forward path) to
     ``fam``. ``refs``/``others``: {setting: completions}; ``extend_law(setting, prefix)``, or
-    None (no engine: every rejection stays unexplained)."""
+    None (no engine: every rejection stays unexplained). ``diagnose``: where ``extend_law``
+    also reads the first token's edge (``first_token_edge``) and samples in small batches
+    (``in_waves``), an unexplained rejection records both (`shape_null`); neither excuses."""
     fam["attribution"] = {}
     for name in fam["rejected"]:
         if extend_law is None:
@@ -316,8 +346,10 @@ def attribute_family(fam: dict, refs: dict, others: dict, extend_law) -> dict:
         got = attribute_rejection(
             refs[name], others[name], fam["per_test_level"], lambda p, n=name: extend_law(n, p)
         )
-        if got.get("first_token") and hasattr(extend_law, "first_token_edge"):
+        if diagnose and got.get("first_token") and hasattr(extend_law, "first_token_edge"):
             got["first_token_edge"] = extend_law.first_token_edge(name)
+        if diagnose and not got["explained"] and hasattr(extend_law, "in_waves"):
+            got["shape_null"] = shape_null(refs[name], others[name], extend_law.in_waves(name))
         fam["attribution"][name] = got
     fam["unexplained"] = sorted(k for k, a in fam["attribution"].items() if not a["explained"])
     return fam
@@ -537,6 +569,7 @@ class ExtendPathSampler:
     def __call__(self, name: str, prefix: list[int]) -> list[int]:
         import contextlib
 
+        name = name.removeprefix("mixed_")  # a mixed batch's setting: the same law
         key = f"{name} {list(prefix)}"
         if key in self._tokens:  # the same probe for another family or its mixed twin
             return self._tokens[key]
@@ -579,6 +612,21 @@ class ExtendPathSampler:
             "decode_top_logprobs": top(head, forced, 1) if prefix else None,
         }
 
+    def in_waves(self, name: str) -> list[list[int]]:
+        """``SAMPLES`` completions of the setting from the non-speculative server, submitted
+        `SHAPE_WAVE` requests at a time (its batches then hold at most that many rows)."""
+        name = name.removeprefix("mixed_")
+        if self._stack is None:
+            self(name, [])  # starts the server
+        sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
+        sp.update(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        prompt = self.prompts[self.index[name] % len(self.prompts)]
+        out: list[list[int]] = []
+        for start in range(0, SAMPLES, SHAPE_WAVE):
+            n = min(SHAPE_WAVE, SAMPLES - start)
+            out += [o["output_ids"] for o in generate(self._eng, [prompt] * n, [sp] * n)]
+        return out
+
     def first_token_edge(self, name: str) -> dict:
         """A diagnosis, not an excuse: how close the setting's first token is to its top-k or
         nucleus edge on the non-speculative server's prefill (extend) logits. From the top-12
@@ -587,6 +635,7 @@ class ExtendPathSampler:
         probabilities are then the nucleus's), each rank's cumulative probability and
         ``top_p_margin``, the least distance of one to top_p (a margin within float rounding
         says an edge the two prefills may cut apart)."""
+        name = name.removeprefix("mixed_")
         sp = self.settings[name]
         if self._stack is None:
             self(name, [])  # starts the server (and samples the first token once)
@@ -722,8 +771,7 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
     ddtree = {k: compare_samples(refs[k], others[k]) for k in others}
     nulls = {k: compare_samples(ref["law"][k], ref["null"][k]) for k in NULL}
     power = {k: compare_samples(ref["law"][k], ref["hot"][k]) for k in CALIBRATION}
-    base = None if extend_law is None else lambda k, p: extend_law(k.removeprefix("mixed_"), p)
-    fam_tree = attribute_family(family(ddtree), refs, others, base)
+    fam_tree = attribute_family(family(ddtree), refs, others, extend_law, diagnose=True)
     fam_null = family(nulls)
     # The wrong law must be rejected as a family (each setting's p is reported too); where the
     # forward-path check excused a DDTREE rejection, it must not excuse the wrong law either.
