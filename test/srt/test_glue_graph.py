@@ -1241,3 +1241,187 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
     assert glue.mode == ("greedy",)
     with pytest.raises(AssertionError):
         StepGlue({"tree": None, "accept": None, "kv": None, "shard": None}, glue.coin_generator)
+
+
+def test_padded_view_reads_the_padded_rows_of_a_static_buffer():
+    """`padded_view`: the first rows of a larger buffer (as SGLang's padded graph replays and
+    the padded glue graphs return them) seen with more rows over the same storage; None where
+    the storage ends first or the rows are not contiguous. `leading_rows` cuts a nest of
+    request-major tensors back to the real requests; `pad_rows` appends fill rows."""
+    from collections import namedtuple
+
+    from sglang_ddtree.srt.ddtree_utils import leading_rows, pad_rows, padded_view
+
+    buf = torch.arange(30).view(10, 3)
+    view = padded_view(buf[:4], 6)
+    assert torch.equal(view, buf[:6]) and view.data_ptr() == buf.data_ptr()
+    assert padded_view(buf[:4], 4) is not None and padded_view(buf[:4], 10) is not None
+    assert padded_view(buf[:4], 11) is None  # past the storage
+    assert padded_view(buf[:4].clone(), 6) is None  # a tensor of its own
+    assert padded_view(buf[:4, :2], 6) is None  # not contiguous
+    inner, outer = namedtuple("inner", "flat"), namedtuple("outer", "tokens inner")
+    tokens, flat = torch.arange(12).view(6, 2), torch.arange(18)  # 6 requests, 2 and 3 rows
+    cut = leading_rows(outer(tokens, inner(flat)), bs=4, rows=6)
+    assert type(cut) is outer and type(cut.inner) is inner
+    assert torch.equal(cut.tokens, tokens[:4]) and torch.equal(cut.inner.flat, flat[:12])
+    padded = pad_rows(torch.tensor([3, 4], dtype=torch.int32), 4, 1 << 30)
+    assert padded.tolist() == [3, 4, 1 << 30, 1 << 30] and padded.dtype == torch.int32
+
+
+def test_padded_size_is_sglangs_next_captured_size():
+    """`padded_size`: the smallest captured size >= bs (SGLang's padding), None without a
+    runner, without padding, or past the largest size."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_glue_graph import padded_size
+
+    runner = SimpleNamespace(capture_bs=[1, 2, 4, 8, 10, 12], disable_padding=False)
+    assert [padded_size(runner, b) for b in (1, 3, 8, 9, 11, 12)] == [1, 4, 8, 10, 12, 12]
+    assert padded_size(runner, 13) is None and padded_size(None, 3) is None
+    assert padded_size(SimpleNamespace(capture_bs=[1, 2, 4], disable_padding=True), 3) is None
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
+    """`StepGlue` with ``rows`` (``SGLANG_DDTREE_GLUE_PADDED``): the draft tree and the accept
+    run at the padded batch size, keyed by it, over the padded rows of the drafter's and the
+    verify's static outputs (``hidden`` and the logits given as their first rows), and return
+    the real requests' rows: equal to the unpadded step's (greedy exactly; sampled, equal to
+    the real rows' accept with the coins the padded draw gave them). A ``hidden`` with no
+    padded rows behind it runs at the real size."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.core.sampling import draw_coins
+    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
+
+    bs, rows, block, vocab, budget, topk = 3, 5, 5, 37, 8, 4
+    w = budget + 1
+    (hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token), shape, _ = _tree_case(
+        rows, block, 16, vocab, budget, topk, seed=31
+    )
+    width = -(-vocab // tp)
+    fns = make_tree_fns(
+        shape, vocab, topk, "torch", lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
+        lm_head_shard=None if tp == 1 else (lambda: (lm_head[:width], 0)),
+    )  # fmt: skip
+    other = [
+        make_tree_fns(
+            shape, vocab, topk, "torch", lm_head=lambda: lm_head,
+            req_to_token=lambda: req_to_token,
+            lm_head_shard=(lambda r=r: (lm_head[r * width : (r + 1) * width], r * width)),
+        )["shard"]
+        for r in range(1, tp)
+    ]  # fmt: skip
+    keys = []
+
+    def recorded(name, fn):
+        seg = SegmentGraphs(name, fn, enabled=False)
+
+        def call(key, *args, **kwargs):
+            keys.append((name, key))
+            return seg(key, *args, **kwargs)
+
+        return call
+
+    def glue(seed):
+        segments = {name: recorded(name, fn) for name, fn in fns.items()}
+        segments["accept"] = recorded("accept", make_accept_fn(block))
+        segments["kv"] = lambda key, bound: None
+
+        def gather(packed):  # the other ranks' candidates over the same (padded) rows
+            n = packed.shape[0]
+            return torch.stack([packed, *(f(padded_hidden[: n * block]) for f in other)])
+
+        return StepGlue(segments, torch.Generator().manual_seed(seed), gather if tp > 1 else None)
+
+    padded_hidden = hidden_buf
+    hidden = hidden_buf[: bs * block]  # what the drafter's padded replay returns
+    real = (bonus[:bs], seq_lens[:bs], pool_rows[:bs])
+    want = glue(5).draft_tree(None, hidden, *real)
+    padded_glue = glue(5)
+    keys.clear()
+    tree = padded_glue.draft_tree((bs,), hidden, *real, rows=rows)
+    assert {k for _, k in keys} == {(rows,)}
+    for name, a, b in zip(want._fields, tree, want):
+        if name == "layout":
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+        else:
+            assert torch.equal(a, b), name
+
+    logits_buf = torch.randn(rows * w, vocab, generator=torch.Generator().manual_seed(6))
+    logits = logits_buf[: bs * w]  # the verify's padded replay, first rows
+    keys.clear()
+    got = padded_glue.accept((bs,), tree, logits, None, rows=rows)
+    assert keys == [("accept", (rows, "greedy"))]
+    expect = glue(5).accept(None, want, logits, None)
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+
+    info = SimpleNamespace(
+        is_all_greedy=False, need_top_k_sampling=True, need_top_p_sampling=True,
+        temperatures=torch.tensor([[1.0], [0.8], [1.2]]), top_ks=torch.tensor([ALL, 10, 3]),
+        top_ps=torch.tensor([0.9, 1.0, 0.7]),
+    )  # fmt: skip
+    mode = ("sampled", True, True, False)
+    got = padded_glue.accept((bs,), tree, logits, info, mode, rows=rows)
+    # The padded draw continues the padded glue's generator after its greedy step (none drawn).
+    coins, final = draw_coins(rows, w, "cpu", generator=torch.Generator().manual_seed(5))
+    expect = accept_and_commit(
+        logits, want.tokens, want.layout, want.seq_lens, accept_width=block,
+        temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
+        coins=coins[:bs], final_coins=final[:bs],
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(got, expect))
+    assert got.out_tokens.shape[0] == bs
+
+    keys.clear()  # no padded rows behind the hidden states: the real size, the accept too
+    alone = padded_glue.draft_tree((bs,), hidden.clone(), *real, rows=rows)
+    assert {k for _, k in keys} == {(bs,)} and torch.equal(alone.tokens, want.tokens)
+    padded_glue.accept((bs,), alone, logits, None, rows=rows)
+    assert keys[-1] == ("accept", (bs, "greedy")) and padded_glue.tree_rows is None
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_padded_glue_graphs_serve_every_batch_size_of_a_captured_size():
+    """On the GPU, with capture: batches of 3 and 4 requests padded to 4 (``rows``) over one
+    static buffer each for the drafter's hidden states and the verify's logits (as SGLang's
+    padded replays hand them over) replay ONE tree graph and one greedy accept graph, and
+    every step's real rows equal the unpadded eager step's; 8 steps alternating the size."""
+    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
+
+    rows, block, vocab, budget, topk = 4, 5, 37, 8, 4
+    w = budget + 1
+    (hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token), shape, _ = _tree_case(
+        rows, block, 16, vocab, budget, topk, seed=41
+    )
+    cuda = [t.cuda() for t in (hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token)]
+    hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token = cuda
+    fns = make_tree_fns(
+        shape, vocab, topk, "torch", lm_head=lambda: lm_head, req_to_token=lambda: req_to_token
+    )
+
+    def glue(enabled):
+        segments = {"tree": SegmentGraphs("tree", fns["tree"], enabled=enabled)}
+        segments["accept"] = SegmentGraphs("accept", make_accept_fn(block), enabled=enabled)
+        segments["kv"] = lambda key, bound: None
+        return StepGlue(segments, torch.Generator(device="cuda").manual_seed(1))
+
+    padded, eager = glue(True), glue(False)
+    logits_buf = torch.empty(rows * w, vocab, device="cuda")
+    for step in range(8):
+        bs = 3 if step % 2 == 0 else 4
+        hidden_buf.normal_()
+        logits_buf.normal_()
+        hidden, logits = hidden_buf[: bs * block], logits_buf[: bs * w]
+        real = (bonus[:bs], seq_lens[:bs], pool_rows[:bs])
+        tree = padded.draft_tree((bs,), hidden, *real, rows=rows)
+        want = eager.draft_tree(None, hidden, *real)
+        assert torch.equal(tree.tokens, want.tokens) and torch.equal(
+            tree.verify_loc, want.verify_loc
+        )
+        got = padded.accept((bs,), tree, logits, None, rows=rows)
+        expect = eager.accept(None, want, logits, None)
+        assert all(torch.equal(a, b) for a, b in zip(got, expect)), step
+    assert set(padded.segments["tree"].entries) == {(rows,)}
+    assert set(padded.segments["accept"].entries) == {(rows, "greedy")}
+    assert padded.segments["tree"].counts["graph"] == 7 and not padded.segments["tree"].eager_keys

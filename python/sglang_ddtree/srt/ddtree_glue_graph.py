@@ -45,6 +45,7 @@ output law never depends on which one ran. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -63,6 +64,21 @@ GLUE_GRAPHS_ENV = envs.SGLANG_DDTREE_GLUE_GRAPHS.name
 def glue_graphs_enabled(environ: Mapping[str, str]) -> bool:
     """``SGLANG_DDTREE_GLUE_GRAPHS`` (a boolean, default on); ValueError on any other value."""
     return envs.SGLANG_DDTREE_GLUE_GRAPHS.get(environ)
+
+
+def glue_padded_enabled(environ: Mapping[str, str]) -> bool:
+    """``SGLANG_DDTREE_GLUE_PADDED`` (a boolean, default off); ValueError on any other value."""
+    return envs.SGLANG_DDTREE_GLUE_PADDED.get(environ)
+
+
+def padded_size(runner, bs: int) -> int | None:
+    """The batch size a SGLang CUDA-graph ``runner`` pads ``bs`` requests to (the smallest
+    captured size >= bs), or None (no runner, no padding, or none that large)."""
+    sizes = sorted(getattr(runner, "capture_bs", None) or ())
+    if not sizes or getattr(runner, "disable_padding", False):
+        return None
+    i = bisect.bisect_left(sizes, int(bs))
+    return int(sizes[i]) if i < len(sizes) else None
 
 
 def _signature(t: torch.Tensor) -> tuple:

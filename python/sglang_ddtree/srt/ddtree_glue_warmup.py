@@ -41,7 +41,7 @@ from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
 from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors, quiet_captures
-from sglang_ddtree.srt.ddtree_utils import accept_output_group, accept_tree
+from sglang_ddtree.srt.ddtree_utils import TOP_K_ALL, accept_output_group, accept_tree
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +77,8 @@ def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
         "--mem-fraction-static."
     )
 
+
 GLUE_AT_STARTUP_ENV = envs.SGLANG_DDTREE_GLUE_AT_STARTUP.name
-ALL = 1 << 30  # SGLang's top_k for "no top-k"
 
 
 def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
@@ -107,7 +107,7 @@ def dummy_sampling_info(mode: tuple, bs: int, device) -> SimpleNamespace | None:
         need_top_p_sampling=need_p,
         need_min_p_sampling=need_min_p,
         temperatures=torch.ones(bs, 1, dtype=torch.float32, device=device),
-        top_ks=torch.full((bs,), 20 if need_k else ALL, dtype=torch.int32, device=device),
+        top_ks=torch.full((bs,), 20 if need_k else TOP_K_ALL, dtype=torch.int32, device=device),
         top_ps=torch.full((bs,), 0.9 if need_p else 1.0, dtype=torch.float32, device=device),
         min_ps=torch.full((bs,), 0.05 if need_min_p else 0.0, dtype=torch.float32, device=device),
     )
@@ -501,7 +501,8 @@ def _dummy_step(worker, bs: int) -> None:
         reserved_seq_lens_cpu=None,
         reserved_seq_lens_sum=None,
     )
-    tree = worker.draft_tree(batch, draft_input, bs, key)  # the decode step's phases 1-2
+    rows = worker.glue_rows(bs)
+    tree = worker.draft_tree(batch, draft_input, bs, key, rows)  # the decode step's phases 1-2
     verify_input = DDTreeVerifyInput.from_tree(
         tree, batch, draft_input, full_mask=worker.verify_full_mask
     )
@@ -529,5 +530,5 @@ def _dummy_step(worker, bs: int) -> None:
     for mode in accept_modes():
         sampling_info = dummy_sampling_info(mode, bs, device)
         assert accept_mode(sampling_info) == mode
-        commit = glue.accept(key, tree, logits, sampling_info, mode)
+        commit = glue.accept(key, tree, logits, sampling_info, mode, rows=rows)
         glue.commit_kv(key, target_hidden, commit, tree)

@@ -111,6 +111,56 @@ def make_accept_fn(
     return accept_fn
 
 
+TOP_K_ALL = 1 << 30  # SGLang's top_k for "no top-k"
+
+
+def padded_view(t: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """``t`` [n, ...] seen with ``rows`` >= n leading rows over its own storage, or None where
+    the storage ends before them. For the first rows of a larger static buffer (a batch SGLang
+    pads to a captured size returns its outputs as such views; so does a padded glue graph
+    after `leading_rows`): the view then holds this step's padded rows too."""
+    if t.dim() == 0 or (rows > t.shape[0] and not t.is_contiguous()):
+        return None
+    if rows == t.shape[0]:
+        return t
+    last = t.storage_offset() + (rows - 1) * t.stride(0) + sum(
+        (n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:])
+    )
+    if (last + 1) * t.element_size() > t.untyped_storage().nbytes():
+        return None
+    return t.as_strided((rows, *t.shape[1:]), t.stride(), t.storage_offset())
+
+
+def leading_rows(nest, bs: int, rows: int):
+    """A NamedTuple of tensors whose leading dimension is ``rows`` requests' (``rows x k``
+    rows, request-major) cut to its first ``bs`` requests' rows (views)."""
+    return type(nest)(
+        *(leading_rows(t, bs, rows) if hasattr(t, "_fields") else t[: t.shape[0] // rows * bs]
+          for t in nest)
+    )  # fmt: skip
+
+
+def pad_rows(t: torch.Tensor, rows: int, fill) -> torch.Tensor:
+    """``t`` [n, ...] followed by ``rows - n`` rows of ``fill`` (a new tensor)."""
+    if rows == t.shape[0]:
+        return t
+    pad = t.new_full((rows - t.shape[0], *t.shape[1:]), fill)
+    return torch.cat([t, pad])
+
+
+def _padded_bound(bound: dict, bs: int, rows: int | None) -> dict | None:
+    """Every bound tensor at ``rows`` requests' rows (`padded_view`), or None (no padding)."""
+    if rows is None or rows <= bs:
+        return None
+    out = {}
+    for name, t in bound.items():
+        view = padded_view(t, t.shape[0] // bs * rows)
+        if view is None:
+            return None
+        out[name] = view
+    return out
+
+
 def accept_tree(
     tree: TreeStep,
     logits: torch.Tensor,  # [bs * W, V] target logits at every node (penalties applied)
@@ -119,29 +169,40 @@ def accept_tree(
     key,  # its graph key (bs,), or None to run eagerly
     coin_generator: torch.Generator | None,
     mode: tuple | None = None,  # accept_mode(sampling_info), when the caller has it already
+    rows: int | None = None,  # > bs: run at this many requests' rows (`StepGlue`'s padding)
 ) -> CommitPlan:
-    """Accept per request and plan the commit; the graph key adds the sampling mode."""
+    """Accept per request and plan the commit; the graph key adds the sampling mode. With
+    ``rows`` the tree and the logits are read at that many requests' rows (their storage
+    holds the padded rows of the same step, else no padding), the sampling parameters and
+    coins padded alike (temperature 1, every token, top-p 1, min-p 0), the graph keyed by
+    ``(rows,)``; the plan returned is the real requests' rows of it."""
     bs, w = tree.tokens.shape
     bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
     bound.update(tree.layout._asdict())
+    padded = _padded_bound(bound, bs, rows) if key is not None else None
+    n = rows if padded is not None else bs
+    if padded is not None:
+        bound, key = padded, (rows,)
     mode = mode or accept_mode(sampling_info)
     if mode == ("greedy",):
-        return accept_graphs(key and (*key, *mode), bound)
+        plan = accept_graphs(key and (*key, *mode), bound)
+        return plan if n == bs else leading_rows(plan, bs, n)
     _, need_k, need_p, need_min_p = mode
     # The coins are drawn here, eagerly (two launches), and copied in like the sampling
     # parameters: the law then never depends on how captured graphs replay the RNG.
-    coins, final_coins = draw_coins(bs, w, logits.device, generator=coin_generator)
+    coins, final_coins = draw_coins(n, w, logits.device, generator=coin_generator)
     copied = {
-        "temperatures": sampling_info.temperatures.view(-1),
-        "top_ks": sampling_info.top_ks.view(-1),
-        "top_ps": sampling_info.top_ps.view(-1),
+        "temperatures": pad_rows(sampling_info.temperatures.view(-1), n, 1.0),
+        "top_ks": pad_rows(sampling_info.top_ks.view(-1), n, TOP_K_ALL),
+        "top_ps": pad_rows(sampling_info.top_ps.view(-1), n, 1.0),
         "coins": coins,
         "final_coins": final_coins,
     }
     if need_min_p:
-        copied["min_ps"] = sampling_info.min_ps.view(-1)
+        copied["min_ps"] = pad_rows(sampling_info.min_ps.view(-1), n, 0.0)
     static = {"need_top_k": need_k, "need_top_p": need_p, "need_min_p": need_min_p}
-    return accept_graphs(key and (*key, *mode), bound, copied, static)
+    plan = accept_graphs(key and (*key, *mode), bound, copied, static)
+    return plan if n == bs else leading_rows(plan, bs, n)
 
 
 def commit_kv(
@@ -190,6 +251,7 @@ class StepGlue:
         self.coin_generator = coin_generator
         self._gather = gather
         self.mode: tuple | None = None  # the last accept's mode
+        self.tree_rows: int | None = None  # the last draft tree's padded batch size, if padded
 
     def draft_tree(
         self,
@@ -198,18 +260,31 @@ class StepGlue:
         bonus: torch.Tensor,  # [bs] int64, the roots
         seq_lens: torch.Tensor,  # [bs] committed lengths
         req_pool_indices: torch.Tensor,  # [bs] request-pool rows
+        rows: int | None = None,  # > bs: the padded batch size (`padded_view`'s rows)
     ) -> TreeStep:
-        """The draft tree and the verify's inputs (`core.step.draft_to_tree`)."""
+        """The draft tree and the verify's inputs (`core.step.draft_to_tree`). With ``rows``
+        (a graph key given, and ``hidden`` the first rows of the drafter graph's padded output)
+        the segment runs at that many requests, keyed ``(rows,)``, the padded rows' roots,
+        lengths and pool rows 0 (they read request row 0 and write nothing); the tree returned
+        is the real requests' rows of its outputs."""
+        bs = seq_lens.shape[0]
+        padded = _padded_bound({"hidden": hidden}, bs, rows) if key is not None else None
+        n = rows if padded is not None else bs
+        if padded is not None:
+            hidden, key = padded["hidden"], (rows,)
         copied = {
-            "bonus": bonus.view(-1),
-            "seq_lens": seq_lens,
-            "req_pool_indices": req_pool_indices,
+            "bonus": pad_rows(bonus.view(-1), n, 0),
+            "seq_lens": pad_rows(seq_lens, n, 0),
+            "req_pool_indices": pad_rows(req_pool_indices, n, 0),
         }
         if self._gather is None:
-            return self.segments["tree"](key, bound={"hidden": hidden}, copied=copied)
-        packed = self.segments["shard"](key, bound={"hidden": hidden})
-        gathered = self._gather(packed)
-        return self.segments["tree"](key, bound={}, copied={"gathered": gathered, **copied})
+            tree = self.segments["tree"](key, bound={"hidden": hidden}, copied=copied)
+        else:
+            packed = self.segments["shard"](key, bound={"hidden": hidden})
+            gathered = self._gather(packed)
+            tree = self.segments["tree"](key, bound={}, copied={"gathered": gathered, **copied})
+        self.tree_rows = n if n != bs else None
+        return tree if n == bs else leading_rows(tree, bs, n)
 
     def accept(
         self,
@@ -218,12 +293,15 @@ class StepGlue:
         logits: torch.Tensor,  # [bs * W, V] the verify's processed logits
         sampling_info,  # SGLang's SamplingBatchInfo, or None (every request greedy)
         mode: tuple | None = None,  # the accept mode; None: accept_mode(sampling_info)
+        rows: int | None = None,  # > bs: the padded batch size, as for `draft_tree`
     ) -> CommitPlan:
-        """The accepted paths and the commit plan (`accept_tree`), in the step's accept mode."""
+        """The accepted paths and the commit plan (`accept_tree`), in the step's accept mode;
+        with ``rows``, at the padded batch size, where the last `draft_tree` ran at it (its
+        tree and the verify's logits are then the first rows of padded outputs)."""
         self.mode = mode or accept_mode(sampling_info)
         return accept_tree(
             tree, logits, sampling_info, self.segments["accept"], key, self.coin_generator,
-            self.mode,
+            self.mode, rows=rows if rows is not None and rows == self.tree_rows else None,
         )  # fmt: skip
 
     def commit_kv(

@@ -100,7 +100,12 @@ from sglang_ddtree.srt.ddtree_args import (
 from sglang_ddtree.srt.ddtree_attention import missing_verify_hook
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
-from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled
+from sglang_ddtree.srt.ddtree_glue_graph import (
+    SegmentGraphs,
+    glue_graphs_enabled,
+    glue_padded_enabled,
+    padded_size,
+)
 from sglang_ddtree.srt.ddtree_glue_warmup import (
     GlueReserve,
     capture_glue_at_startup,
@@ -253,6 +258,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
         # bound inputs.
         glue_on = glue_graphs_enabled(os.environ) and not server_args.disable_cuda_graph
+        self._glue_padded = glue_padded_enabled(os.environ)
         self._glue_on = glue_on
         share = (
             {"pool": torch.cuda.graph_pool_handle(), "stream": torch.cuda.Stream()}
@@ -498,15 +504,28 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the drafter returned no hidden states.")
         return hidden
 
-    def draft_tree(self, batch, draft_input, bs: int, key) -> TreeStep:
+    def draft_tree(self, batch, draft_input, bs: int, key, rows: int | None = None) -> TreeStep:
         """Phases 1-2 of a decode step, also the startup capture's: the drafter's block (SGLang's
         graph) and the draft tree with the verify's inputs (the glue graph at ``key``; None:
-        eager). ``batch``: the step's ``seq_lens``, ``req_pool_indices`` and host lengths."""
+        eager; ``rows``: `glue_rows`). ``batch``: the step's ``seq_lens``, ``req_pool_indices``
+        and host lengths."""
         shape = self.shape_for(bs)
         hidden = self._draft_hidden(batch, draft_input, bs, shape)
         return self.step_glue[shape.num_nodes].draft_tree(
-            key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices
+            key, hidden, draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices, rows
         )
+
+    def glue_rows(self, bs: int) -> int | None:
+        """The padded batch size the step's tree and accept glue run at
+        (``SGLANG_DDTREE_GLUE_PADDED``): the captured size SGLang pads a verify of ``bs``
+        requests to, where it pads the drafter's block to the same (the padded rows of both
+        forwards are then this step's, computed from SGLang's fill values); else None (the
+        real size, as the KV commit always runs)."""
+        if not self._glue_padded:
+            return None
+        target = padded_size(self.model_runner.decode_cuda_graph_runner, bs)
+        draft = padded_size(getattr(self.draft_model_runner, "decode_cuda_graph_runner", None), bs)
+        return target if target is not None and target == draft and target > bs else None
 
     # ------------------------------------------------------------------------------------------
     # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).
@@ -675,7 +694,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         key = (bs,) if sglang_graphs else None
 
         # 1-2) Drafter block (SGLang graph), then the draft tree and verify inputs (glue graph).
-        tree = self.draft_tree(batch, draft_input, bs, key)
+        rows = self.glue_rows(bs) if key is not None else None
+        tree = self.draft_tree(batch, draft_input, bs, key, rows)
 
         # Constrained requests: the tree's host copy starts here, ahead of the verify launch.
         grammar_tree = (
@@ -734,7 +754,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify requires target hidden states, got None.")
 
         # 4) Accept and plan the commit (glue graph; its key adds the accept mode).
-        commit: CommitPlan = glue.accept(key, tree, logits, sampling_info)
+        commit: CommitPlan = glue.accept(key, tree, logits, sampling_info, rows=rows)
         if self.tp_size > 1:
             self._check_ranks_agree(tree, commit)
         if penalty_state is not None:  # the emitted tokens count from the next step on
