@@ -680,11 +680,20 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     # the outputs it binds); a KV graph per mode fails the check.
     startup["glue"]["tree_w33"] = _seg(0, 4, 4)
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)
-    for kv_captures, ok in ((4, True), (4 * 7, False)):
+    for kv_captures, ok in ((4, True), (4 * 7, False), (3, False)):
         startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
         stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
         check = e2e._adaptive_summary(outputs, got)
         assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
+    # Keyed by the padded batch size, the draft tree has a graph per captured size and the
+    # KV commit one per batch size: at least as many.
+    monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "1")
+    for kv_captures, ok in ((4, True), (9, True), (3, False)):
+        startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
+        stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
+        check = e2e._adaptive_summary(outputs, got)
+        assert check["kv_graph_per_batch_size"] == {"kv_w33": ok}
+    monkeypatch.delenv("SGLANG_DDTREE_GLUE_PADDED")
     del startup["glue"]["kv_w33"], stats["glue"]["kv_w33"]
     # Startup capture on (the default) but no counts before the first request: fails; off: the
     # lazy rule (eager only on capture steps) alone.

@@ -332,11 +332,17 @@ def _adaptive_summary(
     graphs_ok = graphs_ok and bool(glue) and all(glue.values())
     # Glue graphs captured at startup (unless switched off): serving must capture none, and
     # the KV commit one graph per batch size, as the draft tree (every accept mode of a batch
-    # size writes the outputs it binds).
+    # size writes the outputs it binds); keyed by the padded batch size
+    # (SGLANG_DDTREE_GLUE_PADDED) the draft tree has one per captured size, at most as many.
     startup = got.get("startup_stats")
     serving_captures = None
+    padded = envs.SGLANG_DDTREE_GLUE_PADDED.get(os.environ)
+
+    def kv_graphs_ok(kv: int, tree: int | None) -> bool:
+        return tree is not None and (kv >= tree if padded else kv == tree)
+
     kv_per_batch_size = {
-        name: c["captures"] == startup_glue.get("tree_" + name[len("kv_") :], {}).get("captures")
+        name: kv_graphs_ok(c["captures"], startup_glue.get("tree_" + name[3:], {}).get("captures"))
         for name, c in startup_glue.items()
         if name.startswith("kv_")
     }
