@@ -76,7 +76,7 @@ SAMPLES_PER_PROMPT = 256
 SAMPLE_NEW_TOKENS = 24
 SAMPLING_CASES = (("T1.0", 1.0, 1.0), ("T0.7_p0.9", 0.7, 0.9))
 ADAPTIVE_SCHEDULE = "1:33,4:17"  # valid for the tiny drafter's block 8 (every W >= 8)
-ADAPTIVE_BATCH_SIZES = (1, 3, 4, 16)
+ADAPTIVE_BATCH_SIZES = (1, 3, 4, 11, 16)  # 11: between captured sizes 10 and 12 (padded)
 ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
 # Accepted by --checks, not in the default set.
 OPTIONAL_CHECKS = ("chain", "backend_floor", "defaults", "logprobs")
