@@ -1188,20 +1188,11 @@ def test_tree_segment_functions_build_the_tree_of_draft_to_tree(tp):
     assert torch.equal(again.verify_loc, want.verify_loc + 1)
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_step_glue_drives_the_segments_as_the_step_does(tp):
-    """`StepGlue` (what the worker and the startup capture drive): its draft tree equals
-    `draft_to_tree` (under tensor parallelism through the shard segment and the gather it is
-    given), its accept equals `accept_tree` with its own coin generator, and its KV commit calls
-    the KV segment with the step's mode in the key."""
-    from types import SimpleNamespace
+def _rank_tree_fns(shape, vocab, topk, lm_head, req_to_token, tp):
+    """Rank 0's draft-tree segment functions (`make_tree_fns`) and, under tensor parallelism,
+    the other ranks' shard functions over their LM-head rows (what the all-gather collects)."""
+    from sglang_ddtree.srt.ddtree_utils import make_tree_fns
 
-    from sglang_ddtree.core.sampling import draw_coins
-    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
-
-    bs, block, vocab, budget, topk = 2, 5, 37, 8, 4
-    inputs, shape, want = _tree_case(bs, block, 16, vocab, budget, topk, seed=21)
-    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = inputs
     width = -(-vocab // tp)
     fns = make_tree_fns(
         shape, vocab, topk, "torch", lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
@@ -1215,6 +1206,24 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
         )["shard"]
         for r in range(1, tp)
     ]  # fmt: skip
+    return fns, other_ranks
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_step_glue_drives_the_segments_as_the_step_does(tp):
+    """`StepGlue` (what the worker and the startup capture drive): its draft tree equals
+    `draft_to_tree` (under tensor parallelism through the shard segment and the gather it is
+    given), its accept equals `accept_tree` with its own coin generator, and its KV commit calls
+    the KV segment with the step's mode in the key."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.core.sampling import draw_coins
+    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn
+
+    bs, block, vocab, budget, topk = 2, 5, 37, 8, 4
+    inputs, shape, want = _tree_case(bs, block, 16, vocab, budget, topk, seed=21)
+    hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = inputs
+    fns, other_ranks = _rank_tree_fns(shape, vocab, topk, lm_head, req_to_token, tp)
 
     def gather(packed):  # what the all-gather hands every rank
         return torch.stack([packed, *(f(hidden) for f in other_ranks)])
@@ -1301,26 +1310,14 @@ def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
     from types import SimpleNamespace
 
     from sglang_ddtree.core.sampling import draw_coins
-    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
+    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn
 
     bs, rows, block, vocab, budget, topk = 3, 5, 5, 37, 8, 4
     w = budget + 1
     (hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token), shape, _ = _tree_case(
         rows, block, 16, vocab, budget, topk, seed=31
     )
-    width = -(-vocab // tp)
-    fns = make_tree_fns(
-        shape, vocab, topk, "torch", lm_head=lambda: lm_head, req_to_token=lambda: req_to_token,
-        lm_head_shard=None if tp == 1 else (lambda: (lm_head[:width], 0)),
-    )  # fmt: skip
-    other = [
-        make_tree_fns(
-            shape, vocab, topk, "torch", lm_head=lambda: lm_head,
-            req_to_token=lambda: req_to_token,
-            lm_head_shard=(lambda r=r: (lm_head[r * width : (r + 1) * width], r * width)),
-        )["shard"]
-        for r in range(1, tp)
-    ]  # fmt: skip
+    fns, other = _rank_tree_fns(shape, vocab, topk, lm_head, req_to_token, tp)
     keys = []
 
     def recorded(name, fn):
