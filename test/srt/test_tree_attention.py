@@ -452,7 +452,10 @@ from sglang_ddtree.core.layout import flatten_verify_mask
 from sglang_ddtree.core.tree_attention import tree_attention_reference
 from sglang_ddtree.srt.ddtree_attention_hook import backend_init_hook, forward_extend_hook
 
-args, scale = random_case(bs=2, w=5, hq=4, hkv=2, d=16, dv=16, prefix=[6, 11], seed=9)
+# Four query heads a KV head: W x G = 20 rows, the wide MHA tile (`_wide_mha_prefix`).
+from sglang_ddtree.core.tree_attention import launch_settings
+assert launch_settings(2, 5, 4, 1, 16, 1)["prefix_q_once"]
+args, scale = random_case(bs=2, w=5, hq=4, hkv=1, d=16, dv=16, prefix=[6, 11], seed=9)
 q, k_buf, v_buf, indptr, indices, loc, mask = args
 prefix = indptr[1:] - indptr[:-1]
 sizes = (prefix + 5) * 5
