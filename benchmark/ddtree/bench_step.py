@@ -632,6 +632,7 @@ def flush_timing(eng, spec) -> None:
 
 
 FLASHMLA_PREFIX_ENV = ddtree_envs.SGLANG_DDTREE_FLASHMLA_PREFIX.name
+GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
     # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
@@ -650,6 +651,8 @@ VARIANTS = {
     # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
     "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
     "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
+    # The tree and accept glue graphs keyed by SGLang's padded batch sizes (fewer at startup).
+    "paddedglue": {GLUE_PADDED_ENV: "1"},
     # The engine's processes import the plugin from --baseline-python (another checkout's
     # python/, e.g. an earlier commit): two versions side by side in one run.
     "baseline": {},
@@ -657,6 +660,7 @@ VARIANTS = {
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
+    GLUE_PADDED_ENV: "0",
     DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
