@@ -327,10 +327,10 @@ def sweep_variants(w: int, mla: bool) -> dict:
     for prefix_warps in (4, 8, 16):
         out[f"pw{prefix_warps}"] = dict(warps=(prefix_warps, None))
     if not mla:
-        # MHA: more of a KV head's W x G rows in one program, so the prefix is read fewer
-        # times (the hook's 32 rows read it W x G / 32 times), with the warps, key tiles,
-        # stages and shares around them (all compile for sm_90a without spills at 8 warps);
-        # ``q``: the queries loaded once, the key width in one tile.
+        # MHA: a KV head's W x G rows at 64 / 128 a program (the prefix read fewer times),
+        # with the warps, key tiles and stages around them (all compile for sm_90a without
+        # spills at 8 warps); ``q``: the queries loaded once, the key width in one tile. The
+        # shares: the ``S<n>`` cells over the hook's own launch.
         for rows in (64, 128):
             for prefix_warps in (4, 8):
                 for keys in (32, 64):
@@ -338,9 +338,6 @@ def sweep_variants(w: int, mla: bool) -> dict:
                     out[name] = dict(prefix_rows=rows, warps=(prefix_warps, None), prefix_keys=keys)
                     out[f"{name}s2"] = dict(out[name], prefix_stages=2)
                     out[f"{name}q"] = dict(out[name], prefix_q_once=True)
-                    for splits in (2, 4, 8, 16, 32):
-                        out[f"{name}S{splits}"] = dict(out[name], prefix_splits=splits)
-                        out[f"{name}qS{splits}"] = dict(out[f"{name}q"], prefix_splits=splits)
         for prefix_warps in (4, 8):  # the hook's 32 rows, queries loaded once
             out[f"mha32w{prefix_warps}q"] = dict(
                 prefix_rows=32, warps=(prefix_warps, None), prefix_q_once=True

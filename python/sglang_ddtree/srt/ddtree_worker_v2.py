@@ -259,6 +259,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # bound inputs.
         glue_on = glue_graphs_enabled(os.environ) and not server_args.disable_cuda_graph
         self._glue_padded = glue_padded_enabled(os.environ)
+        self._glue_rows: dict[int, int | None] = {}  # `glue_rows` by batch size
         self._glue_on = glue_on
         share = (
             {"pool": torch.cuda.graph_pool_handle(), "stream": torch.cuda.Stream()}
@@ -523,9 +524,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         real size, as the KV commit always runs)."""
         if not self._glue_padded:
             return None
-        target = padded_size(self.model_runner.decode_cuda_graph_runner, bs)
-        draft = padded_size(getattr(self.draft_model_runner, "decode_cuda_graph_runner", None), bs)
-        return target if target is not None and target == draft and target > bs else None
+        if bs not in self._glue_rows:  # once per batch size: the capture lists are fixed
+            target = padded_size(self.model_runner.decode_cuda_graph_runner, bs)
+            runner = getattr(self.draft_model_runner, "decode_cuda_graph_runner", None)
+            draft = padded_size(runner, bs)
+            ok = target is not None and target == draft and target > bs
+            self._glue_rows[bs] = target if ok else None
+        return self._glue_rows[bs]
 
     # ------------------------------------------------------------------------------------------
     # Glue segments (captured per key by glue_graph.SegmentGraphs; see core/step.py).

@@ -566,16 +566,21 @@ class ExtendPathSampler:
         self._tokens: dict[str, list[int]] = {}
         self._stack = None
 
-    def __call__(self, name: str, prefix: list[int]) -> list[int]:
+    def _engine(self):
+        """The non-speculative server, started on first use."""
         import contextlib
 
+        if self._stack is None:
+            self._stack = contextlib.ExitStack()
+            self._eng = self._stack.enter_context(engine(None, self.dtype))
+        return self._eng
+
+    def __call__(self, name: str, prefix: list[int]) -> list[int]:
         name = name.removeprefix("mixed_")  # a mixed batch's setting: the same law
         key = f"{name} {list(prefix)}"
         if key in self._tokens:  # the same probe for another family or its mixed twin
             return self._tokens[key]
-        if self._stack is None:
-            self._stack = contextlib.ExitStack()
-            self._eng = self._stack.enter_context(engine(None, self.dtype))
+        self._engine()
         sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
         sp.update(max_new_tokens=1, ignore_eos=True)
         prompt = self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
@@ -616,15 +621,14 @@ class ExtendPathSampler:
         """``SAMPLES`` completions of the setting from the non-speculative server, submitted
         `SHAPE_WAVE` requests at a time (its batches then hold at most that many rows)."""
         name = name.removeprefix("mixed_")
-        if self._stack is None:
-            self(name, [])  # starts the server
+        eng = self._engine()
         sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
         sp.update(max_new_tokens=NEW_TOKENS, ignore_eos=True)
         prompt = self.prompts[self.index[name] % len(self.prompts)]
         out: list[list[int]] = []
         for start in range(0, SAMPLES, SHAPE_WAVE):
             n = min(SHAPE_WAVE, SAMPLES - start)
-            out += [o["output_ids"] for o in generate(self._eng, [prompt] * n, [sp] * n)]
+            out += [o["output_ids"] for o in generate(eng, [prompt] * n, [sp] * n)]
         return out
 
     def first_token_edge(self, name: str) -> dict:
@@ -637,8 +641,7 @@ class ExtendPathSampler:
         says an edge the two prefills may cut apart)."""
         name = name.removeprefix("mixed_")
         sp = self.settings[name]
-        if self._stack is None:
-            self(name, [])  # starts the server (and samples the first token once)
+        self._engine()
         prompt = self.prompts[self.index[name] % len(self.prompts)]
         top = self._top_logprobs(prompt, [])["extend_top_logprobs"]
         out: dict = {"extend_top_logprobs": top}
