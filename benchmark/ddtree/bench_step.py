@@ -651,8 +651,9 @@ VARIANTS = {
     # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
     "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
     "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
-    # The tree and accept glue graphs keyed by SGLang's padded batch sizes (fewer at startup).
-    "paddedglue": {GLUE_PADDED_ENV: "1"},
+    # Every glue graph keyed by the real batch size, not the tree and accept ones by SGLang's
+    # padded batch sizes (3.5x the graphs at startup).
+    "realglue": {GLUE_PADDED_ENV: "0"},
     # The engine's processes import the plugin from --baseline-python (another checkout's
     # python/, e.g. an earlier commit): two versions side by side in one run.
     "baseline": {},
@@ -660,7 +661,7 @@ VARIANTS = {
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
-    GLUE_PADDED_ENV: "0",
+    GLUE_PADDED_ENV: "1",
     DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",

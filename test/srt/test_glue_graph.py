@@ -676,8 +676,9 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
-    # The KV commit: one graph per batch size, as the draft tree (every accept mode writes
-    # the outputs it binds); a KV graph per mode fails the check.
+    # Keyed by the real batch size: the KV commit one graph per batch size, as the draft tree
+    # (every accept mode writes the outputs it binds); a KV graph per mode fails the check.
+    monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "0")
     startup["glue"]["tree_w33"] = _seg(0, 4, 4)
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)
     for kv_captures, ok in ((4, True), (4 * 7, False), (3, False)):
@@ -685,8 +686,8 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
         stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
         check = e2e._adaptive_summary(outputs, got)
         assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
-    # Keyed by the padded batch size, the draft tree has a graph per captured size and the
-    # KV commit one per batch size: at least as many.
+    # Keyed by the padded batch size (the default), the draft tree has a graph per captured
+    # size and the KV commit one per batch size: at least as many.
     monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "1")
     for kv_captures, ok in ((4, True), (9, True), (3, False)):
         startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)

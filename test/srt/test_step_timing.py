@@ -275,14 +275,14 @@ def test_bench_step_variants(bench):
         "SGLANG_DDTREE_TOP_P_KERNEL",
         "SGLANG_DDTREE_FLASHMLA_PREFIX",
     )
-    default = {glue: "1", padded: "0", topk: "auto", kv: "ddtree", attn: "1", topp: "radix",
+    default = {glue: "1", padded: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix",
                prefix: "auto"}  # fmt: skip
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+eagerglue+tritontopk")
     assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
-    assert bench.split_variant("ddtree+paddedglue") == ("ddtree", {**default, padded: "1"})
+    assert bench.split_variant("ddtree+realglue") == ("ddtree", {**default, padded: "0"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
     flashinfer = bench.split_variant("ddtree+flashinfertopp")
     assert flashinfer == ("ddtree", {**default, topp: "flashinfer"})

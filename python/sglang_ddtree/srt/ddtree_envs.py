@@ -250,10 +250,10 @@ class DDTreeEnvs:
     )
     SGLANG_DDTREE_GLUE_PADDED = Knob(
         bool,
-        False,
-        "1 keys the tree and accept glue graphs by the batch size SGLang pads a step to (its "
-        "captured sizes: 51 up to 256), the KV commit's by the real one: about 0.3x the glue "
-        "graphs at --cuda-graph-max-bs 256 (not yet measured on a GPU)",
+        True,
+        "the tree and accept glue graphs keyed by the batch size SGLang pads a step to (its "
+        "captured sizes: 51 up to 256), the KV commit's by the real one; 0 keys all of them by "
+        "the real batch size (3.5x the glue graphs at --cuda-graph-max-bs 256)",
     )
     # Benchmark instruments (the plugin's per-step timing hook).
     SGLANG_DDTREE_STEP_TIMING = Knob(

@@ -67,7 +67,7 @@ def glue_graphs_enabled(environ: Mapping[str, str]) -> bool:
 
 
 def glue_padded_enabled(environ: Mapping[str, str]) -> bool:
-    """``SGLANG_DDTREE_GLUE_PADDED`` (a boolean, default off); ValueError on any other value."""
+    """``SGLANG_DDTREE_GLUE_PADDED`` (a boolean, default on); ValueError on any other value."""
     return envs.SGLANG_DDTREE_GLUE_PADDED.get(environ)
 
 

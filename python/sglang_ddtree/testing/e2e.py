@@ -332,8 +332,8 @@ def _adaptive_summary(
     graphs_ok = graphs_ok and bool(glue) and all(glue.values())
     # Glue graphs captured at startup (unless switched off): serving must capture none, and
     # the KV commit one graph per batch size, as the draft tree (every accept mode of a batch
-    # size writes the outputs it binds); keyed by the padded batch size
-    # (SGLANG_DDTREE_GLUE_PADDED) the draft tree has one per captured size, at most as many.
+    # size writes the outputs it binds); keyed by the padded batch size (the default,
+    # SGLANG_DDTREE_GLUE_PADDED) the draft tree has one per captured size, at most as many.
     startup = got.get("startup_stats")
     serving_captures = None
     padded = envs.SGLANG_DDTREE_GLUE_PADDED.get(os.environ)
