@@ -5,8 +5,12 @@ rest of its stack beside it). Its ``sglang`` package is copied to a scratch tree
 SGLang's repository (``python/sglang``), and the committed parts (``upstream/series/*.patch``)
 are applied there in order with ``git apply``. After each part:
 
-- the in-tree unit tests the part adds (``test/registered/spec/ddtree/test_ddtree_*.py`` that
-  launch no server) run with SGLang's own test harness, the patched tree first on the path;
+- the in-tree tests the part adds (``test/registered/spec/ddtree/test_ddtree_*.py``) run with
+  SGLang's own test harness, the patched tree first on the path; the two that launch servers
+  (``SERVER_TESTS``) name SGLang's DFLASH test models (``DEFAULT_TARGET_MODEL_DFLASH`` and its
+  drafter, from the model hub), which this smoke stands in for with the trained pair shipped in
+  ``sglang_ddtree.pair``: links at those names in the directory the tests run from, which the
+  servers resolve as local model directories before the hub (``--hub-models``: no stand-in);
 - after the part that edits SGLang's attention backends, and after the last part, an engine
   without speculation serves the tiny random pair (the edits are inert for other algorithms);
 - after the part that registers DDTREE, ``upstream/smoke_in_tree.py`` runs (greedy, the
@@ -29,6 +33,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +43,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SERIES = REPO / "upstream" / "series"
 TESTS = "test/registered/spec/ddtree"
-SERVER_TESTS = {"test_ddtree.py", "test_ddtree_refusals.py"}  # need SGLang's model hub
+SERVER_TESTS = {"test_ddtree.py", "test_ddtree_refusals.py"}  # name SGLang's hub models
+PAIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
+# SGLang's test constants the server tests launch, and the shipped pair's model standing in.
+MODEL_STAND_INS = {"DEFAULT_TARGET_MODEL_DFLASH": "target", "DEFAULT_DRAFT_MODEL_DFLASH": "drafter"}
 BACKEND_EDITS = "layers/attention/triton_backend.py"
 
 _SERVE_WITHOUT_SPECULATION = """
@@ -85,6 +93,25 @@ def stand_ins(site: Path, root: Path) -> list[Path]:
     return [shim]
 
 
+def model_stand_ins(tree: Path, workdir: Path) -> dict[str, str]:
+    """Links in ``workdir`` at the hub names SGLang's test utilities (in ``tree``, the patched
+    package) give the server tests' models, each to the shipped pair's model standing in for
+    it; returns {hub name: pair directory}. A relative model path that exists is a local
+    directory to SGLang and Hugging Face, so servers launched from ``workdir`` load the pair."""
+    source = (tree / "sglang" / "test" / "test_utils.py").read_text()
+    names = {}
+    for constant, model in MODEL_STAND_INS.items():
+        found = re.search(rf'^{constant}\s*=\s*"([^"]+)"', source, re.MULTILINE)
+        if found is None:
+            raise SystemExit(f"smoke_series: {constant} not in SGLang's test_utils.py")
+        link = workdir / found.group(1)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(PAIR / model, target_is_directory=True)
+        names[found.group(1)] = str(PAIR / model)
+    return names
+
+
 def run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
     try:
         r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -109,6 +136,11 @@ def main() -> int:
         help="check from this part on (earlier: applied)",
     )
     ap.add_argument("--apply-only", action="store_true")
+    ap.add_argument(
+        "--hub-models",
+        action="store_true",
+        help="the server tests load SGLang's test models by their hub names (no stand-in)",
+    )
     ap.add_argument("--keep", default=None, help="scratch directory (default: a new one)")
     args = ap.parse_args()
     site = Path(args.site).resolve()
@@ -127,6 +159,11 @@ def main() -> int:
         ),
         "PYTHONUNBUFFERED": "1",
     }
+    # The server tests run from here: their hub model names resolve to the stand-ins.
+    models_dir = root / "models"
+    models_dir.mkdir(exist_ok=True)
+    server_env = {**env, "HF_HUB_OFFLINE": "1"}
+    stood_in_models: dict[str, str] = {}
     results, ok = [], True
     for i, patch in enumerate(parts(), 1):
         if args.parts is not None and i > args.parts:
@@ -143,16 +180,15 @@ def main() -> int:
         tests = [p for p in new if p.startswith(TESTS) and p.endswith(".py")]
         if applied.returncode == 0 and checked:
             for test in tests:
-                if Path(test).name in SERVER_TESTS:
+                cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
+                if Path(test).name not in SERVER_TESTS:
+                    step["checks"].append(run(cmd, env, root / Path(test).parent, 900))
                     continue
-                step["checks"].append(
-                    run(
-                        [sys.executable, "-m", "unittest", "-v", Path(test).stem],
-                        env,
-                        root / Path(test).parent,
-                        900,
-                    )  # fmt: skip
-                )
+                if not args.hub_models and not stood_in_models:
+                    stood_in_models = model_stand_ins(root / "python", models_dir)
+                test_env = {**server_env, "PYTHONPATH": os.pathsep.join(
+                    [str(root / Path(test).parent), server_env["PYTHONPATH"]])}  # fmt: skip
+                step["checks"].append(run(cmd, test_env, models_dir, 1200))
             edits_backends = any(BACKEND_EDITS in line for line in patch.read_text().splitlines()
                                  if line.startswith("+++ b/"))  # fmt: skip
             last = i == len(parts()) or i == args.parts
@@ -176,7 +212,9 @@ def main() -> int:
         print(json.dumps(step), flush=True)
         if not step["applied"]:
             break
-    stood_in = ["datasets"] if shims else []
+    stood_in = (["datasets"] if shims else []) + [
+        f"model {name}: {path}" for name, path in stood_in_models.items()
+    ]
     print(json.dumps({"series": [r["part"] for r in results], "ok": ok, "tree": str(root),
                       "stand_ins": stood_in}))  # fmt: skip
     return 0 if ok else 1

@@ -473,3 +473,31 @@ def test_series_smoke_from_a_later_part_applies_the_earlier_ones_unchecked(sourc
     parts, summary = steps[:-1], steps[-1]
     assert summary["ok"] and len(parts) == n - 1  # stopped before the last part
     assert all(p["applied"] and not p["checked"] and not p["checks"] for p in parts)
+
+
+def test_series_smoke_stands_the_shipped_pair_in_for_the_server_tests_hub_models(tmp_path):
+    """The smoke's model stand-ins: links at the hub names SGLang's test utilities give
+    ``DEFAULT_TARGET_MODEL_DFLASH`` and its drafter, each a local directory holding the shipped
+    pair's model (what a server launched from that directory loads); a missing constant stops
+    the smoke naming it."""
+    path = REPO / "upstream" / "smoke_series.py"
+    spec = importlib.util.spec_from_file_location("smoke_series", path)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    tree = tmp_path / "python"
+    (tree / "sglang" / "test").mkdir(parents=True)
+    (tree / "sglang" / "test" / "test_utils.py").write_text(
+        'DEFAULT_TARGET_MODEL_DFLASH = "org/Target-8B"\n'
+        'DEFAULT_DRAFT_MODEL_DFLASH = "lab/Target-8B-DFlash"\n'
+    )
+    work = tmp_path / "models"
+    work.mkdir()
+    names = smoke.model_stand_ins(tree, work)
+    assert set(names) == {"org/Target-8B", "lab/Target-8B-DFlash"}
+    assert (work / "org" / "Target-8B" / "tokenizer.json").is_file()  # the pair's target
+    drafter = json.loads((work / "lab" / "Target-8B-DFlash" / "config.json").read_text())
+    assert drafter == json.loads((smoke.PAIR / "drafter" / "config.json").read_text())
+    assert smoke.model_stand_ins(tree, work) == names  # idempotent (a second server test)
+    (tree / "sglang" / "test" / "test_utils.py").write_text('DEFAULT_TARGET_MODEL_DFLASH = "a/b"\n')
+    with pytest.raises(SystemExit, match="DEFAULT_DRAFT_MODEL_DFLASH"):
+        smoke.model_stand_ins(tree, tmp_path / "other")
