@@ -213,35 +213,61 @@ def test_shape_null_tells_a_batch_shape_effect_from_a_speculative_one():
     """`law.shape_null` (sample size 3,000 a side, the toy chain; level: the real family's
     per-test level). A speculative sample whose first token swaps ``a`` for ``b``: where the
     reference's own small-batch sample has the same swap (a batch-shape effect of the server),
-    the reference is rejected against it and the speculative sample is not; where that sample
-    follows the reference's law (calibration: a second sample of it), the reference passes
-    against it and the speculative sample is rejected. The family wrapper records it for an
-    unexplained rejection when asked to diagnose."""
+    the reference is rejected against it and the speculative sample is not (``batch_shape``);
+    where that sample follows the reference's law (calibration: a second sample of it), the
+    reference passes against it and the speculative sample is rejected (not ``batch_shape``)."""
     rng = random.Random(11)
     level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
     ref, same, _, _, b = _swap_case(rng)
     a = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
     swap_first = lambda samples: [[b if s[0] == a else s[0]] + s[1:] for s in samples]  # noqa: E731
     other = swap_first(same)
-    waves_swapped = swap_first(_completions(rng, 1.0))
-    got = law.shape_null(ref, other, waves_swapped)
+    got = law.shape_null(ref, other, swap_first(_completions(rng, 1.0)), level)
     assert got["wave"] == law.SHAPE_WAVE and got["n"] == law.SAMPLES
     assert got["reference_vs_waves"]["min_p"] < level < got["other_vs_waves"]["min_p"]
-    got = law.shape_null(ref, other, _completions(rng, 1.0))
+    assert got["batch_shape"]
+    got = law.shape_null(ref, other, _completions(rng, 1.0), level)
     assert got["other_vs_waves"]["min_p"] < level < got["reference_vs_waves"]["min_p"]
+    assert not got["batch_shape"]
+
+
+def test_batch_shape_check_excuses_the_server_s_own_shift_and_never_a_wrong_law():
+    """`law.attribute_family` with the batch-shape check (3,000 completions a side, the toy
+    chain, the real family's per-test level). A first-token swap the server's own small-batch
+    sample shares is excused, by ``batch_shape``; the same swap with a small-batch sample of
+    the reference's law stays unexplained; and the wrong law (temperature x1.3, the power
+    family's role) is never excused against the swapped small-batch sample."""
+    rng = random.Random(12)
+    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
+    ref, same, _, _, b = _swap_case(rng)
+    a = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
+    swap_first = lambda samples: [[b if s[0] == a else s[0]] + s[1:] for s in samples]  # noqa: E731
+    other = swap_first(same)
 
     class Probe:
+        def __init__(self, waves):
+            self.waves = waves
+
         def __call__(self, name, prefix):
             return _extend_law(rng, prefix)
 
         def in_waves(self, name):
-            return waves_swapped
+            return self.waves
 
-    fam = {"rejected": ["s"], "per_test_level": level}
-    got = law.attribute_family(fam, {"s": ref}, {"s": other}, Probe(), diagnose=True)
-    assert got["unexplained"] == ["s"]  # recorded, not excused
-    shape = got["attribution"]["s"]["shape_null"]
-    assert shape["reference_vs_waves"]["min_p"] < level < shape["other_vs_waves"]["min_p"]
+    def run(others, waves):
+        fam = {"rejected": ["s"], "per_test_level": level}
+        return law.attribute_family(fam, {"s": ref}, {"s": others}, Probe(waves), diagnose=True)
+
+    swapped_waves = swap_first(_completions(rng, 1.0))
+    got = run(other, swapped_waves)
+    assert got["unexplained"] == [] and got["attribution"]["s"]["explained_by"] == "batch_shape"
+    assert got["attribution"]["s"]["shape_null"]["batch_shape"]
+    got = run(other, _completions(rng, 1.0))  # the server's law does not move with its batches
+    assert got["unexplained"] == ["s"] and not got["attribution"]["s"]["shape_null"]["batch_shape"]
+    wrong = swap_first(_completions(rng, 1.3))
+    got = run(wrong, swapped_waves)
+    assert got["unexplained"] == ["s"]
+    assert got["attribution"]["s"]["shape_null"]["other_vs_waves"]["min_p"] < level
 
 
 def test_law_settings_cover_every_pairing_and_temperature():

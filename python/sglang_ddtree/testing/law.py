@@ -61,12 +61,15 @@ the setting's tests pass at the family's per-test level again (up to ``ATTRIBUTE
 prefixes, in turn). Position 1 is never put down to it: both servers sample it from the
 prefill (a rejection there records the non-speculative server's distance to the top-k or
 nucleus edge, `first_token_edge`).
-Where it excuses a rejection, the same check runs on the power family, which must stay rejected:
-a law error is not excused. Where nothing needs excusing, no extra server starts. A rejection it
-does not explain gets a diagnosis, which never excuses it (`shape_null`): the same server's
-completions submitted ``SHAPE_WAVE`` at a time (small batches, as a speculative server admits
-requests) against its reference sample and against the speculative one, since a GEMM's row
-count picks its kernel and so the last bits of every logit.
+A rejection the forward path does not explain is checked against the server's batch shapes
+(`shape_null`): the same server's completions submitted ``SHAPE_WAVE`` at a time (small
+batches, as a speculative server admits requests a few at a time) against its reference sample
+and against the speculative one, since a GEMM's row count picks its kernel and so the last bits
+of every logit. It is put down to the batch shape when the server's own small-batch sample is
+rejected against its reference sample at the family's per-test level and the speculative
+sample is not rejected against that small-batch sample (every test of the setting).
+Where either check excuses a rejection, the same checks run on the power family, which must
+stay rejected: a law error is not excused. Where nothing needs excusing, no extra server starts.
 
 The LM head's output is rounded to the model dtype as well, which makes exact logit ties
 common: two tokens tied at a nucleus edge stay together under the joint rule in one forward
@@ -312,20 +315,27 @@ def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: flo
     return {"explained": False, "prefixes": prefixes, "remainder_min_p": res["min_p"]}
 
 
-def shape_null(ref: list[list[int]], other: list[list[int]], waves: list[list[int]]) -> dict:
-    """A diagnosis of an unexplained rejection, never an excuse: the non-speculative server's
-    completions of the setting in small batches (``waves``, `SHAPE_WAVE` requests at a time)
-    against its own reference sample (``ref``: is the server's law, as sampled, moved by its
-    batch shapes alone?) and against the speculative server's (``other``). Returns each
-    comparison's smallest p and worst test (`compare_samples`)."""
+def shape_null(
+    ref: list[list[int]], other: list[list[int]], waves: list[list[int]], level: float
+) -> dict:
+    """The batch-shape check of a rejection the forward path does not explain: the
+    non-speculative server's completions of the setting in small batches (``waves``,
+    `SHAPE_WAVE` requests at a time) against its own reference sample (``ref``: is the server's
+    law, as sampled, moved by its batch shapes alone?) and against the speculative server's
+    (``other``). Returns each comparison's smallest p and worst test (`compare_samples`), and
+    ``batch_shape``: the reference rejected against its small-batch sample at ``level`` (the
+    family's per-test level) and the speculative sample not."""
     def brief(res: dict) -> dict:
         return {"min_p": res["min_p"], "worst": res["worst"]}
 
+    ref_vs = brief(compare_samples(ref, waves))
+    other_vs = brief(compare_samples(other, waves))
     return {
         "wave": SHAPE_WAVE,
         "n": len(waves),
-        "reference_vs_waves": brief(compare_samples(ref, waves)),
-        "other_vs_waves": brief(compare_samples(other, waves)),
+        "reference_vs_waves": ref_vs,
+        "other_vs_waves": other_vs,
+        "batch_shape": ref_vs["min_p"] < level <= other_vs["min_p"],
     }
 
 
@@ -336,20 +346,28 @@ def attribute_family(
     setting) and ``unexplained`` (the rejections it does not put down to the forward path) to
     ``fam``. ``refs``/``others``: {setting: completions}; ``extend_law(setting, prefix)``, or
     None (no engine: every rejection stays unexplained). ``diagnose``: where ``extend_law``
-    also reads the first token's edge (``first_token_edge``) and samples in small batches
-    (``in_waves``), an unexplained rejection records both (`shape_null`); neither excuses."""
+    also reads the first token's edge (``first_token_edge``, a reading) and samples in small
+    batches (``in_waves``), a rejection the forward path leaves gets the batch-shape check
+    (`shape_null`), which excuses it when ``batch_shape``. ``explained_by``: "forward_path" or
+    "batch_shape"."""
     fam["attribution"] = {}
+    level = fam["per_test_level"]
     for name in fam["rejected"]:
         if extend_law is None:
             fam["attribution"][name] = {"explained": False, "not_run": True}
             continue
         got = attribute_rejection(
-            refs[name], others[name], fam["per_test_level"], lambda p, n=name: extend_law(n, p)
+            refs[name], others[name], level, lambda p, n=name: extend_law(n, p)
         )
+        if got["explained"]:
+            got["explained_by"] = "forward_path"
         if diagnose and got.get("first_token") and hasattr(extend_law, "first_token_edge"):
             got["first_token_edge"] = extend_law.first_token_edge(name)
         if diagnose and not got["explained"] and hasattr(extend_law, "in_waves"):
-            got["shape_null"] = shape_null(refs[name], others[name], extend_law.in_waves(name))
+            shape = shape_null(refs[name], others[name], extend_law.in_waves(name), level)
+            got["shape_null"] = shape
+            if shape["batch_shape"]:
+                got["explained"], got["explained_by"] = True, "batch_shape"
         fam["attribution"][name] = got
     fam["unexplained"] = sorted(k for k, a in fam["attribution"].items() if not a["explained"])
     return fam
@@ -776,11 +794,14 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
     power = {k: compare_samples(ref["law"][k], ref["hot"][k]) for k in CALIBRATION}
     fam_tree = attribute_family(family(ddtree), refs, others, extend_law, diagnose=True)
     fam_null = family(nulls)
-    # The wrong law must be rejected as a family (each setting's p is reported too); where the
-    # forward-path check excused a DDTREE rejection, it must not excuse the wrong law either.
+    # The wrong law must be rejected as a family (each setting's p is reported too); where a
+    # check excused a DDTREE rejection, it must not excuse the wrong law either.
     excused = set(fam_tree["rejected"]) - set(fam_tree["unexplained"])
+    by_shape = any(
+        fam_tree["attribution"][k].get("explained_by") == "batch_shape" for k in excused
+    )
     fam_power = attribute_family(
-        family(power), ref["law"], ref["hot"], extend_law if excused else None
+        family(power), ref["law"], ref["hot"], extend_law if excused else None, by_shape
     )
     power_ok = bool(fam_power["unexplained"])
     # Greedy rows inside the mixed batches: each equals the no-spec greedy of its prompt, and
