@@ -815,15 +815,20 @@ def test_new_segments_outside_the_pool_are_counted_per_type():
     after = before + [
         {"address": 2, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 512},
         {"address": 3, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 0},
-        {"address": 4, "segment_type": "large", "total_size": 20 * mib, "allocated_size": 4 * mib},
+        {"address": 4, "segment_type": "large", "total_size": 20 * mib, "allocated_size": 4 * mib,
+         "blocks": [{"size": 3 * mib, "state": "active_allocated"},
+                    {"size": 16 * mib, "state": "inactive"},
+                    {"size": mib, "state": "active_allocated"}]},
         {"address": 5, "segment_type": "large", "total_size": 8 << 30, "allocated_size": 0,
          "segment_pool_id": (0, 7)},
     ]  # fmt: skip
     got = new_segments_outside_pool(before, after, (0, 7))
     assert got == {
-        "large": {"segments": 1, "gib": round(20 / 1024, 3), "allocated_gib": round(4 / 1024, 3)},
-        "small": {"segments": 2, "gib": round(4 / 1024, 3), "allocated_gib": 0.0},
-    }
+        "large": {"segments": 1, "gib": round(20 / 1024, 3), "allocated_gib": round(4 / 1024, 3),
+                  "largest_live_mib": [3.0, 1.0]},  # the live blocks pinning it, largest first
+        "small": {"segments": 2, "gib": round(4 / 1024, 3), "allocated_gib": 0.0,
+                  "largest_live_mib": []},
+    }  # fmt: skip
     assert new_segments_outside_pool(after, after, (0, 7)) == {}
     # Without the pool's id its segment counts as outside.
     assert new_segments_outside_pool(before, after, None)["large"]["segments"] == 2

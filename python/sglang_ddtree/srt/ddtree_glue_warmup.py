@@ -164,25 +164,32 @@ def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
     return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
 
 
+LIVE_BLOCKS_SHOWN = 8
+
+
 def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> dict:
     """The allocator segments in ``after`` that are neither in ``before`` (by address) nor in
     the graph pool ``pool``, per segment type (``small``: 2 MiB segments of allocations up to 1
-    MiB; ``large``): ``{type: {"segments", "gib", "allocated_gib"}}``, from two
-    ``torch.cuda.memory_snapshot()``s. Where the startup capture's growth outside the pool is
-    much more than what lives there, segments pinned by a few live blocks (fragmentation)."""
+    MiB; ``large``): ``{type: {"segments", "gib", "allocated_gib", "largest_live_mib"}}``, from
+    two ``torch.cuda.memory_snapshot()``s; ``largest_live_mib``: the sizes of the largest live
+    blocks there (up to ``LIVE_BLOCKS_SHOWN``, which tensors they are is told by their sizes).
+    Where the startup capture's growth outside the pool is much more than what lives there,
+    segments pinned by a few live blocks (fragmentation)."""
     known = {seg.get("address") for seg in before}
     out: dict = {}
     for seg in after:
         if seg.get("address") in known or _in_pool(seg, pool):
             continue
-        kind = out.setdefault(seg.get("segment_type", "?"), [0, 0, 0])
+        kind = out.setdefault(seg.get("segment_type", "?"), [0, 0, 0, []])
         kind[0] += 1
         kind[1] += seg["total_size"]
         kind[2] += seg["allocated_size"]
+        kind[3] += [b["size"] for b in seg.get("blocks", ()) if b.get("state") == "active_allocated"]
     return {
-        kind: {"segments": n, "gib": round(total / 2**30, 3), "allocated_gib": round(live / 2**30, 3)}
-        for kind, (n, total, live) in sorted(out.items())
-    }
+        kind: {"segments": n, "gib": round(total / 2**30, 3), "allocated_gib": round(live / 2**30, 3),
+               "largest_live_mib": [round(b / 2**20, 2) for b in sorted(blocks)[::-1][:LIVE_BLOCKS_SHOWN]]}
+        for kind, (n, total, live, blocks) in sorted(out.items())
+    }  # fmt: skip
 
 
 def glue_output_bytes(
