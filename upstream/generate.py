@@ -126,6 +126,12 @@ TEMPLATE_FILES = [
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
     ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
     ("ddtree.md", "docs/advanced_features/ddtree.md"),
+    # Each kernel part's benchmark against what SGLang runs without it.
+    ("bench_ddtree_top_p_radix.py", "benchmark/kernels/ddtree/bench_ddtree_top_p_radix.py"),
+    (
+        "bench_ddtree_tree_attention.py",
+        "benchmark/kernels/ddtree/bench_ddtree_tree_attention.py",
+    ),
 ]
 
 # Kernels of ours that SGLang's JIT loader builds: (path here, path in SGLang's tree, the module
@@ -432,7 +438,7 @@ SERIES = [
         "shape-independent in cost, for the sampled verify's target rows",
         modules=("sglang_ddtree.core.topp_radix",),
         kernels=("sgl-kernel/csrc/ddtree/top_p_radix.cuh",),
-        templates=("test_ddtree_top_p_radix.py",),
+        templates=("test_ddtree_top_p_radix.py", "bench_ddtree_top_p_radix.py"),
     ),
     Part(
         "tree-accept",
@@ -470,7 +476,7 @@ SERIES = [
             "sglang_ddtree.core.tree_attention",
             "sglang_ddtree.srt.ddtree_attention",
         ),
-        templates=("test_ddtree_tree_attention.py",),
+        templates=("test_ddtree_tree_attention.py", "bench_ddtree_tree_attention.py"),
         edits=(
             "triton-verify-init",
             "triton-verify",

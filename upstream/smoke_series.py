@@ -11,6 +11,8 @@ are applied there in order with ``git apply``. After each part:
   drafter, from the model hub), which this smoke stands in for with the trained pair shipped in
   ``sglang_ddtree.pair``: links at those names in the directory the tests run from, which the
   servers resolve as local model directories before the hub (``--hub-models``: no stand-in);
+- the kernel benchmarks the part adds (``benchmark/kernels/ddtree/bench_ddtree_*.py``) run
+  one small cell each (``--quick``);
 - after the part that edits SGLang's attention backends, and after the last part, an engine
   without speculation serves the tiny random pair (the edits are inert for other algorithms);
 - after the part that registers DDTREE, ``upstream/smoke_in_tree.py`` runs (greedy, the
@@ -43,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SERIES = REPO / "upstream" / "series"
 TESTS = "test/registered/spec/ddtree"
+BENCHMARKS = "benchmark/kernels/ddtree"
 SERVER_TESTS = {"test_ddtree.py", "test_ddtree_refusals.py"}  # name SGLang's hub models
 PAIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
 # SGLang's test constants the server tests launch, and the shipped pair's model standing in.
@@ -178,6 +181,7 @@ def main() -> int:
             step["why"] = applied.stderr[-600:]
         new = added_files(patch)
         tests = [p for p in new if p.startswith(TESTS) and p.endswith(".py")]
+        benchmarks = [p for p in new if p.startswith(BENCHMARKS) and p.endswith(".py")]
         if applied.returncode == 0 and checked:
             for test in tests:
                 cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
@@ -189,6 +193,8 @@ def main() -> int:
                 test_env = {**server_env, "PYTHONPATH": os.pathsep.join(
                     [str(root / Path(test).parent), server_env["PYTHONPATH"]])}  # fmt: skip
                 step["checks"].append(run(cmd, test_env, models_dir, 1200))
+            for bench in benchmarks:  # one small cell: it runs, not how fast
+                step["checks"].append(run([sys.executable, bench, "--quick"], env, root, 600))
             edits_backends = any(BACKEND_EDITS in line for line in patch.read_text().splitlines()
                                  if line.startswith("+++ b/"))  # fmt: skip
             last = i == len(parts()) or i == args.parts
@@ -206,6 +212,7 @@ def main() -> int:
                     )  # fmt: skip
                 )
         step["tests_added"] = tests
+        step["benchmarks_added"] = benchmarks
         step["ok"] = step["applied"] and all(c["ok"] for c in step["checks"])
         ok = ok and step["ok"]
         results.append(step)

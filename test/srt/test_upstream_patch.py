@@ -392,7 +392,7 @@ def test_series_unit_tests_pass_on_their_part(gen, applied_series, tmp_path):
     for (name, _, tree), part in zip(steps, gen.SERIES):
         if part.serves:
             continue
-        tests = [targets[t] for t in part.templates if t.endswith(".py")]
+        tests = [targets[t] for t in part.templates if t.startswith("test_")]
         if not tests:
             continue
         root = tmp_path / name
@@ -455,6 +455,14 @@ def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
     assert all(p["applied"] for p in parts)
     with_tests = [p["part"] for p in parts if p["tests_added"]]
     assert len(with_tests) == len(parts), with_tests  # every part adds its tests
+    # The kernel parts add their benchmarks: the radix top-p's and the verify attention's.
+    benchmarks = {p["part"]: p["benchmarks_added"] for p in parts if p["benchmarks_added"]}
+    assert benchmarks == {
+        "02-top-p-radix.patch": ["benchmark/kernels/ddtree/bench_ddtree_top_p_radix.py"],
+        "05-tree-verify-attention.patch": [
+            "benchmark/kernels/ddtree/bench_ddtree_tree_attention.py"
+        ],
+    }
     assert not any(p["checked"] or p["checks"] for p in parts)
 
 
