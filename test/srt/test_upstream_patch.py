@@ -509,3 +509,37 @@ def test_series_smoke_stands_the_shipped_pair_in_for_the_server_tests_hub_models
     (tree / "sglang" / "test" / "test_utils.py").write_text('DEFAULT_TARGET_MODEL_DFLASH = "a/b"\n')
     with pytest.raises(SystemExit, match="DEFAULT_DRAFT_MODEL_DFLASH"):
         smoke.model_stand_ins(tree, tmp_path / "other")
+
+
+def _top_level_names(source: bytes) -> set[str]:
+    """Names a module defines at its top level (functions, classes, assignments, imports)."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
+    """The kernel parts' in-tree benchmarks (GPU scripts, not run here) import from the
+    DDTREE modules only names the tree of their part defines, and the part adds them."""
+    steps, _ = applied_series
+    checked = 0
+    for name, _, tree in steps:
+        for path in sorted(p for p in tree if p.startswith("benchmark/kernels/ddtree/")):
+            for node in ast.walk(ast.parse(tree[path])):
+                if not (isinstance(node, ast.ImportFrom) and node.module):
+                    continue
+                if not node.module.startswith("sglang.srt.speculative.ddtree"):
+                    continue
+                module = "python/" + node.module.replace(".", "/") + ".py"
+                assert module in tree, (name, path, module)
+                missing = {a.name for a in node.names} - _top_level_names(tree[module])
+                assert not missing, (name, path, node.module, missing)
+                checked += 1
+    assert checked >= 3  # the radix top-p's import and the verify attention's two
