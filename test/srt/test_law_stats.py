@@ -209,6 +209,20 @@ def test_in_waves_submits_small_batches_of_the_setting():
                                    "max_new_tokens": law.NEW_TOKENS, "ignore_eos": True})  # fmt: skip
 
 
+def _first_token_swap(rng):
+    """The batch-shape tests' case (3,000 completions a side, the toy chain): the real family's
+    per-test level, a reference sample, a speculative sample of the same law whose most common
+    first token ``a`` is swapped for a token ``b`` never emitted, and that swap as a function."""
+    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
+    ref, same, _, _, b = _swap_case(rng)
+    a = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
+
+    def swap_first(samples):
+        return [[b if s[0] == a else s[0]] + s[1:] for s in samples]
+
+    return level, ref, swap_first(same), swap_first
+
+
 def test_shape_null_tells_a_batch_shape_effect_from_a_speculative_one():
     """`law.shape_null` (sample size 3,000 a side, the toy chain; level: the real family's
     per-test level). A speculative sample whose first token swaps ``a`` for ``b``: where the
@@ -217,11 +231,7 @@ def test_shape_null_tells_a_batch_shape_effect_from_a_speculative_one():
     where that sample follows the reference's law (calibration: a second sample of it), the
     reference passes against it and the speculative sample is rejected (not ``batch_shape``)."""
     rng = random.Random(11)
-    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
-    ref, same, _, _, b = _swap_case(rng)
-    a = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
-    swap_first = lambda samples: [[b if s[0] == a else s[0]] + s[1:] for s in samples]  # noqa: E731
-    other = swap_first(same)
+    level, ref, other, swap_first = _first_token_swap(rng)
     got = law.shape_null(ref, other, swap_first(_completions(rng, 1.0)), level)
     assert got["wave"] == law.SHAPE_WAVE and got["n"] == law.SAMPLES
     assert got["reference_vs_waves"]["min_p"] < level < got["other_vs_waves"]["min_p"]
@@ -238,11 +248,7 @@ def test_batch_shape_check_excuses_the_server_s_own_shift_and_never_a_wrong_law(
     the reference's law stays unexplained; and the wrong law (temperature x1.3, the power
     family's role) is never excused against the swapped small-batch sample."""
     rng = random.Random(12)
-    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
-    ref, same, _, _, b = _swap_case(rng)
-    a = max(set(s[0] for s in ref), key=[s[0] for s in ref].count)
-    swap_first = lambda samples: [[b if s[0] == a else s[0]] + s[1:] for s in samples]  # noqa: E731
-    other = swap_first(same)
+    level, ref, other, swap_first = _first_token_swap(rng)
 
     class Probe:
         def __init__(self, waves):
