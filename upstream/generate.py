@@ -126,8 +126,10 @@ TEMPLATE_FILES = [
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
     ("test_ddtree_refusals.py", "test/registered/spec/ddtree/test_ddtree_refusals.py"),
     ("ddtree.md", "docs/advanced_features/ddtree.md"),
-    # Each kernel part's benchmark against what SGLang runs without it.
+    # Each kernel part's benchmark against what runs without it.
+    ("bench_ddtree_draft_tree.py", "benchmark/kernels/ddtree/bench_ddtree_draft_tree.py"),
     ("bench_ddtree_top_p_radix.py", "benchmark/kernels/ddtree/bench_ddtree_top_p_radix.py"),
+    ("bench_ddtree_accept.py", "benchmark/kernels/ddtree/bench_ddtree_accept.py"),
     (
         "bench_ddtree_tree_attention.py",
         "benchmark/kernels/ddtree/bench_ddtree_tree_attention.py",
@@ -429,7 +431,7 @@ SERIES = [
             "sglang_ddtree.core.layout_triton",
             "sglang_ddtree.core.vocab_shard",
         ),
-        templates=("test_ddtree_tree.py",),
+        templates=("test_ddtree_tree.py", "bench_ddtree_draft_tree.py"),
     ),
     Part(
         "top-p-radix",
@@ -456,7 +458,7 @@ SERIES = [
             "sglang_ddtree.core.kv_move_triton",
             "sglang_ddtree.core.step",
         ),
-        templates=("test_ddtree_accept.py",),
+        templates=("test_ddtree_accept.py", "bench_ddtree_accept.py"),
     ),
     Part(
         "latent-prefix-gluon",

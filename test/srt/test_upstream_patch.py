@@ -455,13 +455,15 @@ def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
     assert all(p["applied"] for p in parts)
     with_tests = [p["part"] for p in parts if p["tests_added"]]
     assert len(with_tests) == len(parts), with_tests  # every part adds its tests
-    # The kernel parts add their benchmarks: the radix top-p's and the verify attention's.
+    # The kernel parts add their benchmarks: the draft tree's, the radix top-p's, the accept
+    # side's and the verify attention's (part 4's Gluon kernel is timed by part 5's).
     benchmarks = {p["part"]: p["benchmarks_added"] for p in parts if p["benchmarks_added"]}
+    bench = "benchmark/kernels/ddtree/bench_ddtree_"
     assert benchmarks == {
-        "02-top-p-radix.patch": ["benchmark/kernels/ddtree/bench_ddtree_top_p_radix.py"],
-        "05-tree-verify-attention.patch": [
-            "benchmark/kernels/ddtree/bench_ddtree_tree_attention.py"
-        ],
+        "01-draft-tree.patch": [bench + "draft_tree.py"],
+        "02-top-p-radix.patch": [bench + "top_p_radix.py"],
+        "03-tree-accept.patch": [bench + "accept.py"],
+        "05-tree-verify-attention.patch": [bench + "tree_attention.py"],
     }
     assert not any(p["checked"] or p["checks"] for p in parts)
 
@@ -542,4 +544,4 @@ def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
                 missing = {a.name for a in node.names} - _top_level_names(tree[module])
                 assert not missing, (name, path, node.module, missing)
                 checked += 1
-    assert checked >= 3  # the radix top-p's import and the verify attention's two
+    assert checked >= 8  # the four benchmarks' imports of DDTREE modules

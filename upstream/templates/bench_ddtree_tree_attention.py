@@ -11,6 +11,7 @@ Generated from sglang-ddtree's upstream/templates/bench_ddtree_tree_attention.py
 
 import argparse
 import importlib.util
+import itertools
 
 import torch
 from triton.testing import do_bench_cudagraph
@@ -45,7 +46,7 @@ def verify_inputs(bs, w, prefix, hkv, d, dv, latent, gen):
     return dict(
         k=k, v=v, mask=mask, block_table=table, prefix_lens=lens.int(),
         kv_indptr=torch.arange(bs + 1, device="cuda", dtype=torch.int32) * prefix,
-        kv_indices=slots[:, :prefix].reshape(-1).int(), node_loc=slots[:, prefix:].reshape(-1).int(),
+        kv_indices=slots[:, :prefix].flatten().int(), node_loc=slots[:, prefix:].flatten().int(),
         full_mask=flatten_verify_mask(mask, lens, int(sizes.sum())),
         mask_indptr=torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]),
         qo_indptr=torch.arange(bs + 1, device="cuda", dtype=torch.int32) * w,
@@ -73,16 +74,16 @@ def measure(heads, bs, w, prefix, gen):
 
     settings = launch_settings(bs, w, hq, hkv, dv, sms, latent_d=d if heads == "mla" else 0)
     runs = {"extend": extend, "split": lambda: tree_attention(
-        q, k, v, t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale, **settings)}  # fmt: skip
+        q, k, v, t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale, **settings)}
     if heads == "mla" and importlib.util.find_spec("sgl_kernel.flash_mla") is not None:
         from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
-        metadata, splits = get_mla_metadata(t["prefix_lens"], w * hq, 1)
+        meta, ns = get_mla_metadata(t["prefix_lens"], w * hq, 1)
 
         def flashmla():
             o, lse = flash_mla_with_kvcache(
-                q=q.view(bs, w, hq, d), k_cache=k.view(-1, PAGE, 1, d), block_table=t["block_table"],
-                cache_seqlens=t["prefix_lens"], head_dim_v=dv, tile_scheduler_metadata=metadata,
-                num_splits=splits, softmax_scale=scale, causal=False,
+                q=q.view(bs, w, hq, d), k_cache=k.view(-1, PAGE, 1, d),
+                cache_seqlens=t["prefix_lens"], head_dim_v=dv, tile_scheduler_metadata=meta,
+                block_table=t["block_table"], num_splits=ns, softmax_scale=scale, causal=False,
             )  # fmt: skip
             return tree_attention_with_prefix(q, k, v, t["node_loc"], t["mask"], scale, o, lse)
 
@@ -110,13 +111,12 @@ def main(argv=None) -> None:
     if args.quick:
         args.batch_sizes, args.widths, args.prefix = [2], [8], [300]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    print("| heads | bs | W | prefix | kernel | us | max error |\n|---|---:|---:|---:|---|---:|---:|")
-    for heads in args.heads:
-        for prefix in args.prefix:
-            for bs in args.batch_sizes:
-                for w in args.widths:
-                    for name, (us, err) in measure(heads, bs, w, prefix, gen).items():
-                        print(f"| {heads} | {bs} | {w} | {prefix} | {name} | {us:.1f} | {err:.4f} |")
+    print("| heads | bs | W | prefix | kernel | us | max error |")
+    print("|---|---:|---:|---:|---|---:|---:|")
+    cells = itertools.product(args.heads, args.prefix, args.batch_sizes, args.widths)
+    for heads, prefix, bs, w in cells:
+        for name, (us, err) in measure(heads, bs, w, prefix, gen).items():
+            print(f"| {heads} | {bs} | {w} | {prefix} | {name} | {us:.1f} | {err:.4f} |")
 
 
 if __name__ == "__main__":
