@@ -689,3 +689,27 @@ def test_penalties_part_is_calibrated(case, passes):
     else:
         assert got["families"]["power"]["rejected"] == sorted(settings)
     assert got["passed"] is passes
+
+
+def test_flashmla_law_runs_tag_their_sides_and_set_every_engine(tmp_path, monkeypatch, capsys):
+    """``--attention-backend flashmla``: refused for the shipped (MHA) pair; with an MLA pair
+    every engine (reference, speculative, probes) gets flashmla at page 64 with the drafter on
+    triton, and the saved sides carry a ``-flashmla`` tag, so a triton run's are never read."""
+    from sglang_ddtree.testing import e2e
+
+    monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
+    with pytest.raises(SystemExit):
+        law.main(["--attention-backend", "flashmla", "--parts", "law"])
+    assert "serves MLA targets" in capsys.readouterr().err and e2e.ENGINE_EXTRA == {}
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "law_nospec_bfloat16.json.gz").write_bytes(b"")  # a triton run's side
+    args = ["--arch", "mla8", "--attention-backend", "flashmla", "--dtype", "bfloat16"]
+    with pytest.raises(FileNotFoundError, match="law_nospec_bfloat16-flashmla.json.gz"):
+        law.main([*args, "--from-saved", str(saved), "--parts", "law", "--no-probes",
+                  "--out", str(tmp_path / "out")])  # fmt: skip
+    assert e2e.ENGINE_EXTRA == {
+        "attention_backend": "flashmla",
+        "page_size": 64,
+        "speculative_draft_attention_backend": "triton",
+    }

@@ -975,7 +975,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=("pair", *(a for a in TINY_ARCHS if a.startswith("mla"))),
         default="pair",
         help="the shipped trained pair, the Kimi-shaped MLA + MoE tiny pair, that pair with "
-        "dense layers only, or with a K2.6 TP-8 rank's 8 heads (the Gluon prefix at W 8)",
+        "dense layers only, or with a K2.6 TP-8 rank's 8 heads (on flashmla at W 8, in "
+        "bfloat16 on Hopper: the Gluon prefix kernel)",
+    )
+    ap.add_argument(
+        "--attention-backend",
+        default="triton",
+        choices=("triton", "flashmla"),
+        help="every engine's attention backend; flashmla (MLA pairs) at page size 64 with the "
+        "drafter on triton, as a Kimi K2.6 deployment on Hopper serves",
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     ap.add_argument(
@@ -997,7 +1005,11 @@ def main(argv: list[str] | None = None) -> int:
             "--parts penalties needs --no-overlap: SGLang's overlap scheduler feeds the "
             "non-speculative reference's penalizers one token late"
         )
-    tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "")
+    flashmla = args.attention_backend == "flashmla"
+    if flashmla and not args.arch.startswith("mla"):
+        ap.error("--attention-backend flashmla serves MLA targets: pass --arch mla, mla-dense or mla8")
+    # Each configuration's saved sides carry its tag: one is never read for another.
+    tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "") + ("-flashmla" if flashmla else "")
     if args.arch.startswith("mla"):
         import tempfile
 
@@ -1007,9 +1019,14 @@ def main(argv: list[str] | None = None) -> int:
         target, draft, cfg = tm.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_law_"))
         prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
-    if args.tp > 1 or args.fp32_lm_head or args.no_overlap:
+    if args.tp > 1 or args.fp32_lm_head or args.no_overlap or flashmla:
         from sglang_ddtree.testing import e2e
 
+        if flashmla:
+            e2e.ENGINE_EXTRA.update(
+                attention_backend="flashmla", page_size=64,
+                speculative_draft_attention_backend="triton",
+            )  # fmt: skip
         if args.tp > 1:
             e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
         if args.fp32_lm_head:
@@ -1058,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
         save(algo.lower(), raw[algo])
     summary: dict = {
         "dtype": args.dtype,
+        "attention_backend": args.attention_backend,
         "fp32_lm_head": args.fp32_lm_head,
         "no_overlap": args.no_overlap,
         "settings": plan["settings"],
