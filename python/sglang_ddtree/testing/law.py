@@ -87,6 +87,7 @@ import os
 import time
 from collections import Counter
 
+from sglang_ddtree.testing import e2e
 from sglang_ddtree.testing.e2e import chi2_two_sample, engine_kwargs, excess_p, generate
 from sglang_ddtree.testing.e2e import engine as e2e_engine
 from sglang_ddtree.testing.tiny_models import TINY_ARCHS
@@ -1007,32 +1008,29 @@ def main(argv: list[str] | None = None) -> int:
         )
     flashmla = args.attention_backend == "flashmla"
     if flashmla and not args.arch.startswith("mla"):
-        ap.error("--attention-backend flashmla serves MLA targets: pass --arch mla, mla-dense or mla8")
+        ap.error("--attention-backend flashmla serves MLA targets: pass --arch mla, mla8, ...")
     # Each configuration's saved sides carry its tag: one is never read for another.
-    tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "") + ("-flashmla" if flashmla else "")
+    tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "")
+    tag += "-flashmla" if flashmla else ""
     if args.arch.startswith("mla"):
         import tempfile
 
         from sglang_ddtree.testing import tiny_models as tm
-        from sglang_ddtree.testing.e2e import make_prompts
 
         target, draft, cfg = tm.make_pair(args.arch, tempfile.mkdtemp(prefix="ddtree_law_"))
-        prompts = make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
+        prompts = e2e.make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
-    if args.tp > 1 or args.fp32_lm_head or args.no_overlap or flashmla:
-        from sglang_ddtree.testing import e2e
-
-        if flashmla:
-            e2e.ENGINE_EXTRA.update(
-                attention_backend="flashmla", page_size=64,
-                speculative_draft_attention_backend="triton",
-            )  # fmt: skip
-        if args.tp > 1:
-            e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
-        if args.fp32_lm_head:
-            e2e.ENGINE_EXTRA.update(enable_fp32_lm_head=True)
-        if args.no_overlap:
-            e2e.ENGINE_EXTRA.update(disable_overlap_schedule=True)
+    # Every engine of the run (reference, speculative, probes) takes these.
+    if flashmla:
+        e2e.ENGINE_EXTRA.update(
+            attention_backend="flashmla", page_size=64, speculative_draft_attention_backend="triton"
+        )
+    if args.tp > 1:
+        e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
+    if args.fp32_lm_head:
+        e2e.ENGINE_EXTRA.update(enable_fp32_lm_head=True)
+    if args.no_overlap:
+        e2e.ENGINE_EXTRA.update(disable_overlap_schedule=True)
     if args.from_saved:
         args.reference = args.from_saved
     known = {"law", "greedy", "params", *PARAMETER_PARTS}
