@@ -24,6 +24,8 @@ class _Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = int(req["sampling_params"].get("max_new_tokens", 8))
         fail = req["input_ids"][:1] == [999]
+        if req["input_ids"] == [10, 11, 12] and not req["sampling_params"].get("ignore_eos"):
+            n = 1  # a random tiny target whose greedy answer to the liveness prompt is EOS
         if not req.get("stream"):
             body = json.dumps({"output_ids": list(range(n)), "meta_info": {}}).encode()
             self.send_response(500 if fail else 200)

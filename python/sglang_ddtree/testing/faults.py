@@ -201,7 +201,10 @@ def alive(base: str) -> bool:
     try:
         if http_json(base + "/health", timeout=30)[0] != 200:
             return False
-        code, body = generate(base, [10, 11, 12], {"max_new_tokens": 4, "temperature": 0.0})
+        # ignore_eos: a random tiny target may emit its EOS first, and a short answer is not
+        # a server that is down.
+        params = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+        code, body = generate(base, [10, 11, 12], params)
         return code == 200 and len(body.get("output_ids", [])) == 4
     except OSError:
         return False
@@ -405,24 +408,29 @@ def main(argv: list[str] | None = None) -> int:
     summary["log_traceback"] = "Traceback" in text
     summary["log_leak"] = "leak detected" in text.lower()  # SGLang: "memory leak detected"
     write_summary(summary)
-    # Greedy differences, if any, are judged by the non-speculative server's top two tokens.
+
+    def verdict(probe) -> None:
+        judge_differences(summary, cases, probe)
+        for name in cases:
+            print(f"[faults] {name}: {json.dumps(summary[name])[:600]}", flush=True)
+        summary["passed"] = (
+            all(summary[c]["passed"] for c in cases)
+            and summary["serving_after_idle"]
+            and not summary["log_traceback"]
+            and not summary["log_leak"]
+        )
+        write_summary(summary)
+
+    # Greedy differences, if any, are judged by the non-speculative server's top two tokens;
+    # the verdict is written before that server shuts down (a slow exit keeps it).
     if any(summary[c].get("differences") for c in cases):
         port = free_port()
         ref, ref_log = f"http://127.0.0.1:{port}", os.path.join(args.out, "nospec_server.log")
         ref_cmd = launch_cmd(target, draft, port, None, args.tp, backend)
         with launched_server(ref_cmd, ref, ref_log, ready=alive):
-            judge_differences(summary, cases, lambda ids: top2(ref, ids))
+            verdict(lambda ids: top2(ref, ids))
     else:
-        judge_differences(summary, cases, None)
-    for name in cases:
-        print(f"[faults] {name}: {json.dumps(summary[name])[:600]}", flush=True)
-    summary["passed"] = (
-        all(summary[c]["passed"] for c in cases)
-        and summary["serving_after_idle"]
-        and not summary["log_traceback"]
-        and not summary["log_leak"]
-    )
-    write_summary(summary)
+        verdict(None)
     print(f"[faults] passed={summary['passed']}", flush=True)
     return 0 if summary["passed"] else 1
 
