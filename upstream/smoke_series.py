@@ -20,8 +20,10 @@ are applied there in order with ``git apply``. After each part:
 
 Prints one JSON line per part and a summary line; exit status 0 when every step passed.
 ``--parts N``: stop after part N. ``--from N``: apply the parts before N without running their
-checks (a smoke split over several calls). ``--apply-only``: apply and list, run nothing (any
-machine).
+checks (a smoke split over several calls). ``--only A.py,B.py``: of the checked parts' tests and
+benchmarks, run only those. ``--apply-only``: apply and list, run nothing (any machine).
+Servers are launched as ``sglang serve`` (SGLang's test utilities), so a ``sglang`` command for
+this interpreter is put first on PATH (an unpacked site has no console scripts).
 Run it where the plugin is not installed: its entry point would register DDTREE as well.
 SGLang's test utilities import its benchmark datasets, hence Hugging Face ``datasets``, at
 module level; where that package is missing (an offline bundle) a stand-in module whose
@@ -115,6 +117,20 @@ def model_stand_ins(tree: Path, workdir: Path) -> dict[str, str]:
     return names
 
 
+def sglang_command(root: Path) -> Path:
+    """A directory holding a ``sglang`` command for this interpreter (SGLang's console script):
+    its test utilities launch servers as ``sglang serve``, and an unpacked site has no console
+    scripts. The patched tree is first on PYTHONPATH, so it is the one served."""
+    bindir = root / "bin"
+    bindir.mkdir(exist_ok=True)
+    script = bindir / "sglang"
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom sglang.cli.main import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    return bindir
+
+
 def run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
     try:
         r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -140,6 +156,12 @@ def main() -> int:
     )
     ap.add_argument("--apply-only", action="store_true")
     ap.add_argument(
+        "--only",
+        default=None,
+        help="comma list of test or benchmark file names: run only those in the checked parts "
+        "(no engine or in-tree smoke then)",
+    )
+    ap.add_argument(
         "--hub-models",
         action="store_true",
         help="the server tests load SGLang's test models by their hub names (no stand-in)",
@@ -161,7 +183,10 @@ def main() -> int:
             [str(root / "python"), str(site), str(REPO / "python"), *map(str, shims)]
         ),
         "PYTHONUNBUFFERED": "1",
+        "PATH": os.pathsep.join([str(sglang_command(root)), os.environ.get("PATH", "")]),
     }
+    only = set(args.only.split(",")) if args.only else None
+    picked = lambda path: only is None or Path(path).name in only  # noqa: E731
     # The server tests run from here: their hub model names resolve to the stand-ins.
     models_dir = root / "models"
     models_dir.mkdir(exist_ok=True)
@@ -183,7 +208,7 @@ def main() -> int:
         tests = [p for p in new if p.startswith(TESTS) and p.endswith(".py")]
         benchmarks = [p for p in new if p.startswith(BENCHMARKS) and p.endswith(".py")]
         if applied.returncode == 0 and checked:
-            for test in tests:
+            for test in filter(picked, tests):
                 cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
                 if Path(test).name not in SERVER_TESTS:
                     step["checks"].append(run(cmd, env, root / Path(test).parent, 900))
@@ -193,16 +218,16 @@ def main() -> int:
                 test_env = {**server_env, "PYTHONPATH": os.pathsep.join(
                     [str(root / Path(test).parent), server_env["PYTHONPATH"]])}  # fmt: skip
                 step["checks"].append(run(cmd, test_env, models_dir, 1200))
-            for bench in benchmarks:  # one small cell: it runs, not how fast
+            for bench in filter(picked, benchmarks):  # one small cell: it runs, not how fast
                 step["checks"].append(run([sys.executable, bench, "--quick"], env, root, 600))
             edits_backends = any(BACKEND_EDITS in line for line in patch.read_text().splitlines()
                                  if line.startswith("+++ b/"))  # fmt: skip
             last = i == len(parts()) or i == args.parts
-            if edits_backends or last:
+            if (edits_backends or last) and only is None:
                 step["checks"].append(
                     run([sys.executable, "-c", _SERVE_WITHOUT_SPECULATION], env, root, 600)
                 )
-            if any(p.endswith("ddtree_worker_v2.py") for p in new):
+            if any(p.endswith("ddtree_worker_v2.py") for p in new) and only is None:
                 step["checks"].append(
                     run(
                         [sys.executable, str(REPO / "upstream" / "smoke_in_tree.py")],

@@ -513,6 +513,44 @@ def test_series_smoke_stands_the_shipped_pair_in_for_the_server_tests_hub_models
         smoke.model_stand_ins(tree, tmp_path / "other")
 
 
+def test_series_smoke_serves_the_patched_tree_through_its_sglang_command(tmp_path):
+    """SGLang's test utilities launch ``sglang serve``; an unpacked site has no console script,
+    so the smoke writes one for its own interpreter: run with the patched tree first on the
+    path, it is that tree's ``sglang.cli.main`` that receives the arguments."""
+    path = REPO / "upstream" / "smoke_series.py"
+    spec = importlib.util.spec_from_file_location("smoke_series", path)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    cli = tmp_path / "python" / "sglang" / "cli"
+    cli.mkdir(parents=True)
+    (cli.parent / "__init__.py").write_text("")
+    (cli / "__init__.py").write_text("")
+    (cli / "main.py").write_text(
+        "import sys\ndef main():\n    print('patched', sys.argv[1:])\n    return 3\n"
+    )
+    bindir = smoke.sglang_command(tmp_path)
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(tmp_path / "python")}  # fmt: skip
+    r = subprocess.run(["sglang", "serve", "--port", "1"], env=env, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 3 and r.stdout.strip() == "patched ['serve', '--port', '1']", r
+
+
+def test_series_smoke_runs_only_the_named_checks(source, tmp_path):
+    """``--only``: of a checked part's tests and benchmarks only the named ones run, and no
+    engine or in-tree smoke (a part checked with nothing named runs nothing)."""
+    site = _pristine_site(source, tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site),
+         "--parts", "1", "--only", "no_such_test.py"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    part = json.loads(r.stdout.splitlines()[0])
+    assert part["applied"] and part["checked"] and part["checks"] == [], part
+    assert part["tests_added"] and part["benchmarks_added"]  # there was something to skip
+
+
 def _top_level_names(source: bytes) -> set[str]:
     """Names a module defines at its top level (functions, classes, assignments, imports)."""
     names = set()
