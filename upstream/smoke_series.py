@@ -18,7 +18,8 @@ are applied there in order with ``git apply``. After each part:
 - after the part that registers DDTREE, ``upstream/smoke_in_tree.py`` runs (greedy, the
   sampled law and its power, a refusal, the split attention) on the patched tree.
 
-Prints one JSON line per part and a summary line; exit status 0 when every step passed.
+Prints one JSON line per part and a summary line (each check's whole output, a launched
+server's included, is kept in ``--logs DIR``); exit status 0 when every step passed.
 ``--parts N``: stop after part N. ``--from N``: apply the parts before N without running their
 checks (a smoke split over several calls). ``--only A.py,B.py``: of the checked parts' tests and
 benchmarks, run only those. ``--apply-only``: apply and list, run nothing (any machine).
@@ -131,16 +132,19 @@ def sglang_command(root: Path) -> Path:
     return bindir
 
 
-def run(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
-    try:
-        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"cmd": " ".join(cmd[-2:]), "ok": False, "why": f"timeout {timeout:.0f} s"}
-    return {
-        "cmd": " ".join(cmd[-2:]),
-        "ok": r.returncode == 0,
-        "tail": (r.stdout + r.stderr)[-600:],
-    }
+def run(cmd: list[str], env: dict, cwd: Path, timeout: float, log: Path) -> dict:
+    """Run one check; its whole output (a launched server's included) goes to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = {"cmd": " ".join(cmd[-2:]), "log": str(log)}
+    with open(log, "w") as f:
+        try:
+            r = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                               timeout=timeout)  # fmt: skip
+            out["ok"] = r.returncode == 0
+        except subprocess.TimeoutExpired:
+            out.update(ok=False, why=f"timeout {timeout:.0f} s")
+    out["tail"] = log.read_text(errors="replace")[-600:]
+    return out
 
 
 def main() -> int:
@@ -167,6 +171,9 @@ def main() -> int:
         help="the server tests load SGLang's test models by their hub names (no stand-in)",
     )
     ap.add_argument("--keep", default=None, help="scratch directory (default: a new one)")
+    ap.add_argument(
+        "--logs", default=None, help="directory for each check's whole output (default: scratch)"
+    )
     args = ap.parse_args()
     site = Path(args.site).resolve()
     if not (site / "sglang" / "srt").is_dir():
@@ -174,6 +181,7 @@ def main() -> int:
     root = Path(args.keep or tempfile.mkdtemp(prefix="ddtree_series_"))
     shutil.copytree(site / "sglang", root / "python" / "sglang", dirs_exist_ok=True)
     shims = stand_ins(site, root)
+    logs = Path(args.logs) if args.logs else root / "logs"
     env = {
         **os.environ,
         # The patched tree first, the rest of SGLang's stack after it, then this repository's
@@ -211,31 +219,30 @@ def main() -> int:
             for test in filter(picked, tests):
                 cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
                 if Path(test).name not in SERVER_TESTS:
-                    step["checks"].append(run(cmd, env, root / Path(test).parent, 900))
+                    log = logs / f"{patch.stem}.{Path(test).stem}.log"
+                    step["checks"].append(run(cmd, env, root / Path(test).parent, 900, log))
                     continue
                 if not args.hub_models and not stood_in_models:
                     stood_in_models = model_stand_ins(root / "python", models_dir)
                 test_env = {**server_env, "PYTHONPATH": os.pathsep.join(
                     [str(root / Path(test).parent), server_env["PYTHONPATH"]])}  # fmt: skip
-                step["checks"].append(run(cmd, test_env, models_dir, 1200))
+                log = logs / f"{patch.stem}.{Path(test).stem}.log"
+                step["checks"].append(run(cmd, test_env, models_dir, 1200, log))
             for bench in filter(picked, benchmarks):  # one small cell: it runs, not how fast
-                step["checks"].append(run([sys.executable, bench, "--quick"], env, root, 600))
+                log = logs / f"{patch.stem}.{Path(bench).stem}.log"
+                step["checks"].append(run([sys.executable, bench, "--quick"], env, root, 600, log))
             edits_backends = any(BACKEND_EDITS in line for line in patch.read_text().splitlines()
                                  if line.startswith("+++ b/"))  # fmt: skip
             last = i == len(parts()) or i == args.parts
             if (edits_backends or last) and only is None:
+                log = logs / f"{patch.stem}.serve_without_speculation.log"
                 step["checks"].append(
-                    run([sys.executable, "-c", _SERVE_WITHOUT_SPECULATION], env, root, 600)
+                    run([sys.executable, "-c", _SERVE_WITHOUT_SPECULATION], env, root, 600, log)
                 )
             if any(p.endswith("ddtree_worker_v2.py") for p in new) and only is None:
-                step["checks"].append(
-                    run(
-                        [sys.executable, str(REPO / "upstream" / "smoke_in_tree.py")],
-                        env,
-                        root,
-                        900,
-                    )  # fmt: skip
-                )
+                log = logs / f"{patch.stem}.smoke_in_tree.log"
+                smoke = [sys.executable, str(REPO / "upstream" / "smoke_in_tree.py")]
+                step["checks"].append(run(smoke, env, root, 900, log))
         step["tests_added"] = tests
         step["benchmarks_added"] = benchmarks
         step["ok"] = step["applied"] and all(c["ok"] for c in step["checks"])

@@ -536,6 +536,25 @@ def test_series_smoke_serves_the_patched_tree_through_its_sglang_command(tmp_pat
     assert r.returncode == 3 and r.stdout.strip() == "patched ['serve', '--port', '1']", r
 
 
+def test_series_smoke_keeps_each_checks_whole_output(tmp_path):
+    """A check's whole output (a launched server's log lines included) is kept in its log;
+    the JSON line carries its last 600 characters and whether it passed, or timed out."""
+    path = REPO / "upstream" / "smoke_series.py"
+    spec = importlib.util.spec_from_file_location("smoke_series", path)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    noisy = "import sys\nprint('server: first line')\nprint('x' * 2000)\nsys.exit('failed')\n"
+    log = tmp_path / "logs" / "part.check.log"
+    res = smoke.run([sys.executable, "-c", noisy], dict(os.environ), tmp_path, 60, log)
+    text = log.read_text()
+    assert not res["ok"] and res["log"] == str(log)
+    assert text.startswith("server: first line") and text.rstrip().endswith("failed")
+    assert res["tail"] == text[-600:] and len(text) > 2000
+    slow = smoke.run([sys.executable, "-c", "print('up', flush=True)\nimport time\n"
+                      "time.sleep(30)"], dict(os.environ), tmp_path, 2, log)  # fmt: skip
+    assert not slow["ok"] and slow["why"] == "timeout 2 s" and "up" in slow["tail"]
+
+
 def test_series_smoke_runs_only_the_named_checks(source, tmp_path):
     """``--only``: of a checked part's tests and benchmarks only the named ones run, and no
     engine or in-tree smoke (a part checked with nothing named runs nothing)."""
