@@ -132,6 +132,30 @@ def sglang_command(root: Path) -> Path:
     return bindir
 
 
+def helpers_path(root: Path) -> Path:
+    """A directory holding only this repository's ``sglang_ddtree`` package (the tiny pair and
+    the test helpers), not ``python/`` itself: an ``sglang_ddtree.egg-info`` left there by an
+    editable install would publish the plugin's entry point to every process on the path."""
+    helpers = root / "helpers"
+    helpers.mkdir(exist_ok=True)
+    link = helpers / "sglang_ddtree"
+    if not link.is_symlink():
+        link.symlink_to(REPO / "python" / "sglang_ddtree", target_is_directory=True)
+    return helpers
+
+
+_PLUGINS = (
+    "import importlib.metadata as m; "
+    "print(','.join(e.name for e in m.entry_points(group='sglang.srt.plugins')))"
+)
+
+
+def visible_plugins(env: dict) -> list[str]:
+    """SGLang plugins (entry points) a process started with ``env`` would load."""
+    r = subprocess.run([sys.executable, "-c", _PLUGINS], env=env, capture_output=True, text=True)
+    return [name for name in r.stdout.strip().split(",") if name]
+
+
 def run(cmd: list[str], env: dict, cwd: Path, timeout: float, log: Path) -> dict:
     """Run one check; its whole output (a launched server's included) goes to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -185,14 +209,20 @@ def main() -> int:
     env = {
         **os.environ,
         # The patched tree first, the rest of SGLang's stack after it, then this repository's
-        # python/ (the tiny pair and the test helpers the smoke uses; not the plugin's entry),
-        # then any stand-in module.
+        # package alone (the tiny pair and the test helpers the smoke uses; not the plugin's
+        # entry point), then any stand-in module.
         "PYTHONPATH": os.pathsep.join(
-            [str(root / "python"), str(site), str(REPO / "python"), *map(str, shims)]
+            [str(root / "python"), str(site), str(helpers_path(root)), *map(str, shims)]
         ),
         "PYTHONUNBUFFERED": "1",
         "PATH": os.pathsep.join([str(sglang_command(root)), os.environ.get("PATH", "")]),
     }
+    checks_any = not args.apply_only and (args.parts is None or args.parts >= args.first)
+    if checks_any and "ddtree" in visible_plugins(env):
+        raise SystemExit(
+            "smoke_series: the sglang-ddtree plugin is installed here (its entry point would "
+            "register DDTREE besides the patched tree): python3 -m pip uninstall sglang-ddtree"
+        )
     only = set(args.only.split(",")) if args.only else None
     picked = lambda path: only is None or Path(path).name in only  # noqa: E731
     # The server tests run from here: their hub model names resolve to the stand-ins.
