@@ -485,15 +485,20 @@ def test_series_smoke_from_a_later_part_applies_the_earlier_ones_unchecked(sourc
     assert all(p["applied"] and not p["checked"] and not p["checks"] for p in parts)
 
 
+def _smoke_module():
+    path = REPO / "upstream" / "smoke_series.py"
+    spec = importlib.util.spec_from_file_location("smoke_series", path)
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    return smoke
+
+
 def test_series_smoke_stands_the_shipped_pair_in_for_the_server_tests_hub_models(tmp_path):
     """The smoke's model stand-ins: links at the hub names SGLang's test utilities give
     ``DEFAULT_TARGET_MODEL_DFLASH`` and its drafter, each a local directory holding the shipped
     pair's model (what a server launched from that directory loads); a missing constant stops
     the smoke naming it."""
-    path = REPO / "upstream" / "smoke_series.py"
-    spec = importlib.util.spec_from_file_location("smoke_series", path)
-    smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smoke)
+    smoke = _smoke_module()
     tree = tmp_path / "python"
     (tree / "sglang" / "test").mkdir(parents=True)
     (tree / "sglang" / "test" / "test_utils.py").write_text(
@@ -517,10 +522,7 @@ def test_series_smoke_serves_the_patched_tree_through_its_sglang_command(tmp_pat
     """SGLang's test utilities launch ``sglang serve``; an unpacked site has no console script,
     so the smoke writes one for its own interpreter: run with the patched tree first on the
     path, it is that tree's ``sglang.cli.main`` that receives the arguments."""
-    path = REPO / "upstream" / "smoke_series.py"
-    spec = importlib.util.spec_from_file_location("smoke_series", path)
-    smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smoke)
+    smoke = _smoke_module()
     cli = tmp_path / "python" / "sglang" / "cli"
     cli.mkdir(parents=True)
     (cli.parent / "__init__.py").write_text("")
@@ -539,10 +541,7 @@ def test_series_smoke_serves_the_patched_tree_through_its_sglang_command(tmp_pat
 def test_series_smoke_keeps_each_checks_whole_output(tmp_path):
     """A check's whole output (a launched server's log lines included) is kept in its log;
     the JSON line carries its last 600 characters and whether it passed, or timed out."""
-    path = REPO / "upstream" / "smoke_series.py"
-    spec = importlib.util.spec_from_file_location("smoke_series", path)
-    smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smoke)
+    smoke = _smoke_module()
     noisy = "import sys\nprint('server: first line')\nprint('x' * 2000)\nsys.exit('failed')\n"
     log = tmp_path / "logs" / "part.check.log"
     res = smoke.run([sys.executable, "-c", noisy], dict(os.environ), tmp_path, 60, log)
@@ -553,14 +552,6 @@ def test_series_smoke_keeps_each_checks_whole_output(tmp_path):
     slow = smoke.run([sys.executable, "-c", "print('up', flush=True)\nimport time\n"
                       "time.sleep(30)"], dict(os.environ), tmp_path, 2, log)  # fmt: skip
     assert not slow["ok"] and slow["why"] == "timeout 2 s" and "up" in slow["tail"]
-
-
-def _smoke_module():
-    path = REPO / "upstream" / "smoke_series.py"
-    spec = importlib.util.spec_from_file_location("smoke_series", path)
-    smoke = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(smoke)
-    return smoke
 
 
 def test_series_smoke_runs_only_the_named_checks(source, tmp_path, monkeypatch, capsys):
