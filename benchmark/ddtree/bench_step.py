@@ -71,7 +71,9 @@ engine, the KV pool it was left (tokens), and for DDTREE the glue graphs its sta
 held for them before the pool was sized) and any glue graph captured later, while serving
 (none should be). The worker's graph counts come out through the test hook
 ``testing.inject.GRAPH_STATS_ENV``, which rewrites a file after every step, so this phase runs
-no timed steps.
+no timed steps. ``--memory-history``: the startup capture records allocation stacks
+(``SGLANG_DDTREE_MEMORY_HISTORY``), so its summary names the code behind the largest live
+blocks in the new segments outside the glue graphs' pool (what pins them).
 
 Diagnostics (``sglang_ddtree.step_timing``; files copied to ``<out>/profile_<model>_<config>/``,
 one per step run in run order): ``--torch-profile-skip N`` (torch profiler tables of 20 decode
@@ -714,6 +716,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
     if args.torch_profile_skip is not None:
         os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
     os.environ[SYNC_TRACE_ENV] = "1" if args.sync_trace else "0"
+    os.environ[ddtree_envs.SGLANG_DDTREE_MEMORY_HISTORY.name] = "1" if args.memory_history else "0"
     row = {"config": config, "accept": {}, "step": []}
     config_only, backend = split_backend(config, args.attention_backend)
     base, variant_env = split_variant(config_only)
@@ -1126,6 +1129,12 @@ def main() -> None:
         help="also record the stack of every host-device sync inside decode steps",
     )
     ap.add_argument(
+        "--memory-history",
+        action="store_true",
+        help="phase startup: record allocation stacks during the glue capture (what pins the "
+        "memory outside the glue graphs' pool)",
+    )
+    ap.add_argument(
         "--temps",
         default=",".join(t for t, _ in TEMPS),
         help=f"comma list of step-phase sampling settings: {', '.join(ALL_TEMPS)}",
@@ -1177,6 +1186,8 @@ def main() -> None:
         raise SystemExit("--phases experts runs alone (its engines run without CUDA graphs)")
     if "startup" in args.phases and len(args.phases) > 1:
         raise SystemExit("--phases startup runs alone (its graph counts are written every step)")
+    if args.memory_history and "startup" not in args.phases:
+        raise SystemExit("--memory-history is for --phases startup (the glue capture's memory)")
     os.makedirs(args.out, exist_ok=True)
     t_begin = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="bench_step_")

@@ -30,6 +30,19 @@ def test_bench_step_needs_sglang_and_cuda(load_benchmark, monkeypatch, tmp_path)
         mod.main()
 
 
+def test_bench_step_memory_history_is_for_the_startup_phase(load_benchmark, monkeypatch, tmp_path):
+    """``--memory-history`` (allocation stacks in the startup glue capture) is refused with any
+    phase but ``startup``, before an engine starts."""
+    import sglang_ddtree.serve
+
+    mod = load_benchmark("bench_step")
+    monkeypatch.setattr(sglang_ddtree.serve, "serving_unavailable", lambda: None)
+    argv = ["bench_step.py", "--out", str(tmp_path), "--memory-history"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--phases", "step"])
+    with pytest.raises(SystemExit, match="--memory-history is for --phases startup"):
+        mod.main()
+
+
 def test_kimi_shape_configs(load_benchmark, tmp_path):
     """bench_step's Kimi K2.6 shape: the target is K2.6's config cut to N layers, the drafter
     reads six distinct layers before the last, and each config's verify width is known."""

@@ -834,6 +834,46 @@ def test_new_segments_outside_the_pool_are_counted_per_type():
     assert new_segments_outside_pool(before, after, None)["large"]["segments"] == 2
 
 
+def test_live_blocks_outside_the_pool_name_the_code_that_allocated_them():
+    """With allocation stacks recorded (`SGLANG_DDTREE_MEMORY_HISTORY`), each of the largest
+    live blocks outside the pool is named by its innermost frames outside torch's own files,
+    largest block first; without stacks the summary has no such field."""
+    from sglang_ddtree.srt.ddtree_glue_warmup import allocation_site, new_segments_outside_pool
+
+    mib = 1 << 20
+
+    def frame(path, line, name):
+        return {"filename": path, "line": line, "name": name}
+
+    torch_frame = frame("/site/torch/_tensor.py", 10, "new_empty")
+    big = {
+        "size": 8 * mib,
+        "state": "active_allocated",
+        "frames": [
+            torch_frame,
+            frame("/repo/python/sglang_ddtree/srt/ddtree_utils.py", 195, "accept_tree"),
+            frame("<built-in>", 0, "??"),
+            frame("/repo/x/ddtree_glue_graph.py", 211, "_capture"),
+            frame("/repo/x/ddtree_glue_graph.py", 190, "__call__"),
+            frame("/repo/x/a.py", 1, "f"),
+        ],
+    }
+    small = {"size": mib, "state": "active_allocated", "frames": [torch_frame]}
+    after = [{"address": 9, "segment_type": "large", "total_size": 1 << 30,
+              "allocated_size": 9 * mib, "blocks": [small, big, {"size": mib, "state": "inactive"}]}]  # fmt: skip
+    got = new_segments_outside_pool([], after, None)["large"]
+    assert got["largest_live_mib"] == [8.0, 1.0]
+    assert got["largest_live_sites"] == [
+        ["ddtree_utils.py:195 accept_tree", "ddtree_glue_graph.py:211 _capture",
+         "ddtree_glue_graph.py:190 __call__"],  # three frames, torch's and built-ins skipped
+        [],  # only torch's own frames
+    ]  # fmt: skip
+    assert allocation_site({"size": mib}) == []
+    for block in (big, small):
+        del block["frames"]
+    assert "largest_live_sites" not in new_segments_outside_pool([], after, None)["large"]
+
+
 def test_commit_kv_keys_on_the_step_and_binds_the_kv_function_arguments():
     """The KV commit call (shared by the decode step and the startup dummy step): key = the
     step's key whatever the accept mode (every mode writes the batch size's outputs; None

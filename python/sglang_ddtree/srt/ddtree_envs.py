@@ -279,6 +279,12 @@ class DDTreeEnvs:
         False,
         "benchmarks: record the Python stack of every host-device sync in a decode batch",
     )
+    SGLANG_DDTREE_MEMORY_HISTORY = Knob(
+        bool,
+        False,
+        "benchmarks: record allocation stacks during the startup glue capture; its summary "
+        "names the code that allocated the largest live blocks outside the graphs' pool",
+    )
     SGLANG_DDTREE_EXPERT_COUNT = Knob(
         int,
         None,

@@ -165,6 +165,22 @@ def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
 
 
 LIVE_BLOCKS_SHOWN = 8
+FRAMES_SHOWN = 3
+
+
+def allocation_site(block: dict) -> list[str]:
+    """Where a snapshot block was allocated: its innermost ``FRAMES_SHOWN`` Python frames
+    outside torch's own files, as ``file:line function`` (empty unless allocation stacks were
+    recorded, `SGLANG_DDTREE_MEMORY_HISTORY`)."""
+    sites = []
+    for frame in block.get("frames") or ():
+        filename = str(frame.get("filename", ""))
+        if "/torch/" in filename or not filename.endswith(".py"):
+            continue
+        sites.append(f"{filename.rsplit('/', 1)[-1]}:{frame.get('line')} {frame.get('name')}")
+        if len(sites) == FRAMES_SHOWN:
+            break
+    return sites
 
 
 def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> dict:
@@ -172,9 +188,10 @@ def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> di
     the graph pool ``pool``, per segment type (``small``: 2 MiB segments of allocations up to 1
     MiB; ``large``): ``{type: {"segments", "gib", "allocated_gib", "largest_live_mib"}}``, from
     two ``torch.cuda.memory_snapshot()``s; ``largest_live_mib``: the sizes of the largest live
-    blocks there (up to ``LIVE_BLOCKS_SHOWN``, which tensors they are is told by their sizes).
-    Where the startup capture's growth outside the pool is much more than what lives there,
-    segments pinned by a few live blocks (fragmentation)."""
+    blocks there (up to ``LIVE_BLOCKS_SHOWN``), and where allocation stacks were recorded
+    ``largest_live_sites``: the code that allocated each (`allocation_site`). Where the startup
+    capture's growth outside the pool is much more than what lives there, segments pinned by a
+    few live blocks (fragmentation)."""
     known = {seg.get("address") for seg in before}
     out: dict = {}
     for seg in after:
@@ -184,12 +201,16 @@ def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> di
         kind[0] += 1
         kind[1] += seg["total_size"]
         kind[2] += seg["allocated_size"]
-        kind[3] += [b["size"] for b in seg.get("blocks", ()) if b.get("state") == "active_allocated"]
-    return {
-        kind: {"segments": n, "gib": round(total / 2**30, 3), "allocated_gib": round(live / 2**30, 3),
-               "largest_live_mib": [round(b / 2**20, 2) for b in sorted(blocks)[::-1][:LIVE_BLOCKS_SHOWN]]}
-        for kind, (n, total, live, blocks) in sorted(out.items())
-    }  # fmt: skip
+        kind[3] += [b for b in seg.get("blocks", ()) if b.get("state") == "active_allocated"]
+    summary = {}
+    for kind, (n, total, live, blocks) in sorted(out.items()):
+        largest = sorted(blocks, key=lambda b: b["size"], reverse=True)[:LIVE_BLOCKS_SHOWN]
+        summary[kind] = {"segments": n, "gib": round(total / 2**30, 3),
+                         "allocated_gib": round(live / 2**30, 3),
+                         "largest_live_mib": [round(b["size"] / 2**20, 2) for b in largest]}  # fmt: skip
+        if any(b.get("frames") for b in largest):
+            summary[kind]["largest_live_sites"] = [allocation_site(b) for b in largest]
+    return summary
 
 
 def glue_output_bytes(
@@ -414,6 +435,17 @@ def _snapshot() -> list[dict] | None:
         return None
 
 
+def _record_stacks(on: bool) -> bool:
+    """Start (or stop) recording the Python stack of every live allocation (no event history);
+    whether that worked (a warning if not: a diagnostic must not stop the server)."""
+    try:
+        torch.cuda.memory._record_memory_history(enabled="state" if on else None, stacks="python")
+        return True
+    except Exception as e:
+        logger.warning("DDTREE glue graphs: no allocation stacks (%s: %s).", type(e).__name__, e)
+        return False
+
+
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
@@ -432,6 +464,7 @@ def capture_glue_at_startup(worker) -> dict:
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved(worker.device)
     allocated = torch.cuda.memory_allocated(worker.device)
+    history = envs.SGLANG_DDTREE_MEMORY_HISTORY.get() and _record_stacks(True)
     snapshot_before = _snapshot()
     t0 = time.perf_counter()
     # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
@@ -457,6 +490,8 @@ def capture_glue_at_startup(worker) -> dict:
             "key_buffers_gib": round(key_buffer_bytes(worker.graph_stats.glue_segments) / 2**30, 3)}  # fmt: skip
     pool = worker.graph_stats.glue_segments[0].pool if worker.graph_stats.glue_segments else None
     snapshot_after = _snapshot()
+    if history:
+        _record_stacks(False)
     if pool is not None and snapshot_after is not None:
         # The growth inside the glue graphs' pool and how much of it is live; outside it, the
         # new segments per type and what lives in them.
