@@ -594,15 +594,21 @@ class ExtendPathSampler:
             self._eng = self._stack.enter_context(engine(None, self.dtype))
         return self._eng
 
+    def _request(self, name: str, new_tokens: int) -> tuple[str, dict, list[int]]:
+        """The setting's name without a mixed batch's prefix (the same law), its sampling
+        parameters for ``new_tokens`` tokens, and its prompt."""
+        name = name.removeprefix("mixed_")
+        sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
+        sp.update(max_new_tokens=new_tokens, ignore_eos=True)
+        return name, sp, self.prompts[self.index[name] % len(self.prompts)]
+
     def __call__(self, name: str, prefix: list[int]) -> list[int]:
-        name = name.removeprefix("mixed_")  # a mixed batch's setting: the same law
+        name, sp, prompt = self._request(name, 1)
         key = f"{name} {list(prefix)}"
         if key in self._tokens:  # the same probe for another family or its mixed twin
             return self._tokens[key]
         self._engine()
-        sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
-        sp.update(max_new_tokens=1, ignore_eos=True)
-        prompt = self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
+        prompt = prompt + list(prefix)
         outs = generate(self._eng, [prompt] * SAMPLES, [sp] * SAMPLES)
         tokens = [o["output_ids"][0] for o in outs]
         self.counts[key] = {
@@ -639,11 +645,8 @@ class ExtendPathSampler:
     def in_waves(self, name: str) -> list[list[int]]:
         """``SAMPLES`` completions of the setting from the non-speculative server, submitted
         `SHAPE_WAVE` requests at a time (its batches then hold at most that many rows)."""
-        name = name.removeprefix("mixed_")
+        _, sp, prompt = self._request(name, NEW_TOKENS)
         eng = self._engine()
-        sp = {k: v for k, v in self.settings[name].items() if v is not None and k != "n"}
-        sp.update(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-        prompt = self.prompts[self.index[name] % len(self.prompts)]
         out: list[list[int]] = []
         for start in range(0, SAMPLES, SHAPE_WAVE):
             n = min(SHAPE_WAVE, SAMPLES - start)
@@ -658,10 +661,9 @@ class ExtendPathSampler:
         probabilities are then the nucleus's), each rank's cumulative probability and
         ``top_p_margin``, the least distance of one to top_p (a margin within float rounding
         says an edge the two prefills may cut apart)."""
-        name = name.removeprefix("mixed_")
+        name, _, prompt = self._request(name, 1)
         sp = self.settings[name]
         self._engine()
-        prompt = self.prompts[self.index[name] % len(self.prompts)]
         top = self._top_logprobs(prompt, [])["extend_top_logprobs"]
         out: dict = {"extend_top_logprobs": top}
         lps = [lp for _, lp, *_ in top]
