@@ -121,12 +121,15 @@ def model_stand_ins(tree: Path, workdir: Path) -> dict[str, str]:
 def sglang_command(root: Path) -> Path:
     """A directory holding a ``sglang`` command for this interpreter (SGLang's console script):
     its test utilities launch servers as ``sglang serve``, and an unpacked site has no console
-    scripts. The patched tree is first on PYTHONPATH, so it is the one served."""
+    scripts. The patched tree is first on PYTHONPATH, so it is the one served. The call sits
+    under a main guard, as in pip's console scripts: the server spawns its schedulers, and a
+    spawned child re-runs this file as its main module."""
     bindir = root / "bin"
     bindir.mkdir(exist_ok=True)
     script = bindir / "sglang"
     script.write_text(
-        f"#!{sys.executable}\nimport sys\nfrom sglang.cli.main import main\nsys.exit(main())\n"
+        f"#!{sys.executable}\nimport sys\nfrom sglang.cli.main import main\n\n"
+        'if __name__ == "__main__":\n    sys.exit(main())\n'
     )
     script.chmod(0o755)
     return bindir

@@ -521,21 +521,27 @@ def test_series_smoke_stands_the_shipped_pair_in_for_the_server_tests_hub_models
 def test_series_smoke_serves_the_patched_tree_through_its_sglang_command(tmp_path):
     """SGLang's test utilities launch ``sglang serve``; an unpacked site has no console script,
     so the smoke writes one for its own interpreter: run with the patched tree first on the
-    path, it is that tree's ``sglang.cli.main`` that receives the arguments."""
+    path, it is that tree's ``sglang.cli.main`` that receives the arguments, and a child it
+    spawns (the server's schedulers) starts without running the command again."""
     smoke = _smoke_module()
     cli = tmp_path / "python" / "sglang" / "cli"
     cli.mkdir(parents=True)
     (cli.parent / "__init__.py").write_text("")
     (cli / "__init__.py").write_text("")
-    (cli / "main.py").write_text(
-        "import sys\ndef main():\n    print('patched', sys.argv[1:])\n    return 3\n"
+    (cli / "main.py").write_text(  # spawns a child, as the server spawns its schedulers
+        "import multiprocessing, sys\n"
+        "def child():\n    pass\n"
+        "def main():\n"
+        "    p = multiprocessing.get_context('spawn').Process(target=child)\n"
+        "    p.start(); p.join()\n"
+        "    print('patched', sys.argv[1:], p.exitcode)\n    return 3\n"
     )
     bindir = smoke.sglang_command(tmp_path)
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(tmp_path / "python")}  # fmt: skip
     r = subprocess.run(["sglang", "serve", "--port", "1"], env=env, capture_output=True,
                        text=True, timeout=60)  # fmt: skip
-    assert r.returncode == 3 and r.stdout.strip() == "patched ['serve', '--port', '1']", r
+    assert r.returncode == 3 and r.stdout.strip() == "patched ['serve', '--port', '1'] 0", r
 
 
 def test_series_smoke_keeps_each_checks_whole_output(tmp_path):
