@@ -145,8 +145,17 @@ def test_launch_commands_of_the_checks():
 
 def test_backend_flags_of_the_checks():
     """flashmla runs at its page size 64 unless a page size is given; the drafter's backend and
-    the dtype pass through; no flags keep the server on triton at page 1."""
-    from sglang_ddtree.testing import faults
+    the dtype pass through; no flags keep the server on triton at page 1. The engines of the
+    e2e and law checks take the same settings as fields."""
+    from sglang_ddtree.testing import e2e, faults
+
+    assert e2e.backend_settings("flashmla", draft_attention_backend="triton") == {
+        "attention_backend": "flashmla",
+        "page_size": 64,
+        "speculative_draft_attention_backend": "triton",
+    }
+    assert e2e.backend_settings("flashmla", 128) == {"attention_backend": "flashmla",
+                                                      "page_size": 128}  # fmt: skip
 
     assert faults.backend_flags(None, None, None, None) == []
     mla = faults.backend_flags("flashmla", None, "triton", "bfloat16")

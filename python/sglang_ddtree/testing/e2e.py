@@ -95,6 +95,25 @@ def tp_check_cli() -> list[str]:
     return [f"--{k.replace('_', '-')}" for k, v in TP_CHECK_ENGINE.items() if v is True]
 
 
+def backend_settings(
+    attention_backend: str | None,
+    page_size: int | None = None,
+    draft_attention_backend: str | None = None,
+) -> dict:
+    """ServerArgs fields for every engine or server of a check on ``attention_backend``:
+    flashmla (MLA targets) runs at its page size 64 unless ``page_size`` says otherwise, and
+    the drafter (MHA) takes a backend of its own there. Empty: triton at page 1."""
+    out: dict = {}
+    if attention_backend:
+        out["attention_backend"] = attention_backend
+    page = page_size or (64 if attention_backend == "flashmla" else None)
+    if page:
+        out["page_size"] = page
+    if draft_attention_backend:
+        out["speculative_draft_attention_backend"] = draft_attention_backend
+    return out
+
+
 def make_prompts(vocab_lo: int, vocab_hi: int, count: int, seed: int) -> list[list[int]]:
     """Random token-id prompts of 6..40 tokens over [vocab_lo, vocab_hi)."""
     rng = random.Random(seed)
@@ -663,12 +682,9 @@ def main() -> int:
         ENGINE_EXTRA["dtype"] = args.dtype
     if args.tp > 1:
         ENGINE_EXTRA.update(tp_size=args.tp, **TP_CHECK_ENGINE)
-    ENGINE_EXTRA["attention_backend"] = args.attention_backend
-    page_size = args.page_size or (64 if args.attention_backend == "flashmla" else None)
-    if page_size:
-        ENGINE_EXTRA["page_size"] = page_size
-    if args.draft_attention_backend:
-        ENGINE_EXTRA["speculative_draft_attention_backend"] = args.draft_attention_backend
+    ENGINE_EXTRA.update(
+        backend_settings(args.attention_backend, args.page_size, args.draft_attention_backend)
+    )
     if args.fp32_lm_head:
         ENGINE_EXTRA["enable_fp32_lm_head"] = True
     summary: dict = {
@@ -678,7 +694,7 @@ def main() -> int:
         "dtype": args.dtype or "auto",
         "tp": args.tp,
         "attention_backend": args.attention_backend,
-        "page_size": page_size or 1,
+        "page_size": ENGINE_EXTRA.get("page_size", 1),
         "fp32_lm_head": args.fp32_lm_head,
     }
     checks = [c for c in args.checks.split(",") if c]

@@ -43,7 +43,7 @@ import tempfile
 import time
 
 from sglang_ddtree.testing import tiny_models
-from sglang_ddtree.testing.e2e import tp_check_cli
+from sglang_ddtree.testing.e2e import backend_settings, tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
@@ -95,20 +95,11 @@ def backend_flags(
     draft_attention_backend: str | None,
     dtype: str | None,
 ) -> list[str]:
-    """Server flags for a backend other than triton at page 1: flashmla (MLA pairs) runs at its
-    page size 64 unless ``page_size`` says otherwise; the drafter (MHA) needs a backend of its
-    own there."""
-    flags = []
-    if attention_backend:
-        flags += ["--attention-backend", attention_backend]
-    page = page_size or (64 if attention_backend == "flashmla" else None)
-    if page:
-        flags += ["--page-size", str(page)]
-    if draft_attention_backend:
-        flags += ["--speculative-draft-attention-backend", draft_attention_backend]
+    """`e2e.backend_settings` and the dtype as server flags (none: triton at page 1)."""
+    settings = backend_settings(attention_backend, page_size, draft_attention_backend)
     if dtype:
-        flags += ["--dtype", dtype]
-    return flags
+        settings["dtype"] = dtype
+    return [x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def generate(base: str, ids: list[int], params: dict, timeout: float = 300) -> tuple[int, dict]:

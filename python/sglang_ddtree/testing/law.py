@@ -1024,9 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
         _PAIR.update(target=target, draft=draft, prompts=prompts)
     # Every engine of the run (reference, speculative, probes) takes these.
     if flashmla:
-        e2e.ENGINE_EXTRA.update(
-            attention_backend="flashmla", page_size=64, speculative_draft_attention_backend="triton"
-        )
+        e2e.ENGINE_EXTRA.update(e2e.backend_settings("flashmla", draft_attention_backend="triton"))
     if args.tp > 1:
         e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
     if args.fp32_lm_head:
