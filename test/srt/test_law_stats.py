@@ -713,3 +713,22 @@ def test_flashmla_law_runs_tag_their_sides_and_set_every_engine(tmp_path, monkey
         "page_size": 64,
         "speculative_draft_attention_backend": "triton",
     }
+
+
+def test_law_runs_at_a_page_size_tag_their_sides_and_set_every_engine(tmp_path, monkeypatch,
+                                                                      capsys):  # fmt: skip
+    """``--page-size``: every engine at that page size (triton takes any; flashmla only its
+    64), and the saved sides carry a ``-page16`` tag, so a page-1 run's are never read."""
+    from sglang_ddtree.testing import e2e
+
+    monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
+    with pytest.raises(SystemExit):
+        law.main(["--arch", "mla8", "--attention-backend", "flashmla", "--page-size", "16"])
+    assert "page size 64 only" in capsys.readouterr().err and e2e.ENGINE_EXTRA == {}
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "law_nospec_bfloat16.json.gz").write_bytes(b"")  # a page-1 run's side
+    with pytest.raises(FileNotFoundError, match="law_nospec_bfloat16-page16.json.gz"):
+        law.main(["--dtype", "bfloat16", "--page-size", "16", "--from-saved", str(saved),
+                  "--parts", "law", "--no-probes", "--out", str(tmp_path / "out")])  # fmt: skip
+    assert e2e.ENGINE_EXTRA == {"attention_backend": "triton", "page_size": 16}

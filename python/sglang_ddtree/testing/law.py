@@ -1,10 +1,12 @@
 """DDTREE's output law against SGLang's non-speculative server, on the shipped trained pair.
 
 ``python -m sglang_ddtree.testing.law --out DIR [--dtype float16] [--parts law,greedy,params]
-[--arch mla] [--tp N] [--fp32-lm-head]`` starts ``sgl.Engine``s of the trained pair (or, with ``--arch mla``,
-of the Kimi-shaped MLA + MoE tiny pair and random prompts) (triton attention, CUDA graphs on), one without
+[--arch mla] [--tp N] [--fp32-lm-head] [--attention-backend flashmla] [--page-size N]`` starts
+``sgl.Engine``s of the trained pair (or, with ``--arch mla``, of the Kimi-shaped MLA + MoE tiny
+pair and random prompts) (triton attention at page 1 unless told, CUDA graphs on), one without
 speculation and one with DDTREE (default adaptive budget), and writes ``DIR/law_<tag>.json``
-(tag: the dtype, plus ``-fp32head`` with ``--fp32-lm-head``).
+(tag: the dtype, plus ``-fp32head`` with ``--fp32-lm-head``, ``-flashmla`` on flashmla,
+``-page<N>`` at another page size on triton).
 
 Parts:
 
@@ -988,6 +990,12 @@ def main(argv: list[str] | None = None) -> int:
         help="every engine's attention backend; flashmla (MLA pairs) at page size 64 with the "
         "drafter on triton, as a Kimi K2.6 deployment on Hopper serves",
     )
+    ap.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="every engine's KV page size (triton: any; flashmla: 64, its default there)",
+    )
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every engine")
     ap.add_argument(
         "--fp32-lm-head",
@@ -1011,9 +1019,14 @@ def main(argv: list[str] | None = None) -> int:
     flashmla = args.attention_backend == "flashmla"
     if flashmla and not args.arch.startswith("mla"):
         ap.error("--attention-backend flashmla serves MLA targets: pass --arch mla, mla8, ...")
+    if flashmla and args.page_size not in (None, 64):
+        ap.error("--attention-backend flashmla serves page size 64 only")
+    if args.page_size is not None and args.page_size < 1:
+        ap.error("--page-size must be at least 1")
     # Each configuration's saved sides carry its tag: one is never read for another.
     tag = args.dtype + ("-fp32head" if args.fp32_lm_head else "")
     tag += "-flashmla" if flashmla else ""
+    tag += f"-page{args.page_size}" if args.page_size not in (None, 1) and not flashmla else ""
     if args.arch.startswith("mla"):
         import tempfile
 
@@ -1023,8 +1036,11 @@ def main(argv: list[str] | None = None) -> int:
         prompts = e2e.make_prompts(len(tm.SPECIALS), cfg.vocab_size, GREEDY_PROMPTS, seed=1)
         _PAIR.update(target=target, draft=draft, prompts=prompts)
     # Every engine of the run (reference, speculative, probes) takes these.
-    if flashmla:
-        e2e.ENGINE_EXTRA.update(e2e.backend_settings("flashmla", draft_attention_backend="triton"))
+    if flashmla or args.page_size:
+        draft_backend = "triton" if flashmla else None
+        e2e.ENGINE_EXTRA.update(
+            e2e.backend_settings(args.attention_backend, args.page_size, draft_backend)
+        )
     if args.tp > 1:
         e2e.ENGINE_EXTRA.update(tp_size=args.tp, **e2e.TP_CHECK_ENGINE)
     if args.fp32_lm_head:
