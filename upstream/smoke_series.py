@@ -251,15 +251,14 @@ def main() -> int:
         if applied.returncode == 0 and checked:
             for test in filter(picked, tests):
                 cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
+                log = logs / f"{patch.stem}.{Path(test).stem}.log"
                 if Path(test).name not in SERVER_TESTS:
-                    log = logs / f"{patch.stem}.{Path(test).stem}.log"
                     step["checks"].append(run(cmd, env, root / Path(test).parent, 900, log))
                     continue
                 if not args.hub_models and not stood_in_models:
                     stood_in_models = model_stand_ins(root / "python", models_dir)
                 test_env = {**server_env, "PYTHONPATH": os.pathsep.join(
                     [str(root / Path(test).parent), server_env["PYTHONPATH"]])}  # fmt: skip
-                log = logs / f"{patch.stem}.{Path(test).stem}.log"
                 step["checks"].append(run(cmd, test_env, models_dir, 1200, log))
             for bench in filter(picked, benchmarks):  # one small cell: it runs, not how fast
                 log = logs / f"{patch.stem}.{Path(bench).stem}.log"

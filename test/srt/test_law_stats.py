@@ -410,6 +410,7 @@ def test_saved_run_resummarized_and_the_fp32_head_tag(tmp_path, monkeypatch):
     assert law.main(args) == 0
     got = json.loads((tmp_path / "law_float16.json").read_text())
     assert got["fp32_lm_head"] is False and e2e.ENGINE_EXTRA == {}
+    assert (got["attention_backend"], got["page_size"]) == ("triton", 1)
     fam = got["DDTREE"]["law"]["ddtree_family"]
     assert fam["rejected"] == []
     weakest = min(fam["adjusted_p"], key=fam["adjusted_p"].get)

@@ -1090,6 +1090,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {
         "dtype": args.dtype,
         "attention_backend": args.attention_backend,
+        "page_size": e2e.ENGINE_EXTRA.get("page_size", 1),
         "fp32_lm_head": args.fp32_lm_head,
         "no_overlap": args.no_overlap,
         "settings": plan["settings"],
