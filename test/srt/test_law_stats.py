@@ -80,6 +80,11 @@ def _extend_law(rng, prefix, swap=None, temperature=1.0):
     return [swap[1] if swap and t == swap[0] else t for t in out]
 
 
+def _extend_law_of(rng, swap=None):
+    """`_extend_law` as a one-argument referee."""
+    return lambda p: _extend_law(rng, p, swap)
+
+
 def _swap_case(rng):
     """A reference sample, a second sample of the same law, the most common first token as the
     prefix, and a token after it emitted 60-200 times out of 3,000 (``a``) with one never
@@ -134,6 +139,74 @@ def test_forward_path_check_excuses_a_boundary_swap_and_not_a_law_error():
     ok = law.attribute_family(dict(fam), refs, others, lambda n, p: _extend_law(rng, p, (a, b)))
     assert fam["rejected"] == ["swap"] and ok["unexplained"] == []
     assert law.attribute_family(dict(fam), refs, others, None)["unexplained"] == ["swap"]
+
+
+def test_exact_model_referee_excuses_only_where_the_reference_alone_differs():
+    """`law.attribute_rejection` with the exact model as the second referee (3,000 completions
+    a side, the real family's level). The toy chain is the exact law. Excused: the reference
+    swaps ``a`` for ``b`` after one prefix (a router near-tie its forward broke the other way)
+    while the speculative side follows the exact law, with the extend path agreeing with the
+    reference (so the forward path does not excuse it). Not excused: the speculative side
+    swapped and the reference exact (the speculative side is the one off the model); a 10 %
+    temperature error (25 %) on the speculative side where the reference is right (alone, or with
+    the swap on the speculative side). A setting
+    whose two differing prefixes need one referee each is excused prefix by prefix."""
+    rng = random.Random(11)
+    level = law.ALPHA / ((len(law.law_settings()) + len(law.MIXED)) * (law.NEW_TOKENS + 1))
+    ref, same, prefix, a, b = _swap_case(rng)
+    ref_swapped = _swap_after(ref, prefix, a, b)
+    assert law.compare_samples(ref_swapped, same)["min_p"] < level
+
+    def exact(p):  # the exact law: the unswapped chain
+        return _extend_law(rng, p)
+
+    def extend_like_reference(p):  # the extend path breaks the tie as the reference does
+        return _extend_law(rng, p, (a, b))
+
+    got = law.attribute_rejection(ref_swapped, same, level, extend_like_reference, exact)
+    assert got["explained"], got
+    (entry,) = got["prefixes"]
+    assert entry["explained_by"] == "exact_model" and entry["p_decode_vs_extend"] > law.ALPHA
+    assert entry["p_reference_vs_exact"] < law.ALPHA < entry["p_other_vs_exact"]
+
+    got = law.attribute_rejection(same, _swap_after(ref, prefix, a, b), level, None, exact)
+    assert not got["explained"] and got["prefixes"][0]["explained_by"] is None
+    assert got["prefixes"][0]["p_reference_vs_exact"] > law.ALPHA
+
+    hot = _completions(rng, 1.25)  # a wrong law where the reference is right: never excused
+    for other in (hot, _swap_after(hot, prefix, a, b)):
+        assert law.compare_samples(ref, other)["min_p"] < level
+        got = law.attribute_rejection(ref, other, level, _extend_law_of(rng), exact)
+        assert not got["explained"], got
+
+    # Two prefixes: after ``prefix`` the reference alone is off the exact law (the exact model
+    # excuses it); after a second prefix both the speculative side and the extend path swap
+    # (the forward path excuses it).
+    first2 = next(
+        t
+        for t in sorted({s[0] for s in ref}, key=[s[0] for s in ref].count, reverse=True)
+        if [t] != prefix
+    )
+    after2 = [s[1] for s in ref if s[0] == first2]
+    a2 = next(t for t in sorted(set(after2)) if 60 <= after2.count(t) <= 200)
+    b2 = next(t for t in range(40) if t not in set(after2) | {s[1] for s in same if s[0] == first2})
+
+    def extend_two(p):
+        return _extend_law(rng, p, (a2, b2) if p == [first2] else (a, b))
+
+    other2 = _swap_after(same, [first2], a2, b2)
+    got = law.attribute_rejection(ref_swapped, other2, level, extend_two, exact)
+    assert got["explained"], got
+    assert sorted(e["explained_by"] for e in got["prefixes"]) == ["exact_model", "forward_path"]
+    fam = law.family({"s": law.compare_samples(ref_swapped, other2)})
+    fam["per_test_level"] = level
+    fam["rejected"] = ["s"]
+    out = law.attribute_family(
+        fam, {"s": ref_swapped}, {"s": other2}, lambda n, p: extend_two(p),
+        exact_law=lambda n, p: exact(p),
+    )  # fmt: skip
+    assert out["unexplained"] == []
+    assert out["attribution"]["s"]["explained_by"] == "exact_model+forward_path"
 
 
 def test_first_token_edge_reads_the_nucleus_and_top_k_margins():

@@ -70,7 +70,16 @@ and against the speculative one, since a GEMM's row count picks its kernel and s
 of every logit. It is put down to the batch shape when the server's own small-batch sample is
 rejected against its reference sample at the family's per-test level and the speculative
 sample is not rejected against that small-batch sample (every test of the setting).
-Where either check excuses a rejection, the same checks run on the power family, which must
+With ``--exact-referee`` a prefix the extend path does not excuse is asked of a second
+referee, the target model's exact law (`ExactModelSampler`: its weights in Hugging Face
+transformers, float32, the setting's filters as SGLang applies them): excused when the
+reference's samples there differ from the exact law and the speculative server's do not. On a
+MoE pair in bfloat16 a random router's top expert choices can be within rounding of each
+other, so the reference's decode and extend paths (both bf16 attention) route one way and the
+verify (its prefix part in float32 until the merge) the other, each sampling its own logits
+exactly; only a referee outside both forwards says which side left the model. (A prefix one
+side never reached is asked at its parent: the sides parted one token earlier.)
+Where a check excuses a rejection, the same checks run on the power family, which must
 stay rejected: a law error is not excused. Where nothing needs excusing, no extra server starts.
 
 The LM head's output is rounded to the model dtype as well, which makes exact logit ties
@@ -281,20 +290,45 @@ def largest_differences(ref: list[list[int]], other: list[list[int]], test: str,
     ]
 
 
-def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: float, extend_law):
-    """Whether a rejected setting's difference is the forward path's (see the module docstring).
+def _reached(samples: list[list[int]], prefix: list[int]) -> bool:
+    """Whether some completion continues past ``prefix``."""
+    k = len(prefix)
+    return any(s[:k] == prefix and len(s) > k for s in samples)
+
+
+def attribute_rejection(
+    ref: list[list[int]], other: list[list[int]], level: float, extend_law, exact_law=None
+):
+    """Whether a rejected setting's difference is the forward path's, or the reference's
+    alone where the exact model is the referee (see the module docstring).
 
     ``ref``/``other``: the two servers' completions of the setting; ``level``: the family's
     per-test level; ``extend_law(prefix) -> [token]``: the non-speculative server's next tokens
-    after the setting's prompt + ``prefix``, sampled through its extend path. Returns
-    {"explained", "prefixes": [{"prefix", "n": [ref, other, extend], "p_decode_vs_extend",
-    "p_other_vs_extend"}], "remainder_min_p"}."""
+    after the setting's prompt + ``prefix``, sampled through its extend path (None: not
+    checked); ``exact_law(prefix) -> [token]``: the same from the target's exact law
+    (`ExactModelSampler`; None: not checked). At each prefix the extend path is asked first,
+    then the exact model; a prefix is excused when the reference differs from the referee and
+    the speculative server does not. Returns {"explained", "prefixes": [{"prefix", "n": [ref,
+    other], "explained_by", and per referee asked "p_decode_vs_extend" / "p_other_vs_extend"
+    or "p_reference_vs_exact" / "p_other_vs_exact"}], "remainder_min_p"}."""
+    referees = [
+        (name, law, keys)
+        for name, law, keys in (
+            ("forward_path", extend_law, ("p_decode_vs_extend", "p_other_vs_extend")),
+            ("exact_model", exact_law, ("p_reference_vs_exact", "p_other_vs_exact")),
+        )
+        if law is not None
+    ]
     prefixes = []
     for _ in range(ATTRIBUTED_PREFIXES + 1):
         res = compare_samples(ref, other)
         if res["min_p"] >= level:
             return {"explained": True, "prefixes": prefixes, "remainder_min_p": res["min_p"]}
-        prefix = res["worst"]["cells"][0]["prefix"]
+        prefix = list(res["worst"]["cells"][0]["prefix"])
+        # A prefix one side never reached: the two sides parted at an earlier token, so the
+        # difference is asked where they last met (its parent prefix, in turn).
+        while prefix and not (_reached(ref, prefix) and _reached(other, prefix)):
+            prefix = prefix[:-1]
         k = len(prefix)
         if k == 0:  # both sample position 1 alike, from their prefill: never excused
             return {"explained": False, "prefixes": prefixes, "remainder_min_p": res["min_p"],
@@ -303,15 +337,16 @@ def attribute_rejection(ref: list[list[int]], other: list[list[int]], level: flo
             break
         at_ref = [s[k] for s in ref if s[:k] == prefix and len(s) > k]
         at_other = [s[k] for s in other if s[:k] == prefix and len(s) > k]
-        if not at_ref or not at_other:  # a prefix one side never reached: nothing to compare
-            prefixes.append({"prefix": prefix, "n": [len(at_ref), len(at_other), 0]})
-            break
-        probe = list(extend_law(prefix))
-        p_path = chi2_two_sample(at_ref, probe, MIN_BIN)[0]
-        p_other = chi2_two_sample(at_other, probe, MIN_BIN)[0]
-        prefixes.append({"prefix": prefix, "n": [len(at_ref), len(at_other), len(probe)],
-                         "p_decode_vs_extend": p_path, "p_other_vs_extend": p_other})  # fmt: skip
-        if not (p_path < ALPHA and p_other > ALPHA):
+        entry: dict = {"prefix": prefix, "n": [len(at_ref), len(at_other)], "explained_by": None}
+        prefixes.append(entry)
+        for name, law, (key_ref, key_other) in referees:
+            probe = list(law(prefix))
+            entry[key_ref] = chi2_two_sample(at_ref, probe, MIN_BIN)[0]
+            entry[key_other] = chi2_two_sample(at_other, probe, MIN_BIN)[0]
+            if entry[key_ref] < ALPHA and entry[key_other] > ALPHA:
+                entry["explained_by"] = name
+                break
+        if entry["explained_by"] is None:
             break
         ref = [s for s in ref if s[:k] != prefix]
         other = [s for s in other if s[:k] != prefix]
@@ -343,27 +378,34 @@ def shape_null(
 
 
 def attribute_family(
-    fam: dict, refs: dict, others: dict, extend_law, diagnose: bool = False
+    fam: dict, refs: dict, others: dict, extend_law, diagnose: bool = False, exact_law=None
 ) -> dict:
     """`attribute_rejection` on every setting ``fam`` rejected; adds ``attribution`` (per
     setting) and ``unexplained`` (the rejections it does not put down to the forward path) to
     ``fam``. ``refs``/``others``: {setting: completions}; ``extend_law(setting, prefix)``, or
-    None (no engine: every rejection stays unexplained). ``diagnose``: where ``extend_law``
-    also reads the first token's edge (``first_token_edge``, a reading) and samples in small
-    batches (``in_waves``), a rejection the forward path leaves gets the batch-shape check
-    (`shape_null`), which excuses it when ``batch_shape``. ``explained_by``: "forward_path" or
-    "batch_shape"."""
+    None (no engine: the forward path is not checked); ``exact_law(setting, prefix)``
+    (`ExactModelSampler`), or None: the second referee, asked at a prefix the extend path does
+    not excuse. ``diagnose``: where ``extend_law`` also reads the first token's edge
+    (``first_token_edge``, a reading) and samples in small batches (``in_waves``), a rejection
+    still left gets the batch-shape check (`shape_null`), which excuses it when
+    ``batch_shape``. ``explained_by``: the referees that excused its prefixes ("forward_path",
+    "exact_model", or both joined by "+"), or "batch_shape"."""
     fam["attribution"] = {}
     level = fam["per_test_level"]
     for name in fam["rejected"]:
-        if extend_law is None:
+        if extend_law is None and exact_law is None:
             fam["attribution"][name] = {"explained": False, "not_run": True}
             continue
         got = attribute_rejection(
-            refs[name], others[name], level, lambda p, n=name: extend_law(n, p)
+            refs[name],
+            others[name],
+            level,
+            None if extend_law is None else (lambda p, n=name: extend_law(n, p)),
+            None if exact_law is None else (lambda p, n=name: exact_law(n, p)),
         )
         if got["explained"]:
-            got["explained_by"] = "forward_path"
+            by = {e["explained_by"] for e in got["prefixes"]}
+            got["explained_by"] = "+".join(sorted(by)) if by else "remainder"
         if diagnose and got.get("first_token") and hasattr(extend_law, "first_token_edge"):
             got["first_token_edge"] = extend_law.first_token_edge(name)
         if diagnose and not got["explained"] and hasattr(extend_law, "in_waves"):
@@ -687,6 +729,82 @@ class ExtendPathSampler:
             self._stack = None
 
 
+class ExactModelSampler:
+    """``(setting, prefix) -> [token]``: ``SAMPLES`` next tokens drawn from the target model's
+    exact law after the setting's prompt + ``prefix``: the target's weights evaluated by
+    Hugging Face transformers in float32 (CUDA where there is one), then the setting's logit
+    bias, temperature, top-k and top-p as SGLang's sampler applies them (`core.sampling`, the
+    torch path). A second referee for `attribute_rejection`, next to the extend path: where a
+    MoE router's top choices are within rounding of each other (a random tiny router in
+    bfloat16), the two servers' forwards can pick different experts at a prefix and so follow
+    different next-token laws while each samples its own logits exactly; the exact model says
+    which side the difference is on. It excuses a prefix only where the speculative server's
+    samples fit the exact law and the reference's do not, so a wrong speculative law (or the
+    power family's wrong temperature) stays rejected. ``counts`` keeps each probe's top
+    probabilities."""
+
+    def __init__(self, target_dir: str, settings: dict, prompts: list[list[int]], seed: int = 0):
+        self.target_dir, self.settings, self.prompts = target_dir, settings, prompts
+        self.index = {k: i for i, k in enumerate(settings)}
+        self.counts: dict[str, dict] = {}
+        self._tokens: dict[str, list[int]] = {}
+        self._model = None
+        self._seed = seed
+
+    def _load(self):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if self._model is None:
+            self._device = "cuda" if torch.cuda.is_available() else "cpu"
+            try:
+                model = AutoModelForCausalLM.from_pretrained(self.target_dir, dtype=torch.float32)
+            except TypeError:  # transformers before 4.56 names it torch_dtype
+                model = AutoModelForCausalLM.from_pretrained(
+                    self.target_dir, torch_dtype=torch.float32
+                )
+            self._model = model.to(self._device).eval()
+        return self._model
+
+    def law(self, name: str, prefix: list[int]):
+        """[V] float32 (CPU): the setting's next-token law after its prompt + ``prefix``."""
+        import torch
+
+        from sglang_ddtree.core.sampling import target_probs
+
+        name = name.removeprefix("mixed_")
+        sp = self.settings[name]
+        ids = self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
+        model = self._load()
+        with torch.no_grad():
+            logits = model(torch.tensor([ids], device=self._device)).logits[0, -1].float().cpu()
+        for tok, bias in (sp.get("logit_bias") or {}).items():  # SGLang: bias, then temperature
+            logits[int(tok)] += float(bias)
+        top_k = sp.get("top_k") or -1
+        return target_probs(
+            logits[None, None],
+            torch.tensor([float(sp["temperature"])]),
+            torch.tensor([top_k if top_k > 0 else 0]),
+            torch.tensor([float(sp.get("top_p", 1.0))]),
+            use_kernels=False,
+        )[0, 0]
+
+    def __call__(self, name: str, prefix: list[int]) -> list[int]:
+        import torch
+
+        key = f"{name.removeprefix('mixed_')} {list(prefix)}"
+        if key not in self._tokens:
+            probs = self.law(name, prefix)
+            gen = torch.Generator().manual_seed(self._seed + len(self._tokens))
+            draws = torch.multinomial(probs, SAMPLES, replacement=True, generator=gen)
+            self._tokens[key] = draws.tolist()
+            top = torch.topk(probs, min(12, int((probs > 0).sum())))
+            self.counts[key] = {
+                "exact_top_probs": [[int(t), round(float(v), 6)] for v, t in zip(*top)]
+            }
+        return self._tokens[key]
+
+
 def make_plan(eng, prompts) -> dict:
     """The requests both servers answer, fixed from the non-speculative server's greedy output:
     the logit-bias values and the stop token ids."""
@@ -789,15 +907,20 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------- summaries
-def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dict:
+def summarize_law(
+    ref: dict, tree: dict, settings: dict, extend_law=None, exact_law=None
+) -> dict:
     """The law part's summary. ``extend_law(setting, prefix) -> [token]``: the
-    non-speculative server's extend-path sampler for `attribute_rejection` (None: not run)."""
+    non-speculative server's extend-path sampler for `attribute_rejection` (None: not run);
+    ``exact_law``: the target's exact law as a second referee (`ExactModelSampler`, or None)."""
     others = dict(tree["law"], **{f"mixed_{k}": tree["mixed"][k] for k in MIXED})
     refs = dict(ref["law"], **{f"mixed_{k}": ref["law"][k] for k in MIXED})
     ddtree = {k: compare_samples(refs[k], others[k]) for k in others}
     nulls = {k: compare_samples(ref["law"][k], ref["null"][k]) for k in NULL}
     power = {k: compare_samples(ref["law"][k], ref["hot"][k]) for k in CALIBRATION}
-    fam_tree = attribute_family(family(ddtree), refs, others, extend_law, diagnose=True)
+    fam_tree = attribute_family(
+        family(ddtree), refs, others, extend_law, diagnose=True, exact_law=exact_law
+    )
     fam_null = family(nulls)
     # The wrong law must be rejected as a family (each setting's p is reported too); where a
     # check excused a DDTREE rejection, it must not excuse the wrong law either.
@@ -806,7 +929,12 @@ def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None) -> dic
         fam_tree["attribution"][k].get("explained_by") == "batch_shape" for k in excused
     )
     fam_power = attribute_family(
-        family(power), ref["law"], ref["hot"], extend_law if excused else None, by_shape
+        family(power),
+        ref["law"],
+        ref["hot"],
+        extend_law if excused else None,
+        by_shape,
+        exact_law=exact_law if excused else None,
     )
     power_ok = bool(fam_power["unexplained"])
     # Greedy rows inside the mixed batches: each equals the no-spec greedy of its prompt, and
@@ -1004,6 +1132,12 @@ def main(argv: list[str] | None = None) -> int:
         "exact ties from the LM head's rounding at a top-k or nucleus edge",
     )
     ap.add_argument(
+        "--exact-referee",
+        action="store_true",
+        help="a rejection the forward path does not explain is checked against the target's "
+        "exact law (transformers, float32; `ExactModelSampler`): works with --no-probes",
+    )
+    ap.add_argument(
         "--no-overlap",
         action="store_true",
         help="every engine with --disable-overlap-schedule (the penalties part's reference: "
@@ -1097,10 +1231,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     probes = ExtendPathSampler(plan["settings"], prompts, args.dtype)
     extend_law = None if args.no_probes else probes
+    exact = ExactModelSampler(_pair_dirs()[0], plan["settings"], prompts)
+    exact_law = exact if args.exact_referee else None
     for algo, algo_parts in algos.items():
         s = summary[algo] = {}
         if "law" in algo_parts:
-            s["law"] = summarize_law(raw["nospec"], raw[algo], plan["settings"], extend_law)
+            s["law"] = summarize_law(
+                raw["nospec"], raw[algo], plan["settings"], extend_law, exact_law
+            )
         if "greedy" in algo_parts:
             s["greedy"] = summarize_greedy(raw["nospec"], raw[algo])
         if "params" in algo_parts:
@@ -1112,6 +1250,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     probes.close()
     summary["extend_path_probes"] = probes.counts
+    if args.exact_referee:
+        summary["exact_model_probes"] = exact.counts
     summary["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(args.out, f"law_{tag}.json"), "w") as f:
         json.dump(summary, f, indent=1)

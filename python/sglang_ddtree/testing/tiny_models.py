@@ -390,7 +390,7 @@ def _mla_layer_weights(prefix: str, m: TinyMLAPairConfig, moe: bool, g: torch.Ge
 
 
 # The tiny pairs the checks can run on (``--arch``).
-TINY_ARCHS = ("qwen3", "mla", "mla-dense", "mla8")
+TINY_ARCHS = ("qwen3", "mla", "mla-dense", "mla8", "mla8-dense")
 
 
 def make_pair(
@@ -400,16 +400,17 @@ def make_pair(
     MLA + MoE pair; ``mla-dense``, that pair with every target layer dense (no MoE), the
     control that separates MLA tree verify from expert routing; ``mla8``, that MoE pair with
     8 attention heads, a K2.6 TP-8 rank's, so that a W 8 verify has 64 query rows a request
-    (the flashmla verify's Gluon prefix on Hopper in bfloat16)."""
+    (the flashmla verify's Gluon prefix on Hopper in bfloat16); ``mla8-dense``, those heads
+    with dense layers (that kernel without a router's near-ties)."""
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny pair {arch!r}: one of {', '.join(TINY_ARCHS)}")
     if arch == "qwen3":
         cfg = TinyPairConfig(dtype=dtype)
         return (*make_tiny_pair(out_dir, cfg), cfg)
     m = TinyMLAPairConfig(dtype=dtype)
-    if arch == "mla-dense":
+    if arch.endswith("-dense"):
         m = replace(m, first_k_dense=m.target_layers)
-    if arch == "mla8":
+    if arch.startswith("mla8"):
         m = replace(m, num_heads=8)
     return (*make_tiny_mla_pair(out_dir, m), m)
 
