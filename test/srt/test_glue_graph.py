@@ -1332,6 +1332,41 @@ def test_padded_view_reads_the_padded_rows_of_a_static_buffer():
     assert padded.tolist() == [3, 4, 1 << 30, 1 << 30] and padded.dtype == torch.int32
 
 
+def test_accept_refuses_sampling_rows_that_are_not_the_batchs():
+    """`accept_tree` with sampling parameters for another number of requests than the tree's
+    (a stale or merged batch state): an assertion at the boundary, padded or not, never a
+    request's row filled with the padding's defaults."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn
+
+    bs, rows, block, vocab, budget, topk = 3, 5, 5, 37, 8, 4
+    (hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token), shape, _ = _tree_case(
+        rows, block, 16, vocab, budget, topk, seed=31
+    )
+    fns, _ = _rank_tree_fns(shape, vocab, topk, lm_head, req_to_token, 1)
+    segments = {name: SegmentGraphs(name, fn, enabled=False) for name, fn in fns.items()}
+    segments["accept"] = SegmentGraphs("accept", make_accept_fn(block), enabled=False)
+    segments["kv"] = lambda key, bound: None
+    from sglang_ddtree.srt.ddtree_utils import StepGlue
+
+    glue = StepGlue(segments, torch.Generator().manual_seed(5), None)
+    tree = glue.draft_tree(
+        None, hidden_buf[: bs * block], bonus[:bs], seq_lens[:bs], pool_rows[:bs]
+    )
+    logits = torch.randn(bs * (budget + 1), vocab)
+    short = SimpleNamespace(
+        temperatures=torch.ones(bs - 1, 1), top_ks=torch.full((bs - 1,), 5),
+        top_ps=torch.ones(bs - 1), min_ps=torch.zeros(bs - 1),
+    )  # fmt: skip
+    for key, mode in (
+        (None, ("sampled", True, False, False)),
+        ((bs,), ("sampled", True, True, True)),
+    ):
+        with pytest.raises(AssertionError):
+            accept_tree(tree, logits, short, segments["accept"], key, None, mode, rows=rows)
+
+
 def test_padded_size_is_sglangs_next_captured_size():
     """`padded_size`: the smallest captured size >= bs (SGLang's padding), None without a
     runner, without padding, or past the largest size."""

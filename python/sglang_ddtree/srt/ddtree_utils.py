@@ -123,8 +123,10 @@ def padded_view(t: torch.Tensor, rows: int) -> torch.Tensor | None:
         return None
     if rows == t.shape[0]:
         return t
-    last = t.storage_offset() + (rows - 1) * t.stride(0) + sum(
-        (n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:])
+    last = (
+        t.storage_offset()
+        + (rows - 1) * t.stride(0)
+        + sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:]))
     )
     if (last + 1) * t.element_size() > t.untyped_storage().nbytes():
         return None
@@ -188,18 +190,21 @@ def accept_tree(
         plan = accept_graphs(key and (*key, *mode), bound)
         return plan if n == bs else leading_rows(plan, bs, n)
     _, need_k, need_p, need_min_p = mode
+    params = {"temperatures": 1.0, "top_ks": TOP_K_ALL, "top_ps": 1.0}
+    if need_min_p:
+        params["min_ps"] = 0.0
+    # A request's parameters padded onto another's row would sample a wrong law silently:
+    # one row per request, checked on the host (shapes only, no device read).
+    rows_of = {name: getattr(sampling_info, name).numel() for name in params}
+    assert all(r == bs for r in rows_of.values()), (bs, rows_of)
     # The coins are drawn here, eagerly (two launches), and copied in like the sampling
     # parameters: the law then never depends on how captured graphs replay the RNG.
     coins, final_coins = draw_coins(n, w, logits.device, generator=coin_generator)
     copied = {
-        "temperatures": pad_rows(sampling_info.temperatures.view(-1), n, 1.0),
-        "top_ks": pad_rows(sampling_info.top_ks.view(-1), n, TOP_K_ALL),
-        "top_ps": pad_rows(sampling_info.top_ps.view(-1), n, 1.0),
-        "coins": coins,
-        "final_coins": final_coins,
+        name: pad_rows(getattr(sampling_info, name).view(-1), n, fill)
+        for name, fill in params.items()
     }
-    if need_min_p:
-        copied["min_ps"] = pad_rows(sampling_info.min_ps.view(-1), n, 0.0)
+    copied.update(coins=coins, final_coins=final_coins)
     static = {"need_top_k": need_k, "need_top_p": need_p, "need_min_p": need_min_p}
     plan = accept_graphs(key and (*key, *mode), bound, copied, static)
     return plan if n == bs else leading_rows(plan, bs, n)
