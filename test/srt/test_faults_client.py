@@ -126,6 +126,42 @@ def test_greedy_differences_are_faults_unless_near_ties():
     assert not missing["ok"] and missing["greedy_mismatches"] == 0
 
 
+def test_floor_passes_differences_the_non_speculative_server_has_too():
+    """``--floor``: a case whose greedy differences are not near-ties passes when the
+    non-speculative server's own alone-versus-batch differences in the same case are as many
+    (one-sided Fisher p > FLOOR_EXCESS_P) and fails when they are clearly fewer; a floor that
+    compared other requests, or failed, excuses nothing; near-ties pass without it."""
+    pytest.importorskip("scipy")
+    n = 24
+    diff = {"prefix": [1], "position": 0, "tokens": [3, 4]}
+
+    def case(mismatches: int) -> dict:
+        return {"ok": True, "serving_after": True, "greedy_compared": n,
+                "greedy_mismatches": mismatches,
+                "differences": [dict(diff) for _ in range(mismatches)]}  # fmt: skip
+
+    wide = lambda prefix: ([3, 4], 1.0)  # noqa: E731 - a margin far above a near-tie
+
+    def verdict(mismatches: int, floor: dict | None) -> dict:
+        summary = {"c": case(mismatches)}
+        faults.judge_differences(summary, ["c"], wide, floor)
+        return summary["c"]
+
+    def floor_of(mismatches: int, **kw) -> dict:
+        return {"c": {"ok": True, "greedy_compared": n, "greedy_mismatches": mismatches, **kw}}
+
+    assert not verdict(21, None)["passed"]  # no floor: the margin fails it
+    got = verdict(21, floor_of(24))  # the chain-like floor: more differences than DDTREE's
+    assert got["passed"] and got["floor_excess_p"] > faults.FLOOR_EXCESS_P
+    got = verdict(21, floor_of(2))  # a floor of 2: 21 is an excess
+    assert not got["passed"] and got["floor_excess_p"] < faults.FLOOR_EXCESS_P
+    assert not verdict(21, floor_of(24, greedy_compared=n - 1))["passed"]
+    assert not verdict(21, floor_of(24, ok=False))["passed"]
+    assert verdict(0, floor_of(0))["passed"]
+    assert faults.case_rng("radix").random() == faults.case_rng("radix").random()
+    assert faults.case_rng("radix").random() != faults.case_rng("context_limit").random()
+
+
 def test_launch_commands_of_the_checks():
     """The fault check's server: DDTREE (or DFLASH), its small context and KV pool, and at
     tp > 1 the tensor-parallel size with NCCL's all-reduce."""
