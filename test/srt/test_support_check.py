@@ -6,10 +6,12 @@ backend) and on triton, never emits a token outside a request's top-k set."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 
 import pytest
+import torch
 
 from sglang_ddtree.testing import support
 
@@ -68,6 +70,89 @@ def test_bad_top_k_is_refused(capsys):
         support.main(["--top-ks", "1,5"])
     assert e.value.code == 2
     assert "at least 2" in capsys.readouterr().err
+
+
+class _ToyEngine:
+    """A stand-in ``sgl.Engine`` over a toy model (logits a fixed function of the last two
+    tokens, vocab 40): samples by the law of `core.sampling` (``ignore_top_k``: a wrong law
+    that drops the top-k filter), and answers ``top_logprobs_num`` requests with its raw top
+    logprobs after the prompt, as the server's first output token."""
+
+    vocab = 40
+
+    def __init__(self, seed: int, ignore_top_k: bool = False):
+        self.rng = torch.Generator().manual_seed(seed)
+        self.ignore_top_k = ignore_top_k
+
+    def logits(self, ids):
+        g = torch.Generator().manual_seed(hash(tuple(ids[-2:])) % (2**31))
+        return torch.randn(self.vocab, generator=g) * 2.0
+
+    def generate(self, input_ids, sampling_params, return_logprob=False, top_logprobs_num=0):
+        from sglang_ddtree.core.sampling import target_probs
+
+        out = []
+        for ids, sp in zip(input_ids, sampling_params):
+            ids = list(ids)
+            if return_logprob:
+                lp = torch.log_softmax(self.logits(ids), -1)
+                v, t = lp.topk(top_logprobs_num)
+                rows = [(float(a), int(b), None) for a, b in zip(v, t)]
+                out.append(
+                    {"output_ids": [int(t[0])], "meta_info": {"output_top_logprobs": [rows]}}
+                )
+                continue
+            new = []
+            for _ in range(sp["max_new_tokens"]):
+                logits = self.logits(ids + new)
+                if sp["temperature"] == 0.0:
+                    new.append(int(logits.argmax()))
+                    continue
+                k = -1 if self.ignore_top_k else sp["top_k"]
+                probs = target_probs(
+                    logits[None, None], torch.tensor([sp["temperature"]]),
+                    torch.tensor([k if k > 0 else 0]), torch.tensor([sp["top_p"]]),
+                )[0, 0]  # fmt: skip
+                new.append(int(torch.multinomial(probs, 1, generator=self.rng)))
+            out.append({"output_ids": new, "meta_info": {}})
+        return out
+
+
+def _run_support(monkeypatch, tmp_path, ignore_top_k: bool) -> dict:
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from sglang_ddtree.testing import e2e, tiny_models
+
+    @contextmanager
+    def engine(**kwargs):
+        spec = kwargs.get("speculative_algorithm") is not None
+        yield _ToyEngine(seed=1 if spec else 2, ignore_top_k=spec and ignore_top_k)
+
+    monkeypatch.setattr(e2e, "engine", engine)
+    monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
+    monkeypatch.setattr(
+        tiny_models, "make_pair", lambda arch, d: ("t", "d", SimpleNamespace(vocab_size=40))
+    )
+    code = support.main(["--out", str(tmp_path), "--prompts", "3", "--samples", "64"])
+    with open(tmp_path / "support_summary.json") as f:
+        summary = json.load(f)
+    assert (code == 0) == summary["passed"]
+    return summary
+
+
+def test_support_check_end_to_end_on_a_toy_engine(monkeypatch, tmp_path):
+    """The whole check against stand-in engines (3 prompts x 64 completions of 6 tokens per
+    top-k and top-p): a speculative engine with the right law passes, with a calibrated judge
+    (the null clean, the top-p samples judged at k 2 flagged); one that drops the top-k filter
+    fails with its violations named."""
+    good = _run_support(monkeypatch, tmp_path / "good", ignore_top_k=False)
+    assert good["passed"] and good["calibrated"] and good["null_clean"], good
+    assert good["spec"]["violations"] == 0 and good["spec"]["per_k"]["5"]["inside"] > 0
+    bad = _run_support(monkeypatch, tmp_path / "bad", ignore_top_k=True)
+    assert not bad["passed"] and bad["spec"]["violations"] > 0
+    worst = bad["spec"]["worst"][0]
+    assert worst["rank"] is None or worst["rank"] >= worst["k"]
 
 
 @pytest.mark.gpu
