@@ -4,6 +4,7 @@ Calibration at the check's own sample size (3,000 completions a side) and Bonfer
 (every setting x 7 tests): samples of one law pass, a 10 % temperature error is rejected.
 """
 
+import json
 import math
 import random
 from pathlib import Path
@@ -806,3 +807,37 @@ def test_law_runs_at_a_page_size_tag_their_sides_and_set_every_engine(tmp_path, 
         law.main(["--dtype", "bfloat16", "--page-size", "16", "--from-saved", str(saved),
                   "--parts", "law", "--no-probes", "--out", str(tmp_path / "out")])  # fmt: skip
     assert e2e.ENGINE_EXTRA == {"attention_backend": "triton", "page_size": 16}
+
+
+def test_exact_referee_on_a_saved_bfloat16_grid(tmp_path, monkeypatch):
+    """`law --from-saved --no-probes --exact-referee` on a saved run (the tiny Kimi-shaped MoE
+    pair on flashmla in bfloat16, 3,000 completions a side; no engine): the target rebuilt by
+    `tiny_models.make_pair` and evaluated in float32 by transformers is the referee. At the
+    prefix where the server's router broke a near-tie one way and DDTREE's the other, with the
+    float32 model on DDTREE's side, the rejection is excused; where the float32 model sides
+    with the server, it is not; the power family's wrong temperature stays rejected."""
+    pytest.importorskip("transformers")
+    from sglang_ddtree.testing import e2e
+
+    saved = Path(__file__).resolve().parents[2] / "benchmark/ddtree/results/run217"
+    if not (saved / "law_nospec_bfloat16-flashmla.json.gz").exists():
+        pytest.skip("the saved run is not in this tree")
+    monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
+    monkeypatch.setattr(law, "_PAIR", {})
+    args = ["--from-saved", str(saved), "--arch", "mla8", "--attention-backend", "flashmla",
+            "--dtype", "bfloat16", "--parts", "law", "--no-probes", "--exact-referee",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert law.main(args) == 1  # n = 4 stays unexcused without the extend-path probes
+    summary = json.loads((tmp_path / "law_bfloat16-flashmla.json").read_text())
+    fam = summary["DDTREE"]["law"]["ddtree_family"]
+    k5 = fam["attribution"]["T1.0_k5_p1.0"]
+    assert k5["explained"] and k5["explained_by"] == "exact_model"
+    (entry,) = k5["prefixes"]
+    assert entry["prefix"] == [52] and entry["p_reference_vs_exact"] < 1e-100
+    assert entry["p_other_vs_exact"] > law.ALPHA
+    n4 = fam["attribution"]["n4_T1.0_p0.95"]
+    assert not n4["explained"] and n4["prefixes"][0]["explained_by"] == "exact_model"
+    assert n4["prefixes"][-1]["explained_by"] is None
+    assert n4["prefixes"][-1]["p_reference_vs_exact"] > law.ALPHA
+    power = summary["DDTREE"]["law"]["power_family"]
+    assert power["rejected"] and power["unexplained"] == power["rejected"]
