@@ -819,7 +819,7 @@ def test_exact_referee_on_a_saved_bfloat16_grid(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from sglang_ddtree.testing import e2e
 
-    saved = Path(__file__).resolve().parents[2] / "benchmark/ddtree/results/run217"
+    saved = Path(__file__).resolve().parent / "data" / "law_mla8_bf16_flashmla"
     if not (saved / "law_nospec_bfloat16-flashmla.json.gz").exists():
         pytest.skip("the saved run is not in this tree")
     monkeypatch.setattr(e2e, "ENGINE_EXTRA", {})
