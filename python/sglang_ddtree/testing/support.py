@@ -47,7 +47,7 @@ from sglang_ddtree.testing import e2e, tiny_models
 
 NEW_TOKENS = 6
 TEMPERATURE = 1.0
-TOP_P_ONLY = 0.95  # the rows with top-p and no top-k, judged against no k (the calibration)
+TOP_P_ONLY = 0.95  # rows without top-k: judged only by the calibration, at the smallest k
 GREEDY_PER_PROMPT = 4
 EXTRA_RANKS = 8
 MAX_RUNNING = 128  # as the law tool: batches of every size up to here, padded ones included
@@ -146,7 +146,9 @@ def judge(counts: Counter, tops: dict, tolerance: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--arch", choices=tiny_models.TINY_ARCHS, default="mla8-dense", help="tiny pair")
+    ap.add_argument(
+        "--arch", choices=tiny_models.TINY_ARCHS, default="mla8-dense", help="tiny pair"
+    )
     ap.add_argument("--algorithm", default="DDTREE", help="DDTREE, or DFLASH (SGLang's chain)")
     ap.add_argument("--dtype", default="bfloat16", choices=tuple(DEFAULT_TOLERANCE))
     ap.add_argument("--attention-backend", default="triton", choices=("triton", "flashmla"))
