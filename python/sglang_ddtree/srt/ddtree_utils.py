@@ -190,21 +190,21 @@ def accept_tree(
         plan = accept_graphs(key and (*key, *mode), bound)
         return plan if n == bs else leading_rows(plan, bs, n)
     _, need_k, need_p, need_min_p = mode
-    params = {"temperatures": 1.0, "top_ks": TOP_K_ALL, "top_ps": 1.0}
+    fills = {"temperatures": 1.0, "top_ks": TOP_K_ALL, "top_ps": 1.0}
     if need_min_p:
-        params["min_ps"] = 0.0
-    # A request's parameters padded onto another's row would sample a wrong law silently:
-    # one row per request, checked on the host (shapes only, no device read).
-    rows_of = {name: getattr(sampling_info, name).numel() for name in params}
-    assert all(r == bs for r in rows_of.values()), (bs, rows_of)
+        fills["min_ps"] = 0.0
+    copied = {}
+    for name, fill in fills.items():
+        rows_of_request = getattr(sampling_info, name).view(-1)
+        # Fewer rows than requests would be padded with the defaults, a wrong law in silence:
+        # a host check of the shape (no device read).
+        assert rows_of_request.shape[0] == bs, (name, tuple(rows_of_request.shape), bs)
+        copied[name] = pad_rows(rows_of_request, n, fill)
     # The coins are drawn here, eagerly (two launches), and copied in like the sampling
     # parameters: the law then never depends on how captured graphs replay the RNG.
-    coins, final_coins = draw_coins(n, w, logits.device, generator=coin_generator)
-    copied = {
-        name: pad_rows(getattr(sampling_info, name).view(-1), n, fill)
-        for name, fill in params.items()
-    }
-    copied.update(coins=coins, final_coins=final_coins)
+    copied["coins"], copied["final_coins"] = draw_coins(
+        n, w, logits.device, generator=coin_generator
+    )
     static = {"need_top_k": need_k, "need_top_p": need_p, "need_min_p": need_min_p}
     plan = accept_graphs(key and (*key, *mode), bound, copied, static)
     return plan if n == bs else leading_rows(plan, bs, n)

@@ -48,7 +48,7 @@ import tempfile
 import time
 
 from sglang_ddtree.testing import tiny_models
-from sglang_ddtree.testing.e2e import backend_settings, tp_check_cli
+from sglang_ddtree.testing.e2e import backend_settings, excess_p, tp_check_cli
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
@@ -153,8 +153,6 @@ def judge_differences(summary: dict, cases: list[str], probe, floor: dict | None
         res["near_ties"] = sum(d["near_tie"] for d in diffs)
         greedy_ok = res["near_ties"] == len(diffs)
         if floor and name in floor and not greedy_ok:
-            from sglang_ddtree.testing.e2e import excess_p
-
             base = floor[name]
             res["floor_mismatches"] = base.get("greedy_mismatches")
             if base.get("ok") and base.get("greedy_compared") == res.get("greedy_compared"):

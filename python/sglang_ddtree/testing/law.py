@@ -404,8 +404,7 @@ def attribute_family(
             None if exact_law is None else (lambda p, n=name: exact_law(n, p)),
         )
         if got["explained"]:
-            by = {e["explained_by"] for e in got["prefixes"]}
-            got["explained_by"] = "+".join(sorted(by)) if by else "remainder"
+            got["explained_by"] = "+".join(sorted({e["explained_by"] for e in got["prefixes"]}))
         if diagnose and got.get("first_token") and hasattr(extend_law, "first_token_edge"):
             got["first_token_edge"] = extend_law.first_token_edge(name)
         if diagnose and not got["explained"] and hasattr(extend_law, "in_waves"):
@@ -1231,8 +1230,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     probes = ExtendPathSampler(plan["settings"], prompts, args.dtype)
     extend_law = None if args.no_probes else probes
-    exact = ExactModelSampler(_pair_dirs()[0], plan["settings"], prompts)
-    exact_law = exact if args.exact_referee else None
+    exact_law = None
+    if args.exact_referee:
+        exact_law = ExactModelSampler(_pair_dirs()[0], plan["settings"], prompts)
     for algo, algo_parts in algos.items():
         s = summary[algo] = {}
         if "law" in algo_parts:
@@ -1250,8 +1250,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     probes.close()
     summary["extend_path_probes"] = probes.counts
-    if args.exact_referee:
-        summary["exact_model_probes"] = exact.counts
+    if exact_law is not None:
+        summary["exact_model_probes"] = exact_law.counts
     summary["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(args.out, f"law_{tag}.json"), "w") as f:
         json.dump(summary, f, indent=1)
