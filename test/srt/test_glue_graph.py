@@ -775,6 +775,25 @@ def test_largest_keys_cover_each_width_at_its_largest_batch():
     assert largest_keys(BudgetSchedule.fixed(65), 16) == [(16, 65)]
 
 
+def test_draft_kv_rows_is_the_largest_keys_accepted_path_rows():
+    """DFLASH's fused drafter-KV materializer is sized in the constructor for the most rows one
+    KV segment appends at startup: bs x S, the maximum over each W's largest batch size."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_glue_warmup import draft_kv_rows
+
+    shapes = {w: SimpleNamespace(accept_width=s) for w, s in ((33, 9), (17, 9), (16, 8))}
+    schedule = BudgetSchedule.parse("1:33,4:17,32:16")
+    assert draft_kv_rows(schedule, shapes, 64) == max(64 * 8, 31 * 9, 3 * 9) == 512
+    assert draft_kv_rows(schedule, shapes, 8) == 8 * 9  # W 16 starts above bs 8
+    # A wider accepted path at a smaller batch can be the maximum.
+    wide = {33: SimpleNamespace(accept_width=40), 17: SimpleNamespace(accept_width=9),
+            16: SimpleNamespace(accept_width=2)}  # fmt: skip
+    assert draft_kv_rows(schedule, wide, 64) == 31 * 9 == 279
+    assert draft_kv_rows(schedule, shapes, 0) == 0  # no graphs: nothing to size
+
+
 def test_key_buffer_bytes_counts_each_storage_once():
     """The startup capture's count of the keys' own buffers: outputs and copied inputs of every
     captured key, a storage shared by two views (or two segments) counted once."""

@@ -25,7 +25,11 @@ startup capture does it, then freed. What a capture keeps exceeds the eager peak
 (``glue_working_set``, the fallback): the shared pool holds every mode's allocation pattern,
 and the keys' own buffers, carved from the eager first run's cached blocks, keep some of them
 from being released. Every smaller key's own buffers are added (``glue_output_bytes``). The
-KV segment (it needs the KV pool) is not counted.
+KV segment (it needs the KV pool) is not counted, but the one buffer it keeps, the workspace of
+DFLASH's fused drafter-KV materializer, is allocated in the constructor at the size the largest
+key needs (``draft_kv_rows``): grown lazily during the capture instead, it would land in a
+segment of the largest key's eager temporaries and keep that whole segment from being
+released.
 """
 
 from __future__ import annotations
@@ -122,6 +126,14 @@ def largest_keys(schedule, max_bs: int) -> list[tuple[int, int]]:
     for bs in range(1, int(max_bs) + 1):
         keys[schedule.num_nodes_for(bs)] = bs
     return sorted(((bs, w) for w, bs in keys.items()), reverse=True)
+
+
+def draft_kv_rows(schedule, shapes: Mapping, max_bs: int) -> int:
+    """The most accepted-path rows one KV segment hands the drafter's KV append up to
+    ``max_bs`` (``bs x S`` at each W's largest batch size; ``shapes``: W -> ``DDTreeShape``):
+    the capacity DFLASH's fused KV materializer grows its workspace to during the startup
+    capture."""
+    return max((bs * shapes[w].accept_width for bs, w in largest_keys(schedule, max_bs)), default=0)
 
 
 BLOCK = 512  # bytes: the CUDA caching allocator's smallest block

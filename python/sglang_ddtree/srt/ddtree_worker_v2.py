@@ -109,6 +109,7 @@ from sglang_ddtree.srt.ddtree_glue_graph import (
 from sglang_ddtree.srt.ddtree_glue_warmup import (
     GlueReserve,
     capture_glue_at_startup,
+    draft_kv_rows,
     glue_at_startup_enabled,
 )
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
@@ -271,9 +272,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self.graph_stats.glue_segments = [
             seg for g in self.step_glue.values() for seg in g.segments.values()
         ]
+        max_graph_bs = _max_graph_bs(server_args)
+        if glue_on:
+            self._presize_draft_kv_workspace(draft_kv_rows(schedule, shapes, max_graph_bs))
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
-        self.glue_reserve = GlueReserve(self, _max_graph_bs(server_args)) if glue_on else None
+        self.glue_reserve = GlueReserve(self, max_graph_bs) if glue_on else None
         requests.set_active(True)
         if self.ps.tp_rank == 0:
             logger.info(
@@ -288,6 +292,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 "on" if glue_on else "off",
                 self.top_p_kernel,
             )
+
+    def _presize_draft_kv_workspace(self, rows: int) -> None:
+        """DFLASH's fused drafter-KV materializer grows its workspace on first use: allocated
+        here, before SGLang sizes the KV pool, it is counted there and has segments of its own."""
+        helper = getattr(self, "_fused_kv_helper", None)
+        if helper is None or rows <= 0:
+            return
+        helper._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
 
     def init_attention_backends(self):
         """DFLASH's, then a check that the target's backend (built just before, by the target
