@@ -809,6 +809,47 @@ def test_law_runs_at_a_page_size_tag_their_sides_and_set_every_engine(tmp_path, 
     assert e2e.ENGINE_EXTRA == {"attention_backend": "triton", "page_size": 16}
 
 
+def test_router_swap_diagnosis_is_calibrated_on_the_tiny_moe_target():
+    """The router-swap diagnosis on the rebuilt tiny Kimi-shaped MoE target (float32,
+    transformers) at the n = 4 setting's prefix (26, 72, 71), 340 tokens a sample as the saved
+    run has there, level ``ALPHA``: a sample of the exact law (the null) fits it (p > ALPHA); a
+    sample of the law at 1.25x the temperature fits neither it nor any swapped site's law (the
+    known error is caught); the closest site's swapped law is a different law from the exact
+    one."""
+    pytest.importorskip("transformers")
+    import gzip
+    import tempfile
+
+    from sglang_ddtree.testing import e2e
+    from sglang_ddtree.testing import tiny_models as tm
+
+    saved = Path(__file__).resolve().parent / "data" / "law_mla8_bf16_flashmla"
+    path = saved / "law_nospec_bfloat16-flashmla.json.gz"
+    if not path.exists():
+        pytest.skip("the saved run is not in this tree")
+    with gzip.open(path, "rt") as f:
+        settings = json.load(f)["plan"]["settings"]
+    target, _, cfg = tm.make_pair("mla8", tempfile.mkdtemp(prefix="ddtree_swap_"))
+    prompts = e2e.make_prompts(len(tm.SPECIALS), cfg.vocab_size, law.GREEDY_PROMPTS, seed=1)
+    name, prefix, n = "n4_T1.0_p0.95", [26, 72, 71], 340
+    exact = law.ExactModelSampler(target, settings, prompts)
+    sites = exact.router_swaps(name, prefix)
+    assert 1 <= len(sites) <= law.ROUTER_SWAPS
+    assert all(site["gap"] < law.ROUTER_TIE_GAP for site in sites)
+    reference = exact(name, prefix)
+    closest = min(sites, key=lambda site: site["gap"])  # a swap there moves the law
+    assert law.chi2_two_sample(closest["tokens"], reference, law.MIN_BIN)[0] < law.ALPHA
+
+    null = law.ExactModelSampler(target, settings, prompts, seed=11)(name, prefix)[:n]
+    assert law.chi2_two_sample(null, reference, law.MIN_BIN)[0] > law.ALPHA
+    hot_settings = {k: dict(sp) for k, sp in settings.items()}
+    hot_settings[name]["temperature"] *= 1.25
+    hot = law.ExactModelSampler(target, hot_settings, prompts, seed=7)(name, prefix)[:n]
+    assert law.chi2_two_sample(hot, reference, law.MIN_BIN)[0] < law.ALPHA
+    for site in sites:
+        assert law.chi2_two_sample(hot, site["tokens"], law.MIN_BIN)[0] < law.ALPHA
+
+
 def test_exact_referee_on_a_saved_bfloat16_grid(tmp_path, monkeypatch):
     """`law --from-saved --no-probes --exact-referee` on a saved run (the tiny Kimi-shaped MoE
     pair on flashmla in bfloat16, 3,000 completions a side; no engine): the target rebuilt by
@@ -837,7 +878,14 @@ def test_exact_referee_on_a_saved_bfloat16_grid(tmp_path, monkeypatch):
     assert entry["p_other_vs_exact"] > law.ALPHA
     n4 = fam["attribution"]["n4_T1.0_p0.95"]
     assert not n4["explained"] and n4["prefixes"][0]["explained_by"] == "exact_model"
-    assert n4["prefixes"][-1]["explained_by"] is None
-    assert n4["prefixes"][-1]["p_reference_vs_exact"] > law.ALPHA
+    last = n4["prefixes"][-1]
+    assert last["explained_by"] is None and last["p_reference_vs_exact"] > law.ALPHA
+    # The diagnosis there: the closest routing tie (the last position's layer-2 router, its
+    # 2nd and 3rd experts under 0.001 apart) swapped gives DDTREE's law, not the server's;
+    # a reading only: the setting stays unexplained.
+    closest = min(last["router_swaps"], key=lambda site: site["gap"])
+    assert closest["gap"] < 1e-3 and closest["position"] == -1
+    assert closest["p_other_vs_swap"] > law.ALPHA > closest["p_reference_vs_swap"]
+    assert last["router_swap_fits"] and "n4_T1.0_p0.95" in fam["unexplained"]
     power = summary["DDTREE"]["law"]["power_family"]
     assert power["rejected"] and power["unexplained"] == power["rejected"]

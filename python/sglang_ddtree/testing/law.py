@@ -78,7 +78,12 @@ MoE pair in bfloat16 a random router's top expert choices can be within rounding
 other, so the reference's decode and extend paths (both bf16 attention) route one way and the
 verify (its prefix part in float32 until the merge) the other, each sampling its own logits
 exactly; only a referee outside both forwards says which side left the model. (A prefix one
-side never reached is asked at its parent: the sides parted one token earlier.)
+side never reached is asked at its parent: the sides parted one token earlier.) A prefix that
+neither referee excuses gets a diagnosis, never an excuse (``router_swaps``): the exact model's
+routing sites (layer, context position) whose chosen experts are within ``ROUTER_TIE_GAP`` of
+the best one left out, each site's law with that one choice swapped, and both sides' fit to it
+(at a few hundred samples a swapped law can also fit a sampler error, such as a 10 % wrong
+temperature, which is why it excuses nothing).
 Where a check excuses a rejection, the same checks run on the power family, which must
 stay rejected: a law error is not excused. Where nothing needs excusing, no extra server starts.
 
@@ -112,6 +117,11 @@ TUPLE_LEN = 3
 MIN_BIN = 10
 ALPHA = 0.01
 ATTRIBUTED_PREFIXES = 3
+# The router-swap diagnosis tries the sites whose k-th and (k+1)-th expert scores are closer
+# than this (bfloat16 forwards of the tiny MoE pair were seen to break ties up to ~0.01 apart
+# differently), the closest ``ROUTER_SWAPS`` of them.
+ROUTER_TIE_GAP = 0.01
+ROUTER_SWAPS = 8
 # The batch-shape null of an unexplained rejection: the non-speculative server's completions
 # submitted this many requests at a time, so its prefill and decode batches hold at most this
 # many rows (the speculative server admits new requests a few at a time, as they finish at
@@ -297,7 +307,12 @@ def _reached(samples: list[list[int]], prefix: list[int]) -> bool:
 
 
 def attribute_rejection(
-    ref: list[list[int]], other: list[list[int]], level: float, extend_law, exact_law=None
+    ref: list[list[int]],
+    other: list[list[int]],
+    level: float,
+    extend_law,
+    exact_law=None,
+    router_swaps=None,
 ):
     """Whether a rejected setting's difference is the forward path's, or the reference's
     alone where the exact model is the referee (see the module docstring).
@@ -308,9 +323,14 @@ def attribute_rejection(
     checked); ``exact_law(prefix) -> [token]``: the same from the target's exact law
     (`ExactModelSampler`; None: not checked). At each prefix the extend path is asked first,
     then the exact model; a prefix is excused when the reference differs from the referee and
-    the speculative server does not. Returns {"explained", "prefixes": [{"prefix", "n": [ref,
-    other], "explained_by", and per referee asked "p_decode_vs_extend" / "p_other_vs_extend"
-    or "p_reference_vs_exact" / "p_other_vs_exact"}], "remainder_min_p"}."""
+    the speculative server does not. ``router_swaps(prefix) -> [site]``
+    (`ExactModelSampler.router_swaps`; None: not diagnosed): at the prefix no referee
+    excused, the near-tied routing sites with their swapped laws' tokens. Returns
+    {"explained", "prefixes": [{"prefix", "n": [ref, other], "explained_by", per referee
+    asked "p_decode_vs_extend" / "p_other_vs_extend" or "p_reference_vs_exact" /
+    "p_other_vs_exact", and where diagnosed "router_swaps": [{"layer", "position", "gap",
+    "p_reference_vs_swap", "p_other_vs_swap"}], "router_swap_fits": whether some site's law
+    fits the speculative side and not the reference}], "remainder_min_p"}."""
     referees = [
         (name, law, keys)
         for name, law, keys in (
@@ -347,6 +367,21 @@ def attribute_rejection(
                 entry["explained_by"] = name
                 break
         if entry["explained_by"] is None:
+            if router_swaps is not None:
+                entry["router_swaps"] = [
+                    {
+                        **{key: site[key] for key in ("layer", "position", "gap")},
+                        "p_reference_vs_swap": chi2_two_sample(at_ref, site["tokens"], MIN_BIN)[0],
+                        "p_other_vs_swap": chi2_two_sample(at_other, site["tokens"], MIN_BIN)[0],
+                    }
+                    for site in router_swaps(prefix)
+                ]
+                # As the referees' rule reads, but only a reading: at a few hundred samples a
+                # site's law can fit a sampler error too (a wrong temperature), so no excuse.
+                entry["router_swap_fits"] = any(
+                    site["p_other_vs_swap"] > ALPHA > site["p_reference_vs_swap"]
+                    for site in entry["router_swaps"]
+                )
             break
         ref = [s for s in ref if s[:k] != prefix]
         other = [s for s in other if s[:k] != prefix]
@@ -402,6 +437,9 @@ def attribute_family(
             level,
             None if extend_law is None else (lambda p, n=name: extend_law(n, p)),
             None if exact_law is None else (lambda p, n=name: exact_law(n, p)),
+            None
+            if not hasattr(exact_law, "router_swaps")
+            else (lambda p, n=name: exact_law.router_swaps(n, p)),
         )
         if got["explained"]:
             got["explained_by"] = "+".join(sorted({e["explained_by"] for e in got["prefixes"]}))
@@ -765,18 +803,101 @@ class ExactModelSampler:
             self._model = model.to(self._device).eval()
         return self._model
 
+    def _ids(self, name: str, prefix: list[int]) -> list[int]:
+        return self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
+
+    def _routers(self) -> dict:
+        """{layer: router module}: the MoE routers that pick experts by score plus correction
+        bias (transformers' DeepseekV3TopkRouter, Kimi K2's architecture)."""
+        routers = {}
+        for mod_name, mod in self._load().named_modules():
+            if hasattr(mod, "e_score_correction_bias") and hasattr(mod, "top_k"):
+                routers[int(mod_name.split("layers.")[1].split(".")[0])] = mod
+        return routers
+
+    def _forward(self, ids: list[int], hooks: dict | None = None):
+        """[V] float32 (CPU): the last position's logits; ``hooks``: {layer: forward hook} on
+        that layer's router."""
+        import torch
+
+        model = self._load()
+        routers = self._routers()
+        handles = [routers[layer].register_forward_hook(h) for layer, h in (hooks or {}).items()]
+        try:
+            with torch.no_grad():
+                out = model(torch.tensor([ids], device=self._device))
+            return out.logits[0, -1].float().cpu()
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def router_near_ties(self, ids: list[int], max_gap: float) -> list[tuple[float, int, int]]:
+        """``(gap, layer, position)`` for each routing site of ``ids`` whose weakest chosen
+        expert's choice score (score plus correction bias) is within ``max_gap`` of the best
+        expert left out, closest first."""
+        ties = []
+
+        def record(layer):
+            def hook(module, inputs, output):
+                router_logits, _, chosen = output
+                choice = router_logits.sigmoid() + module.e_score_correction_bias
+                kept = choice.gather(1, chosen).min(dim=1).values
+                left = choice.scatter(1, chosen, float("-inf")).max(dim=1).values
+                for pos, gap in enumerate((kept - left).tolist()):
+                    if gap < max_gap:
+                        ties.append((gap, layer, pos))
+
+            return hook
+
+        self._forward(ids, {layer: record(layer) for layer in self._routers()})
+        return sorted(ties)
+
+    def router_swaps(self, name: str, prefix: list[int]) -> list[dict]:
+        """The router-swap diagnosis at ``prefix``: for each of the ``ROUTER_SWAPS`` closest
+        near-tied sites (`router_near_ties`, ``ROUTER_TIE_GAP``), ``SAMPLES`` tokens of the
+        setting's law with that site's weakest chosen expert swapped for the best one left
+        out (its weight from its own score, normalized as the router does): [{"layer",
+        "position", "gap", "tokens"}]."""
+        import torch
+
+        name = name.removeprefix("mixed_")
+        ids = self._ids(name, prefix)
+        sites = []
+        for gap, layer, pos in self.router_near_ties(ids, ROUTER_TIE_GAP)[:ROUTER_SWAPS]:
+
+            def swap(module, inputs, output, pos=pos):
+                router_logits, weights, chosen = output
+                scores = router_logits.sigmoid()
+                choice = scores + module.e_score_correction_bias
+                chosen = chosen.clone()
+                row = choice[pos]
+                weakest = int(row.gather(0, chosen[pos]).argmin())
+                chosen[pos, weakest] = int(row.scatter(0, chosen[pos], float("-inf")).argmax())
+                weights = scores.gather(1, chosen)
+                if module.norm_topk_prob:
+                    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+                return router_logits, weights * module.routed_scaling_factor, chosen
+
+            probs = self._law_from_logits(name, self._forward(ids, {layer: swap}))
+            gen = torch.Generator().manual_seed(self._seed + layer * 100_003 + pos)
+            tokens = torch.multinomial(probs, SAMPLES, replacement=True, generator=gen).tolist()
+            sites.append({"layer": layer, "position": pos - len(ids), "gap": round(gap, 6),
+                          "tokens": tokens})  # fmt: skip
+        return sites
+
     def law(self, name: str, prefix: list[int]):
         """[V] float32 (CPU): the setting's next-token law after its prompt + ``prefix``."""
+        name = name.removeprefix("mixed_")
+        return self._law_from_logits(name, self._forward(self._ids(name, prefix)))
+
+    def _law_from_logits(self, name: str, logits):
+        """The setting's filters on [V] raw logits, as SGLang's sampler applies them."""
         import torch
 
         from sglang_ddtree.core.sampling import target_probs
 
-        name = name.removeprefix("mixed_")
         sp = self.settings[name]
-        ids = self.prompts[self.index[name] % len(self.prompts)] + list(prefix)
-        model = self._load()
-        with torch.no_grad():
-            logits = model(torch.tensor([ids], device=self._device)).logits[0, -1].float().cpu()
+        logits = logits.clone()
         for tok, bias in (sp.get("logit_bias") or {}).items():  # SGLang: bias, then temperature
             logits[int(tok)] += float(bias)
         top_k = sp.get("top_k") or -1
