@@ -287,3 +287,75 @@ def test_target_probs_skips_only_filters_no_request_uses(device):
     assert ((top_k_only > 0).sum(-1) == 5).all()
     # Broken contract (top-k on, flag False): the filter is not applied.
     assert not torch.allclose(target_probs(logits, temp, k_on, p_off, need_top_k=False), top_k_only)
+
+
+def test_kernel_calls_pass_sglangs_argument_names(monkeypatch):
+    """Both sgl_kernel calls on the CPU, through a stand-in ``sgl_kernel`` whose two functions
+    take exactly the parameters of SGLang's wrappers (``sgl_kernel/speculative.py`` of
+    sglang-kernel 0.4.5, the version SGLang 0.5.17 pins), none defaulted: a misspelt or missing
+    argument fails the call. The stand-ins check the layout arrays they are handed and run the
+    torch path into the handed outputs, so both results equal the torch path's."""
+    import sys
+    import types
+
+    from sglang_ddtree.core import accept as accept_mod
+
+    bs, depth, vocab, budget = 8, 5, 6, 12
+    tree, lay = make_tree(3, bs, depth, vocab, budget)
+    n = budget + 1
+    gen = torch.Generator().manual_seed(3)
+    target = torch.randint(0, vocab, (bs, n), generator=gen)
+    probs = target_probs(torch.randn(bs, n, vocab, generator=gen), torch.ones(bs),
+                         torch.zeros(bs, dtype=torch.int64), torch.ones(bs))  # fmt: skip
+    coins, final = draw_coins(bs, n, "cpu", generator=gen)
+    calls = []
+
+    def handed(retrive_index, retrive_next_token, retrive_next_sibling, candidates):
+        assert torch.equal(retrive_index, lay.retrieve_index)
+        assert torch.equal(retrive_next_token, lay.retrieve_next_token)
+        assert torch.equal(retrive_next_sibling, lay.retrieve_next_sibling)
+        assert candidates.dtype == torch.int64 and torch.equal(candidates, tree.tokens)
+
+    def fill(out, predicts, accept_index, accept_token_num):
+        predicts.copy_(out.predict)
+        accept_index.copy_(out.accept_index)
+        accept_token_num.copy_(out.accept_length)
+
+    def verify_tree_greedy(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, target_predict,
+    ):  # fmt: skip
+        handed(retrive_index, retrive_next_token, retrive_next_sibling, candidates)
+        out = accept_greedy(lay, candidates, target_predict, depth + 1, backend="torch")
+        fill(out, predicts, accept_index, accept_token_num)
+        calls.append("greedy")
+
+    def tree_speculative_sampling_target_only(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, uniform_samples,
+        uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single,
+        threshold_acc, deterministic,
+    ):  # fmt: skip
+        handed(retrive_index, retrive_next_token, retrive_next_sibling, candidates)
+        assert (threshold_single, threshold_acc, deterministic) == (1.0, 1.0, True)
+        assert not draft_probs.any()  # target-only: the draft's mass starts at zero
+        out = accept_sampled_reference(
+            lay, candidates, target_probs, uniform_samples, uniform_samples_for_final_sampling,
+            depth + 1,
+        )  # fmt: skip
+        fill(out, predicts, accept_index, accept_token_num)
+        calls.append("sampled")
+
+    stand_in = types.ModuleType("sgl_kernel")
+    stand_in.verify_tree_greedy = verify_tree_greedy
+    stand_in.tree_speculative_sampling_target_only = tree_speculative_sampling_target_only
+    monkeypatch.setitem(sys.modules, "sgl_kernel", stand_in)
+    monkeypatch.setattr(accept_mod, "_use_kernel", lambda device, backend: backend != "torch")
+
+    got = accept_greedy(lay, tree.tokens, target, depth + 1, backend="kernel")
+    ref = accept_greedy(lay, tree.tokens, target, depth + 1, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    got = accept_sampled(lay, tree.tokens, probs, coins, final, depth + 1, backend="kernel")
+    ref = accept_sampled_reference(lay, tree.tokens, probs, coins, final, depth + 1)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+    assert calls == ["greedy", "sampled"]

@@ -81,6 +81,20 @@ def _use_kernel(device: torch.device, backend: str) -> bool:
     return True
 
 
+def _tree_kernel_args(res: AcceptResult, tokens: torch.Tensor, layout: TreeLayout) -> dict:
+    """The arguments sgl_kernel's two tree kernels share: the outputs, the candidates and the
+    layout arrays (SGLang's ``retrive_*`` spelling)."""
+    return dict(
+        predicts=res.predict,
+        accept_index=res.accept_index,
+        accept_token_num=res.accept_length,
+        candidates=tokens.to(torch.int64).contiguous(),
+        retrive_index=layout.retrieve_index.contiguous(),
+        retrive_next_token=layout.retrieve_next_token.contiguous(),
+        retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
+    )
+
+
 def accept_greedy(
     layout: TreeLayout,
     tokens: torch.Tensor,  # [bs, W] int64, node tokens (slot 0 = root)
@@ -100,13 +114,7 @@ def accept_greedy(
         from sgl_kernel import verify_tree_greedy
 
         verify_tree_greedy(
-            predicts=res.predict,
-            accept_index=res.accept_index,
-            accept_token_num=res.accept_length,
-            candidates=tokens.to(torch.int64).contiguous(),
-            retrive_index=layout.retrieve_index.contiguous(),
-            retrive_next_token=layout.retrieve_next_token.contiguous(),
-            retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
+            **_tree_kernel_args(res, tokens, layout),
             target_predict=target_predict.to(torch.int64).contiguous(),
         )
         return res
@@ -165,13 +173,7 @@ def accept_sampled(
     # The kernel writes rejected children's mass into draft_probs; it must start at zero.
     draft_probs = torch.zeros_like(probs, dtype=torch.float32)
     tree_speculative_sampling_target_only(
-        predicts=res.predict,
-        accept_index=res.accept_index,
-        accept_token_num=res.accept_length,
-        candidates=tokens.to(torch.int64).contiguous(),
-        retrive_index=layout.retrieve_index.contiguous(),
-        retrive_next_token=layout.retrieve_next_token.contiguous(),
-        retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
+        **_tree_kernel_args(res, tokens, layout),
         uniform_samples=coins.contiguous(),
         uniform_samples_for_final_sampling=final_coins.contiguous(),
         target_probs=probs.float().contiguous(),
