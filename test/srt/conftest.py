@@ -30,6 +30,21 @@ def load_benchmark():
     return _load_benchmark
 
 
+@pytest.fixture(scope="session")
+def source():
+    """Pristine SGLang 0.5.17's sources as ``upstream/generate.py`` finds them (an installed
+    copy, the ``.upstream-cache/`` wheel, else ``pip download``), or a skip without them."""
+    path = Path(__file__).resolve().parents[2] / "upstream" / "generate.py"
+    spec = importlib.util.spec_from_file_location("ddtree_upstream_generate_source", path)
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gen
+    spec.loader.exec_module(gen)
+    try:
+        return gen.find_source()
+    except Exception as e:  # no network, no cache, no installed sglang 0.5.17
+        pytest.skip(f"pristine SGLang {gen.SGLANG_VERSION} sources unavailable: {e}")
+
+
 def _interpret(code: str, *args: str) -> subprocess.CompletedProcess:
     """``code`` (with ``args`` in sys.argv) in a fresh interpreter with TRITON_INTERPRET=1, from
     this folder. A subprocess because the interpreter flag is read when triton is imported."""

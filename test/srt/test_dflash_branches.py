@@ -1,17 +1,13 @@
 """Every ``is_dflash()`` / ``is_dflash_family()`` call in pristine SGLang 0.5.17's ``sglang/srt``
 is audited in ``docs/integration.md`` (which of them DDTREE wants): the calls counted per file
 equal that table's. An SGLang upgrade that adds or moves one fails here until the table says
-what DDTREE does with it. CPU only; the sources come as in ``test_upstream_patch.py``."""
+what DDTREE does with it. CPU only; the sources from the ``source`` fixture (``conftest.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections import Counter
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "docs" / "integration.md"
@@ -37,20 +33,6 @@ def test_call_pattern_counts_calls_not_definitions():
     text = "def is_dflash(self):\n    return self.is_dflash() or x.is_dflash_family()\n"
     assert counted(text) == Counter({"is_dflash": 1, "is_dflash_family": 1})
     assert audited()[("managers/scheduler.py", "is_dflash_family")] == 2
-
-
-@pytest.fixture(scope="module")
-def source():
-    spec = importlib.util.spec_from_file_location(
-        "ddtree_upstream_generate_branches", REPO / "upstream" / "generate.py"
-    )
-    gen = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gen
-    spec.loader.exec_module(gen)
-    try:
-        return gen.find_source()
-    except Exception as e:  # no network, no cache, no installed sglang 0.5.17
-        pytest.skip(f"pristine SGLang {gen.SGLANG_VERSION} sources unavailable: {e}")
 
 
 def test_every_dflash_branch_of_sglang_is_audited(source):

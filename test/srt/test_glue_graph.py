@@ -794,6 +794,47 @@ def test_draft_kv_rows_is_the_largest_keys_accepted_path_rows():
     assert draft_kv_rows(schedule, shapes, 0) == 0  # no graphs: nothing to size
 
 
+def test_presized_drafter_kv_workspace_is_not_grown_by_any_key(source):
+    """The worker sizes DFLASH's fused drafter-KV workspace with SGLang's own
+    ``FusedKVMaterializeHelper._ensure_workspace`` (taken from pristine SGLang 0.5.17's source
+    and run on the CPU) at ``draft_kv_rows``, reading the helper's ``flat_kv_weight_t`` dtype:
+    after that, no key's KV segment (bs x S rows at any batch size up to the largest) makes
+    SGLang reallocate it, so the startup capture allocates no workspace among its temporaries;
+    one row more would."""
+    import ast
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_glue_warmup import draft_kv_rows
+
+    text = source.read("python/sglang/kernels/ops/speculative/fused_kv_materialize.py").decode()
+    (cls,) = [n for n in ast.parse(text).body
+              if isinstance(n, ast.ClassDef) and n.name == "FusedKVMaterializeHelper"]  # fmt: skip
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    assigned = {t.attr for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
+                for t in n.targets if isinstance(t, ast.Attribute)}  # fmt: skip
+    assert "flat_kv_weight_t" in assigned
+    scope = {"torch": torch}
+    exec(compile(ast.Module([methods["_ensure_workspace"]], []), "fused_kv", "exec"), scope)
+    ensure = scope["_ensure_workspace"]
+
+    helper = SimpleNamespace(
+        _workspace_capacity=0, _workspace_dtype=None, _proj_workspace=None, _k_workspace=None,
+        _v_workspace=None, n_layers=2, layer_out_dim=16, num_kv_heads=2, head_dim=4,
+        device="cpu", flat_kv_weight_t=torch.zeros(8, 64, dtype=torch.bfloat16),
+    )  # fmt: skip
+    schedule = BudgetSchedule.parse("1:33,4:17,32:16")
+    shapes = {w: SimpleNamespace(accept_width=s) for w, s in ((33, 9), (17, 9), (16, 8))}
+    rows = draft_kv_rows(schedule, shapes, 64)
+    ensure(helper, rows, helper.flat_kv_weight_t.dtype)  # what the constructor does
+    workspace = helper._k_workspace
+    for bs in range(1, 65):
+        ensure(helper, bs * shapes[schedule.num_nodes_for(bs)].accept_width, torch.bfloat16)
+        assert helper._k_workspace is workspace
+    ensure(helper, rows + 1, torch.bfloat16)
+    assert helper._k_workspace is not workspace
+
+
 def test_key_buffer_bytes_counts_each_storage_once():
     """The startup capture's count of the keys' own buffers: outputs and copied inputs of every
     captured key, a storage shared by two views (or two segments) counted once."""

@@ -42,14 +42,6 @@ def gen():
     return mod
 
 
-@pytest.fixture(scope="module")
-def source(gen):
-    try:
-        return gen.find_source()
-    except Exception as e:  # no network, no cache, no installed sglang 0.5.17
-        pytest.skip(f"pristine SGLang {gen.SGLANG_VERSION} sources unavailable: {e}")
-
-
 def test_committed_patch_is_regenerated_byte_for_byte(gen, source, tmp_path):
     fresh = gen.build_patch(source)
     committed = PATCH.read_bytes()
