@@ -834,11 +834,15 @@ class ExactModelSampler:
     def router_near_ties(self, ids: list[int], max_gap: float) -> list[tuple[float, int, int]]:
         """``(gap, layer, position)`` for each routing site of ``ids`` whose weakest chosen
         expert's choice score (score plus correction bias) is within ``max_gap`` of the best
-        expert left out, closest first."""
+        expert left out, closest first. Routers that choose within expert groups (``n_group``
+        > 1, where the best expert left out may sit in a group not taken) are not read; Kimi
+        K2's choose from one group."""
         ties = []
 
         def record(layer):
             def hook(module, inputs, output):
+                if getattr(module, "num_group", 1) > 1:
+                    return
                 router_logits, _, chosen = output
                 choice = router_logits.sigmoid() + module.e_score_correction_bias
                 kept = choice.gather(1, chosen).min(dim=1).values
