@@ -850,6 +850,33 @@ def test_router_swap_diagnosis_is_calibrated_on_the_tiny_moe_target():
         assert law.chi2_two_sample(hot, site["tokens"], law.MIN_BIN)[0] < law.ALPHA
 
 
+def test_router_near_ties_read_single_group_routers_only(tmp_path):
+    """`ExactModelSampler.router_near_ties` on the rebuilt tiny Kimi-shaped MoE target: with no
+    gap bound every routing site is listed, one per MoE layer and context position, closest
+    first, each gap >= 0 (the weakest chosen expert against the best one left out); the same
+    weights with group-limited routing (``n_group`` 2) are not read."""
+    pytest.importorskip("transformers")
+    from sglang_ddtree.testing import tiny_models as tm
+
+    target, _, cfg = tm.make_pair("mla8", str(tmp_path / "pair"))
+    ids = [5, 9, 12, 40, 7]
+    sampler = law.ExactModelSampler(target, {}, [])
+    ties = sampler.router_near_ties(ids, max_gap=float("inf"))
+    moe_layers = sorted(sampler._routers())
+    assert moe_layers and len(ties) == len(moe_layers) * len(ids)
+    assert {(layer, pos) for _, layer, pos in ties} == {
+        (layer, pos) for layer in moe_layers for pos in range(len(ids))
+    }
+    gaps = [gap for gap, _, _ in ties]
+    assert gaps == sorted(gaps) and gaps[0] >= 0
+
+    config = json.loads((Path(target) / "config.json").read_text())
+    config.update(n_group=2, topk_group=2)
+    (Path(target) / "config.json").write_text(json.dumps(config))
+    grouped = law.ExactModelSampler(target, {}, [])
+    assert grouped.router_near_ties(ids, max_gap=float("inf")) == []
+
+
 def test_exact_referee_on_a_saved_bfloat16_grid(tmp_path, monkeypatch):
     """`law --from-saved --no-probes --exact-referee` on a saved run (the tiny Kimi-shaped MoE
     pair on flashmla in bfloat16, 3,000 completions a side; no engine): the target rebuilt by
