@@ -31,14 +31,20 @@ def load_benchmark():
 
 
 @pytest.fixture(scope="session")
-def source():
+def gen():
+    """``upstream/generate.py`` (the in-tree patch and series generator) as a module."""
+    path = Path(__file__).resolve().parents[2] / "upstream" / "generate.py"
+    spec = importlib.util.spec_from_file_location("ddtree_upstream_generate", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def source(gen):
     """Pristine SGLang 0.5.17's sources as ``upstream/generate.py`` finds them (an installed
     copy, the ``.upstream-cache/`` wheel, else ``pip download``), or a skip without them."""
-    path = Path(__file__).resolve().parents[2] / "upstream" / "generate.py"
-    spec = importlib.util.spec_from_file_location("ddtree_upstream_generate_source", path)
-    gen = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gen
-    spec.loader.exec_module(gen)
     try:
         return gen.find_source()
     except Exception as e:  # no network, no cache, no installed sglang 0.5.17

@@ -775,6 +775,11 @@ def test_largest_keys_cover_each_width_at_its_largest_batch():
     assert largest_keys(BudgetSchedule.fixed(65), 16) == [(16, 65)]
 
 
+# W -> accept width S of a three-bucket schedule, for the drafter-KV workspace's size.
+KV_SCHEDULE = "1:33,4:17,32:16"
+KV_ACCEPT_WIDTHS = ((33, 9), (17, 9), (16, 8))
+
+
 def test_draft_kv_rows_is_the_largest_keys_accepted_path_rows():
     """DFLASH's fused drafter-KV materializer is sized in the constructor for the most rows one
     KV segment appends at startup: bs x S, the maximum over each W's largest batch size."""
@@ -783,8 +788,8 @@ def test_draft_kv_rows_is_the_largest_keys_accepted_path_rows():
     from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
     from sglang_ddtree.srt.ddtree_glue_warmup import draft_kv_rows
 
-    shapes = {w: SimpleNamespace(accept_width=s) for w, s in ((33, 9), (17, 9), (16, 8))}
-    schedule = BudgetSchedule.parse("1:33,4:17,32:16")
+    shapes = {w: SimpleNamespace(accept_width=s) for w, s in KV_ACCEPT_WIDTHS}
+    schedule = BudgetSchedule.parse(KV_SCHEDULE)
     assert draft_kv_rows(schedule, shapes, 64) == max(64 * 8, 31 * 9, 3 * 9) == 512
     assert draft_kv_rows(schedule, shapes, 8) == 8 * 9  # W 16 starts above bs 8
     # A wider accepted path at a smaller batch can be the maximum.
@@ -823,8 +828,8 @@ def test_presized_drafter_kv_workspace_is_not_grown_by_any_key(source):
         _v_workspace=None, n_layers=2, layer_out_dim=16, num_kv_heads=2, head_dim=4,
         device="cpu", flat_kv_weight_t=torch.zeros(8, 64, dtype=torch.bfloat16),
     )  # fmt: skip
-    schedule = BudgetSchedule.parse("1:33,4:17,32:16")
-    shapes = {w: SimpleNamespace(accept_width=s) for w, s in ((33, 9), (17, 9), (16, 8))}
+    schedule = BudgetSchedule.parse(KV_SCHEDULE)
+    shapes = {w: SimpleNamespace(accept_width=s) for w, s in KV_ACCEPT_WIDTHS}
     rows = draft_kv_rows(schedule, shapes, 64)
     ensure(helper, rows, helper.flat_kv_weight_t.dtype)  # what the constructor does
     workspace = helper._k_workspace

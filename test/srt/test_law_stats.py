@@ -809,7 +809,7 @@ def test_law_runs_at_a_page_size_tag_their_sides_and_set_every_engine(tmp_path, 
     assert e2e.ENGINE_EXTRA == {"attention_backend": "triton", "page_size": 16}
 
 
-def test_router_swap_diagnosis_is_calibrated_on_the_tiny_moe_target():
+def test_router_swap_diagnosis_is_calibrated_on_the_tiny_moe_target(tmp_path):
     """The router-swap diagnosis on the rebuilt tiny Kimi-shaped MoE target (float32,
     transformers) at the n = 4 setting's prefix (26, 72, 71), 340 tokens a sample as the saved
     run has there, level ``ALPHA``: a sample of the exact law (the null) fits it (p > ALPHA); a
@@ -818,7 +818,6 @@ def test_router_swap_diagnosis_is_calibrated_on_the_tiny_moe_target():
     one."""
     pytest.importorskip("transformers")
     import gzip
-    import tempfile
 
     from sglang_ddtree.testing import e2e
     from sglang_ddtree.testing import tiny_models as tm
@@ -829,7 +828,7 @@ def test_router_swap_diagnosis_is_calibrated_on_the_tiny_moe_target():
         pytest.skip("the saved run is not in this tree")
     with gzip.open(path, "rt") as f:
         settings = json.load(f)["plan"]["settings"]
-    target, _, cfg = tm.make_pair("mla8", tempfile.mkdtemp(prefix="ddtree_swap_"))
+    target, _, cfg = tm.make_pair("mla8", str(tmp_path / "pair"))
     prompts = e2e.make_prompts(len(tm.SPECIALS), cfg.vocab_size, law.GREEDY_PROMPTS, seed=1)
     name, prefix, n = "n4_T1.0_p0.95", [26, 72, 71], 340
     exact = law.ExactModelSampler(target, settings, prompts)

@@ -25,21 +25,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-GENERATOR = REPO / "upstream" / "generate.py"
 PATCH = REPO / "upstream" / "sglang-ddtree.patch"
 SERIES_DIR = REPO / "upstream" / "series"
 PR_OVERVIEW = REPO / "upstream" / "PR.md"
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-
-
-@pytest.fixture(scope="module")
-def gen():
-    spec = importlib.util.spec_from_file_location("ddtree_upstream_generate", GENERATOR)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_committed_patch_is_regenerated_byte_for_byte(gen, source, tmp_path):

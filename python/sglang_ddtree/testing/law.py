@@ -821,7 +821,7 @@ class ExactModelSampler:
         import torch
 
         model = self._load()
-        routers = self._routers()
+        routers = self._routers() if hooks else {}
         handles = [routers[layer].register_forward_hook(h) for layer, h in (hooks or {}).items()]
         try:
             with torch.no_grad():
