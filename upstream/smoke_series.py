@@ -106,6 +106,13 @@ def model_stand_ins(tree: Path, workdir: Path) -> dict[str, str]:
     directory to SGLang and Hugging Face, so servers launched from ``workdir`` load the pair."""
     source = (tree / "sglang" / "test" / "test_utils.py").read_text()
     names = {}
+    for model in MODEL_STAND_INS.values():  # else each server dies at start, naming the hub model
+        if not (PAIR / model / "model.safetensors").is_file():
+            raise SystemExit(
+                f"smoke_series: the shipped pair's {model} weights are missing "
+                f"({PAIR / model / 'model.safetensors'}); the server tests load them "
+                "(or pass --hub-models)"
+            )
     for constant, model in MODEL_STAND_INS.items():
         found = re.search(rf'^{constant}\s*=\s*"([^"]+)"', source, re.MULTILINE)
         if found is None:

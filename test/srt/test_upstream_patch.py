@@ -500,6 +500,28 @@ def test_series_smoke_stands_the_shipped_pair_in_for_the_server_tests_hub_models
         smoke.model_stand_ins(tree, tmp_path / "other")
 
 
+def test_series_smoke_stops_when_the_pairs_weights_are_missing(tmp_path, monkeypatch):
+    """Without the shipped pair's weights the stand-ins would point the server tests at
+    directories no server can load (each dies at start naming the hub model): the smoke stops
+    first, naming the missing file."""
+    smoke = _smoke_module()
+    tree = tmp_path / "python"
+    (tree / "sglang" / "test").mkdir(parents=True)
+    (tree / "sglang" / "test" / "test_utils.py").write_text(
+        'DEFAULT_TARGET_MODEL_DFLASH = "org/T"\nDEFAULT_DRAFT_MODEL_DFLASH = "lab/D"\n'
+    )
+    pair = tmp_path / "pair"
+    for model in ("target", "drafter"):
+        (pair / model).mkdir(parents=True)
+        (pair / model / "config.json").write_text("{}")
+    (pair / "target" / "model.safetensors").write_bytes(b"")
+    monkeypatch.setattr(smoke, "PAIR", pair)
+    with pytest.raises(SystemExit, match="drafter weights are missing"):
+        smoke.model_stand_ins(tree, tmp_path / "models")
+    (pair / "drafter" / "model.safetensors").write_bytes(b"")
+    assert set(smoke.model_stand_ins(tree, tmp_path / "models")) == {"org/T", "lab/D"}
+
+
 def test_series_smoke_serves_the_patched_tree_through_its_sglang_command(tmp_path):
     """SGLang's test utilities launch ``sglang serve``; an unpacked site has no console script,
     so the smoke writes one for its own interpreter: run with the patched tree first on the
