@@ -53,7 +53,7 @@ esac
 # No --speculative-num-draft-tokens: DDTREE's default tree budget applies (for a mixture-of-
 # experts target such as K2.6, W = the drafter's block at every batch size).
 # --cuda-graph-max-bs-decode 128: SGLang's default at TP 8 on these GPUs is 512, for which
-# DDTREE would capture a glue graph set per batch size 1-512 at startup (7,680 graphs) holding
+# DDTREE would capture its glue graphs for every batch size up to 512 at startup, holding
 # float32 probabilities of 512 x 8 rows x 163,840 tokens a few times over on every GPU
 # (README.md). Larger batches still run, without CUDA graphs; pass a larger value to capture
 # more.
