@@ -142,10 +142,13 @@ def test_floor_test_is_calibrated():
 class _Model:
     """A deterministic 'model': token t's logprob after context c, its top-n, and the next
     token (greedy or 'sampled'), read through the decode path with noise ``decode_noise`` (the
-    extend path, `rescore`'s, is exact) or through DDTREE's verify with ``tree_noise``."""
+    extend path, `rescore`'s, is exact) or through DDTREE's verify with ``tree_noise``; a read
+    in a batch of several requests moves by a fixed amount per (context, token) of at most
+    ``batch_shift`` (the batch shape's rounding: every path alike)."""
 
-    def __init__(self, decode_noise: float, tree_noise: float):
+    def __init__(self, decode_noise: float, tree_noise: float, batch_shift: float = 0.0):
         self.noise = {"decode": decode_noise, "tree": tree_noise}
+        self.batch_shift = batch_shift
         self.rng = random.Random(5)
 
     @staticmethod
@@ -155,16 +158,18 @@ class _Model:
     def next_token(self, ctx, sampled):
         return (sum(ctx) * (3 if sampled else 1) + len(ctx)) % 50
 
-    def read(self, ctx, tok, path):
+    def read(self, ctx, tok, path, batched=False):
         e = self.rng.uniform(-self.noise[path], self.noise[path]) if path != "extend" else 0.0
+        if batched:
+            e += random.Random(hash((tuple(ctx), tok))).uniform(-1, 1) * self.batch_shift
         top = [(self.exact(ctx, i) + e, i) for i in range(lc.TOP_N)]
         return self.exact(ctx, tok) + e, top
 
-    def decode(self, prompt, params, path):
+    def decode(self, prompt, params, path, batched=False):
         ctx, lps, tops = list(prompt), [], []
         for _ in range(params["max_new_tokens"]):
             tok = self.next_token(ctx, params["temperature"] > 0)
-            lp, top = self.read(ctx, tok, path)
+            lp, top = self.read(ctx, tok, path, batched)
             lps.append((lp, tok, None))
             tops.append([(v, i, None) for v, i in top])
             ctx.append(tok)
@@ -198,14 +203,14 @@ class _TreeEngine(_Engine):
 class _NospecEngine(_Engine):
     def generate(self, input_ids, sampling_params, return_logprob, top_logprobs_num,
                  token_ids_logprob=None):  # fmt: skip
-        out = []
+        out, batched = [], len(input_ids) > 1
         for i, p in enumerate(input_ids):
             if token_ids_logprob is None:  # its own decode
-                lps, tops = self.model.decode(p, sampling_params, "decode")
+                lps, tops = self.model.decode(p, sampling_params, "decode", batched)
                 out.append({"meta_info": {"output_token_logprobs": lps,
                                           "output_top_logprobs": tops}})  # fmt: skip
             else:  # `rescore`: one position through the extend path
-                lp, top = self.model.read(p, token_ids_logprob[i][0], "extend")
+                lp, top = self.model.read(p, token_ids_logprob[i][0], "extend", batched)
                 out.append({"meta_info": {
                     "output_token_ids_logprobs": [[(lp, token_ids_logprob[i][0], None)]],
                     "output_top_logprobs": [[(v, t, None) for v, t in top]],
@@ -213,8 +218,8 @@ class _NospecEngine(_Engine):
         return out
 
 
-def _check(decode_noise, tree_noise):
-    model = _Model(decode_noise, tree_noise)
+def _check(decode_noise, tree_noise, batch_shift=0.0):
+    model = _Model(decode_noise, tree_noise, batch_shift)
 
     def engine(algo):
         return _TreeEngine(model) if algo == "DDTREE" else _NospecEngine(model)
@@ -237,3 +242,27 @@ def test_check_reads_both_parts_against_the_servers_own_floor():
     assert not loud["within_nospec_floor"] and not loud["passed"]
     exact = _check(decode_noise=0.0, tree_noise=0.0)
     assert exact["passed"] and exact["within_nospec_floor"], exact
+    assert quiet["within_nospec_floor_one_by_one"] and not loud["within_nospec_floor_one_by_one"]
+
+
+def test_one_by_one_reading_takes_the_batch_shape_out():
+    """The server's batched reads moved by a fixed 0.06 at most per (context, token), its
+    decode 0.04 off its extend, DDTREE (one request at a time) reading the extend path's
+    values: against the batched reference DDTREE looks larger than the floor (the batch
+    shape's move counts against it, the floor's two batched sides share it); at one request
+    at a time it is within, the batch floor shows the move, and DDTREE 0.2 off still fails."""
+    shaped = _check(decode_noise=0.04, tree_noise=0.0, batch_shift=0.06)
+    assert not shaped["greedy"]["within_nospec_floor"], shaped["greedy"]["floor_test"]
+    # Every read of the one-by-one reading was unbatched: no difference carries the move.
+    greedy, sampled = (
+        shaped[p]["one_by_one"]["floor_test"]["token"] for p in ("greedy", "sampled")
+    )
+    assert greedy["floor"]["max"] <= 0.04 and greedy["ddtree"]["max"] <= 0.04
+    assert sampled["floor"]["max"] <= 0.04 and sampled["ddtree"]["max"] == 0.0
+    assert shaped["greedy"]["one_by_one"]["passed"], shaped["greedy"]["one_by_one"]
+    assert shaped["sampled"]["one_by_one"]["passed"], shaped["sampled"]["one_by_one"]
+    assert shaped["within_nospec_floor_one_by_one"]
+    assert shaped["greedy"]["batch_floor"]["token"]["max"] > 0.06
+    loud = _check(decode_noise=0.04, tree_noise=0.2, batch_shift=0.06)
+    assert not loud["within_nospec_floor_one_by_one"]
+    assert not loud["greedy"]["one_by_one"]["passed"]

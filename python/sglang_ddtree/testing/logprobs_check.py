@@ -27,7 +27,16 @@ per DDTREE position kind; of its own sampled output, at the sampled part's setti
 maxima (`within_floor`: a one-sided Mann-Whitney U test that DDTREE's are larger, per token and
 top-n; a maximum grows with the number of positions, which differ between the two sides).
 ``within_nospec_floor`` holds where both parts have enough positions, catch the calibration
-and stay within their floors. A verify is an extend over the tree, so where the bound is missed,
+and stay within their floors.
+
+DDTREE's requests run one at a time, the reference's in one batch, and a GEMM's row count
+picks its kernel, hence the last bits of every logit: that comparison carries the batch shape
+on top of the forward path. So each part is read a second time at DDTREE's batch shape
+(``one_by_one``): the server decodes, and scores through its extend path, one request at a
+time, and DDTREE's differences from that decode are judged against the server's own
+extend-versus-decode differences at that shape (``within_nospec_floor_one_by_one``). Beside it,
+``batch_floor``: the server's one-request decode against its batched one on the greedy
+prompts, what the batch shape alone moves. A verify is an extend over the tree, so where the bound is missed,
 this says whether DDTREE's differences are the two forward paths' rounding (bfloat16 logits
 are 8 significant bits: a step of 0.03-0.06 at magnitudes 4-16) or its own.
 
@@ -154,17 +163,34 @@ def run_base(
     return [_read(o["meta_info"]) for o in outs]
 
 
-def rescore(eng, prompts: list[list[int]], outs: list[dict], sampling: dict) -> list[dict]:
+def run_base_one_by_one(
+    eng, prompts: list[list[int]], new_tokens: int, sampling: dict | None = None
+) -> list[dict]:
+    """`run_base` with one request at a time (DDTREE's batch shape in `run_tree`)."""
+    return [run_base(eng, [p], new_tokens, sampling)[0] for p in prompts]
+
+
+def rescore(
+    eng, prompts: list[list[int]], outs: list[dict], sampling: dict, one_by_one: bool = False
+) -> list[dict]:
     """The non-speculative server's logprob and top-n for each of ``outs``' tokens after the
-    same tokens (module docstring), in `_read`'s form."""
+    same tokens (module docstring), in `_read`'s form; ``one_by_one``: each scoring request
+    alone."""
     inputs, asked = [], []
     for p, o in zip(prompts, outs):
         for i, tok in enumerate(o["ids"]):
             inputs.append(list(p) + o["ids"][:i])
             asked.append([tok])
-    res = eng.generate(input_ids=inputs, sampling_params=_params(1, sampling),
-                       return_logprob=True, top_logprobs_num=TOP_N,
-                       token_ids_logprob=asked)  # fmt: skip
+
+    def score(ids: list[list[int]], tokens: list[list[int]]) -> list[dict]:
+        return eng.generate(input_ids=ids, sampling_params=_params(1, sampling),
+                            return_logprob=True, top_logprobs_num=TOP_N,
+                            token_ids_logprob=tokens)  # fmt: skip
+
+    if one_by_one:
+        res = [score([x], [a])[0] for x, a in zip(inputs, asked)]
+    else:
+        res = score(inputs, asked)
     scored, at = [], 0
     for o in outs:
         metas = [r["meta_info"] for r in res[at : at + len(o["ids"])]]
@@ -214,6 +240,31 @@ def verdict(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> dict:
     }
 
 
+def one_by_one_reading(
+    own: list[dict],
+    own_extend: list[dict],
+    tree: list[dict],
+    tree_kinds: list[list[str]],
+    own_kinds: list[list[str]],
+    scored: list[dict] | None = None,
+) -> dict:
+    """DDTREE's differences from the server at one request at a time, judged against the
+    server's own extend-versus-decode differences at that shape (`within_floor`). ``own`` /
+    ``own_extend``: the server's one-request outputs and their one-request extend scoring;
+    the reference DDTREE is read against is ``own`` (greedy: the same tokens), or ``scored``
+    (sampled: the server's one-request scoring of DDTREE's own tokens)."""
+    reference = own if scored is None else scored
+    test = within_floor(
+        differences(reference, tree, tree_kinds), differences(own, own_extend, own_kinds)
+    )
+    return {
+        "per_kind": compare(reference, tree, tree_kinds),
+        "nospec_extend_vs_decode": compare(own, own_extend, own_kinds),
+        "floor_test": test,
+        "passed": test["passed"],
+    }
+
+
 def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dict) -> None:
     """``summary["logprobs"]``: the greedy and the sampled verdicts. ``engine_kwargs(algo)`` /
     ``engine(**kw)``: the e2e's engine factory (no speculation for ``algo`` None)."""
@@ -231,6 +282,12 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
         own_extend = rescore(eng, prompts, base, None)
         own_sampled = run_base(eng, few, new_tokens, SAMPLED)
         own_sampled_extend = rescore(eng, few, own_sampled, SAMPLED)
+        # At DDTREE's batch shape: one request at a time.
+        single = run_base_one_by_one(eng, prompts, new_tokens)
+        single_extend = rescore(eng, prompts, single, None, one_by_one=True)
+        single_scored = rescore(eng, few, sampled, SAMPLED, one_by_one=True)
+        own_single = run_base_one_by_one(eng, few, new_tokens, SAMPLED)
+        own_single_extend = rescore(eng, few, own_single, SAMPLED, one_by_one=True)
     greedy = verdict(base, tree, kinds)
     greedy["nospec_extend_vs_decode"] = compare(base, own_extend, kinds)
     floor_test = within_floor(differences(base, tree, kinds), differences(base, own_extend, kinds))
@@ -248,6 +305,12 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
     )
     sampled_verdict["floor_test"] = floor_test
     sampled_verdict["within_nospec_floor"] = floor_test["passed"]
+    greedy["one_by_one"] = one_by_one_reading(single, single_extend, tree, kinds, kinds)
+    greedy["batch_floor"] = {k: _quantiles(v) for k, v in differences(base, single, kinds).items()}
+    single_kinds = [["prefill"] + ["root"] * (len(o["ids"]) - 1) for o in own_single]
+    sampled_verdict["one_by_one"] = one_by_one_reading(
+        own_single, own_single_extend, sampled, sampled_kinds, single_kinds, scored=single_scored
+    )
     summary["logprobs"] = {
         "greedy": greedy,
         "sampled": {**sampled_verdict, "sampling": SAMPLED},
@@ -257,6 +320,13 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
         # positions, the calibration caught, and every kind within the floor, in both parts.
         "within_nospec_floor": all(
             part["within_nospec_floor"]
+            and part["enough_positions"]
+            and part["one_position_late_caught"]
+            for part in (greedy, sampled_verdict)
+        ),
+        # The same at DDTREE's batch shape (module docstring).
+        "within_nospec_floor_one_by_one": all(
+            part["one_by_one"]["passed"]
             and part["enough_positions"]
             and part["one_position_late_caught"]
             for part in (greedy, sampled_verdict)
