@@ -84,8 +84,12 @@ the step phase's sampling settings: ``T0``, ``T1_p0.95`` (the default pair), ``T
 top-p, which isolates the top-p renorm's cost), and ``T1_p0.95_minp0.05`` /
 ``T1_p0.95_penalties`` (min_p 0.05; frequency 0.3, presence 0.2 and repetition 1.05 penalties),
 ``T0_regex`` / ``T1_p0.95_regex`` (every request constrained by a regex: the grammar mask's
-host cost; a random-weight shape gets a word-level tokenizer of its vocabulary size for them): each parameter's step cost beside plain sampling; a setting the server refuses is
-recorded as that cell's error.
+host cost; a random-weight shape gets a word-level tokenizer of its vocabulary size for them),
+``T0_logprobs`` / ``T1_p0.95_logprobs`` (every request with ``return_logprob`` and the top 5):
+each parameter's step cost beside plain sampling; a setting the server refuses is recorded as
+that cell's error. DDTREE refuses logprobs per request, so where a logprobs cell is asked its
+engines start with that refusal lifted (``testing.inject``'s ``SERVE_LOGPROBS_ENV``, as the
+logprobs check does), recorded in the row (``logprobs_refusal_lifted``).
 
 One-rank K2.6 (``--tp-rank-of 8``): a tp-1 engine of exactly one TP-8 rank's shapes (8 MLA query
 heads, all 384 routed experts at a 2048 / 8 = 256 intermediate in INT4, dense and shared MLPs / 8,
@@ -143,7 +147,7 @@ from sglang_ddtree.step_timing import (
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE  # also installs testing.inject's hooks
-from sglang_ddtree.testing.inject import GRAPH_STATS_ENV
+from sglang_ddtree.testing.inject import GRAPH_STATS_ENV, SERVE_LOGPROBS_ENV
 
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
@@ -151,6 +155,7 @@ DEFAULT_CONFIGS = {
     "kimi": "none,dflash,ddtree-8,ddtree-16,ddtree-32,ddtree-64",
 }
 TEMPS = (("T0", {"temperature": 0.0}), ("T1_p0.95", {"temperature": 1.0, "top_p": 0.95}))
+LOGPROBS_KEY = "_generate"  # in a --temps setting: arguments of the generate call itself
 # --temps may also name T1 without top-p (no top-p renorm pass: isolates its cost), and the
 # request parameters whose step cost is compared with plain sampling (T1_p0.95).
 ALL_TEMPS = {
@@ -168,7 +173,12 @@ ALL_TEMPS = {
     # word-level one of the target's vocabulary size (`write_word_tokenizer`).
     "T0_regex": {"temperature": 0.0, "regex": "[a-z ]+"},
     "T1_p0.95_regex": {"temperature": 1.0, "top_p": 0.95, "regex": "[a-z ]+"},
-}
+    # Logprobs are generate arguments, not sampling parameters (`generate` moves them).
+    "T0_logprobs": {"temperature": 0.0, LOGPROBS_KEY: {"return_logprob": True,
+                                                       "top_logprobs_num": 5}},
+    "T1_p0.95_logprobs": {"temperature": 1.0, "top_p": 0.95,
+                          LOGPROBS_KEY: {"return_logprob": True, "top_logprobs_num": 5}},
+}  # fmt: skip
 DROP_FIRST_STEPS = 2
 
 # Qwen3-8B (config of Qwen/Qwen3-8B) and a drafter of the z-lab Qwen3-8B-DFlash-b16 shape.
@@ -575,10 +585,17 @@ def engine_kwargs(
     return kw
 
 
+def asks_logprobs(phases, temps) -> bool:
+    """Whether the step phase runs a logprobs cell (``temps``: --temps' (name, params))."""
+    return "step" in phases and any(LOGPROBS_KEY in params for _, params in temps)
+
+
 def generate(eng, prompts, params) -> tuple[list[dict], float]:
     key = "prompt" if isinstance(prompts[0], str) else "input_ids"
+    params = dict(params)
+    extra = params.pop(LOGPROBS_KEY, {})
     t0 = time.monotonic()
-    out = eng.generate(**{key: prompts}, sampling_params=params)
+    out = eng.generate(**{key: prompts}, sampling_params=params, **extra)
     out = out if isinstance(out, list) else [out]
     return out, t0
 
@@ -737,6 +754,12 @@ def run_config(spec, config, args, timing_dir) -> dict:
         os.environ[GRAPH_STATS_ENV] = stats_path
     else:
         os.environ.pop(GRAPH_STATS_ENV, None)
+    # A logprobs cell measures DDTREE's logprobs path, which the server refuses per request.
+    if asks_logprobs(args.phases, args.temps):
+        os.environ[SERVE_LOGPROBS_ENV] = "1"
+        row["logprobs_refusal_lifted"] = True
+    else:
+        os.environ.pop(SERVE_LOGPROBS_ENV, None)
     t_start = time.monotonic()
     kw = engine_kwargs(
         spec,

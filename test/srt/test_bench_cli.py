@@ -513,3 +513,32 @@ def test_bench_step_startup_phase_counts_graphs_captured_while_serving(load_benc
     assert "| ddtree0 | 4 | 61.0 | 5000 | 3 | 45 | 1.5 | 0.2 | 0.25 | 0 |" in text
     assert "| ddtree2 | 4 | 61.0 | 5000 | 3 | 45 | 1.5 | 0.2 | 0.25 | 2 |" in text
     assert "| dflash | 4 | 40.0 | 6000 | - | - | - | - | - | - |" in text
+
+
+def test_bench_step_logprobs_cells(load_benchmark):
+    """A logprobs cell asks the engine for each token's logprob and top 5 as arguments of the
+    generate call (SGLang's sampling parameters have no such fields), leaves the setting itself
+    as it was for the next repeat, and is what makes the step phase lift DDTREE's refusal."""
+    mod = load_benchmark("bench_step")
+
+    class Engine:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, input_ids, sampling_params, **extra):
+            self.calls.append((sampling_params, extra))
+            return [{"meta_info": {"completion_tokens": 1}} for _ in input_ids]
+
+    eng = Engine()
+    setting = mod.ALL_TEMPS["T1_p0.95_logprobs"]
+    for _ in range(2):
+        mod.generate(eng, [[1, 2]], {"max_new_tokens": 4, **setting})
+    for params, extra in eng.calls:
+        assert params == {"max_new_tokens": 4, "temperature": 1.0, "top_p": 0.95}
+        assert extra == {"return_logprob": True, "top_logprobs_num": 5}
+    mod.generate(eng, [[1, 2]], mod.ALL_TEMPS["T1_p0.95"])
+    assert eng.calls[-1][1] == {}
+    temps = [(t, mod.ALL_TEMPS[t]) for t in ("T1_p0.95", "T0_logprobs")]
+    assert mod.asks_logprobs(["step"], temps)
+    assert not mod.asks_logprobs(["startup"], temps)
+    assert not mod.asks_logprobs(["step"], temps[:1])
