@@ -262,6 +262,7 @@ def test_one_by_one_reading_takes_the_batch_shape_out():
     assert shaped["greedy"]["one_by_one"]["passed"], shaped["greedy"]["one_by_one"]
     assert shaped["sampled"]["one_by_one"]["passed"], shaped["sampled"]["one_by_one"]
     assert shaped["within_nospec_floor_one_by_one"]
+    assert shaped["greedy"]["one_by_one"]["enough_positions"]
     assert shaped["greedy"]["batch_floor"]["token"]["max"] > 0.06
     loud = _check(decode_noise=0.04, tree_noise=0.2, batch_shift=0.06)
     assert not loud["within_nospec_floor_one_by_one"]

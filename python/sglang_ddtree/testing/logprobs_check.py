@@ -36,9 +36,9 @@ on top of the forward path. So each part is read a second time at DDTREE's batch
 time, and DDTREE's differences from that decode are judged against the server's own
 extend-versus-decode differences at that shape (``within_nospec_floor_one_by_one``). Beside it,
 ``batch_floor``: the server's one-request decode against its batched one on the greedy
-prompts, what the batch shape alone moves. A verify is an extend over the tree, so where the bound is missed,
-this says whether DDTREE's differences are the two forward paths' rounding (bfloat16 logits
-are 8 significant bits: a step of 0.03-0.06 at magnitudes 4-16) or its own.
+prompts, what the batch shape alone moves. A verify is an extend over the tree, so where the
+bound is missed, this says whether DDTREE's differences are the two forward paths' rounding
+(bfloat16 logits are 8 significant bits: a step of 0.03-0.06 at magnitudes 4-16) or its own.
 
 The DDTREE engine runs with the per-request refusal of logprobs lifted in its processes
 (`testing.inject`), as the server keeps it until this check has passed.
@@ -257,10 +257,14 @@ def one_by_one_reading(
     test = within_floor(
         differences(reference, tree, tree_kinds), differences(own, own_extend, own_kinds)
     )
+    per_kind = compare(reference, tree, tree_kinds)
     return {
-        "per_kind": compare(reference, tree, tree_kinds),
+        "per_kind": per_kind,
         "nospec_extend_vs_decode": compare(own, own_extend, own_kinds),
         "floor_test": test,
+        "enough_positions": all(
+            per_kind[k]["positions"] >= MIN_POSITIONS for k in ("root", "path", "bonus")
+        ),
         "passed": test["passed"],
     }
 
@@ -327,7 +331,7 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
         # The same at DDTREE's batch shape (module docstring).
         "within_nospec_floor_one_by_one": all(
             part["one_by_one"]["passed"]
-            and part["enough_positions"]
+            and part["one_by_one"]["enough_positions"]
             and part["one_position_late_caught"]
             for part in (greedy, sampled_verdict)
         ),
