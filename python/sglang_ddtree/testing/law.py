@@ -398,6 +398,7 @@ def shape_null(
     (``other``). Returns each comparison's smallest p and worst test (`compare_samples`), and
     ``batch_shape``: the reference rejected against its small-batch sample at ``level`` (the
     family's per-test level) and the speculative sample not."""
+
     def brief(res: dict) -> dict:
         return {"min_p": res["min_p"], "worst": res["worst"]}
 
@@ -786,6 +787,7 @@ class ExactModelSampler:
         self.counts: dict[str, dict] = {}
         self._tokens: dict[str, list[int]] = {}
         self._model = None
+        self._router_map: dict | None = None
         self._seed = seed
 
     def _load(self):
@@ -808,12 +810,14 @@ class ExactModelSampler:
 
     def _routers(self) -> dict:
         """{layer: router module}: the MoE routers that pick experts by score plus correction
-        bias (transformers' DeepseekV3TopkRouter, Kimi K2's architecture)."""
-        routers = {}
-        for mod_name, mod in self._load().named_modules():
-            if hasattr(mod, "e_score_correction_bias") and hasattr(mod, "top_k"):
-                routers[int(mod_name.split("layers.")[1].split(".")[0])] = mod
-        return routers
+        bias (transformers' DeepseekV3TopkRouter, Kimi K2's architecture); found once."""
+        if self._router_map is None:
+            self._router_map = {
+                int(mod_name.split("layers.")[1].split(".")[0]): mod
+                for mod_name, mod in self._load().named_modules()
+                if hasattr(mod, "e_score_correction_bias") and hasattr(mod, "top_k")
+            }
+        return self._router_map
 
     def _forward(self, ids: list[int], hooks: dict | None = None):
         """[V] float32 (CPU): the last position's logits; ``hooks``: {layer: forward hook} on
@@ -1031,9 +1035,7 @@ def collect(eng, prompts, plan, parts, reference: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------- summaries
-def summarize_law(
-    ref: dict, tree: dict, settings: dict, extend_law=None, exact_law=None
-) -> dict:
+def summarize_law(ref: dict, tree: dict, settings: dict, extend_law=None, exact_law=None) -> dict:
     """The law part's summary. ``extend_law(setting, prefix) -> [token]``: the
     non-speculative server's extend-path sampler for `attribute_rejection` (None: not run);
     ``exact_law``: the target's exact law as a second referee (`ExactModelSampler`, or None)."""
@@ -1049,9 +1051,7 @@ def summarize_law(
     # The wrong law must be rejected as a family (each setting's p is reported too); where a
     # check excused a DDTREE rejection, it must not excuse the wrong law either.
     excused = set(fam_tree["rejected"]) - set(fam_tree["unexplained"])
-    by_shape = any(
-        fam_tree["attribution"][k].get("explained_by") == "batch_shape" for k in excused
-    )
+    by_shape = any(fam_tree["attribution"][k].get("explained_by") == "batch_shape" for k in excused)
     fam_power = attribute_family(
         family(power),
         ref["law"],

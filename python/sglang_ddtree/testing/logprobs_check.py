@@ -240,6 +240,12 @@ def verdict(base: list[dict], tree: list[dict], kinds: list[list[str]]) -> dict:
     }
 
 
+def _decode_kinds(outs: list[dict]) -> list[list[str]]:
+    """Kinds for the server's own sampled outputs, which have no DDTREE steps: the prefill's
+    token, then one kind for the rest."""
+    return [["prefill"] + ["root"] * (len(o["ids"]) - 1) for o in outs]
+
+
 def one_by_one_reading(
     own: list[dict],
     own_extend: list[dict],
@@ -298,8 +304,7 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
     greedy["floor_test"] = floor_test
     greedy["within_nospec_floor"] = floor_test["passed"]
     sampled_verdict = verdict(scored, sampled, sampled_kinds)
-    # Its own sampled tokens have no DDTREE kinds: the prefill's, then one kind for the rest.
-    decode_kinds = [["prefill"] + ["root"] * (len(o["ids"]) - 1) for o in own_sampled]
+    decode_kinds = _decode_kinds(own_sampled)
     sampled_verdict["nospec_extend_vs_decode"] = compare(
         own_sampled, own_sampled_extend, decode_kinds
     )
@@ -311,9 +316,13 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
     sampled_verdict["within_nospec_floor"] = floor_test["passed"]
     greedy["one_by_one"] = one_by_one_reading(single, single_extend, tree, kinds, kinds)
     greedy["batch_floor"] = {k: _quantiles(v) for k, v in differences(base, single, kinds).items()}
-    single_kinds = [["prefill"] + ["root"] * (len(o["ids"]) - 1) for o in own_single]
     sampled_verdict["one_by_one"] = one_by_one_reading(
-        own_single, own_single_extend, sampled, sampled_kinds, single_kinds, scored=single_scored
+        own_single,
+        own_single_extend,
+        sampled,
+        sampled_kinds,
+        _decode_kinds(own_single),
+        scored=single_scored,
     )
     summary["logprobs"] = {
         "greedy": greedy,
