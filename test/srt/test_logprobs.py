@@ -305,12 +305,16 @@ def test_step_logprobs_are_read_by_the_scheduler_as_the_core_reports_them(steps)
                 assert torch.equal(out.next_token_logprobs[i, j], want.token_logprobs[i, j])
                 k = top_nums[i]
                 if any(top_nums):
-                    got_top = out.next_token_top_logprobs_val[flat]
-                    assert torch.equal(got_top, want.top_logprobs[i, j, :k]), (seed, i, j)
+                    got_top = out.next_token_top_logprobs_val[flat].tolist()
+                    assert got_top == want.top_logprobs[i, j, :k].tolist(), (seed, i, j)
+                    got_ids = out.next_token_top_logprobs_idx[flat].tolist()
+                    assert got_ids == want.top_ids[i, j, :k].tolist(), (seed, i, j)
                 if token_ids[i] is not None:
                     node = int(step.plan.keep_nodes[i, j])
                     row = predicting_row(step, i, node)
-                    assert torch.equal(out.next_token_token_ids_logprobs_val[flat], row[[1, 2]])
+                    got = out.next_token_token_ids_logprobs_val[flat].tolist()
+                    assert got == row[[1, 2]].tolist()
+                    assert out.next_token_token_ids_logprobs_idx[flat] == [1, 2]
                 checked += 1
         deeper = SimpleNamespace()
         write_step_logprobs(
@@ -321,6 +325,138 @@ def test_step_logprobs_are_read_by_the_scheduler_as_the_core_reports_them(steps)
         if int((step.plan.commit_lens > 1).sum()):  # a draft node to misread
             assert not torch.equal(deeper.next_token_logprobs, out.next_token_logprobs), seed
     assert checked >= 300, checked
+
+
+PROCESSOR = "SchedulerBatchResultProcessor"
+
+
+def _pristine_scheduler_reads(source):
+    """From pristine SGLang 0.5.17's source (by AST): ``_async_d2h``,
+    ``GenerationBatchResult.copy_to_cpu`` (the overlap scheduler's copy of a step's outputs),
+    and the batch result processor's ``_normalize_decode_outputs`` and
+    ``_apply_decode_logprobs`` (a decode step's logprobs into each request)."""
+    import ast
+
+    def functions(path, names):
+        tree = ast.parse(source.read(path).decode())
+        found = {}  # "name" at module level, "Class.name" in a class
+        for top in tree.body:
+            if isinstance(top, ast.FunctionDef):
+                found[top.name] = top
+            elif isinstance(top, ast.ClassDef):
+                found.update({f"{top.name}.{n.name}": n for n in top.body
+                              if isinstance(n, ast.FunctionDef)})  # fmt: skip
+        scope = {"torch": torch}  # annotations are dropped below
+        for name in names:
+            node = found[name]
+            node.name = name.rsplit(".", 1)[-1]
+            node.decorator_list = []
+            node.returns = None
+            for a in node.args.args + node.args.kwonlyargs:
+                a.annotation = None
+            exec(compile(ast.Module([node], []), path, "exec"), scope)
+        return scope
+
+    utils = functions(
+        "python/sglang/srt/managers/utils.py", ["_async_d2h", "GenerationBatchResult.copy_to_cpu"]
+    )
+    proc = functions(
+        "python/sglang/srt/managers/scheduler_components/batch_result_processor.py",
+        [f"{PROCESSOR}._normalize_decode_outputs", f"{PROCESSOR}._apply_decode_logprobs"],
+    )
+    return utils["copy_to_cpu"], proc["_normalize_decode_outputs"], proc["_apply_decode_logprobs"]
+
+
+def _scheduler_reads(reads, step, keep_nodes, top_nums, token_ids, accepted):
+    """Each request's logprob record after SGLang's scheduler code (``reads``:
+    `_pristine_scheduler_reads`) took in `write_step_logprobs`' output for ``step`` read at
+    ``keep_nodes``."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_logprobs import write_step_logprobs
+
+    copy_to_cpu, normalize, apply = reads
+    bs, w, vocab = step.processed.shape
+    out = SimpleNamespace(
+        next_token_top_logprobs_val=None, next_token_top_logprobs_idx=None,
+        next_token_token_ids_logprobs_val=None, next_token_token_ids_logprobs_idx=None,
+        input_token_logprobs=None, hidden_states=None,
+    )  # fmt: skip
+    write_step_logprobs(
+        out, _OutputLogprobProcessor(), step.processed.reshape(bs * w, vocab),
+        keep_nodes, step.plan.next_token_ids, step.temperature, step.all_greedy,
+        top_nums, token_ids,
+    )  # fmt: skip
+    assert not any(torch.is_tensor(v) for v in out.next_token_top_logprobs_val)
+    assert not any(torch.is_tensor(v) for v in out.next_token_token_ids_logprobs_val or [])
+    result = SimpleNamespace(
+        logits_output=out, next_token_ids=step.plan.next_token_ids, accept_lens=None,
+        block_accept_lens=None, cap_lens=None, routed_experts_output=None,
+        indexer_topk_output=None, expert_distribution_metrics=None,
+        copy_done=SimpleNamespace(record=lambda: None),
+    )  # fmt: skip
+    copy_to_cpu(result, return_logprob=True)
+    batch = SimpleNamespace(
+        spec_algorithm=SimpleNamespace(is_none=lambda: False), return_logprob=True
+    )
+    processor = SimpleNamespace(_resolve_spec_v2_tokens=lambda r, b: accepted)
+    ids, logprobs = normalize(processor, batch=batch, result=result,
+                              logits_output=out, next_token_ids=None)  # fmt: skip
+    reqs = []
+    for i in range(bs):
+        log = SimpleNamespace(
+            top_logprobs_num=top_nums[i], token_ids_logprob=token_ids[i],
+            output_token_logprobs_val=[], output_token_logprobs_idx=[],
+            output_top_logprobs_val=[], output_top_logprobs_idx=[],
+            output_token_ids_logprobs_val=[], output_token_ids_logprobs_idx=[],
+        )  # fmt: skip
+        req = SimpleNamespace(logprob=log)
+        apply(processor, req=req, i=i, batch=batch, next_token_id=ids[i],
+              next_token_logprobs=logprobs, logits_output=out)  # fmt: skip
+        reqs.append(log)
+    return reqs
+
+
+def test_sglang_s_scheduler_reads_the_step_logprobs_as_the_core_reports_them(steps, source):
+    """SGLang 0.5.17's own scheduler code (`_pristine_scheduler_reads`: the overlap copy, then
+    the decode step's logprob normalization and per-request append) on `write_step_logprobs`'
+    output: each request's appended logprobs, top-n (values and ids) and requested ids'
+    logprobs are `committed_logprobs`' for its committed tokens. The top-n and ids entries are
+    not device tensors, so the copy takes none of them one by one. Calibration: the same reads
+    of the logprobs of the rows one too deep differ."""
+    reads = _pristine_scheduler_reads(source)
+    checked = caught = 0
+    for seed, step in enumerate(steps):
+        bs, w, vocab = step.processed.shape
+        want = committed_logprobs(step.processed, step.plan.keep_nodes, step.plan.out_tokens,
+                                  step.temperature, vocab, all_greedy=step.all_greedy)  # fmt: skip
+        top_nums = [1 + (seed + i) % 4 for i in range(bs)]
+        token_ids = [[2, 1] if i % 2 else None for i in range(bs)]
+        accepted = [step.plan.out_tokens[i, : int(step.plan.commit_lens[i])].tolist()
+                    for i in range(bs)]  # fmt: skip
+
+        reqs = _scheduler_reads(reads, step, step.plan.keep_nodes, top_nums, token_ids, accepted)
+        for i, log in enumerate(reqs):
+            n = len(accepted[i])
+            assert log.output_token_logprobs_idx == accepted[i]
+            assert log.output_token_logprobs_val == want.token_logprobs[i, :n].tolist(), seed
+            k = top_nums[i]
+            assert log.output_top_logprobs_val == want.top_logprobs[i, :n, :k].tolist(), seed
+            assert log.output_top_logprobs_idx == want.top_ids[i, :n, :k].tolist(), seed
+            if token_ids[i] is not None:
+                rows = [predicting_row(step, i, int(step.plan.keep_nodes[i, j]))[[2, 1]].tolist()
+                        for j in range(n)]  # fmt: skip
+                assert log.output_token_ids_logprobs_val == rows, seed
+                assert log.output_token_ids_logprobs_idx == [[2, 1]] * n
+            checked += n
+        if int((step.plan.commit_lens > 1).sum()):  # a draft node to misread
+            deeper = _scheduler_reads(
+                reads, step, _one_too_deep(step.plan.keep_nodes), top_nums, token_ids, accepted
+            )
+            caught += any(a.output_top_logprobs_val != b.output_top_logprobs_val
+                          for a, b in zip(deeper, reqs))  # fmt: skip
+    assert checked >= 300, checked
+    assert caught >= 10, caught
 
 
 def predicting_row(step, i: int, node: int) -> torch.Tensor:

@@ -8,9 +8,15 @@ as SGLang's non-speculative server reports them.
 - **Decode step.** Committed token j of request i is reported from its predicting node's row
   (`core.logprobs.predicting_rows`: the processed verify logits and the sampler's temperature
   rule); SGLang's own output logprob processor turns the ``bs * S`` rows into the token
-  logprobs, the top-n and the requested ids' logprobs. SGLang's scheduler reads a speculative
-  batch's logprobs as ``next_token_logprobs[i][j]`` and its top-n and ids at row ``i * S + j``
-  (``process_batch_result_decode``), which is this layout.
+  logprobs; the top-n and the requested ids' logprobs are computed for all rows at once.
+  SGLang's scheduler reads a speculative batch's logprobs as ``next_token_logprobs[i][j]`` and
+  its top-n and ids at row ``i * S + j`` (``process_batch_result_decode``), which is this layout.
+- **To the host.** The scheduler turns each top-n or ids entry into a list with ``.tolist()``
+  once the step's outputs are on the host, and copies an entry that is a device tensor on its
+  own. SGLang's processor gives each row its own device tensor: 2 x bs x S small copies and
+  conversions a step, which a speculative step's S rows a request make a host cost that grows
+  with the batch. Here each field's rows travel in one copy to pinned host memory
+  (`HostRows`), and its entries read that copy.
 """
 
 from __future__ import annotations
@@ -49,10 +55,64 @@ def write_step_logprobs(
     ).view(bs * s, -1)
     top = [int(n) for n in (top_logprobs_nums or [0] * bs) for _ in range(s)]
     ids = [t for t in (token_ids_logprobs or [None] * bs) for _ in range(s)]
-    result = processor.compute_logprobs(rows, top, ids, next_token_ids.to(torch.int64))
+    # SGLang's processor for the clamp and the committed tokens' logprobs only.
+    result = processor.compute_logprobs(
+        rows, [0] * len(top), [None] * len(ids), next_token_ids.to(torch.int64)
+    )
     result.write_output_to(logits_output)
     logits_output.next_token_logprobs = logits_output.next_token_logprobs.view(bs, s)
+    if any(top):
+        values, indices = rows.topk(max(top), dim=-1)
+        logits_output.next_token_top_logprobs_val = HostRows(values, top).entries
+        logits_output.next_token_top_logprobs_idx = HostRows(indices, top).entries
+    if any(t is not None for t in ids):
+        width = max(len(t) for t in ids if t is not None)
+        padded = [list(t) + [0] * (width - len(t)) if t else [0] * width for t in ids]
+        index = torch.tensor(padded, dtype=torch.int64).to(rows.device, non_blocking=True)
+        counts = [0 if t is None else len(t) for t in ids]
+        logits_output.next_token_token_ids_logprobs_val = HostRows(
+            rows.gather(1, index), counts
+        ).entries
+        logits_output.next_token_token_ids_logprobs_idx = [[] if t is None else t for t in ids]
 
+
+class HostRows:
+    """The rows of a ``[R, n]`` device tensor, copied to pinned host memory in one transfer;
+    ``entries[r].tolist()`` is row ``r``'s first ``counts[r]`` values, read once the copy has
+    completed. The entries are not tensors, so SGLang's ``copy_to_cpu`` passes them through.
+    No host synchronization before the first ``tolist()``."""
+
+    def __init__(self, rows: torch.Tensor, counts: list[int]):  # rows: [R, n]
+        assert rows.dim() == 2 and rows.shape[0] == len(counts), "rows must be [len(counts), n]"
+        self._host = torch.empty(
+            rows.shape, dtype=rows.dtype, device="cpu", pin_memory=rows.is_cuda
+        )
+        self._host.copy_(rows, non_blocking=True)
+        self._copied = None
+        if rows.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        self._rows = rows  # the copy's source stays alive until it is read
+        self._lists = None
+        self.entries = [_HostRow(self, r, k) for r, k in enumerate(counts)]
+
+    def lists(self) -> list:
+        if self._lists is None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            self._lists = self._host.tolist()
+            self._rows = None
+        return self._lists
+
+
+class _HostRow:
+    __slots__ = ("_table", "_row", "_count")
+
+    def __init__(self, table: HostRows, row: int, count: int):
+        self._table, self._row, self._count = table, row, count
+
+    def tolist(self) -> list:
+        return self._table.lists()[self._row][: self._count]
 
 def prefill_with_logprobs(run_prefill, target_worker, batch):
     """``run_prefill(b)`` (the DFLASH worker's forward) on a shallow copy of ``batch`` whose
