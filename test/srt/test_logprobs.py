@@ -257,7 +257,7 @@ class _OutputLogprobProcessor:
         if any(t is not None for t in token_ids):
             out.ids_val = [[] if t is None else logprobs[i, t] for i, t in enumerate(token_ids)]
             out.ids_idx = [[] if t is None else t for t in token_ids]
-        out.token = logprobs[torch.arange(len(next_ids)), next_ids]
+        out.token = logprobs[torch.arange(len(next_ids), device=next_ids.device), next_ids]
 
         def write_output_to(o):
             o.next_token_logprobs = out.token
@@ -528,3 +528,35 @@ def test_host_rows_read_a_cuda_tensor_after_its_copy():
     ]
     assert [e.tolist() for e in id_rows.entries] == [row[:k] for row, k in zip(want_ids, counts)]
     assert not any(torch.is_tensor(e) for e in value_rows.entries)
+
+
+@pytest.mark.gpu
+def test_step_logprobs_on_cuda_equal_the_cpu_s(steps):
+    """`write_step_logprobs` on CUDA tensors (pinned copies both ways) reports what it reports
+    on the CPU: every batch's committed-token logprobs, top-n values and requested ids'
+    logprobs, compared as the lists the scheduler reads (to 1e-5: the two devices' softmax)."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.srt.ddtree_logprobs import write_step_logprobs
+
+    def report(step, device):
+        bs, w, vocab = step.processed.shape
+        out = SimpleNamespace()
+        write_step_logprobs(
+            out, _OutputLogprobProcessor(), step.processed.reshape(bs * w, vocab).to(device),
+            step.plan.keep_nodes.to(device), step.plan.next_token_ids.to(device),
+            step.temperature.to(device), step.all_greedy,
+            [1 + i % 3 for i in range(bs)], [[0, 3] if i % 2 else None for i in range(bs)],
+        )  # fmt: skip
+        ids = getattr(out, "next_token_token_ids_logprobs_val", None) or []
+        return (
+            out.next_token_logprobs.cpu(),
+            torch.tensor([v for e in out.next_token_top_logprobs_val for v in e.tolist()]),
+            torch.tensor([v for e in ids for v in e.tolist()]),
+        )
+
+    for step in steps:
+        cpu, cuda = report(step, "cpu"), report(step, "cuda")
+        torch.testing.assert_close(cuda[0], cpu[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cuda[1], cpu[1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cuda[2], cpu[2], atol=1e-5, rtol=0)

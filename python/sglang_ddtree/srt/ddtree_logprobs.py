@@ -68,7 +68,9 @@ def write_step_logprobs(
     if any(t is not None for t in ids):
         width = max(len(t) for t in ids if t is not None)
         padded = [list(t) + [0] * (width - len(t)) if t else [0] * width for t in ids]
-        index = torch.tensor(padded, dtype=torch.int64).to(rows.device, non_blocking=True)
+        # Pinned: a copy from pageable memory would wait for the stream.
+        index = torch.tensor(padded, dtype=torch.int64, pin_memory=rows.is_cuda)
+        index = index.to(rows.device, non_blocking=True)
         counts = [0 if t is None else len(t) for t in ids]
         logits_output.next_token_token_ids_logprobs_val = HostRows(
             rows.gather(1, index), counts
@@ -113,6 +115,7 @@ class _HostRow:
 
     def tolist(self) -> list:
         return self._table.lists()[self._row][: self._count]
+
 
 def prefill_with_logprobs(run_prefill, target_worker, batch):
     """``run_prefill(b)`` (the DFLASH worker's forward) on a shallow copy of ``batch`` whose
