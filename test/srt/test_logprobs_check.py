@@ -141,7 +141,8 @@ def test_floor_test_is_calibrated():
 
 class _Model:
     """A deterministic 'model': token t's logprob after context c, its top-n, and the next
-    token (greedy or 'sampled'), read through the decode path with noise ``decode_noise`` (the
+    token (greedy, or 'sampled': another token on DDTREE's engine than on the server's), read
+    through the decode path with noise ``decode_noise`` (the
     extend path, `rescore`'s, is exact) or through DDTREE's verify with ``tree_noise``; a read
     in a batch of several requests moves by a fixed amount per (context, token) of at most
     ``batch_shift`` (the batch shape's rounding: every path alike)."""
@@ -155,8 +156,10 @@ class _Model:
     def exact(ctx, tok):
         return -(((sum(ctx) * 31 + len(ctx) * 7 + tok) % 97) + 1) / 10
 
-    def next_token(self, ctx, sampled):
-        return (sum(ctx) * (3 if sampled else 1) + len(ctx)) % 50
+    def next_token(self, ctx, sampled, path):
+        # A sampled token differs between the servers (each draws its own), as in a real run.
+        shift = 1 if sampled and path == "tree" else 0
+        return (sum(ctx) * (3 if sampled else 1) + len(ctx) + shift) % 50
 
     def read(self, ctx, tok, path, batched=False):
         e = self.rng.uniform(-self.noise[path], self.noise[path]) if path != "extend" else 0.0
@@ -168,7 +171,7 @@ class _Model:
     def decode(self, prompt, params, path, batched=False):
         ctx, lps, tops = list(prompt), [], []
         for _ in range(params["max_new_tokens"]):
-            tok = self.next_token(ctx, params["temperature"] > 0)
+            tok = self.next_token(ctx, params["temperature"] > 0, path)
             lp, top = self.read(ctx, tok, path, batched)
             lps.append((lp, tok, None))
             tops.append([(v, i, None) for v, i in top])

@@ -246,7 +246,7 @@ def _decode_kinds(outs: list[dict]) -> list[list[str]]:
     return [["prefill"] + ["root"] * (len(o["ids"]) - 1) for o in outs]
 
 
-def one_by_one_reading(
+def floor_reading(
     own: list[dict],
     own_extend: list[dict],
     tree: list[dict],
@@ -254,11 +254,11 @@ def one_by_one_reading(
     own_kinds: list[list[str]],
     scored: list[dict] | None = None,
 ) -> dict:
-    """DDTREE's differences from the server at one request at a time, judged against the
-    server's own extend-versus-decode differences at that shape (`within_floor`). ``own`` /
-    ``own_extend``: the server's one-request outputs and their one-request extend scoring;
-    the reference DDTREE is read against is ``own`` (greedy: the same tokens), or ``scored``
-    (sampled: the server's one-request scoring of DDTREE's own tokens)."""
+    """DDTREE's differences from the server, judged against the server's own
+    extend-versus-decode differences (`within_floor`). ``own`` / ``own_extend``: the server's
+    outputs and their extend scoring (batched, or one request at a time for the
+    ``one_by_one`` reading); the reference DDTREE is read against is ``own`` (greedy: the same
+    tokens), or ``scored`` (sampled: the server's scoring of DDTREE's own tokens)."""
     reference = own if scored is None else scored
     test = within_floor(
         differences(reference, tree, tree_kinds), differences(own, own_extend, own_kinds)
@@ -299,31 +299,21 @@ def check_logprobs(engine_kwargs, engine, prompts, new_tokens: int, summary: dic
         own_single = run_base_one_by_one(eng, few, new_tokens, SAMPLED)
         own_single_extend = rescore(eng, few, own_single, SAMPLED, one_by_one=True)
     greedy = verdict(base, tree, kinds)
-    greedy["nospec_extend_vs_decode"] = compare(base, own_extend, kinds)
-    floor_test = within_floor(differences(base, tree, kinds), differences(base, own_extend, kinds))
-    greedy["floor_test"] = floor_test
-    greedy["within_nospec_floor"] = floor_test["passed"]
+    batched = floor_reading(base, own_extend, tree, kinds, kinds)
+    greedy["nospec_extend_vs_decode"] = batched["nospec_extend_vs_decode"]
+    greedy["floor_test"] = batched["floor_test"]
+    greedy["within_nospec_floor"] = batched["passed"]
     sampled_verdict = verdict(scored, sampled, sampled_kinds)
-    decode_kinds = _decode_kinds(own_sampled)
-    sampled_verdict["nospec_extend_vs_decode"] = compare(
-        own_sampled, own_sampled_extend, decode_kinds
-    )
-    floor_test = within_floor(
-        differences(scored, sampled, sampled_kinds),
-        differences(own_sampled, own_sampled_extend, decode_kinds),
-    )
-    sampled_verdict["floor_test"] = floor_test
-    sampled_verdict["within_nospec_floor"] = floor_test["passed"]
-    greedy["one_by_one"] = one_by_one_reading(single, single_extend, tree, kinds, kinds)
+    batched = floor_reading(own_sampled, own_sampled_extend, sampled, sampled_kinds,
+                            _decode_kinds(own_sampled), scored=scored)  # fmt: skip
+    sampled_verdict["nospec_extend_vs_decode"] = batched["nospec_extend_vs_decode"]
+    sampled_verdict["floor_test"] = batched["floor_test"]
+    sampled_verdict["within_nospec_floor"] = batched["passed"]
+    greedy["one_by_one"] = floor_reading(single, single_extend, tree, kinds, kinds)
     greedy["batch_floor"] = {k: _quantiles(v) for k, v in differences(base, single, kinds).items()}
-    sampled_verdict["one_by_one"] = one_by_one_reading(
-        own_single,
-        own_single_extend,
-        sampled,
-        sampled_kinds,
-        _decode_kinds(own_single),
-        scored=single_scored,
-    )
+    sampled_verdict["one_by_one"] = floor_reading(own_single, own_single_extend, sampled,
+                                                  sampled_kinds, _decode_kinds(own_single),
+                                                  scored=single_scored)  # fmt: skip
     summary["logprobs"] = {
         "greedy": greedy,
         "sampled": {**sampled_verdict, "sampling": SAMPLED},
