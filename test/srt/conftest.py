@@ -51,6 +51,30 @@ def source(gen):
         pytest.skip(f"pristine SGLang {gen.SGLANG_VERSION} sources unavailable: {e}")
 
 
+def pristine_functions(source, path: str, names: list[str]) -> dict:
+    """Functions of pristine SGLang's ``path`` (``source``: the `source` fixture's), taken by
+    AST and compiled into one scope with ``torch``, so they call each other as in SGLang:
+    ``{name: function}``. A name is ``"f"`` at module level or ``"Class.f"`` in a class (found
+    as ``f``); annotations and decorators are dropped (their names are not in the scope)."""
+    import ast
+
+    found = {}
+    for top in ast.parse(source.read(path).decode()).body:
+        if isinstance(top, ast.FunctionDef):
+            found[top.name] = top
+        elif isinstance(top, ast.ClassDef):
+            found.update({f"{top.name}.{n.name}": n for n in top.body
+                          if isinstance(n, ast.FunctionDef)})  # fmt: skip
+    scope = {"torch": torch}
+    for name in names:
+        node = found[name]
+        node.decorator_list, node.returns = [], None
+        for a in node.args.args + node.args.kwonlyargs:
+            a.annotation = None
+        exec(compile(ast.Module([node], []), path, "exec"), scope)
+    return {name: scope[name.rsplit(".", 1)[-1]] for name in names}
+
+
 def _interpret(code: str, *args: str) -> subprocess.CompletedProcess:
     """``code`` (with ``args`` in sys.argv) in a fresh interpreter with TRITON_INTERPRET=1, from
     this folder. A subprocess because the interpreter flag is read when triton is imported."""

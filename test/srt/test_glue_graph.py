@@ -809,19 +809,21 @@ def test_presized_drafter_kv_workspace_is_not_grown_by_any_key(source):
     import ast
     from types import SimpleNamespace
 
+    from conftest import pristine_functions
+
     from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
     from sglang_ddtree.srt.ddtree_glue_warmup import draft_kv_rows
 
-    text = source.read("python/sglang/kernels/ops/speculative/fused_kv_materialize.py").decode()
+    path = "python/sglang/kernels/ops/speculative/fused_kv_materialize.py"
+    text = source.read(path).decode()
     (cls,) = [n for n in ast.parse(text).body
               if isinstance(n, ast.ClassDef) and n.name == "FusedKVMaterializeHelper"]  # fmt: skip
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     assigned = {t.attr for n in ast.walk(methods["__init__"]) if isinstance(n, ast.Assign)
                 for t in n.targets if isinstance(t, ast.Attribute)}  # fmt: skip
     assert "flat_kv_weight_t" in assigned
-    scope = {"torch": torch}
-    exec(compile(ast.Module([methods["_ensure_workspace"]], []), "fused_kv", "exec"), scope)
-    ensure = scope["_ensure_workspace"]
+    name = "FusedKVMaterializeHelper._ensure_workspace"
+    ensure = pristine_functions(source, path, [name])[name]
 
     helper = SimpleNamespace(
         _workspace_capacity=0, _workspace_dtype=None, _proj_workspace=None, _k_workspace=None,

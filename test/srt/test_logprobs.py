@@ -331,40 +331,24 @@ PROCESSOR = "SchedulerBatchResultProcessor"
 
 
 def _pristine_scheduler_reads(source):
-    """From pristine SGLang 0.5.17's source (by AST): ``_async_d2h``,
-    ``GenerationBatchResult.copy_to_cpu`` (the overlap scheduler's copy of a step's outputs),
-    and the batch result processor's ``_normalize_decode_outputs`` and
+    """From pristine SGLang 0.5.17's source (`conftest.pristine_functions`):
+    ``GenerationBatchResult.copy_to_cpu`` (the overlap scheduler's copy of a step's outputs,
+    with its ``_async_d2h``), and the batch result processor's ``_normalize_decode_outputs`` and
     ``_apply_decode_logprobs`` (a decode step's logprobs into each request)."""
-    import ast
+    from conftest import pristine_functions
 
-    def functions(path, names):
-        tree = ast.parse(source.read(path).decode())
-        found = {}  # "name" at module level, "Class.name" in a class
-        for top in tree.body:
-            if isinstance(top, ast.FunctionDef):
-                found[top.name] = top
-            elif isinstance(top, ast.ClassDef):
-                found.update({f"{top.name}.{n.name}": n for n in top.body
-                              if isinstance(n, ast.FunctionDef)})  # fmt: skip
-        scope = {"torch": torch}  # annotations are dropped below
-        for name in names:
-            node = found[name]
-            node.name = name.rsplit(".", 1)[-1]
-            node.decorator_list = []
-            node.returns = None
-            for a in node.args.args + node.args.kwonlyargs:
-                a.annotation = None
-            exec(compile(ast.Module([node], []), path, "exec"), scope)
-        return scope
-
-    utils = functions(
-        "python/sglang/srt/managers/utils.py", ["_async_d2h", "GenerationBatchResult.copy_to_cpu"]
-    )
-    proc = functions(
+    copy = "GenerationBatchResult.copy_to_cpu"
+    utils = pristine_functions(source, "python/sglang/srt/managers/utils.py", ["_async_d2h", copy])
+    proc = pristine_functions(
+        source,
         "python/sglang/srt/managers/scheduler_components/batch_result_processor.py",
         [f"{PROCESSOR}._normalize_decode_outputs", f"{PROCESSOR}._apply_decode_logprobs"],
     )
-    return utils["copy_to_cpu"], proc["_normalize_decode_outputs"], proc["_apply_decode_logprobs"]
+    return (
+        utils[copy],
+        proc[f"{PROCESSOR}._normalize_decode_outputs"],
+        proc[f"{PROCESSOR}._apply_decode_logprobs"],
+    )
 
 
 def _scheduler_reads(reads, step, keep_nodes, top_nums, token_ids, accepted):
