@@ -11,7 +11,12 @@ import unittest
 import torch
 
 from sglang.srt.speculative.ddtree.layout import ancestor_mask
-from sglang.srt.speculative.ddtree.logprobs import committed_logprobs
+from sglang.srt.speculative.ddtree.logprobs import (
+    committed_logprobs,
+    logprobs_at,
+    predicting_normalizers,
+    top_logprobs,
+)
 from sglang.srt.speculative.ddtree.penalties import RequestPenalties, apply_tree_penalties
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.test_utils import CustomTestCase
@@ -92,6 +97,30 @@ class TestDDTreeRequestLaws(CustomTestCase):
         greedy = committed_logprobs(logits, keep, out, temperature, top_n=1, all_greedy=True)
         row = torch.log_softmax(logits[0, 2], dim=-1)  # no temperature in an all-greedy batch
         self.assertAlmostEqual(greedy.token_logprobs[0, 2].item(), row[1].item(), places=5)
+
+    def test_serving_normalizers_report_the_committed_logprobs(self):
+        """One max and log-sum a predicting row (the Triton kernel on CUDA) gives the same
+        logprobs as normalizing each row, to float32 rounding."""
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        gen = torch.Generator().manual_seed(2)
+        bs, w, vocab = 3, len(PARENTS), 5000
+        logits = torch.randn(bs, w, vocab, generator=gen) * 4
+        keep = torch.tensor([[0, 1, 2, 5], [0, 3, 4, -1], [0, -1, -1, -1]])
+        out = torch.randint(0, vocab, keep.shape, generator=gen).masked_fill(keep < 0, -1)
+        temperature = torch.tensor([0.7, 1.0, 1.3])
+        for greedy in (False, True):
+            want = committed_logprobs(logits, keep, out, temperature, 4, all_greedy=greedy)
+            flat = logits.view(bs * w, vocab).to(device)
+            norm = predicting_normalizers(flat, keep.to(device), temperature.to(device), greedy)
+            tokens = out.clamp(min=0).view(-1).to(device)
+            got = logprobs_at(norm, flat[norm.rows, tokens][:, None]).view(bs, -1).cpu()
+            top, ids = top_logprobs(flat, norm, 4)
+            present = keep >= 0
+            torch.testing.assert_close(got[present], want.token_logprobs[present],
+                                       atol=1e-5, rtol=1e-6)  # fmt: skip
+            torch.testing.assert_close(top.cpu().view(bs, -1, 4)[present],
+                                       want.top_logprobs[present], atol=1e-5, rtol=1e-6)  # fmt: skip
+            self.assertTrue(torch.equal(ids.cpu().view(bs, -1, 4)[present], want.top_ids[present]))
 
 
 if __name__ == "__main__":

@@ -24,13 +24,27 @@ What SGLang's sampler reports (``Sampler.forward``, then ``OutputLogprobProcesso
 
 Then ``-inf`` is clamped to the float32 minimum, and the top ``n`` come from ``torch.topk`` of
 the whole row (per request SGLang keeps the first ``top_logprobs_num`` of the batch's largest).
+
+Two readings of these numbers: `committed_logprobs` normalizes each predicting row as the
+sampler does (the reference, bit for bit SGLang's arithmetic on the CPU); a serving step uses
+`predicting_normalizers`, one max and log-sum per predicting row (``row_max``, ``log_sum``),
+read in place in the verify's logits by `logprobs_triton` on CUDA, and `logprobs_at` for the
+tokens it reports: ``(x / T - row_max) - log_sum``, the same numbers up to float32 rounding
+without a ``[bs * S, V]`` float32 row ever being written.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
+
+FLOAT32_MIN = torch.finfo(torch.float32).min
+# Below float32's smallest normal, 2**-126, a probability keeps fewer bits, and at or below
+# 2**-150 it is 0: a sampled batch reports the log of that rounded probability (of 0: the float32
+# minimum, after the clamp), where the log-softmax reading gives the exact value.
+LOG_SMALLEST_NORMAL = -126 * math.log(2.0)
 
 
 class CommittedLogprobs(NamedTuple):
@@ -63,7 +77,7 @@ def node_logprobs(
         # As the sampler: divide, softmax, log (not log_softmax: a probability that underflows
         # to 0 reports the float32 minimum, not a finite tail value).
         out = torch.log(torch.softmax(x / temperature.float(), dim=-1))
-    return out.clamp_(min=torch.finfo(torch.float32).min)
+    return out.clamp_(min=FLOAT32_MIN)
 
 
 def predicting_rows(
@@ -117,3 +131,81 @@ def committed_logprobs(
         top_ids=torch.where(present[:, :, None], top_ids, -1),
         top_logprobs=torch.where(present[:, :, None], top_logprobs, 0.0),
     )
+
+
+class PredictingNormalizers(NamedTuple):
+    """The normalizer of each committed-token slot's predicting row (R = bs * S, slot
+    ``r = i * S + j``): SGLang reports a token whose processed logit there is ``x`` as
+    ``(x / scale - row_max) - log_sum`` (`logprobs_at`).
+
+    rows:    [R] int64. The slot's row of the verify's ``[bs * W, V]`` logits; a pad reads its
+             request's root.
+    scale:   [R] float32. The request's temperature in a sampled batch, else 1.
+    row_max: [R] float32. ``max(x / scale)`` over the row.
+    log_sum: [R] float32. ``log(sum(exp(x / scale - row_max)))`` over the row.
+    sampled: the sampler's ``log(softmax)``: a probability that underflows reports the float32
+             minimum (``log_softmax`` elsewhere).
+    """
+
+    rows: torch.Tensor
+    scale: torch.Tensor
+    row_max: torch.Tensor
+    log_sum: torch.Tensor
+    sampled: bool
+
+
+def predicting_normalizers(
+    logits: torch.Tensor,  # [bs * W, V] float, processed logits at every tree node
+    keep_nodes: torch.Tensor,  # [bs, S] int64, predicting node of each committed token; -1 pad
+    temperature: torch.Tensor,  # [bs] or [bs, 1] float32 > 0
+    all_greedy: bool = False,
+    before_temperature: bool = False,
+) -> PredictingNormalizers:
+    """One normalizer per committed-token slot (`PredictingNormalizers`); ``all_greedy`` and
+    ``before_temperature`` as `node_logprobs`. On CUDA one `logprobs_triton` program per row
+    reads the logits in place; elsewhere torch on the gathered rows. No host synchronization."""
+    bs, s = keep_nodes.shape
+    assert logits.dim() == 2 and logits.shape[0] % bs == 0, "logits must be [bs * W, V]"
+    w = logits.shape[0] // bs
+    first = torch.arange(bs, device=keep_nodes.device, dtype=torch.int64)[:, None] * w
+    rows = (first + keep_nodes.to(torch.int64).clamp(0, w - 1)).view(-1)
+    sampled = not (all_greedy or before_temperature)
+    if sampled:
+        scale = temperature.float().view(bs, 1).expand(bs, s).reshape(-1)
+    else:
+        scale = torch.ones(bs * s, dtype=torch.float32, device=logits.device)
+    if logits.is_cuda:
+        from sglang_ddtree.core.logprobs_triton import row_max_log_sum
+
+        row_max, log_sum = row_max_log_sum(logits, rows, scale)
+    else:
+        y = logits.index_select(0, rows).float() / scale[:, None]
+        row_max = y.amax(dim=-1)
+        log_sum = torch.log(torch.exp(y - row_max[:, None]).sum(dim=-1))
+    return PredictingNormalizers(rows, scale, row_max, log_sum, sampled)
+
+
+def logprobs_at(
+    norm: PredictingNormalizers,
+    values: torch.Tensor,  # [R, k] float, processed logits of k tokens at each slot's row
+) -> torch.Tensor:
+    """[R, k] float32: the logprobs SGLang reports for those tokens (module docstring), the
+    underflow and ``-inf`` read as its clamp reads them."""
+    shifted = values.float() / norm.scale[:, None] - norm.row_max[:, None]
+    out = shifted - norm.log_sum[:, None]
+    if norm.sampled:  # below the normals, the probability as the sampler's softmax rounds it
+        prob = torch.exp(shifted) / torch.exp(norm.log_sum)[:, None]
+        out = torch.where(out < LOG_SMALLEST_NORMAL, torch.log(prob), out)
+    return out.clamp_(min=FLOAT32_MIN)
+
+
+def top_logprobs(
+    logits: torch.Tensor,  # [bs * W, V] float, the logits `predicting_normalizers` read
+    norm: PredictingNormalizers,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([R, n] float32 logprobs, [R, n] int64 ids): each slot's ``n`` most probable tokens in
+    decreasing order. ``topk`` of the row's logits: dividing by a positive temperature and
+    subtracting the normalizer keep the order."""
+    values, ids = logits.index_select(0, norm.rows).topk(n, dim=-1)
+    return logprobs_at(norm, values), ids

@@ -6,16 +6,18 @@ as SGLang's non-speculative server reports them.
   that asks for logprobs at its door although its prefill needs nothing else: `prefill_with_logprobs`
   runs it on a copy of the batch without the flag while the target worker gets the batch itself.
 - **Decode step.** Committed token j of request i is reported from its predicting node's row
-  (`core.logprobs.predicting_rows`: the processed verify logits and the sampler's temperature
-  rule); SGLang's own output logprob processor turns the ``bs * S`` rows into the token
-  logprobs; the top-n and the requested ids' logprobs are computed for all rows at once.
+  of the processed verify logits, by the sampler's temperature rule: one normalizer per row
+  (`core.logprobs.predicting_normalizers`), then the committed token's, the top-n's and the
+  requested ids' logprobs from their logits alone (`core.logprobs.logprobs_at`); no
+  ``[bs * S, V]`` float32 logprob row is written (the top-n gathers the rows' logits once,
+  for ``topk``).
   SGLang's scheduler reads a speculative batch's logprobs as ``next_token_logprobs[i][j]`` and
   its top-n and ids at row ``i * S + j`` (``process_batch_result_decode``), which is this layout.
 - **To the host.** The scheduler turns each top-n or ids entry into a list with ``.tolist()``
   once the step's outputs are on the host, and copies an entry that is a device tensor on its
-  own. SGLang's processor gives each row its own device tensor: 2 x bs x S small copies and
-  conversions a step, which a speculative step's S rows a request make a host cost that grows
-  with the batch. Here each field's rows travel in one copy to pinned host memory
+  own. SGLang's output logprob processor gives each row its own device tensor: 2 x bs x S
+  small copies and conversions a step, which a speculative step's S rows a request make a
+  host cost that grows with the batch. Here each field's rows travel in one copy to pinned host memory
   (`HostRows`), and its entries read that copy.
 """
 
@@ -25,12 +27,11 @@ import copy
 
 import torch
 
-from sglang_ddtree.core.logprobs import predicting_rows
+from sglang_ddtree.core.logprobs import logprobs_at, predicting_normalizers, top_logprobs
 
 
 def write_step_logprobs(
     logits_output,  # SGLang's LogitsProcessorOutput of the verify: the fields are set on it
-    processor,  # SGLang's OutputLogprobProcessor (``compute_logprobs``)
     logits: torch.Tensor,  # [bs * W, V] float, processed logits at every tree node
     keep_nodes: torch.Tensor,  # [bs, S] int64, CommitPlan.keep_nodes: predicting nodes, -1 pad
     next_token_ids: torch.Tensor,  # [bs * S] int64, CommitPlan.next_token_ids (pads 0)
@@ -40,41 +41,32 @@ def write_step_logprobs(
     token_ids_logprobs: list | None,  # per request, a list of ids or None
     before_temperature: bool = False,  # SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB
 ) -> None:
-    """The committed tokens' logprobs onto ``logits_output`` (module docstring). No host
-    synchronization."""
+    """The committed tokens' logprobs onto ``logits_output``, in the fields and layout SGLang's
+    ``LogprobResult.write_output_to`` fills (module docstring). No host synchronization."""
     bs, s = keep_nodes.shape
     assert logits.dim() == 2 and logits.shape[0] % bs == 0, "logits must be [bs * W, V]"
     assert next_token_ids.shape == (bs * s,), "next_token_ids must be [bs * S]"
-    w = logits.shape[0] // bs
-    rows = predicting_rows(
-        logits.view(bs, w, -1),
-        keep_nodes,
-        temperatures.view(-1).float(),
-        all_greedy,
-        before_temperature,
-    ).view(bs * s, -1)
+    norm = predicting_normalizers(
+        logits, keep_nodes, temperatures.view(-1), all_greedy, before_temperature
+    )
+    tokens = next_token_ids.to(torch.int64)
+    token_logprobs = logprobs_at(norm, logits[norm.rows, tokens][:, None])
+    logits_output.next_token_logprobs = token_logprobs.view(bs, s)
     top = [int(n) for n in (top_logprobs_nums or [0] * bs) for _ in range(s)]
     ids = [t for t in (token_ids_logprobs or [None] * bs) for _ in range(s)]
-    # SGLang's processor for the clamp and the committed tokens' logprobs only.
-    result = processor.compute_logprobs(
-        rows, [0] * len(top), [None] * len(ids), next_token_ids.to(torch.int64)
-    )
-    result.write_output_to(logits_output)
-    logits_output.next_token_logprobs = logits_output.next_token_logprobs.view(bs, s)
     if any(top):
-        values, indices = rows.topk(max(top), dim=-1)
+        values, indices = top_logprobs(logits, norm, max(top))
         logits_output.next_token_top_logprobs_val = HostRows(values, top).entries
         logits_output.next_token_top_logprobs_idx = HostRows(indices, top).entries
     if any(t is not None for t in ids):
         width = max(len(t) for t in ids if t is not None)
         padded = [list(t) + [0] * (width - len(t)) if t else [0] * width for t in ids]
         # Pinned: a copy from pageable memory would wait for the stream.
-        index = torch.tensor(padded, dtype=torch.int64, pin_memory=rows.is_cuda)
-        index = index.to(rows.device, non_blocking=True)
+        index = torch.tensor(padded, dtype=torch.int64, pin_memory=logits.is_cuda)
+        index = index.to(logits.device, non_blocking=True)
         counts = [0 if t is None else len(t) for t in ids]
-        logits_output.next_token_token_ids_logprobs_val = HostRows(
-            rows.gather(1, index), counts
-        ).entries
+        values = logprobs_at(norm, logits[norm.rows[:, None], index])
+        logits_output.next_token_token_ids_logprobs_val = HostRows(values, counts).entries
         logits_output.next_token_token_ids_logprobs_idx = [[] if t is None else t for t in ids]
 
 

@@ -437,12 +437,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             rows.add_(bias[:, None, :].to(rows.dtype))
         return state
 
-    @functools.cached_property
-    def _logprob_processor(self):
-        from sglang.srt.layers.logprob_processor import OutputLogprobProcessor
-
-        return OutputLogprobProcessor()
-
     def _write_step_logprobs(self, logits_output, logits, commit, batch, sampling_info) -> None:
         """The committed tokens' logprobs, as the non-speculative server reports them, from the
         processed verify logits (`ddtree_logprobs.write_step_logprobs`)."""
@@ -450,7 +444,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         write_step_logprobs(
             logits_output,
-            self._logprob_processor,
             logits,
             commit.keep_nodes,
             commit.next_token_ids,
