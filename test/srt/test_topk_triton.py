@@ -2,7 +2,8 @@
 
 CPU: the kernel's logic under Triton's interpreter (a subprocess with TRITON_INTERPRET=1):
 several vocabulary chunks with a partial last one, K equal to the chunk, one chunk larger than
-the vocabulary, bf16 input, ties, and draft_to_tree with the triton backend. GPU (``gpu``
+the vocabulary, bf16 input, ties, draft_to_tree with the triton backend, and `top_k_logits`
+(masked chunks) against ``torch.topk``. GPU (``gpu``
 marker): the Qwen3-8B draft shape, equality with the torch path, and CUDA-graph replay.
 """
 
@@ -68,6 +69,19 @@ kw = dict(block_size=block_size, max_depth=4, budget=budget, topk=4)
 a = draft_to_tree(*args, **kw, draft_topk="torch")
 b = draft_to_tree(*args, **kw, draft_topk="triton")
 assert torch.equal(a.tokens, b.tokens) and torch.equal(a.layout.tree_mask, b.layout.tree_mask)
+
+# top_k_logits (the logprobs' top-n): torch.topk's values and ids, also with whole chunks of
+# -inf (a grammar mask); a row with fewer allowed tokens than k gets k distinct ids, its
+# masked ones as the float32 minimum.
+from sglang_ddtree.core.topk_triton import top_k_logits
+rows = torch.randn(5, 1000, generator=g)
+rows[0, :700] = float("-inf")
+rows[1, 3:] = float("-inf")
+for k in (1, 4, 8):
+    got_v, got_i = top_k_logits(rows, k, block=256)
+    want_v, want_i = rows.clamp(min=torch.finfo(torch.float32).min).topk(k, dim=-1)
+    assert torch.equal(got_v, want_v) and len(set(got_i[1].tolist())) == k, k
+    assert torch.equal(got_i[:, :3], want_i[:, :3]) and torch.equal(got_i[2:], want_i[2:]), k
 print("interpreted triton top-K OK")
 """
 

@@ -45,6 +45,8 @@ FLOAT32_MIN = torch.finfo(torch.float32).min
 # 2**-150 it is 0: a sampled batch reports the log of that rounded probability (of 0: the float32
 # minimum, after the clamp), where the log-softmax reading gives the exact value.
 LOG_SMALLEST_NORMAL = -126 * math.log(2.0)
+# The largest top-n `top_logprobs` takes through the Triton top-K (its K rounds grow with n).
+TRITON_TOP_N = 32
 
 
 class CommittedLogprobs(NamedTuple):
@@ -205,7 +207,17 @@ def top_logprobs(
     n: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([R, n] float32 logprobs, [R, n] int64 ids): each slot's ``n`` most probable tokens in
-    decreasing order. ``topk`` of the row's logits: dividing by a positive temperature and
-    subtracting the normalizer keep the order."""
-    values, ids = logits.index_select(0, norm.rows).topk(n, dim=-1)
+    decreasing order. The top of the row's logits (dividing by a positive temperature and
+    subtracting the normalizer keep the order): on CUDA up to ``TRITON_TOP_N`` by
+    `topk_triton.top_k_logits` (n rounded up to a power of two: few compiled variants), which
+    reads each logit once where ``torch.topk``'s radix select passes over the rows several
+    times; elsewhere ``torch.topk``."""
+    rows = logits.index_select(0, norm.rows)
+    if rows.is_cuda and n <= TRITON_TOP_N:
+        from sglang_ddtree.core.topk_triton import top_k_logits
+
+        values, ids = top_k_logits(rows, min(1 << (n - 1).bit_length(), rows.shape[1]))
+        values, ids = values[:, :n], ids[:, :n]
+    else:
+        values, ids = rows.topk(n, dim=-1)
     return logprobs_at(norm, values), ids

@@ -14,7 +14,8 @@ on ``[rows, chunks x K]``) merges the chunks' candidates with one small ``topk``
 partial sums into the logsumexp. (A first version, measured, that ran its K rounds over
 the whole chunk: 2x faster than torch at K = 16, 1.4-1.8x slower at K = 64.)
 
-`tree.select_candidates` runs it with ``backend="triton"``. The worker's default
+`tree.select_candidates` runs it with ``backend="triton"``; `top_k_logits` (the top K
+without the logsumexp) gives `core.logprobs.top_logprobs` a step's top-n. The worker's default
 (``SGLANG_DDTREE_DRAFT_TOPK=auto``, `args.draft_topk_backend`) takes it where the H200 measured
 it faster than torch (V = 151,936: K = 16 2-2.8x, K = 32 1.3x faster) and keeps torch
 at K = 64 (2-3.7x slower: the K rounds of block-wide reductions dominate) and for small
@@ -30,6 +31,7 @@ import triton
 import triton.language as tl
 
 DEFAULT_BLOCK = 4096
+FLOAT32_MIN: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).min)
 
 
 @triton.jit
@@ -73,6 +75,9 @@ def _chunk_topk_kernel(
     cand = c * G * GS + sel[:, None] * GS + tl.arange(0, GS)[None, :]  # [KP, GS]
     ok = (slot < K)[:, None] & (cand < V)
     y = tl.load(row + cand, mask=ok, other=float("-inf")).to(tl.float32)
+    # -inf (a masked token) reads as the float32 minimum: such tokens tie and go by id, each
+    # taken once; only the padding past V stays -inf, never taken while the chunk has K tokens.
+    y = tl.where(ok, tl.maximum(y, FLOAT32_MIN), y)
     big = tl.full([KP, GS], 2147483647, dtype=tl.int32)
     for k in tl.static_range(K):
         v = tl.max(tl.max(y, axis=1), axis=0)
@@ -92,26 +97,21 @@ def _groups(block: int, k: int) -> tuple[int, int, int]:
     return kp, block // gs, gs
 
 
-def select_candidates_triton(
-    logits: torch.Tensor,  # [bs, D, V] float (bf16 or float32), finite
-    topk: int,
-    block: int = DEFAULT_BLOCK,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(cand_logprobs [bs, D, K] float32, cand_tokens [bs, D, K] int64)``, K = min(topk, V):
-    the K largest logits per row, descending, minus the row's logsumexp (clamped at 0)."""
-    assert logits.dim() == 3, "logits must be [bs, depth, vocab]"
+def _chunk_candidates(
+    rows: torch.Tensor,  # [R, V] float, last dim contiguous
+    k: int,
+    block: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(top [R, k] float32, tokens [R, k] int64, chunk max [R, C], chunk sum [R, C])``: the
+    k largest logits per row, descending (lowest id first on ties), merged from the chunks'."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # CPU tests run the interpreter
-    assert logits.is_cuda or interpreted, "the triton top-K needs CUDA tensors"
-    assert topk >= 1 and block & (block - 1) == 0, "topk >= 1, block a power of two"
-    bs, depth, vocab = logits.shape
-    k = min(topk, vocab)
+    assert rows.is_cuda or interpreted, "the triton top-K needs CUDA tensors"
+    assert k >= 1 and block & (block - 1) == 0, "k >= 1, block a power of two"
+    r, vocab = rows.shape
     block = min(block, triton.next_power_of_2(vocab))
-    assert k <= block, "K must fit in one chunk"
-    rows = logits.reshape(bs * depth, vocab)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    r, chunks = rows.shape[0], triton.cdiv(vocab, block)
-    dev = logits.device
+    assert k <= min(block, vocab), "K must fit in one chunk and the vocabulary"
+    chunks = triton.cdiv(vocab, block)
+    dev = rows.device
     vals = torch.empty(r, chunks, k, dtype=torch.float32, device=dev)
     idx = torch.empty(r, chunks, k, dtype=torch.int64, device=dev)
     cmax = torch.empty(r, chunks, dtype=torch.float32, device=dev)
@@ -123,7 +123,39 @@ def select_candidates_triton(
     )  # fmt: skip
     # A chunk shorter than K pads with -inf; those never reach the top K (V >= K finite logits).
     top, pos = torch.topk(vals.view(r, chunks * k), k, dim=-1)
-    tokens = idx.view(r, chunks * k).gather(-1, pos)
+    return top, idx.view(r, chunks * k).gather(-1, pos), cmax, csum
+
+
+def top_k_logits(
+    rows: torch.Tensor,  # [R, V] float, at least k finite logits a row
+    k: int,
+    block: int = DEFAULT_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [R, k] float32, ids [R, k] int64)``: each row's k largest logits, descending,
+    as ``torch.topk`` finds them (lowest id first on ties), from one read of each logit; a
+    ``-inf`` logit (a grammar mask) comes back as the float32 minimum, so a row with fewer
+    than k allowed tokens still gets k distinct ids."""
+    assert rows.dim() == 2, "rows must be [R, V]"
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    top, tokens, _, _ = _chunk_candidates(rows, k, block)
+    return top, tokens
+
+
+def select_candidates_triton(
+    logits: torch.Tensor,  # [bs, D, V] float (bf16 or float32), finite
+    topk: int,
+    block: int = DEFAULT_BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cand_logprobs [bs, D, K] float32, cand_tokens [bs, D, K] int64)``, K = min(topk, V):
+    the K largest logits per row, descending, minus the row's logsumexp (clamped at 0)."""
+    assert logits.dim() == 3, "logits must be [bs, depth, vocab]"
+    bs, depth, vocab = logits.shape
+    k = min(topk, vocab)
+    rows = logits.reshape(bs * depth, vocab)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    top, tokens, cmax, csum = _chunk_candidates(rows, k, block)
     lse = torch.logsumexp(cmax + torch.log(csum), dim=-1, keepdim=True)
     values = (top - lse).clamp(max=0.0)  # rounding can leave a log-prob a hair above 0
     return values.view(bs, depth, k), tokens.view(bs, depth, k)
