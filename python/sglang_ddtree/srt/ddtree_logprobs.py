@@ -17,8 +17,8 @@ as SGLang's non-speculative server reports them.
   once the step's outputs are on the host, and copies an entry that is a device tensor on its
   own. SGLang's output logprob processor gives each row its own device tensor: 2 x bs x S
   small copies and conversions a step, which a speculative step's S rows a request make a
-  host cost that grows with the batch. Here each field's rows travel in one copy to pinned host memory
-  (`HostRows`), and its entries read that copy.
+  host cost that grows with the batch. Here each field's rows travel in one copy to pinned
+  host memory (`HostRows`), and its entries read that copy.
 """
 
 from __future__ import annotations
