@@ -13,12 +13,16 @@ Sample sizes: 32 random batches (`test_penalties.Case`: bs 1-8, budget 1-32, dra
 V 50-300, emitted tokens repeated on the paths; target logits pushed toward each node's children
 so the accepted paths run deep), a quarter of them all-greedy (greedy walk, no temperature), the
 rest sampled (temperatures in [0.5, 1.5], target-only tree sampling with fixed coins), top_n 0-6:
-308 committed tokens, 157 of them predicted by a draft node. Each is compared bit for bit (its logprob and the top values; top ids by the
-logprob they name). `test_wrong_variants_are_caught` runs four deliberately wrong readings (the
-predicting node one too deep or one too shallow, the raw logits without penalties, the
-temperature left out of a sampled batch) over the same batches and requires each to differ in
-at least a third of them; the all-greedy batches, given temperature 0.7, must differ when read
-as sampled batches.
+308 committed tokens, 157 of them predicted by a draft node. Each is compared bit for bit (its
+logprob and the top values; top ids by the logprob they name). `test_wrong_variants_are_caught`
+runs four deliberately wrong readings (the predicting node one too deep or one too shallow, the
+raw logits without penalties, the temperature left out of a sampled batch) over the same
+batches and requires each to differ in at least a third of them; the all-greedy batches, given
+temperature 0.7, must differ when read as sampled batches.
+
+The serving path (`write_step_logprobs`: one max and log-sum a predicting row, the tokens' own
+logits) is compared with `committed_logprobs` within `ATOL` / `RTOL`, as SGLang's scheduler code
+reads it, and its Triton kernels with torch under the interpreter and on a GPU.
 """
 
 import pytest
