@@ -767,6 +767,16 @@ class ExtendPathSampler:
             self._stack = None
 
 
+def _choice_edge(module, router_logits, chosen):
+    """A router's edge at each position, by its choice score (score plus correction bias):
+    ``(weakest chosen expert's slot [T], its score [T], best expert left out [T], its score
+    [T])``."""
+    choice = router_logits.sigmoid() + module.e_score_correction_bias
+    kept, weakest = choice.gather(1, chosen).min(dim=1)
+    left, best = choice.scatter(1, chosen, float("-inf")).max(dim=1)
+    return weakest, kept, best, left
+
+
 class ExactModelSampler:
     """``(setting, prefix) -> [token]``: ``SAMPLES`` next tokens drawn from the target model's
     exact law after the setting's prompt + ``prefix``: the target's weights evaluated by
@@ -848,9 +858,7 @@ class ExactModelSampler:
                 if getattr(module, "num_group", 1) > 1:
                     return
                 router_logits, _, chosen = output
-                choice = router_logits.sigmoid() + module.e_score_correction_bias
-                kept = choice.gather(1, chosen).min(dim=1).values
-                left = choice.scatter(1, chosen, float("-inf")).max(dim=1).values
+                _, kept, _, left = _choice_edge(module, router_logits, chosen)
                 for pos, gap in enumerate((kept - left).tolist()):
                     if gap < max_gap:
                         ties.append((gap, layer, pos))
@@ -875,13 +883,10 @@ class ExactModelSampler:
 
             def swap(module, inputs, output, pos=pos):
                 router_logits, weights, chosen = output
-                scores = router_logits.sigmoid()
-                choice = scores + module.e_score_correction_bias
+                weakest, _, best, _ = _choice_edge(module, router_logits, chosen)
                 chosen = chosen.clone()
-                row = choice[pos]
-                weakest = int(row.gather(0, chosen[pos]).argmin())
-                chosen[pos, weakest] = int(row.scatter(0, chosen[pos], float("-inf")).argmax())
-                weights = scores.gather(1, chosen)
+                chosen[pos, int(weakest[pos])] = int(best[pos])
+                weights = router_logits.sigmoid().gather(1, chosen)
                 if module.norm_topk_prob:
                     weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
                 return router_logits, weights * module.routed_scaling_factor, chosen
