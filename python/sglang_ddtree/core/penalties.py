@@ -46,7 +46,8 @@ per-row work; it holds one float and one bool buffer of that shape, plus the out
 ``inplace``; on CUDA `penalties_triton` instead, which reads the logits only in the
 vocabulary blocks that hold an emitted token), then only the cells the path touches,
 ``[bs, W, W]`` (each node's row is recomputed at the W node tokens, where the counts include
-the path), and the stop ids, ``[bs, W, S]``.
+the path), and the stop ids' cells, ``bs x W x S`` writes from ``[bs, W]`` and ``[bs, S]``
+tensors.
 """
 
 from __future__ import annotations
@@ -163,17 +164,21 @@ def apply_tree_penalties(
         _penalize_(out, p.output_counts[:, None, :], frequency, presence, repetition)
     out.scatter_(2, cells, path_values)
 
-    # min_new_tokens: stop ids to -inf where fewer than min_new_tokens tokens precede.
+    # min_new_tokens: stop ids to -inf where fewer than min_new_tokens tokens precede. Memory
+    # O(bs x (W + S)): one min-scatter with broadcast index and source, no [bs, W, S] tensor.
     banned = p.output_lens.to(torch.int64)[:, None] + depth < p.min_new_tokens[:, None]  # [bs, W]
     stop_ids = p.stop_token_ids.to(torch.int64)
-    stop_cells = stop_ids.clamp(min=0)
-    # A padded entry points at token 0; it writes -inf only if 0 is itself a stop id of the
-    # request, so every write to a cell writes the same value.
-    is_stop = (stop_cells[:, :, None] == stop_ids[:, None, :]).any(-1)  # [bs, S]
-    stop_cells = stop_cells[:, None, :].expand(bs, w, -1)  # [bs, W, S]
-    held_back = banned[:, :, None] & is_stop[:, None, :]
-    current = out.gather(2, stop_cells)
-    out.scatter_(2, stop_cells, torch.where(held_back, float("-inf"), current))
+    valid = stop_ids >= 0  # [bs, S]
+    # Pads point at the row's first stop id, so every write to a cell writes the same value; a
+    # row without stop ids holds nothing back.
+    first = stop_ids.gather(1, valid.to(torch.int8).argmax(1, keepdim=True))  # [bs, 1]
+    stop_cells = torch.where(valid, stop_ids, first).clamp(min=0)  # [bs, S]
+    held_back = banned & valid.any(1, keepdim=True)  # [bs, W]
+    fill = torch.where(held_back, float("-inf"), float("inf")).to(out.dtype)  # min(x, +inf) = x
+    s = stop_cells.shape[1]
+    out.scatter_reduce_(
+        2, stop_cells[:, None, :].expand(bs, w, s), fill[:, :, None].expand(bs, w, s), "amin"
+    )
     return out
 
 

@@ -15,8 +15,8 @@ feeds its penalizers one token late):
 - A decode step applies `core.penalties.apply_tree_penalties` at every node, then counts the
   committed tokens (the accepted path and the bonus).
 
-Every row is written at its request's prefill while the state exists, so a row never carries a
-finished request's parameters into the next request of that row.
+Every row is written at its request's prefill, so a row never carries a finished request's
+parameters into the next request of that row.
 """
 
 from __future__ import annotations
@@ -37,22 +37,35 @@ def has_penalties(sampling_params) -> bool:
     )
 
 
-def stop_ids(req) -> list[int]:
-    """The ids min_new_tokens holds back, as SGLang's min_new_tokens penalizer collects them:
-    the request's stop token ids, the tokenizer's additional stop ids and its EOS id."""
+def stop_ids(req, vocab: int) -> list[int]:
+    """The ids min_new_tokens holds back, as SGLang's min_new_tokens penalizer collects them (the
+    request's stop token ids, the tokenizer's additional stop ids and its EOS id), less those
+    outside ``[0, vocab)``: the target never emits them, so holding them back changes nothing,
+    and a client may send any integer."""
     sp, tok = req.sampling_params, getattr(req, "tokenizer", None)
     ids = set(getattr(sp, "stop_token_ids", None) or ())
     ids |= set(getattr(tok, "additional_stop_token_ids", None) or ())
     eos = getattr(tok, "eos_token_id", None)
     if eos is not None:
-        ids.add(int(eos))
-    return sorted(int(i) for i in ids)
+        ids.add(eos)
+    return sorted(i for i in {int(i) for i in ids} if 0 <= i < vocab)
+
+
+def _finished(req) -> bool:
+    finished = getattr(req, "finished", None)
+    return bool(finished()) if callable(finished) else False
 
 
 class PenaltyRows:
-    """The penalty state of every request-pool row (R rows, V the logits' width, S stop ids)."""
+    """The penalty state of every request-pool row (R rows, V the logits' width).
 
-    def __init__(self, rows: int, vocab: int, device, stop_width: int = 8):
+    Allocated with the worker, before SGLang sizes the KV pool, so the pool is sized around it.
+    Stop ids are held on the host, per row whose request has min_new_tokens, and reach the
+    device per step for the step's rows only: a request with many stop ids costs its own rows,
+    never every row's.
+    """
+
+    def __init__(self, rows: int, vocab: int, device):
         self.vocab = vocab
         self.counts = torch.zeros(rows, vocab, dtype=torch.int32, device=device)  # [R, V]
         self.lens = torch.zeros(rows, dtype=torch.int64, device=device)  # [R]
@@ -60,10 +73,22 @@ class PenaltyRows:
         self.presence = torch.zeros(rows, dtype=torch.float32, device=device)  # [R]
         self.repetition = torch.ones(rows, dtype=torch.float32, device=device)  # [R]
         self.min_new_tokens = torch.zeros(rows, dtype=torch.int64, device=device)  # [R]
-        self.stop = torch.full((rows, stop_width), -1, dtype=torch.int64, device=device)  # [R, S]
         # Host: the rows whose request has a penalty, as of each row's last prefill. A decode
         # step asks it per request (a set lookup) instead of reading sampling parameters.
         self.penalized: set[int] = set()
+        # Host: row -> (request, [n] int64 stop ids) for rows whose request has
+        # min_new_tokens > 0; a finished request's entry goes at the next prefill.
+        self.stops: dict[int, tuple[object, torch.Tensor]] = {}
+
+    @property
+    def rows(self) -> int:
+        return int(self.counts.shape[0])
+
+    def nbytes(self) -> int:
+        """Device bytes held (the counts, [R, V] int32, are nearly all of it)."""
+        held = (self.counts, self.lens, self.frequency, self.presence, self.repetition,
+                self.min_new_tokens)  # fmt: skip
+        return sum(t.numel() * t.element_size() for t in held)
 
     def reset(
         self,
@@ -71,48 +96,76 @@ class PenaltyRows:
         reqs: list,  # its requests, in that order
         first_tokens: torch.Tensor,  # [n] int, the token the prefill sampled per request
     ) -> None:
-        """A prefill batch: its rows restart from its requests' parameters and one emitted
-        token. One host-to-device copy of n parameter rows; the counts stay on the device."""
+        """A prefill batch: its penalized rows, and rows a penalized request left, restart from
+        their requests' parameters and one emitted token (a row that stays neutral has nothing
+        to restart: neutral parameters ignore the counts). One host-to-device copy of their
+        parameters; the counts stay on the device."""
         assert len(pool_rows) == len(reqs) == first_tokens.shape[0]
-        for row, req in zip(pool_rows, reqs):
-            if has_penalties(req.sampling_params):
-                self.penalized.add(row)
+        assert max(pool_rows, default=-1) < self.rows, (
+            f"request-pool row {max(pool_rows)} beyond the {self.rows} penalty rows"
+        )
+        for row, (req, _) in list(self.stops.items()):
+            if _finished(req):
+                del self.stops[row]
+        restart = []
+        for i, (row, req) in enumerate(zip(pool_rows, reqs)):
+            penalized = has_penalties(req.sampling_params)
+            if penalized or row in self.penalized:
+                restart.append(i)
+            (self.penalized.add if penalized else self.penalized.discard)(row)
+            ids = stop_ids(req, self.vocab)
+            if int(getattr(req.sampling_params, "min_new_tokens", 0) or 0) > 0 and ids:
+                self.stops[row] = (req, torch.tensor(ids, dtype=torch.int64))
             else:
-                self.penalized.discard(row)
+                self.stops.pop(row, None)
+        if not restart:
+            return
         device = self.counts.device
-        stops = [stop_ids(r) for r in reqs]
-        width = max([len(s) for s in stops] + [1])
-        if width > self.stop.shape[1]:  # a request with more stop ids than any before
-            grown = torch.full((self.stop.shape[0], width), -1, dtype=torch.int64, device=device)
-            grown[:, : self.stop.shape[1]] = self.stop
-            self.stop = grown
         params = torch.tensor(
             [
                 [
-                    float(getattr(r.sampling_params, "frequency_penalty", 0.0) or 0.0),
-                    float(getattr(r.sampling_params, "presence_penalty", 0.0) or 0.0),
-                    float(getattr(r.sampling_params, "repetition_penalty", 1.0) or 1.0),
-                    float(getattr(r.sampling_params, "min_new_tokens", 0) or 0),
+                    float(getattr(sp, "frequency_penalty", 0.0) or 0.0),
+                    float(getattr(sp, "presence_penalty", 0.0) or 0.0),
+                    float(getattr(sp, "repetition_penalty", 1.0) or 1.0),
+                    float(getattr(sp, "min_new_tokens", 0) or 0),
                 ]
-                for r in reqs
+                for sp in (reqs[i].sampling_params for i in restart)
             ],
             dtype=torch.float32,
         ).to(device, non_blocking=True)
-        padded = torch.full((len(reqs), self.stop.shape[1]), -1, dtype=torch.int64)
-        for i, s in enumerate(stops):
-            padded[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
-        rows = torch.tensor(pool_rows, dtype=torch.int64).to(device, non_blocking=True)
+        rows = torch.tensor([pool_rows[i] for i in restart], dtype=torch.int64)
+        rows = rows.to(device, non_blocking=True)
         self.frequency[rows] = params[:, 0]
         self.presence[rows] = params[:, 1]
         self.repetition[rows] = params[:, 2]
         self.min_new_tokens[rows] = params[:, 3].to(torch.int64)
-        self.stop[rows] = padded.to(device, non_blocking=True)
         self.counts[rows] = 0
         self.lens[rows] = 0
-        self.record(rows, first_tokens.view(-1, 1))
+        picked = torch.tensor(restart, dtype=torch.int64).to(first_tokens.device, non_blocking=True)
+        self.record(rows, first_tokens.view(-1)[picked].view(-1, 1))
 
-    def gather(self, pool_idx: torch.Tensor) -> RequestPenalties:
-        """The state of a decode batch's rows (``pool_idx``: [bs], SGLang's req_pool_indices)."""
+    def stop_table(self, pool_rows: list[int] | None, bs: int) -> torch.Tensor:
+        """``[bs, S]`` int64 stop ids of a step's rows (host ``pool_rows``, in batch order),
+        -1 padded, S >= 1 the most any of them holds; one copy from pinned memory."""
+        device = self.counts.device
+        held = [self.stops.get(r) for r in pool_rows] if pool_rows is not None else []
+        if not any(h is not None for h in held):
+            return torch.full((bs, 1), -1, dtype=torch.int64, device=device)
+        assert len(held) == bs, "one host row per request"
+        empty = torch.empty(0, dtype=torch.int64)
+        table = torch.nn.utils.rnn.pad_sequence(
+            [empty if h is None else h[1] for h in held], batch_first=True, padding_value=-1
+        )
+        if device.type == "cuda":
+            table = table.pin_memory()
+        return table.to(device, non_blocking=True)
+
+    def gather(
+        self,
+        pool_idx: torch.Tensor,  # [bs] int, SGLang's req_pool_indices
+        pool_rows: list[int] | None = None,  # host: the same rows (their stop ids); None: none
+    ) -> RequestPenalties:
+        """The state of a decode batch's rows."""
         rows = pool_idx.to(torch.int64)
         return RequestPenalties(
             output_counts=self.counts[rows],
@@ -121,7 +174,7 @@ class PenaltyRows:
             presence_penalty=self.presence[rows],
             repetition_penalty=self.repetition[rows],
             min_new_tokens=self.min_new_tokens[rows],
-            stop_token_ids=self.stop[rows],
+            stop_token_ids=self.stop_table(pool_rows, int(rows.shape[0])),
         )
 
     def record(

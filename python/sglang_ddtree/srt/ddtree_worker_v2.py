@@ -114,7 +114,7 @@ from sglang_ddtree.srt.ddtree_glue_warmup import (
 )
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs, write_step_logprobs
-from sglang_ddtree.srt.ddtree_penalties import PenaltyRows, has_penalties
+from sglang_ddtree.srt.ddtree_penalties import PenaltyRows
 from sglang_ddtree.srt.ddtree_utils import (
     HostArrayGrammarTree,
     StepGlue,
@@ -272,6 +272,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self.graph_stats.glue_segments = [
             seg for g in self.step_glue.values() for seg in g.segments.values()
         ]
+        # Before SGLang sizes the KV pool, so the pool is sized around it: the request pool has
+        # at most max_running_requests + 1 rows (ReqToTokenPool's padding row).
+        self._penalty_rows = PenaltyRows(
+            rows=int(server_args.max_running_requests) + 1, vocab=vocab, device=self.device
+        )
         max_graph_bs = _max_graph_bs(server_args)
         if glue_on:
             self._presize_draft_kv_workspace(draft_kv_rows(schedule, shapes, max_graph_bs))
@@ -282,7 +287,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
-                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, %s top-p",
+                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, %s top-p, penalty "
+                "state %.3f GiB",
                 schedule,
                 shape.block_size,
                 shape.max_depth,
@@ -291,6 +297,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 shape.accept_width,
                 "on" if glue_on else "off",
                 self.top_p_kernel,
+                self._penalty_rows.nbytes() / 2**30,
             )
 
     def _presize_draft_kv_workspace(self, rows: int) -> None:
@@ -398,25 +405,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return self._decode_step(batch, on_publish, grammar_barrier)
 
     # ------------------------------------------------------------------------------------------
-    # Request penalties (srt/ddtree_penalties.py): state per request-pool row, made at the first
-    # prefill with a penalized request, then written at every prefill.
-    _penalty_rows: PenaltyRows | None = None
-
+    # Request penalties (srt/ddtree_penalties.py): state per request-pool row, written at every
+    # prefill.
     def _reset_penalty_rows(self, batch, first_tokens: torch.Tensor) -> None:
-        if self._penalty_rows is None:
-            if not any(has_penalties(r.sampling_params) for r in batch.reqs):
-                return
-            self._penalty_rows = PenaltyRows(
-                rows=int(self.model_runner.req_to_token_pool.req_to_token.shape[0]),
-                vocab=int(self.model_runner.model_config.vocab_size),
-                device=self.device,
-            )
         self._penalty_rows.reset([r.req_pool_idx for r in batch.reqs], batch.reqs, first_tokens)
 
     def _penalized(self, batch) -> bool:
         """Whether any request of the batch has a penalty (host: a set lookup per request)."""
-        rows = self._penalty_rows
-        return rows is not None and any(r.req_pool_idx in rows.penalized for r in batch.reqs)
+        penalized = self._penalty_rows.penalized
+        return bool(penalized) and any(r.req_pool_idx in penalized for r in batch.reqs)
 
     def _apply_penalties(self, logits, tree: TreeStep, batch, sampling_info):
         """Each node's penalties (`core.penalties`), then ``logit_bias``, in place on the verify
@@ -430,7 +427,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 f"{self._penalty_rows.vocab}."
             )
         rows = logits.view(bs, w, -1)
-        state = self._penalty_rows.gather(batch.req_pool_indices)
+        state = self._penalty_rows.gather(
+            batch.req_pool_indices, [r.req_pool_idx for r in batch.reqs]
+        )
         apply_tree_penalties(rows, tree.tokens, tree.layout.tree_mask, state, inplace=True)
         bias = getattr(sampling_info, "logit_bias", None)
         if bias is not None:
