@@ -19,6 +19,21 @@ logger = logging.getLogger(__name__)
 _registered = False
 _register_error: BaseException | None = None
 
+# The one SGLang release this plugin runs on: it subclasses and hooks that release's internals.
+# pyproject's `serve` extra and the Dockerfile's base image pin the same (a test holds them).
+SGLANG_VERSION = "0.5.17"
+
+
+def sglang_version_error(found: str | None) -> str | None:
+    """Why the installed SGLang (version ``found``) cannot run the plugin, or None."""
+    if found == SGLANG_VERSION:
+        return None
+    return (
+        f"sglang-ddtree runs on SGLang {SGLANG_VERSION} only; this environment has SGLang "
+        f"{found or '(version unknown)'}. Install sglang=={SGLANG_VERSION} (pip install "
+        f"'sglang-ddtree[serve]', or the image built from docker/Dockerfile)."
+    )
+
 
 def _worker_factory(server_args):
     from sglang_ddtree.srt.ddtree_worker_v2 import DDTreeWorkerV2
@@ -27,6 +42,15 @@ def _worker_factory(server_args):
 
 
 def _register_real() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("sglang")
+    except PackageNotFoundError:
+        found = None
+    error = sglang_version_error(found)
+    if error is not None:
+        raise RuntimeError(error)
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_ddtree.srt.ddtree_args import ALGORITHM_NAME

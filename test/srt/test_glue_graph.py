@@ -800,7 +800,7 @@ def test_draft_kv_rows_is_the_largest_keys_accepted_path_rows():
 
 
 def test_presized_drafter_kv_workspace_is_not_grown_by_any_key(source):
-    """The worker sizes DFLASH's fused drafter-KV workspace with SGLang's own
+    """The worker sizes the KV segment's own drafter-KV workspace with SGLang's own
     ``FusedKVMaterializeHelper._ensure_workspace`` (taken from pristine SGLang 0.5.17's source
     and run on the CPU) at ``draft_kv_rows``, reading the helper's ``flat_kv_weight_t`` dtype:
     after that, no key's KV segment (bs x S rows at any batch size up to the largest) makes
@@ -840,6 +840,55 @@ def test_presized_drafter_kv_workspace_is_not_grown_by_any_key(source):
         assert helper._k_workspace is workspace
     ensure(helper, rows + 1, torch.bfloat16)
     assert helper._k_workspace is not workspace
+
+
+def test_kv_segment_workspace_never_moves_when_dflash_grows_its_own(source):
+    """The KV segment appends on a workspace of its own (`own_draft_kv_workspace`, SGLang
+    0.5.17's pristine ``_ensure_workspace`` run on the CPU): DFLASH's prefill growing its
+    helper's workspace past the presized rows (a long prefill chunk) replaces that helper's
+    tensors, never the KV segment's, which every key's append reaches through
+    `kv_commit_workspace`; an append above the presized rows (an eager step above the
+    captured batch sizes) goes through DFLASH's helper. The weights are shared, not copied."""
+    from types import SimpleNamespace
+
+    from conftest import pristine_functions
+
+    from sglang_ddtree.srt.ddtree_glue_warmup import kv_commit_workspace, own_draft_kv_workspace
+
+    path = "python/sglang/kernels/ops/speculative/fused_kv_materialize.py"
+    name = "FusedKVMaterializeHelper._ensure_workspace"
+    ensure = pristine_functions(source, path, [name])[name]
+
+    class Helper(SimpleNamespace):
+        _ensure_workspace = ensure
+
+    dflash = Helper(
+        _workspace_capacity=0, _workspace_dtype=None, _proj_workspace=None, _k_workspace=None,
+        _v_workspace=None, n_layers=2, layer_out_dim=16, num_kv_heads=2, head_dim=4,
+        device="cpu", flat_kv_weight_t=torch.zeros(8, 64, dtype=torch.bfloat16),
+    )  # fmt: skip
+    rows = 9 * 8
+    own = own_draft_kv_workspace(dflash, rows)
+    assert own.flat_kv_weight_t is dflash.flat_kv_weight_t
+    bound = (own._proj_workspace, own._k_workspace, own._v_workspace)
+    assert own._workspace_capacity == rows and all(t is not None for t in bound)
+    assert dflash._k_workspace is None  # DFLASH's helper keeps its own (lazy) workspace
+    worker = SimpleNamespace(_fused_kv_helper=dflash, _kv_commit_helper=own, _kv_commit_rows=rows)
+
+    ensure(dflash, 8192, torch.bfloat16)  # a long prefill chunk on DFLASH's helper
+    for n in (8, rows):  # every captured key's append
+        with kv_commit_workspace(worker, n):
+            assert worker._fused_kv_helper is own
+            worker._fused_kv_helper._ensure_workspace(n, torch.bfloat16)
+        assert worker._fused_kv_helper is dflash
+    assert all(a is b for a, b in zip(bound, (own._proj_workspace, own._k_workspace,
+                                                own._v_workspace)))  # fmt: skip
+    with kv_commit_workspace(worker, rows + 1):  # above the captured keys: DFLASH's, eager
+        assert worker._fused_kv_helper is dflash
+    with kv_commit_workspace(worker, 8):  # DFLASH's fused path failing drops the helper
+        worker._fused_kv_helper = None
+    assert worker._fused_kv_helper is None
+    assert own_draft_kv_workspace(None, rows) is None and own_draft_kv_workspace(dflash, 0) is None
 
 
 def test_key_buffer_bytes_counts_each_storage_once():

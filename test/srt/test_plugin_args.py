@@ -81,6 +81,19 @@ def test_decode_mode_checks_decode_backend():
     assert dargs.check_server_args(cfg) == []
 
 
+def test_shapes_the_tree_kernel_cannot_take_are_refused_at_startup():
+    """A drafter block above 32 or more than 8,192 nodes a request: refused with what to pass,
+    not an assert at capture; the largest shapes the kernel holds are accepted."""
+    from sglang_ddtree.core.tree import MAX_BUDGET, MAX_DEPTH
+
+    edge = dargs.DDTreeShape(num_nodes=MAX_BUDGET + 1, block_size=MAX_DEPTH + 1, topk=8)
+    assert dargs.check_shape(edge) == []
+    (block,) = dargs.check_shape(dargs.DDTreeShape(num_nodes=80, block_size=33, topk=8))
+    assert "at most 32" in block and "got 33" in block
+    (nodes,) = dargs.check_shape(dargs.DDTreeShape(num_nodes=8193, block_size=8, topk=8))
+    assert "--speculative-num-draft-tokens 8192" in nodes and "got 8193" in nodes
+
+
 def test_shape_and_topk(monkeypatch):
     s = dargs.DDTreeShape(num_nodes=17, block_size=8, topk=8)
     assert (s.budget, s.max_depth, s.accept_width) == (16, 7, 8)
@@ -552,3 +565,27 @@ def test_verify_backend_named_by_the_backend_object():
     assert dargs.verify_backend_name("HybridAttnBackend", split) == "flashinfer"
     errors = dargs.check_target(good_cfg(), is_mla=True, backend="trtllm_mla")
     assert len(errors) == 1 and "'trtllm_mla'" in errors[0]
+
+
+def test_plugin_refuses_other_sglang_releases(monkeypatch):
+    """The plugin registers on the SGLang release it pins and refuses any other, naming both;
+    the pin is pyproject's `serve` extra (the Dockerfile's base is held to it elsewhere)."""
+    import importlib.metadata
+    import re
+    from pathlib import Path
+
+    from sglang_ddtree import plugin
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert re.search(r'"sglang==([0-9.]+)"', pyproject).group(1) == plugin.SGLANG_VERSION
+    assert plugin.sglang_version_error(plugin.SGLANG_VERSION) is None
+    for found in ("0.5.23", "0.5.17.post1", None):
+        msg = plugin.sglang_version_error(found)
+        assert plugin.SGLANG_VERSION in msg and str(found or "unknown") in msg
+
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(plugin, "_register_error", None)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.23")
+    with pytest.raises(RuntimeError, match=r"SGLang 0\.5\.17 only.*SGLang 0\.5\.23"):
+        plugin.register()
+    assert not plugin._registered and "0.5.23" in str(plugin._register_error)

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang_ddtree.core.tree import DraftTree
+from sglang_ddtree.core.tree import MAX_BUDGET, MAX_DEPTH, DraftTree
 
 # Key of an empty frontier entry: below every live key (live scores are finite).
 _DEAD = tl.constexpr(-9223372036854775807)
@@ -145,7 +145,7 @@ def build_tree_triton(
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # CPU tests run the interpreter
     assert cand_logprobs.is_cuda or interpreted, "the triton builder needs CUDA tensors"
     assert cand_tokens.shape == (bs, depth, k)
-    assert budget < 8192 and depth < 32, "packed key holds budget < 8192, depth < 32"
+    assert budget <= MAX_BUDGET and depth <= MAX_DEPTH, "the packed key's budget and depth bits"
     n = budget + 1
     dev = cand_logprobs.device
     parents = torch.empty(bs, n, dtype=torch.int64, device=dev)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_ddtree.core.tree import MAX_BUDGET, MAX_DEPTH
 from sglang_ddtree.srt.ddtree_envs import envs
 
 ALGORITHM_NAME = "DDTREE"
@@ -361,6 +362,18 @@ def check_shape(shape: DDTreeShape) -> list[str]:
     errors = []
     if shape.block_size < 2:
         errors.append(f"DDTREE needs a drafter block size >= 2 (got {shape.block_size}).")
+    if shape.block_size > MAX_DEPTH + 1:
+        errors.append(
+            f"DDTREE takes a drafter block size of at most {MAX_DEPTH + 1} (its tree kernel "
+            f"holds depths up to {MAX_DEPTH}); got {shape.block_size}: use a DFlash drafter of "
+            f"block {MAX_DEPTH + 1} or less."
+        )
+    if shape.num_nodes > MAX_BUDGET + 1:
+        errors.append(
+            f"DDTREE verifies at most {MAX_BUDGET + 1} tree nodes per request (got "
+            f"{shape.num_nodes}); pass --speculative-num-draft-tokens {MAX_BUDGET + 1} or less, "
+            f"or a --speculative-ddtree-budget-schedule whose largest W is at most that."
+        )
     if shape.num_nodes < shape.block_size:
         errors.append(
             f"DDTREE needs --speculative-num-draft-tokens (tree nodes incl. root) >= the drafter "

@@ -111,6 +111,8 @@ from sglang_ddtree.srt.ddtree_glue_warmup import (
     capture_glue_at_startup,
     draft_kv_rows,
     glue_at_startup_enabled,
+    kv_commit_workspace,
+    own_draft_kv_workspace,
 )
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs, write_step_logprobs
@@ -278,8 +280,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             rows=int(server_args.max_running_requests) + 1, vocab=vocab, device=self.device
         )
         max_graph_bs = _max_graph_bs(server_args)
-        if glue_on:
-            self._presize_draft_kv_workspace(draft_kv_rows(schedule, shapes, max_graph_bs))
+        self._kv_commit_rows = draft_kv_rows(schedule, shapes, max_graph_bs) if glue_on else 0
+        self._kv_commit_helper = own_draft_kv_workspace(
+            getattr(self, "_fused_kv_helper", None), self._kv_commit_rows
+        )
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
         self.glue_reserve = GlueReserve(self, max_graph_bs) if glue_on else None
@@ -299,14 +303,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self.top_p_kernel,
                 self._penalty_rows.nbytes() / 2**30,
             )
-
-    def _presize_draft_kv_workspace(self, rows: int) -> None:
-        """DFLASH's fused drafter-KV materializer grows its workspace on first use: allocated
-        here, before SGLang sizes the KV pool, it is counted there and has segments of its own."""
-        helper = getattr(self, "_fused_kv_helper", None)
-        if helper is None or rows <= 0:
-            return
-        helper._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
 
     def init_attention_backends(self):
         """DFLASH's, then a check that the target's backend (built just before, by the target
@@ -592,13 +588,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             bs = seq_lens.shape[0]
             cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
             positions = (seq_lens.to(torch.int64)[:, None] + depth_offsets[None, :]).reshape(-1)
-            self._append_target_hidden_to_draft_kv_by_loc(
-                target_hidden=hidden[keep_index.clamp(min=0).reshape(-1)],
-                cache_loc=cache_loc_2d.reshape(-1),
-                cache_loc_2d=cache_loc_2d,
-                positions=positions,
-                commit_lens=commit_lens,
-            )
+            with kv_commit_workspace(self, bs * s):
+                self._append_target_hidden_to_draft_kv_by_loc(
+                    target_hidden=hidden[keep_index.clamp(min=0).reshape(-1)],
+                    cache_loc=cache_loc_2d.reshape(-1),
+                    cache_loc_2d=cache_loc_2d,
+                    positions=positions,
+                    commit_lens=commit_lens,
+                )
 
         glue = {
             name: SegmentGraphs(f"{name}_w{w}", fn, enabled=enabled, **share)

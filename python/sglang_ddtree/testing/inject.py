@@ -16,6 +16,14 @@ launch are then made in every process of that engine, before the worker is built
   there after every step and after the startup capture.
 - ``SERVE_LOGPROBS_ENV`` = 1: the per-request refusal of logprobs lifted, so the worker's
   logprobs are checked against the non-speculative server's before the server admits them.
+- ``KV_SENTINEL_ENV`` = a file: every drafter-KV workspace DFLASH's fused materializer
+  replaces (a prefill longer than its rows) is kept allocated and filled with a sentinel byte
+  instead of freed; after every forward the worker's process checks the sentinels and writes
+  ``{"replaced", "intact", "forwards"}`` there. A captured graph still bound to a replaced
+  workspace writes into its sentinel.
+- ``BIND_DFLASH_WORKSPACE_ENV`` = 1: the known error the sentinels must catch: the KV segment
+  appends on DFLASH's own helper (presized to its rows), so its captured graphs bind tensors
+  a long prefill replaces.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ WRONG_COINS_ENV = "DDTREE_TESTING_WRONG_COINS"
 RANK_SKEW_ENV = "DDTREE_TESTING_RANK_SKEW"
 GRAPH_STATS_ENV = "DDTREE_TESTING_GRAPH_STATS"
 SERVE_LOGPROBS_ENV = "DDTREE_TESTING_SERVE_LOGPROBS"
+KV_SENTINEL_ENV = "DDTREE_TESTING_KV_SENTINEL"
+BIND_DFLASH_WORKSPACE_ENV = "DDTREE_TESTING_BIND_DFLASH_WORKSPACE"
+SENTINEL_BYTE = 0xA5
 # Where the worker and its glue live: the plugin's modules, or SGLang's tree with the patch.
 PLUGIN = "sglang_ddtree.srt"
 IN_TREE = "sglang.srt.speculative"
@@ -53,6 +64,12 @@ def install_from_env(environ: Mapping[str, str] | None = None, package: str = PL
     if env.get(SERVE_LOGPROBS_ENV):
         serve_logprobs(package)
         done.append(SERVE_LOGPROBS_ENV)
+    if env.get(KV_SENTINEL_ENV):
+        guard_replaced_workspaces(env[KV_SENTINEL_ENV], package)
+        done.append(KV_SENTINEL_ENV)
+    if env.get(BIND_DFLASH_WORKSPACE_ENV):
+        bind_dflash_workspace(package)
+        done.append(BIND_DFLASH_WORKSPACE_ENV)
     return done
 
 
@@ -113,3 +130,58 @@ def serve_logprobs(package: str = PLUGIN) -> None:
     requests = importlib.import_module(f"{package}.ddtree_requests")
     requests.refuse_logprobs = lambda req: None
     logger.warning("DDTREE admits logprobs (tests only).")
+
+
+def guard_replaced_workspaces(path: str, package: str = PLUGIN) -> None:
+    """``KV_SENTINEL_ENV``: replaced drafter-KV workspaces kept as sentinels, checked after
+    every forward of the worker (a device sync each: tests only)."""
+    import importlib
+
+    import torch
+    from sglang.kernels.ops.speculative.fused_kv_materialize import FusedKVMaterializeHelper
+
+    sentinels: list[torch.Tensor] = []
+    ensure = FusedKVMaterializeHelper._ensure_workspace
+
+    def ensure_keeping_replaced(self, total_ctx, dtype):
+        names = ("_proj_workspace", "_k_workspace", "_v_workspace")
+        before = [getattr(self, n) for n in names]
+        ensure(self, total_ctx, dtype)
+        for old, n in zip(before, names):
+            if old is not None and getattr(self, n) is not old:
+                old.view(torch.uint8).fill_(SENTINEL_BYTE)
+                sentinels.append(old)
+
+    FusedKVMaterializeHelper._ensure_workspace = ensure_keeping_replaced
+    worker_cls = importlib.import_module(f"{package}.ddtree_worker_v2").DDTreeWorkerV2
+    forward = worker_cls.forward_batch_generation
+    forwards = [0]
+
+    def checked(self, *args, **kwargs):
+        result = forward(self, *args, **kwargs)
+        torch.cuda.synchronize()
+        forwards[0] += 1
+        intact = all(bool((t.view(torch.uint8) == SENTINEL_BYTE).all()) for t in sentinels)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"replaced": len(sentinels), "intact": intact, "forwards": forwards[0]}, f)
+        os.replace(tmp, path)
+        return result
+
+    worker_cls.forward_batch_generation = checked
+    logger.warning("DDTREE: replaced drafter-KV workspaces kept as sentinels (tests only).")
+
+
+def bind_dflash_workspace(package: str = PLUGIN) -> None:
+    """``BIND_DFLASH_WORKSPACE_ENV``: the KV segment's appends on DFLASH's own helper."""
+    import importlib
+
+    worker = importlib.import_module(f"{package}.ddtree_worker_v2")
+
+    def dflash_helper_presized(helper, rows):
+        if helper is not None and rows > 0:
+            helper._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
+        return helper
+
+    worker.own_draft_kv_workspace = dflash_helper_presized
+    logger.warning("DDTREE: the KV segment BINDS DFLASH's drafter-KV workspace (tests only).")

@@ -1,0 +1,36 @@
+"""No captured graph binds memory that moves, on a CUDA machine with sglang 0.5.17: runs
+``python -m sglang_ddtree.testing.workspace_guard`` (a prefill chunk longer than the KV
+segment's presized drafter-KV rows, eager steps above the captured batch sizes, every replaced
+DFLASH workspace kept as a sentinel; greedy outputs against the non-speculative server), and
+the same with the known error (the KV segment bound to DFLASH's own workspace), which the
+sentinels must catch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_no_graph_writes_into_a_replaced_workspace(tmp_path, run_gpu_check):
+    summary = run_gpu_check(
+        str(tmp_path), "sglang_ddtree.testing.workspace_guard", [], "workspace_summary.json", 900
+    )
+    assert summary["sentinels"]["replaced"] > 0, json.dumps(summary)  # the growth happened
+    assert summary["sentinels"]["intact"], json.dumps(summary)
+    assert summary["passed"], json.dumps(summary)
+
+
+def test_the_known_error_is_caught(tmp_path, run_gpu_check):
+    summary = run_gpu_check(
+        str(tmp_path),
+        "sglang_ddtree.testing.workspace_guard",
+        ["--known-error"],
+        "workspace_summary.json",
+        900,
+    )
+    assert summary["sentinels"]["replaced"] > 0, json.dumps(summary)
+    assert not summary["sentinels"]["intact"], json.dumps(summary)
+    assert not summary["passed"]
