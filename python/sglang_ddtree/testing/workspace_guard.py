@@ -82,11 +82,16 @@ def launch_cmd(target: str, draft: str, port: int, algorithm: str | None) -> lis
 
 
 def serve_phases(base: str, groups) -> list[list[int] | None]:
-    outputs = []
-    for reqs in groups:
-        got = _pool(lambda r: generate(base, *r), reqs, len(reqs))
-        outputs += [body.get("output_ids") if code == 200 else None for code, body in got]
-    return outputs
+    """Each group's greedy outputs (None: not answered, the server's death included)."""
+
+    def one(req) -> list[int] | None:
+        try:
+            code, body = generate(base, *req)
+        except OSError:
+            return None
+        return body.get("output_ids") if code == 200 else None
+
+    return [out for reqs in groups for out in _pool(one, reqs, len(reqs))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for k in env:
             os.environ.pop(k, None)
-    with open(sentinel_path) as f:
+    with open(sentinel_path) as f:  # written after the first forward
         summary["sentinels"] = json.load(f)
     with open(log_path, errors="replace") as f:
         text = f.read()
