@@ -47,10 +47,7 @@ from typing import NamedTuple
 import torch
 
 _INDEX_BITS = 32
-# The largest tree the Triton builder's packed key holds (`tree_triton`): budget (W - 1) and
-# depth (B - 1 for a block-B drafter). The server refuses larger shapes at startup.
-MAX_BUDGET = 8191
-MAX_DEPTH = 31
+MAX_BUDGET, MAX_DEPTH = 8191, 31  # what `tree_triton`'s packed key holds; larger is refused
 
 
 class DraftTree(NamedTuple):
