@@ -94,7 +94,7 @@ GRAMMAR_FIELDS = {
 }  # chat's JSON: response_format
 TOOL = {"type": "function", "function": {"name": "pick", "parameters": SCHEMA}}
 COMPLETION_EXTRAS = ([{"echo": True}, {"suffix": "z"}, {"user": "u"}, {"return_token_ids": True}],
-                     [{"best_of": 1}])  # fmt: skip
+                     [{"best_of": 1}], [{"suffix": 5}, {"echo": [1]}])  # fmt: skip
 NATIVE_EXTRAS = ([{"log_metrics": False}, {"return_text_in_logprobs": True}, {"priority": 1}],
                  [{"return_prompt_token_ids": True}],
                  [{"return_hidden_states": True}, {"session_id": "no-such-session"},
@@ -374,7 +374,7 @@ def _stream_error(chunk: dict) -> tuple[int, str] | None:
     return None
 
 
-def send(base: str, request: dict, timeout: float = REQUEST_TIMEOUT) -> dict:
+def send(base: str, request: dict) -> dict:
     """One request to one server: ``status`` (HTTP), ``code`` (an error chunk's, in a stream),
     ``message``, ``chunks``, ``answers`` (choices of a whole 200), ``dropped`` (the client hung
     up at the request's abort point) and ``error`` (the connection failed)."""
@@ -382,7 +382,9 @@ def send(base: str, request: dict, timeout: float = REQUEST_TIMEOUT) -> dict:
     abort = request.get("abort") or {}
     out = {"status": None, "code": None, "message": "", "chunks": 0, "answers": None,
            "dropped": False, "error": None}  # fmt: skip
-    conn = http.client.HTTPConnection(host, int(port), timeout=abort.get("after_seconds", timeout))
+    conn = http.client.HTTPConnection(
+        host, int(port), timeout=abort.get("after_seconds", REQUEST_TIMEOUT)
+    )
     try:
         body = json.dumps(request["body"])
         conn.request("POST", request["endpoint"], body, {"Content-Type": "application/json"})
@@ -461,9 +463,9 @@ def busy(load: dict | None) -> int:
     return (load or {}).get("num_running_reqs", 0) + (load or {}).get("num_waiting_reqs", 0)
 
 
-def drain(base: str, timeout: float = DRAIN_TIMEOUT) -> dict | None:
+def drain(base: str) -> dict | None:
     """Wait until nothing runs or waits on the server; its last load (None: no answer)."""
-    deadline = time.time() + timeout
+    deadline = time.time() + DRAIN_TIMEOUT
     while busy(load := loads(base)) and time.time() < deadline:
         time.sleep(0.25)
     return load
