@@ -165,9 +165,10 @@ def _max_tokens(d: _Draw) -> None:
 
 
 def _min_tokens(d: _Draw) -> None:
-    top = d.max_new if isinstance(d.max_new, int) and 0 < d.max_new < 2**31 else None
-    bad = [-1] + ([top + 1] if top else [])
-    d.param("min_new_tokens", d.pick("min_tokens", [1, 4], [top or 8], bad))
+    top = d.max_new if isinstance(d.max_new, int) and 0 <= d.max_new < 2**31 else None
+    fits = [x for x in (1, 4) if top is None or x <= top] or [0]  # at most max_new_tokens
+    edge, bad = ([8], [-1]) if top is None else ([top], [-1, top + 1])
+    d.param("min_new_tokens", d.pick("min_tokens", fits, edge, bad))
 
 
 def _sampling(d: _Draw) -> None:
@@ -633,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--pair", choices=("tiny", "trained"), default="tiny")
     ap.add_argument("--concurrency", type=int, default=64, help="requests in flight per server")
-    ap.add_argument("--max-seconds", type=float, default=420,
+    ap.add_argument("--max-seconds", type=float, default=360,
                     help="no new chunk after this long (the end checks still run); 0: no limit")  # fmt: skip
     ap.add_argument("--only", default=None, help="send only these indices, e.g. 12,40-47")
     args = ap.parse_args(argv)
