@@ -378,3 +378,97 @@ def test_fuzz_on_the_servers(tmp_path, run_gpu_check):
                       ["--requests", "300", "--concurrency", "32"], "fuzz_summary.json", 900)  # fmt: skip
     assert s["passed"], json.dumps({k: s[k] for k in ("failures", "counts")})
     assert s["sent"] == 300 and s["counts"]["ok"] > 150
+
+
+# A server process for `two_servers`: it answers the liveness probe on the port its command
+# line names, or exits at once when its command line says DDTREE and FAIL_DDTREE is set.
+_SERVER = """
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+if "DDTREE" in sys.argv and os.environ.get("FAIL_DDTREE"):
+    sys.exit(1)
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def _send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self._send({})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self._send({"output_ids": [1] * req["sampling_params"]["max_new_tokens"]})
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), H).serve_forever()
+"""
+
+
+@pytest.fixture
+def stand_in_launch(monkeypatch):
+    from sglang_ddtree import serve
+
+    def launch(target, draft, nodes, extra, algorithm="DDTREE"):
+        return [sys.executable, "-c", _SERVER, str(algorithm), *extra]
+
+    monkeypatch.setattr(serve, "launch_command", launch)
+
+
+def test_two_servers_start_together_and_stop(tmp_path, stand_in_launch):
+    from sglang_ddtree.testing.faults import alive
+
+    with fuzz.two_servers("target", "draft", str(tmp_path)) as (bases, logs):
+        assert set(bases) == set(logs) == set(fuzz.SERVERS)
+        assert all(alive(b) for b in bases.values())
+    assert not any(alive(b) for b in bases.values())
+
+
+def test_two_servers_a_failed_start_stops_the_other(tmp_path, stand_in_launch, monkeypatch):
+    from sglang_ddtree.testing.faults import alive
+
+    monkeypatch.setenv("FAIL_DDTREE", "1")
+    started = {}
+    real = fuzz.launched_server
+
+    def recording(cmd, base, log, ready):
+        started[base] = cmd
+        return real(cmd, base, log, ready=ready)
+
+    monkeypatch.setattr(fuzz, "launched_server", recording)
+    with pytest.raises(RuntimeError, match="exited"):
+        with fuzz.two_servers("target", "draft", str(tmp_path)):
+            pass
+    assert len(started) == 2 and not any(alive(b) for b in started)
+
+
+def test_main_writes_the_summary_and_reads_the_logs(tmp_path, monkeypatch):
+    """``main`` over stand-in servers: ``--only`` sends those indices; a leak report in the
+    DDTREE server's log fails the fuzz with exit status 1."""
+    from contextlib import contextmanager
+
+    monkeypatch.setattr(fuzz, "IDLE_SECONDS", 0)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    monkeypatch.setattr(fuzz, "pair_dirs", lambda pair: (str(tmp_path), "draft"))
+    fakes = {"ddtree": _Fake(ddtree=True), "nospec": _Fake()}
+    logs = {s: tmp_path / f"{s}.log" for s in fuzz.SERVERS}
+    logs["ddtree"].write_text("token_to_kv_pool_allocator memory leak detected! total=1")
+    logs["nospec"].write_text("all well")
+
+    @contextmanager
+    def servers(target, draft, out_dir):
+        yield {s: f.base for s, f in fakes.items()}, {s: str(p) for s, p in logs.items()}
+
+    monkeypatch.setattr(fuzz, "two_servers", servers)
+    out = tmp_path / "out"
+    try:
+        code = fuzz.main(["--out", str(out), "--only", "3,10-12", "--concurrency", "4"])
+    finally:
+        for f in fakes.values():
+            f.stop()
+    s = json.loads((out / "fuzz_summary.json").read_text())
+    assert code == 1 and s["requests"] == s["sent"] == 4 and s["only"] == "3,10-12"
+    assert s["idle"]["ddtree"]["leak"] and not s["idle"]["nospec"]["leak"]
+    assert s["failures"] == [
+        "ddtree after idling: alive True, KV tokens in use 0, leak reported True"
+    ]
