@@ -1,9 +1,12 @@
 """A request fuzzer: the same requests to DDTREE and to the non-speculative server, side by side.
 
 ``python -m sglang_ddtree.testing.fuzz --requests 5000 --seed 0 --out DIR [--pair tiny|trained]
-[--concurrency N] [--only 12,40-47]`` starts both servers of one target on one GPU, sends every
-request to both and writes ``DIR/fuzz_summary.json`` (after every chunk, so a run cut short
-keeps what it found); exit status 0 when the fuzz passed. Terms:
+[--concurrency N] [--only 12,40-47]`` starts DDTREE and the non-speculative server (``nospec``,
+the reference) of one target at once on one GPU (`server_flags`, custom logit processors
+enabled on both), sends every request to both and writes ``DIR/fuzz_summary.json`` after every
+chunk (a run cut short keeps what it found). No chunk starts after ``--max-seconds`` (360: with
+the servers' start and the end checks the run fits a 10-minute command); exit status 0 when the
+fuzz passed. Terms:
 
 - request: an endpoint (``/generate`` with ``input_ids`` or ``text``, ``/v1/completions``,
   ``/v1/chat/completions``), a body, a stream flag and an abort point (the client hangs up after
@@ -464,10 +467,11 @@ def busy(load: dict | None) -> int:
     return (load or {}).get("num_running_reqs", 0) + (load or {}).get("num_waiting_reqs", 0)
 
 
-def drain(base: str) -> dict | None:
-    """Wait until nothing runs or waits on the server; its last load (None: no answer)."""
-    deadline = time.time() + DRAIN_TIMEOUT
-    while busy(load := loads(base)) and time.time() < deadline:
+def settle(base: str, done, timeout: float) -> dict | None:
+    """Read the server's load until ``done(load)`` or ``timeout`` seconds (the scheduler
+    publishes it once a step, so a read can lag the last step); the last read (None: no answer)."""
+    deadline = time.time() + timeout
+    while (load := loads(base)) and not done(load) and time.time() < deadline:
         time.sleep(0.25)
     return load
 
@@ -514,7 +518,7 @@ def run_fuzz(
             summary["sent"] += len(chunk)
             where = {"chunk": start // CHUNK, "indices": [chunk[0]["index"], chunk[-1]["index"]]}
             for s in SERVERS:
-                if busy(load := drain(bases[s])):
+                if busy(load := settle(bases[s], lambda x: not busy(x), DRAIN_TIMEOUT)):
                     summary["stuck"].append({"server": s, **where, "load": load})
                 if not alive(bases[s]):
                     summary["deaths"].append({"server": s, **where})
@@ -532,7 +536,8 @@ def run_fuzz(
 def end_checks(summary: dict, bases: dict, vocab: int, logs=None) -> None:
     """Idle, then KV use, leak reports and greedy tokens; sets ``failures`` and ``passed``."""
     time.sleep(IDLE_SECONDS)  # SGLang's scheduler checks its pools for leaks when idle
-    idle = {s: {"alive": alive(b), "load": loads(b)} for s, b in bases.items()}
+    unused = lambda load: load.get("num_used_tokens") == 0  # noqa: E731
+    idle = {s: {"load": settle(b, unused, 5), "alive": alive(b)} for s, b in bases.items()}
     for s, path in (logs or {}).items():
         with open(path, errors="replace") as f:
             text = f.read()
