@@ -199,8 +199,11 @@ def test_classify(request_, ddtree, nospec, category):
     assert fuzz.classify(request_, ddtree, nospec, ["REFUSAL1", "REFUSAL2"]) == category
 
 
-def test_parse_indices():
+def test_parse_indices_and_json_lines():
     assert fuzz.parse_indices("12,40-43,,7") == [12, 40, 41, 42, 43, 7]
+    summary = {"counts": {"ok": 2}, "mismatches": [{"index": 3, "body": {"x": [1] * 9}}] * 2}
+    text = fuzz.json_lines(summary)
+    assert json.loads(text) == summary and len(text.splitlines()) == 7
 
 
 # ------------------------------------------------------------------ stand-in servers

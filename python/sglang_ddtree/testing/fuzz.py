@@ -68,6 +68,7 @@ EDGE_EVERY = 4
 REQUEST_TIMEOUT = 120
 DRAIN_TIMEOUT = 60
 IDLE_SECONDS = 10
+MISMATCH_BODIES = 500  # the summary keeps under the 16 MiB a device run hands back
 GREEDY_PROMPTS, GREEDY_TOKENS = 16, 32
 SERVERS = ("ddtree", "nospec")
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -484,7 +485,9 @@ def _tally(summary: dict, request: dict, category: str, ddtree: dict, nospec: di
         tiers = summary["families"].setdefault(family, {})
         tiers[tier] = tiers.get(tier, 0) + 1
     record = {"category": category, **request, "ddtree": ddtree, "nospec": nospec}
-    if category == "mismatch":  # every one, with its index and body
+    if category == "mismatch":  # every one; past MISMATCH_BODIES its index stands for its body
+        if len(summary["mismatches"]) >= MISMATCH_BODIES:
+            record.pop("body")
         summary["mismatches"].append(record)
     elif category not in ("ok", "aborted") and len(summary["examples"][category]) < 20:
         summary["examples"][category].append(record)
@@ -612,6 +615,18 @@ def two_servers(target: str, draft: str, out_dir: str):
         yield bases, logs
 
 
+def json_lines(obj: dict) -> str:
+    """``obj`` as JSON with a line per key and per record of a list: readable, and small where
+    bodies hold thousands of ids (an indented dump gives each id a line)."""
+
+    def value(v) -> str:
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            return "[\n  " + ",\n  ".join(json.dumps(x) for x in v) + "\n ]"
+        return json.dumps(v)
+
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(v)}" for k, v in obj.items()) + "\n}\n"
+
+
 def parse_indices(text: str) -> list[int]:
     """``"12,40-47"`` -> [12, 40, 41, ..., 47]."""
     out: list[int] = []
@@ -654,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save(summary: dict) -> None:
         with open(os.path.join(args.out, "fuzz_summary.json"), "w") as f:
-            json.dump({**head, **summary}, f, indent=1)
+            f.write(json_lines({**head, **summary}))
 
     with two_servers(target, draft, args.out) as (bases, logs):
         summary = run_fuzz(
