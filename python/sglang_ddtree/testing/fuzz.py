@@ -4,9 +4,10 @@
 [--concurrency N] [--only 12,40-47]`` starts DDTREE and the non-speculative server (``nospec``,
 the reference) of one target at once on one GPU (`server_flags`, custom logit processors
 enabled on both), sends every request to both and writes ``DIR/fuzz_summary.json`` after every
-chunk (a run cut short keeps what it found). No chunk starts after ``--max-seconds`` (360: with
-the servers' start and the end checks the run fits a 10-minute command); exit status 0 when the
-fuzz passed. Terms:
+chunk (a run cut short keeps what it found): counts by category, endpoint and family tier, and
+every mismatch with its index and outcomes (its body too, for the first ``MISMATCH_BODIES``).
+No chunk starts after ``--max-seconds`` (360: with the servers' start and the end checks, the
+run fits a 10-minute command). Exit status 0 when the fuzz passed. Terms:
 
 - request: an endpoint (``/generate`` with ``input_ids`` or ``text``, ``/v1/completions``,
   ``/v1/chat/completions``), a body, a stream flag and an abort point (the client hangs up after
@@ -68,7 +69,7 @@ EDGE_EVERY = 4
 REQUEST_TIMEOUT = 120
 DRAIN_TIMEOUT = 60
 IDLE_SECONDS = 10
-MISMATCH_BODIES = 500  # the summary keeps under the 16 MiB a device run hands back
+MISMATCH_BODIES = 500  # a body can hold thousands of ids: the summary stays a few MiB
 GREEDY_PROMPTS, GREEDY_TOKENS = 16, 32
 SERVERS = ("ddtree", "nospec")
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
