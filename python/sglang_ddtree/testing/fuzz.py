@@ -75,6 +75,7 @@ SERVERS = ("ddtree", "nospec")
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 CATEGORIES = ("ok", "ddtree_own_400", "ddtree_accepts", "aborted", "nospec_error",
               "both_error", "mismatch")  # fmt: skip
+EXAMPLES = ("ddtree_own_400", "ddtree_accepts", "nospec_error", "both_error")  # 20 of each kept
 # Native sampling parameters under their OpenAI names; the native-only ones are not sent there.
 OPENAI_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
                 "sampling_seed": "seed"}  # fmt: skip
@@ -490,7 +491,7 @@ def _tally(summary: dict, request: dict, category: str, ddtree: dict, nospec: di
         if len(summary["mismatches"]) >= MISMATCH_BODIES:
             record.pop("body")
         summary["mismatches"].append(record)
-    elif category not in ("ok", "aborted") and len(summary["examples"][category]) < 20:
+    elif category in EXAMPLES and len(summary["examples"][category]) < 20:
         summary["examples"][category].append(record)
 
 
@@ -505,11 +506,11 @@ def run_fuzz(
 ) -> dict:
     """Send ``requests`` to both servers (``bases``: {server: URL}) chunk by chunk, stopping
     at a death, then `end_checks`; returns the summary. ``logs``: {server: log path};
-    ``save(summary)`` after every chunk."""  # fmt: skip
+    ``save(summary)`` after every chunk."""
     refusals, t0 = own_refusals(), time.time()
     summary: dict = {"requests": len(requests), "sent": 0, "counts": dict.fromkeys(CATEGORIES, 0),
                      "by_endpoint": {}, "families": {}, "mismatches": [], "deaths": [],
-                     "stuck": [], "examples": {c: [] for c in CATEGORIES}}  # fmt: skip
+                     "stuck": [], "examples": {c: [] for c in EXAMPLES}}  # fmt: skip
     with cf.ThreadPoolExecutor(2 * concurrency) as pool:  # about `concurrency` on each server
         for start in range(0, len(requests), CHUNK):
             if max_seconds and time.time() - t0 > max_seconds:
