@@ -199,6 +199,19 @@ def test_classify(request_, ddtree, nospec, category):
     assert fuzz.classify(request_, ddtree, nospec, ["REFUSAL1", "REFUSAL2"]) == category
 
 
+@pytest.mark.parametrize(
+    "body, refused",
+    [({"logprobs": 0}, True), ({"logprobs": 2}, True), ({"logprobs": True}, True),
+     ({"logprobs": False}, False), ({"logprobs": None}, False), ({}, False),
+     ({"return_logprob": True}, True), ({"return_logprob": False}, False),
+     ({"custom_logit_processor": fuzz.PROCESSOR}, True)],
+)  # fmt: skip
+def test_asks_refused_reads_each_endpoints_logprobs(body, refused):
+    """Completions' ``logprobs`` is an int (0 asks too), chat's a bool, the native one
+    ``return_logprob``: a streamed refusal without its message is judged by DDTREE's check."""
+    assert fuzz.asks_refused({"body": body}) is refused
+
+
 def test_parse_indices_and_json_lines():
     assert fuzz.parse_indices("12,40-43,,7") == [12, 40, 41, 42, 43, 7]
     summary = {"counts": {"ok": 2}, "mismatches": [{"index": 3, "body": {"x": [1] * 9}}] * 2}

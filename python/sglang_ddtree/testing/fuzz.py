@@ -341,23 +341,31 @@ def request_at(seed: int, index: int, vocab: int, context_len: int) -> dict:
 
 
 # --------------------------------------------------------------------------------- outcomes
+def _refusal(custom_logit_processor=None, return_logprob=False) -> str | None:
+    """DDTREE's per-request check on a request asking for these (None: it serves it)."""
+    from sglang_ddtree.srt.ddtree_requests import refuse_request
+
+    req = SimpleNamespace(
+        custom_logit_processor=custom_logit_processor, return_logprob=return_logprob
+    )
+    return refuse_request(req)
+
+
 def own_refusals() -> list[str]:
     """DDTREE's per-request refusals (docs/requests.md: custom logit processors, logprobs), as
     its request check words them."""
-    from sglang_ddtree.srt.ddtree_requests import refuse_request
-
-    plain = {"custom_logit_processor": None, "return_logprob": False}
-    asks = ({"custom_logit_processor": PROCESSOR}, {"return_logprob": True})
-    return [refuse_request(SimpleNamespace(**{**plain, **a})) for a in asks]
+    return [m for m in (_refusal(PROCESSOR), _refusal(return_logprob=True)) if m]
 
 
 def asks_refused(request: dict) -> bool:
-    """Whether ``request`` asks for what DDTREE refuses per request: the judge of a refusal whose
-    message SGLang's OpenAI stream drops (a bare ``finish_reason: abort`` there)."""
-    b = request["body"]
-    return bool(b.get("custom_logit_processor") or b.get("return_logprob")) or (
-        b.get("logprobs") is not None and b.get("logprobs") is not False
+    """Whether DDTREE's check refuses ``request``: the judge of a refusal whose message SGLang's
+    OpenAI stream drops (a bare ``finish_reason: abort`` there)."""
+    b, logprobs = request["body"], request["body"].get("logprobs")
+    # completions: logprobs an int (0 too); chat: a bool
+    asks_logprobs = bool(b.get("return_logprob")) or (
+        logprobs is not None and logprobs is not False
     )
+    return _refusal(b.get("custom_logit_processor"), asks_logprobs) is not None
 
 
 def _message(body) -> str:
