@@ -583,7 +583,7 @@ def greedy_check(bases: dict, vocab: int) -> dict:
     def tokens(base, prompt):
         try:
             return generate(base, prompt, params)[1].get("output_ids")
-        except OSError:
+        except (OSError, ValueError):  # no answer, or not JSON: no tokens to compare
             return None
 
     with cf.ThreadPoolExecutor(2 * GREEDY_PROMPTS) as pool:
