@@ -481,10 +481,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             cache_loc_out=cache_loc_2d,
             mask_token_id=int(self._mask_token_id),
         )
-        # In the drafter's dtype, as SGLang's graph buffers hold them: an eager step (above the
-        # captured batch sizes) hands the drafter these very tensors.
-        draft_dtype = self.draft_model_runner.model_config.dtype
-        embeds = target_model.get_input_embeddings()(block_ids).to(draft_dtype)
+        embeds = target_model.get_input_embeddings()(block_ids)
         seq_lens_cpu, seq_lens_sum = self.host_seq_lens(batch, draft_input, block)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,

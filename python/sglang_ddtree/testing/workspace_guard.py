@@ -58,7 +58,9 @@ def phases(vocab: int) -> list[list[tuple[list[int], dict]]]:
     ]
 
 
-def launch_cmd(target: str, draft: str, port: int, algorithm: str | None) -> list[str]:
+def launch_cmd(
+    target: str, draft: str, port: int, algorithm: str | None, dtype: str | None = None
+) -> list[str]:
     from sglang_ddtree.serve import launch_command
 
     cmd = launch_command(
@@ -73,6 +75,7 @@ def launch_cmd(target: str, draft: str, port: int, algorithm: str | None) -> lis
             "--mem-fraction-static", "0.3",
             "--port", str(port),
             "--host", "127.0.0.1",
+            *(["--dtype", dtype] if dtype else []),
         ],
         algorithm=algorithm,
     )  # fmt: skip
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="bind the KV segment to DFLASH's workspace: the check must fail",
     )
+    ap.add_argument("--dtype", default=None, help="both servers' dtype (default: SGLang's auto)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     target, draft, cfg = tiny_models.make_pair("qwen3", tempfile.mkdtemp(prefix="ddtree_ws_"))
@@ -110,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {inject.KV_SENTINEL_ENV: sentinel_path}
     if args.known_error:
         env[inject.BIND_DFLASH_WORKSPACE_ENV] = "1"
-    summary: dict = {"known_error": args.known_error, "long_prompt": LONG, "chunk": CHUNK,
+    summary: dict = {"known_error": args.known_error, "dtype": args.dtype, "long_prompt": LONG,
+                     "chunk": CHUNK,
                      "graph_bs": GRAPH_BS, "eager_requests": EAGER}  # fmt: skip
 
     port = free_port()
@@ -118,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     log_path = os.path.join(args.out, "workspace_server.log")
     os.environ.update(env)  # the launched scheduler processes inherit them
     try:
-        with launched_server(launch_cmd(target, draft, port, "DDTREE"), base, log_path, alive):
+        with launched_server(
+            launch_cmd(target, draft, port, "DDTREE", args.dtype), base, log_path, alive
+        ):
             ddtree = serve_phases(base, groups)
             time.sleep(10)  # idle: SGLang's scheduler runs its KV-leak check
             summary["serving_after_idle"] = alive(base)
@@ -137,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         ref = f"http://127.0.0.1:{port}"
         ref_log = os.path.join(args.out, "nospec_server.log")
-        with launched_server(launch_cmd(target, draft, port, None), ref, ref_log, alive):
+        with launched_server(
+            launch_cmd(target, draft, port, None, args.dtype), ref, ref_log, alive
+        ):
             nospec = serve_phases(ref, groups)
             reqs = [r for g in groups for r in g]
             diffs = [
