@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.known_error:
         env[inject.BIND_DFLASH_WORKSPACE_ENV] = "1"
     summary: dict = {"known_error": args.known_error, "dtype": args.dtype, "long_prompt": LONG,
-                     "chunk": CHUNK,
-                     "graph_bs": GRAPH_BS, "eager_requests": EAGER}  # fmt: skip
+                     "chunk": CHUNK, "graph_bs": GRAPH_BS, "eager_requests": EAGER}  # fmt: skip
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
