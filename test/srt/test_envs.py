@@ -266,6 +266,7 @@ def _server_args(**kw):
         speculative_attention_mode="prefill",
         page_size=1,
         speculative_eagle_topk=None,
+        speculative_draft_model_path="/models/drafter",
     )
     return SimpleNamespace(**{**base, **kw})
 
@@ -285,6 +286,17 @@ def test_validate_server_args_refuses_every_bad_value_once(spec_module, monkeypa
     assert len(lines) == 5, lines
     for name in ("TOPK='x'", "TREE_ATTENTION='on'", "GLUE_GRAPHS='off'", "CPROFILE='20x'"):
         assert sum(f"SGLANG_DDTREE_{name}" in line for line in lines) == 1, name
+
+
+def test_validate_server_args_refuses_a_missing_drafter_naming_the_flag(spec_module, monkeypatch):
+    """SGLang calls this before its DFLASH handling, which would refuse in DFLASH's name."""
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    with pytest.raises(ValueError) as e:
+        spec_module.validate_server_args(_server_args(speculative_draft_model_path=None))
+    lines = str(e.value).splitlines()
+    assert lines[0] == "Invalid DDTREE configuration:" and len(lines) == 2, lines
+    assert "pass --speculative-draft-model-path <" in lines[1] and "DFLASH" not in lines[1]
 
 
 def test_step_timing_refuses_a_bad_instrument_before_any_hook(monkeypatch):

@@ -34,6 +34,7 @@ def good_cfg(**kw):
         speculative_draft_window_size=None,
         speculative_adaptive=False,
         speculative_eagle_topk=1,
+        speculative_draft_model_path="/models/drafter",
     )
     base.update(kw)
     return SimpleNamespace(**base)
@@ -68,6 +69,18 @@ def test_good_config_passes():
 def test_refusals_name_the_fix(kw, hint):
     errors = dargs.check_server_args(good_cfg(**kw))
     assert len(errors) == 1 and hint in errors[0], errors
+
+
+def test_a_missing_drafter_is_refused_in_ddtree_words():
+    """Without a drafter SGLang's DFLASH handling would say "DFLASH speculative decoding
+    requires ..."; DDTREE refuses first, naming the flag to pass."""
+    (error,) = dargs.check_server_args(good_cfg(speculative_draft_model_path=None))
+    assert error == (
+        "DDTREE drafts with a DFlash drafter, and none was given; pass "
+        "--speculative-draft-model-path <the target's DFlash drafter> (a local folder or hub "
+        "id, e.g. z-lab/Kimi-K2.6-DFlash for moonshotai/Kimi-K2.6)."
+    )
+    assert "DFLASH" not in error
 
 
 def test_decode_mode_checks_decode_backend():

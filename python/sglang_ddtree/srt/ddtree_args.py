@@ -2,7 +2,8 @@
 
 How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
-- ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``.
+- ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``
+  (refused at start without a drafter, in DDTREE's words).
 - ``--speculative-num-draft-tokens W``: a FIXED budget: tree nodes verified per request, root
   included (tree budget = W - 1), at every batch size. Must be >= the drafter block size.
 - ``--speculative-ddtree-budget-schedule`` (or the env var ``SGLANG_DDTREE_BUDGET_SCHEDULE``,
@@ -209,6 +210,13 @@ def check_server_args(cfg: Any) -> list[str]:
     or a SimpleNamespace in tests). Returns the list of problems (empty when fine).
     """
     errors = []
+    # Refused here, before SGLang's DFLASH handling would refuse it in DFLASH's name.
+    if not _get(cfg, "speculative_draft_model_path"):
+        errors.append(
+            "DDTREE drafts with a DFlash drafter, and none was given; pass "
+            "--speculative-draft-model-path <the target's DFlash drafter> (a local folder or "
+            "hub id, e.g. z-lab/Kimi-K2.6-DFlash for moonshotai/Kimi-K2.6)."
+        )
     device = _get(cfg, "device")
     if device is not None and not str(device).startswith("cuda"):
         errors.append(f"DDTREE runs on CUDA only (device={device!r}); pass --device cuda.")
