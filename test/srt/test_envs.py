@@ -299,6 +299,33 @@ def test_validate_server_args_refuses_a_missing_drafter_naming_the_flag(spec_mod
     assert "pass --speculative-draft-model-path <" in lines[1] and "DFLASH" not in lines[1]
 
 
+def test_validate_server_args_refuses_flashmla_where_it_does_not_import(spec_module, monkeypatch):
+    """A machine whose SGLang cannot import its flashmla backend: selecting it is refused at
+    start, naming the flag and what to pass; another backend never tries the import."""
+    from sglang_ddtree.srt import ddtree_args as dargs
+
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
+    dargs.flashmla_import_error.cache_clear()
+    try:
+        spec_module.validate_server_args(_server_args())  # triton
+        assert dargs.flashmla_import_error.cache_info().currsize == 0
+        with pytest.raises(ValueError) as e:
+            spec_module.validate_server_args(
+                _server_args(attention_backend="flashmla", page_size=64)
+            )
+    finally:
+        dargs.flashmla_import_error.cache_clear()
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1] == (
+        "  - --attention-backend flashmla cannot run on this machine: SGLang's flashmla backend "
+        "does not import (ModuleNotFoundError: No module named 'ddtree_test_absent'); pass "
+        "--attention-backend triton (DDTREE's split verify serves MLA targets there too)."
+    )
+
+
 def test_step_timing_refuses_a_bad_instrument_before_any_hook(monkeypatch):
     from sglang_ddtree import step_timing
 

@@ -29,6 +29,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -295,6 +297,38 @@ def check_server_args(cfg: Any) -> list[str]:
     except ValueError as e:
         errors.append(str(e))
     return errors
+
+
+# SGLang's flashmla backend; it imports sgl_kernel's FlashMLA kernels, which not every machine's
+# sgl_kernel has.
+FLASHMLA_BACKEND_MODULE = "sglang.srt.layers.attention.flashmla_backend"
+
+
+@functools.cache
+def flashmla_import_error() -> str | None:
+    """Why SGLang's flashmla backend does not import on this machine (``ExcType: message``), or
+    None where it does. Tried once per process."""
+    try:
+        importlib.import_module(FLASHMLA_BACKEND_MODULE)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def flashmla_unavailable_error(verify_backend: str | None) -> str | None:
+    """The refusal of a verify on flashmla where SGLang's flashmla backend does not import, at
+    start rather than when the model runner builds the backend; None otherwise (the import is
+    tried only when flashmla is the verify's backend)."""
+    if verify_backend != "flashmla":
+        return None
+    reason = flashmla_import_error()
+    if reason is None:
+        return None
+    return (
+        f"--attention-backend flashmla cannot run on this machine: SGLang's flashmla backend "
+        f"does not import ({reason}); pass --attention-backend triton (DDTREE's split verify "
+        "serves MLA targets there too)."
+    )
 
 
 # SGLang's attention backend classes by the --attention-backend name that builds them.
