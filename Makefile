@@ -19,14 +19,18 @@ install:  ## the package, editable, with its test tools (torch from the machine,
 install-plugin:  ## the plugin alone where SGLang 0.5.17 is installed (no dependency touched)
 	$(PIP) install --no-deps --no-build-isolation -e .
 
-# GPU host with network: SGLang 0.5.17 and its CUDA stack.
+# GPU host with network: SGLang 0.5.17 and its CUDA stack (what `make install` does there).
 install-serve:  ## SGLang 0.5.17 and its CUDA stack, with the plugin
 	$(PIP) install -e ".[serve,test]"
 
-# The main job: a DDTREE server (tiny models unless MODEL/DRAFT are given); the CPU demo where
-# no GPU or SGLang is available.
+# The main job: a DDTREE server on the shipped trained pair (or MODEL with its drafter DRAFT) at
+# http://127.0.0.1:30000/v1; the CPU demo where no GPU or SGLang is available.
 run:  ## the main job: a DDTREE server (MODEL=, DRAFT=, ARGS=); the CPU demo without a GPU
-	$(PYTHON) -m sglang_ddtree.serve $(if $(MODEL),--model-path $(MODEL) --draft-model-path $(DRAFT)) $(ARGS)
+	@if [ -n "$(MODEL)" ] && [ -z "$(DRAFT)" ]; then \
+		echo "make run: MODEL=$(MODEL) needs DRAFT=<its DFlash drafter> (a local folder or hub id), e.g. make run MODEL=/models/target DRAFT=/models/target-dflash" >&2; exit 2; fi
+	@if [ -z "$(MODEL)" ] && [ -n "$(DRAFT)" ]; then \
+		echo "make run: DRAFT=$(DRAFT) needs MODEL=<its target>; give neither to serve the shipped pair" >&2; exit 2; fi
+	$(PYTHON) -m sglang_ddtree.serve $(if $(MODEL),--model-path $(MODEL) --speculative-draft-model-path $(DRAFT)) $(ARGS)
 
 test:  ## the tests (GPU tests skip themselves without CUDA)
 	$(PYTHON) -m pytest test/srt -q
