@@ -10,9 +10,23 @@ TORCH_SPEC ?= torch==2.13.0
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
-install:  ## the package, editable, with its test tools (torch from the machine, else TORCH_SPEC)
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[test]"
+# A CUDA machine is one where `nvidia-smi -L` lists a GPU; GPU=1 or GPU=0 overrides the check.
+ifndef GPU
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+
+# On a CUDA machine: SGLang 0.5.17 with its CUDA stack (the serve extra), the plugin and the test
+# tools. Elsewhere: the plugin and the test tools (torch from the machine, else TORCH_SPEC).
+# pip prints what it fetches: the SGLang install downloads several GB.
+install:  ## the package, editable, with its test tools; with SGLang 0.5.17 on a CUDA machine (GPU=0/1)
+ifeq ($(GPU),1)
+	@echo "make install: CUDA GPU found: installing SGLang 0.5.17 and its CUDA stack (.[serve,test]); several GB, minutes on a fast network"
+	$(PIP) install -e ".[serve,test]"
+else
+	@echo "make install: no CUDA GPU (nvidia-smi -L lists none): installing the plugin and its CPU test tools (.[test]); SGLang is left out"
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[test]"
+endif
 
 # The plugin alone on a machine that already has SGLang 0.5.17 (the serving image, the GPU runs):
 # the same install step everywhere, editable, no dependency touched.

@@ -211,6 +211,16 @@ def test_make_run_names_the_missing_half_of_a_pair():
     assert "-m sglang_ddtree.serve --model-path /m --speculative-draft-model-path /d" in out.stdout
 
 
+def test_make_install_installs_sglang_on_a_cuda_machine_only():
+    """GPU=1 / GPU=0 stand for what `nvidia-smi -L` finds; each says in one line what it
+    installs, and pip runs without -q (its progress shows)."""
+    gpu = _make("-n", "install", "GPU=1").stdout
+    assert 'pip install -e ".[serve,test]"' in gpu and "CUDA GPU found" in gpu
+    cpu = _make("-n", "install", "GPU=0").stdout
+    assert 'pip install -e ".[test]"' in cpu and "[serve" not in cpu and "no CUDA GPU" in cpu
+    assert " -q" not in gpu + cpu
+
+
 def test_server_check_launches_with_ddtree_flags():
     """The server check's launch line carries DDTREE's flags through SGLang's CLI, and the log
     lines it looks for are the ones those values produce."""
