@@ -12,7 +12,7 @@ as in SGLang; every other argument goes to ``sglang.launch_server`` unchanged, e
 
 It prints the launch command, a line every 30 s while the server starts (SGLang's own log shows
 the stage), and the URL once ``/health`` answers (just after SGLang's "The server is fired up
-and ready to roll!"). Ctrl-C stops the server.
+and ready to roll!"). Ctrl-C or a SIGTERM stops the server.
 
 On a machine without CUDA or without SGLang there is nothing to serve: it says so in one line
 and runs the CPU demo (``python -m sglang_ddtree.demo``) instead, unless ``--no-demo`` is given
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,8 @@ def run_server(cmd: list[str], base: str, model_name: str) -> int:
         "small model (the first start on a machine also builds DDTREE's top-p CUDA kernel)"
     )
     proc = subprocess.Popen(cmd)
+    # A SIGTERM to this launcher (a service manager, a container's stop) stops the server too.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.terminate())
     try:
         if wait_until_ready(proc, base, _say):
             _say(f'ready: {base}/v1 (OpenAI-compatible, model "{model_name}"); Ctrl-C stops it')
@@ -150,6 +153,8 @@ def run_server(cmd: list[str], base: str, model_name: str) -> int:
         except subprocess.TimeoutExpired:
             proc.terminate()
             return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -191,6 +191,57 @@ def test_run_server_says_when_the_server_exits_before_it_answers(capfd):
     assert f"the server exited with code 3 before it answered {base}/health" in err
 
 
+_TERMINATED_CHILD = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys, time
+
+    def stop(signum, frame):
+        pathlib.Path(sys.argv[1]).write_text("terminated")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    print("child up", os.getpid(), flush=True)
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+def test_a_sigterm_to_the_launcher_stops_the_server(tmp_path):
+    """A service manager or a test stops the launcher with SIGTERM: the server must not be left
+    running (SGLang shuts down its own processes on SIGTERM)."""
+    import os
+    import signal
+
+    from sglang_ddtree.testing.http import free_port
+
+    (tmp_path / "child.py").write_text(_TERMINATED_CHILD)
+    marker = tmp_path / "marker"
+    child = [sys.executable, str(tmp_path / "child.py"), str(marker)]
+    code = (
+        "import sys; from sglang_ddtree import serve; "
+        f"sys.exit(serve.run_server({child!r}, 'http://127.0.0.1:{free_port()}', 'm'))"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
+    child_pid = None
+    try:
+        up, child_pid = launcher.stdout.readline().rsplit(" ", 1)
+        assert up == "child up"
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) == 0  # the server's exit code
+        assert marker.read_text() == "terminated"
+    finally:
+        launcher.kill()
+        if child_pid is not None and not marker.exists():  # left running: stop it here
+            os.kill(int(child_pid), signal.SIGKILL)
+
+
 def _make(*args: str) -> subprocess.CompletedProcess:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
