@@ -101,10 +101,14 @@ def server_url(extra: list[str]) -> str:
     return f"http://{host}:{flag_value(extra, '--port') or DEFAULT_PORT}"
 
 
+# The server is on this machine: no proxy from the environment between.
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def answers_health(base: str) -> bool:
     """Whether ``base``/health answers 200 (SGLang answers 503 until its warm-up is done)."""
     try:
-        with urllib.request.urlopen(base + "/health", timeout=5) as resp:
+        with _LOCAL.open(base + "/health", timeout=5) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
