@@ -10,23 +10,41 @@ TORCH_SPEC ?= torch==2.13.0
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
-install:  ## the package, editable, with its test tools (torch from the machine, else TORCH_SPEC)
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[test]"
+# A CUDA machine is one where `nvidia-smi -L` lists a GPU; GPU=1 or GPU=0 overrides the check.
+ifndef GPU
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+
+# On a CUDA machine: SGLang 0.5.17 with its CUDA stack (the serve extra), the plugin and the test
+# tools. Elsewhere: the plugin and the test tools (torch from the machine, else TORCH_SPEC).
+# pip prints what it fetches: the SGLang install downloads several GB.
+install:  ## the package, editable, with its test tools; with SGLang 0.5.17 on a CUDA machine (GPU=0/1)
+ifeq ($(GPU),1)
+	@echo "make install: CUDA GPU found: installing SGLang 0.5.17 and its CUDA stack (.[serve,test]); several GB, minutes on a fast network"
+	$(PIP) install -e ".[serve,test]"
+else
+	@echo "make install: no CUDA GPU (nvidia-smi -L lists none): installing the plugin and its CPU test tools (.[test]); SGLang is left out"
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install -e ".[test]"
+endif
 
 # The plugin alone on a machine that already has SGLang 0.5.17 (the serving image, the GPU runs):
 # the same install step everywhere, editable, no dependency touched.
 install-plugin:  ## the plugin alone where SGLang 0.5.17 is installed (no dependency touched)
 	$(PIP) install --no-deps --no-build-isolation -e .
 
-# GPU host with network: SGLang 0.5.17 and its CUDA stack.
+# GPU host with network: SGLang 0.5.17 and its CUDA stack (what `make install` does there).
 install-serve:  ## SGLang 0.5.17 and its CUDA stack, with the plugin
 	$(PIP) install -e ".[serve,test]"
 
-# The main job: a DDTREE server (tiny models unless MODEL/DRAFT are given); the CPU demo where
-# no GPU or SGLang is available.
+# The main job: a DDTREE server on the shipped trained pair (or MODEL with its drafter DRAFT) at
+# http://127.0.0.1:30000/v1; the CPU demo where no GPU or SGLang is available.
 run:  ## the main job: a DDTREE server (MODEL=, DRAFT=, ARGS=); the CPU demo without a GPU
-	$(PYTHON) -m sglang_ddtree.serve $(if $(MODEL),--model-path $(MODEL) --draft-model-path $(DRAFT)) $(ARGS)
+	@if [ -n "$(MODEL)" ] && [ -z "$(DRAFT)" ]; then \
+		echo "make run: MODEL=$(MODEL) needs DRAFT=<its DFlash drafter> (a local folder or hub id), e.g. make run MODEL=/models/target DRAFT=/models/target-dflash" >&2; exit 2; fi
+	@if [ -z "$(MODEL)" ] && [ -n "$(DRAFT)" ]; then \
+		echo "make run: DRAFT=$(DRAFT) needs MODEL=<its target>; give neither to serve the shipped pair" >&2; exit 2; fi
+	$(PYTHON) -m sglang_ddtree.serve $(if $(MODEL),--model-path $(MODEL) --speculative-draft-model-path $(DRAFT)) $(ARGS)
 
 test:  ## the tests (GPU tests skip themselves without CUDA)
 	$(PYTHON) -m pytest test/srt -q

@@ -18,7 +18,7 @@ with other settings or other code is refused (a median over two versions measure
 the medians.
 
     python benchmark/ddtree/bench_serving.py --out DIR       # the trained pair, 3 repeats
-    python benchmark/ddtree/bench_serving.py --model-path T --draft-model-path D --out DIR
+    python benchmark/ddtree/bench_serving.py --model-path T --speculative-draft-model-path D --out DIR
     python benchmark/ddtree/bench_serving.py --server-args=--disable-prefill-cuda-graph --out DIR
 
 ``sglang.benchmark.serving`` imports HF ``datasets`` for its MMMU dataset only; where it is not
@@ -258,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--model-path", help="target (default: the shipped trained pair)")
-    ap.add_argument("--draft-model-path", help="its DFlash drafter")
+    ap.add_argument(
+        "--speculative-draft-model-path",
+        "--draft-model-path",
+        dest="draft_model_path",
+        help="its DFlash drafter (SGLang's flag)",
+    )
     ap.add_argument("--configs", default="none,dflash,ddtree")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--temps", default=",".join(TEMPS))
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown {bad}; configs: {list(CONFIGS)}, temps: {list(TEMPS)}")
     if bool(args.model_path) != bool(args.draft_model_path):
-        ap.error("pass --model-path and --draft-model-path together (or neither)")
+        ap.error("pass --model-path and --speculative-draft-model-path together (or neither)")
     models = None if args.model_path else "the shipped trained pair"
     if not args.model_path:
         from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR

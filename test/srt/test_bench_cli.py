@@ -246,7 +246,7 @@ def test_bench_serving_resumes_only_the_same_measurement(load_benchmark, tmp_pat
     (tmp_path / "bench_serving.json").write_text(
         json.dumps({"runs": [run], "settings": dict(settings, code="0" * 12)})
     )
-    argv = ["--out", str(tmp_path), "--model-path", "/t", "--draft-model-path", "/d"]
+    argv = ["--out", str(tmp_path), "--model-path", "/t", "--speculative-draft-model-path", "/d"]
     assert mod.main(argv + ["--concurrency", "1", "8", "--temps", "T0"]) == 2
     assert "cannot resume" in capsys.readouterr().err
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sglang_ddtree.srt import ddtree_args as dargs
 from sglang_ddtree.srt.ddtree_budget import (
     SCHEDULE_ENV,
+    SCHEDULE_FLAG,
     BudgetSchedule,
     capture_union,
     default_schedule,
@@ -180,3 +181,35 @@ def test_fixed_w_below_block_keeps_the_flag_message():
     s = resolve_schedule({}, 4, 8)
     shape = dargs.DDTreeShape(num_nodes=s.max_num_nodes, block_size=8, topk=8)
     assert "--speculative-num-draft-tokens 16" in dargs.check_shape(shape)[0]
+
+
+def test_a_bad_flag_value_names_the_flag_and_what_to_pass():
+    """A schedule given on the command line is refused in the flag's words (the env var is not
+    what the user typed); one from the env var keeps naming the env var."""
+    with pytest.raises(ValueError) as e:
+        resolve_schedule({}, None, 8, flag="garbage")
+    assert str(e.value) == (
+        "--speculative-ddtree-budget-schedule: 'garbage' is not 'min_batch_size:num_nodes' "
+        "(two integers); pass e.g. --speculative-ddtree-budget-schedule 1:65,8:33,32:17."
+    )
+    for flag, problem in (("2:16", "first budget-schedule threshold must be 1"),
+                          ("1:16,1:8", "must increase"), ("1:0", ">= 1")):  # fmt: skip
+        with pytest.raises(ValueError, match=problem) as e:
+            resolve_schedule({}, None, 8, flag=flag)
+        assert str(e.value).startswith(f"{SCHEDULE_FLAG}: ")
+        assert f"pass e.g. {SCHEDULE_FLAG} " in str(e.value) and SCHEDULE_ENV not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        resolve_schedule({}, None, 8, flag="1:4")  # W < B
+    assert str(e.value).endswith(
+        f"{SCHEDULE_FLAG}: W=4 for bs >= 1 is below the drafter block size 8; every W must be "
+        f">= 8: pass e.g. {SCHEDULE_FLAG} 1:16,4:8."
+    )
+    with pytest.raises(ValueError, match="ambiguous") as e:
+        resolve_schedule({}, 17, 8, flag="1:33")
+    assert f"drop {SCHEDULE_FLAG}" in str(e.value) and SCHEDULE_ENV not in str(e.value)
+    # From the env var: its name and the env form of the fix.
+    with pytest.raises(ValueError) as e:
+        resolve_schedule({SCHEDULE_ENV: "garbage"}, None, 8)
+    assert str(e.value).startswith(f"{SCHEDULE_ENV}: 'garbage' is not")
+    assert f"set e.g. {SCHEDULE_ENV}='1:65,8:33,32:17'" in str(e.value)
+    assert SCHEDULE_FLAG not in str(e.value)

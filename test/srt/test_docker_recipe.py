@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import py_compile
 import re
 import socket
@@ -231,7 +232,6 @@ def run_client(base_url: str, *extra: str, env: dict | None = None):
 
 
 def test_client_unreachable_server():
-    """Reported before ``openai`` is imported, so this runs with or without it."""
     url = f"http://127.0.0.1:{closed_port()}/v1"
     out = run_client(url)
     assert out.returncode == 2
@@ -239,10 +239,24 @@ def test_client_unreachable_server():
     assert "Traceback" not in out.stderr
 
 
+# The reply the stand-in gives, as streamed deltas (the first one is SGLang's role chunk).
+DELTAS = [
+    {"role": "assistant", "content": ""},
+    {"reasoning_content": "Rayleigh "},
+    {"reasoning_content": "scattering."},
+    {"content": "Short "},
+    {"content": "waves scatter."},
+]
+USAGE = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+
+
 class _StandIn(BaseHTTPRequestHandler):
-    """An OpenAI-compatible stand-in: one model, one streamed chat completion."""
+    """An OpenAI-compatible stand-in: one model, one chat completion, streamed or whole; a
+    negative temperature is answered with SGLang's HTTP 400 error body. A streamed reply
+    waits after its first token until ``release`` is set (if the test gave one)."""
 
     requests: list = []
+    release: threading.Event | None = None
 
     def log_message(self, *args):
         pass
@@ -263,37 +277,41 @@ class _StandIn(BaseHTTPRequestHandler):
 
     def do_POST(self):
         length = int(self.headers["Content-Length"])
-        self.requests.append((self.path, json.loads(self.rfile.read(length))))
-        deltas = [
-            {"role": "assistant", "content": ""},
-            {"reasoning_content": "Rayleigh "},
-            {"reasoning_content": "scattering."},
-            {"content": "Short "},
-            {"content": "waves scatter."},
-        ]
-        events = []
-        for i, delta in enumerate(deltas):
-            chunk = {
-                "id": "c1",
-                "object": "chat.completion.chunk",
-                "created": 0,
-                "model": "kimi-k2.6",
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": delta,
-                        "finish_reason": "stop" if i == len(deltas) - 1 else None,
-                    }
-                ],
-            }
-            events.append(f"data: {json.dumps(chunk)}\n\n")
-        events.append("data: [DONE]\n\n")
-        self._send(200, "".join(events).encode(), "text/event-stream")
+        body = json.loads(self.rfile.read(length))
+        self.requests.append((self.path, body))
+        if body["temperature"] < 0:
+            error = {"object": "error", "message": "temperature must be >= 0", "code": 400}
+            self._send(400, json.dumps(error).encode(), "application/json")
+            return
+        if not body["stream"]:
+            message = {"role": "assistant", "reasoning_content": "Rayleigh scattering.",
+                       "content": "Short waves scatter."}  # fmt: skip
+            reply = {"object": "chat.completion", "model": body["model"], "usage": USAGE,
+                     "choices": [{"index": 0, "message": message, "finish_reason": "length"}]}  # fmt: skip
+            self._send(200, json.dumps(reply).encode(), "application/json")
+            return
+        # Streamed: no Content-Length, the connection closes at the end (HTTP/1.0).
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i, delta in enumerate(DELTAS):
+            finish = "stop" if i == len(DELTAS) - 1 else None
+            chunk = {"object": "chat.completion.chunk", "model": body["model"],
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            if i == 1 and self.release is not None:
+                assert self.release.wait(timeout=10), "the client never printed the first token"
+        if body.get("stream_options", {}).get("include_usage"):
+            chunk = {"object": "chat.completion.chunk", "choices": [], "usage": USAGE}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
 
 
 @pytest.fixture
 def stand_in():
     _StandIn.requests = []
+    _StandIn.release = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -302,27 +320,91 @@ def stand_in():
     server.server_close()
 
 
-def test_client_without_openai(stand_in, tmp_path):
+def test_client_streams_with_the_sampling_it_is_given(stand_in):
+    url, requests = stand_in
+    out = run_client(url, "Why is the sky blue?", "--temperature", "0.7", "--top-p", "0.9",
+                     "--max-tokens", "32", "--stream")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.index("=== reasoning ===") < out.stdout.index("Rayleigh scattering.")
+    assert out.stdout.index("Rayleigh scattering.") < out.stdout.index("=== answer ===")
+    assert out.stdout.index("=== answer ===") < out.stdout.index("Short waves scatter.")
+    assert out.stderr == "[finish_reason: stop; tokens: prompt 7, completion 5]\n"
+    [(path, body)] = requests
+    assert path == "/v1/chat/completions"
+    assert body == {
+        "model": "kimi-k2.6",
+        "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 32,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_client_prints_streamed_tokens_as_they_arrive(stand_in):
+    """The stand-in holds the rest of the reply until the first token is on the client's
+    stdout: a client that printed only at the end would never get it."""
+    url, _ = stand_in
+    _StandIn.release = threading.Event()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe buffers
+    proc = subprocess.Popen(
+        [sys.executable, str(CLIENT), "--base-url", url, "--stream", "hi"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        seen = b""
+        while b"Rayleigh" not in seen:  # raw reads: the token comes without a newline
+            data = os.read(proc.stdout.fileno(), 4096)
+            assert data, f"the client ended before printing a token: {proc.stderr.read()}"
+            seen += data
+        _StandIn.release.set()
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        _StandIn.release.set()
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert b"Short waves scatter." in seen + rest
+
+
+def test_client_without_stream_prints_the_whole_reply(stand_in):
+    url, requests = stand_in
+    out = run_client(url, "--prompt", "Why?", "--model", "mine", "--temperature", "0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (
+        "\n=== reasoning ===\nRayleigh scattering.\n=== answer ===\nShort waves scatter.\n"
+    )
+    assert out.stderr == "[finish_reason: length; tokens: prompt 7, completion 5]\n"
+    [(_, body)] = requests
+    assert body["stream"] is False and "stream_options" not in body
+    assert body["model"] == "mine" and body["temperature"] == 0.0  # --model: no /v1/models
+    assert body["top_p"] == 0.95 and body["max_tokens"] == 2048  # the defaults
+    assert body["messages"] == [{"role": "user", "content": "Why?"}]
+
+
+def test_client_reports_the_servers_refusal(stand_in):
+    url, _ = stand_in
+    for extra in ([], ["--stream"]):
+        out = run_client(url, "--temperature", "-1", *extra)
+        assert out.returncode == 3 and "Traceback" not in out.stderr
+        assert out.stderr == "client.py: server answered HTTP 400: temperature must be >= 0\n"
+
+
+def test_client_needs_no_openai_package(stand_in, tmp_path):
+    """Standard library only: an ``openai`` that cannot import changes nothing."""
     url, _ = stand_in
     fake = tmp_path / "openai"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('hidden for the test')\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)}
-    out = run_client(url, env=env)
-    assert out.returncode == 1
-    assert "'openai' package is missing" in out.stderr
-
-
-def test_client_streams_reasoning_and_content(stand_in):
-    pytest.importorskip("openai")
-    url, requests = stand_in
-    out = run_client(url, "--prompt", "Why is the sky blue?")
+    out = run_client(url, "--stream", "hi", env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.index("=== reasoning ===") < out.stdout.index("Rayleigh scattering.")
-    assert out.stdout.index("Rayleigh scattering.") < out.stdout.index("=== answer ===")
-    assert out.stdout.index("=== answer ===") < out.stdout.index("Short waves scatter.")
-    [(path, body)] = requests
-    assert path == "/v1/chat/completions"
-    assert body["model"] == "kimi-k2.6" and body["stream"] is True
-    assert body["temperature"] == 1.0 and body["top_p"] == 0.95
-    assert body["messages"] == [{"role": "user", "content": "Why is the sky blue?"}]
+    assert "Short waves scatter." in out.stdout
+
+
+def test_client_takes_the_prompt_once(stand_in):
+    url, _ = stand_in
+    out = run_client(url, "one", "--prompt", "two")
+    assert out.returncode == 2 and "give the prompt once" in out.stderr

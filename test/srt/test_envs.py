@@ -266,6 +266,7 @@ def _server_args(**kw):
         speculative_attention_mode="prefill",
         page_size=1,
         speculative_eagle_topk=None,
+        speculative_draft_model_path="/models/drafter",
     )
     return SimpleNamespace(**{**base, **kw})
 
@@ -285,6 +286,44 @@ def test_validate_server_args_refuses_every_bad_value_once(spec_module, monkeypa
     assert len(lines) == 5, lines
     for name in ("TOPK='x'", "TREE_ATTENTION='on'", "GLUE_GRAPHS='off'", "CPROFILE='20x'"):
         assert sum(f"SGLANG_DDTREE_{name}" in line for line in lines) == 1, name
+
+
+def test_validate_server_args_refuses_a_missing_drafter_naming_the_flag(spec_module, monkeypatch):
+    """SGLang calls this before its DFLASH handling, which would refuse in DFLASH's name."""
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    with pytest.raises(ValueError) as e:
+        spec_module.validate_server_args(_server_args(speculative_draft_model_path=None))
+    lines = str(e.value).splitlines()
+    assert lines[0] == "Invalid DDTREE configuration:" and len(lines) == 2, lines
+    assert "pass --speculative-draft-model-path <" in lines[1] and "DFLASH" not in lines[1]
+
+
+def test_validate_server_args_refuses_flashmla_where_it_does_not_import(spec_module, monkeypatch):
+    """A machine whose SGLang cannot import its flashmla backend: selecting it is refused at
+    start, naming the flag and what to pass; another backend never tries the import."""
+    from sglang_ddtree.srt import ddtree_args as dargs
+
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
+    dargs.flashmla_import_error.cache_clear()
+    try:
+        spec_module.validate_server_args(_server_args())  # triton
+        assert dargs.flashmla_import_error.cache_info().currsize == 0
+        with pytest.raises(ValueError) as e:
+            spec_module.validate_server_args(
+                _server_args(attention_backend="flashmla", page_size=64)
+            )
+    finally:
+        dargs.flashmla_import_error.cache_clear()
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[1] == (
+        "  - --attention-backend flashmla cannot run on this machine: SGLang's flashmla backend "
+        "does not import (ModuleNotFoundError: No module named 'ddtree_test_absent'); pass "
+        "--attention-backend triton (DDTREE's split verify serves MLA targets there too)."
+    )
 
 
 def test_step_timing_refuses_a_bad_instrument_before_any_hook(monkeypatch):

@@ -4,7 +4,10 @@ tiny model factory, and (when SGLang imports) the spec class and ServerArgs reso
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -34,6 +37,7 @@ def good_cfg(**kw):
         speculative_draft_window_size=None,
         speculative_adaptive=False,
         speculative_eagle_topk=1,
+        speculative_draft_model_path="/models/drafter",
     )
     base.update(kw)
     return SimpleNamespace(**base)
@@ -68,6 +72,18 @@ def test_good_config_passes():
 def test_refusals_name_the_fix(kw, hint):
     errors = dargs.check_server_args(good_cfg(**kw))
     assert len(errors) == 1 and hint in errors[0], errors
+
+
+def test_a_missing_drafter_is_refused_in_ddtree_words():
+    """Without a drafter SGLang's DFLASH handling would say "DFLASH speculative decoding
+    requires ..."; DDTREE refuses first, naming the flag to pass."""
+    (error,) = dargs.check_server_args(good_cfg(speculative_draft_model_path=None))
+    assert error == (
+        "DDTREE drafts with a DFlash drafter, and none was given; pass "
+        "--speculative-draft-model-path <the target's DFlash drafter> (a local folder or hub "
+        "id, e.g. z-lab/Kimi-K2.6-DFlash for moonshotai/Kimi-K2.6)."
+    )
+    assert "DFLASH" not in error
 
 
 def test_decode_mode_checks_decode_backend():
@@ -589,3 +605,59 @@ def test_plugin_refuses_other_sglang_releases(monkeypatch):
     with pytest.raises(RuntimeError, match=r"SGLang 0\.5\.17 only.*SGLang 0\.5\.23"):
         plugin.register()
     assert not plugin._registered and "0.5.23" in str(plugin._register_error)
+
+
+@pytest.fixture
+def hook_registry(monkeypatch):
+    """A stand-in for SGLang's hook registry: the targets registered, in order."""
+    import enum
+
+    registered = []
+
+    class HookType(enum.Enum):
+        AROUND = "around"
+
+    class HookRegistry:
+        @staticmethod
+        def register(target, hook, hook_type):
+            registered.append(target)
+
+    registry = types.ModuleType("sglang.srt.plugins.hook_registry")
+    registry.HookRegistry, registry.HookType = HookRegistry, HookType
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, registry.__name__, registry)
+    return registered
+
+
+def test_flashmla_hooks_only_where_its_backend_imports(hook_registry, monkeypatch, caplog):
+    """SGLang's registry logs a traceback for every hooked class that does not import, on every
+    launch: where the flashmla backend does not import, its hooks are not registered and one
+    debug line says why; where it imports, all four are."""
+    from sglang_ddtree.srt import ddtree_attention_hook as hooks
+
+    monkeypatch.delenv("SGLANG_DDTREE_TREE_ATTENTION", raising=False)
+    monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
+    dargs.flashmla_import_error.cache_clear()
+    caplog.set_level(logging.DEBUG)
+    try:
+        assert hooks.register_if_enabled() is True
+        assert hook_registry == [f"{hooks.TRITON}.__init__", hooks.TARGET]
+        (record,) = [r for r in caplog.records if r.name == hooks.__name__]
+        assert record.levelno == logging.DEBUG
+        assert "No module named 'ddtree_test_absent'" in record.getMessage()
+        assert "\n" not in record.getMessage() and record.exc_info is None
+
+        present = types.ModuleType("ddtree_test_flashmla_backend")
+        monkeypatch.setitem(sys.modules, present.__name__, present)
+        monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", present.__name__)
+        dargs.flashmla_import_error.cache_clear()
+        hook_registry.clear()
+        assert hooks.register_if_enabled() is True
+        flashmla = [t for t in hook_registry if t.startswith(hooks.FLASHMLA + ".")]
+        assert sorted(t.rsplit(".", 1)[1] for t in flashmla) == [
+            "__init__", "forward_extend", "init_forward_metadata",
+            "init_forward_metadata_out_graph",
+        ]  # fmt: skip
+    finally:
+        dargs.flashmla_import_error.cache_clear()

@@ -2,7 +2,8 @@
 
 How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
-- ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``.
+- ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``
+  (refused at start without a drafter, in DDTREE's words).
 - ``--speculative-num-draft-tokens W``: a FIXED budget: tree nodes verified per request, root
   included (tree budget = W - 1), at every batch size. Must be >= the drafter block size.
 - ``--speculative-ddtree-budget-schedule`` (or the env var ``SGLANG_DDTREE_BUDGET_SCHEDULE``,
@@ -28,6 +29,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +213,13 @@ def check_server_args(cfg: Any) -> list[str]:
     or a SimpleNamespace in tests). Returns the list of problems (empty when fine).
     """
     errors = []
+    # Refused here, before SGLang's DFLASH handling would refuse it in DFLASH's name.
+    if not _get(cfg, "speculative_draft_model_path"):
+        errors.append(
+            "DDTREE drafts with a DFlash drafter, and none was given; pass "
+            "--speculative-draft-model-path <the target's DFlash drafter> (a local folder or "
+            "hub id, e.g. z-lab/Kimi-K2.6-DFlash for moonshotai/Kimi-K2.6)."
+        )
     device = _get(cfg, "device")
     if device is not None and not str(device).startswith("cuda"):
         errors.append(f"DDTREE runs on CUDA only (device={device!r}); pass --device cuda.")
@@ -288,6 +298,38 @@ def check_server_args(cfg: Any) -> list[str]:
     except ValueError as e:
         errors.append(str(e))
     return errors
+
+
+# SGLang's flashmla backend; it imports sgl_kernel's FlashMLA kernels, which not every machine's
+# sgl_kernel has.
+FLASHMLA_BACKEND_MODULE = "sglang.srt.layers.attention.flashmla_backend"
+
+
+@functools.cache
+def flashmla_import_error() -> str | None:
+    """Why SGLang's flashmla backend does not import on this machine (``ExcType: message``), or
+    None where it does. Tried once per process."""
+    try:
+        importlib.import_module(FLASHMLA_BACKEND_MODULE)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def flashmla_unavailable_error(verify_backend: str | None) -> str | None:
+    """The refusal of a verify on flashmla where SGLang's flashmla backend does not import, at
+    start rather than when the model runner builds the backend; None otherwise (the import is
+    tried only when flashmla is the verify's backend)."""
+    if verify_backend != "flashmla":
+        return None
+    reason = flashmla_import_error()
+    if reason is None:
+        return None
+    return (
+        f"--attention-backend flashmla cannot run on this machine: SGLang's flashmla backend "
+        f"does not import ({reason}); pass --attention-backend triton (DDTREE's split verify "
+        "serves MLA targets there too)."
+    )
 
 
 # SGLang's attention backend classes by the --attention-backend name that builds them.

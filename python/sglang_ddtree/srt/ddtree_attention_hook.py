@@ -1,10 +1,18 @@
 """Plugin registration of the DDTREE tree-verify attention: AROUND hooks on the construction of
 ``TritonAttnBackend`` and ``FlashMLABackend`` (which decides once whether the backend verifies
 DDTREE trees), on their ``forward_extend`` and on FlashMLA's metadata calls (in SGLang's tree,
-a line in each constructor and a call at the top of each method)."""
+a line in each constructor and a call at the top of each method).
+
+FlashMLA's hooks are registered only where SGLang's flashmla backend imports: SGLang's hook
+registry imports every hooked class, and logs a traceback for each one that does not import, on
+every launch, whichever backend is selected. Where it does not import, a server that selects
+flashmla is refused at start (``ddtree_args.flashmla_unavailable_error``)."""
 
 from __future__ import annotations
 
+import logging
+
+from sglang_ddtree.srt.ddtree_args import FLASHMLA_BACKEND_MODULE, flashmla_import_error
 from sglang_ddtree.srt.ddtree_attention import (
     enabled,
     flashmla_tree_verify_attention,
@@ -13,9 +21,11 @@ from sglang_ddtree.srt.ddtree_attention import (
     tree_verify_attention,
 )
 
+logger = logging.getLogger(__name__)
+
 TRITON = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
 TARGET = f"{TRITON}.forward_extend"
-FLASHMLA = "sglang.srt.layers.attention.flashmla_backend.FlashMLABackend"
+FLASHMLA = f"{FLASHMLA_BACKEND_MODULE}.FlashMLABackend"
 
 
 def register_if_enabled() -> bool:
@@ -24,8 +34,12 @@ def register_if_enabled() -> bool:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(f"{TRITON}.__init__", backend_init_hook, HookType.AROUND)
-    HookRegistry.register(f"{FLASHMLA}.__init__", backend_init_hook, HookType.AROUND)
     HookRegistry.register(TARGET, forward_extend_hook, HookType.AROUND)
+    reason = flashmla_import_error()
+    if reason is not None:
+        logger.debug("DDTREE: no flashmla verify hooks, its backend does not import: %s", reason)
+        return True
+    HookRegistry.register(f"{FLASHMLA}.__init__", backend_init_hook, HookType.AROUND)
     HookRegistry.register(
         f"{FLASHMLA}.forward_extend", flashmla_forward_extend_hook, HookType.AROUND
     )

@@ -15,7 +15,8 @@ Terms:
   (``get_batch_sizes_to_capture``); a step of ``bs`` requests replays the graph of the smallest
   capture size >= bs (padding), or runs eagerly when bs exceeds the largest.
 
-``SGLANG_DDTREE_BUDGET_SCHEDULE`` sets a schedule. ``--speculative-num-draft-tokens W`` alone
+``--speculative-ddtree-budget-schedule`` (or ``SGLANG_DDTREE_BUDGET_SCHEDULE``) sets a schedule;
+a refusal names the one the value came from. ``--speculative-num-draft-tokens W`` alone
 fixes W (a one-bucket schedule); both together are refused as ambiguous; neither gives
 ``default_schedule(B, moe)`` (``1:2B,4:B``, or ``1:B`` for a mixture-of-experts target).
 SGLang's ``speculative_num_draft_tokens`` is then set to the schedule's largest W, because the
@@ -30,7 +31,38 @@ from dataclasses import dataclass
 from sglang_ddtree.srt.ddtree_envs import envs
 
 SCHEDULE_ENV = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.name
+SCHEDULE_FLAG = "--speculative-ddtree-budget-schedule"
 EXAMPLE = "1:65,8:33,32:17"
+
+
+def _set_like(source: str, schedule: str) -> str:
+    """How a refusal tells the user to give ``schedule``, in the form they used (``source``:
+    the flag or the env var)."""
+    if source == SCHEDULE_FLAG:
+        return f"pass e.g. {SCHEDULE_FLAG} {schedule}"
+    return f"set e.g. {SCHEDULE_ENV}={schedule!r}"
+
+
+def _form_problem(thresholds: tuple, num_nodes: tuple, source: str) -> str | None:
+    """Why these pairs are no schedule (None when they are one); ``source`` names where they
+    came from."""
+    fix = _set_like(source, EXAMPLE)
+    if not thresholds or len(thresholds) != len(num_nodes):
+        return f"{source}: a budget schedule needs one W per threshold; {fix}."
+    if thresholds[0] != 1:
+        return (
+            f"{source}: the first budget-schedule threshold must be 1 (got {thresholds[0]}) so "
+            f"every batch size has a W; {fix}."
+        )
+    for lo, hi in zip(thresholds, thresholds[1:]):
+        if hi <= lo:
+            return (
+                f"{source}: budget-schedule thresholds must increase (got {lo} then {hi}); {fix}."
+            )
+    for w in num_nodes:
+        if w < 1:
+            return f"{source}: every W in a budget schedule must be >= 1 (got {w}); {fix}."
+    return None
 
 
 def default_schedule(block_size: int, moe: bool = False) -> BudgetSchedule:
@@ -85,30 +117,19 @@ class BudgetSchedule:
     num_nodes: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        fix = f"e.g. {SCHEDULE_ENV}={EXAMPLE!r}"
-        if not self.thresholds or len(self.thresholds) != len(self.num_nodes):
-            raise ValueError(f"A budget schedule needs one W per threshold; {fix}.")
-        if self.thresholds[0] != 1:
-            raise ValueError(
-                f"The first budget-schedule threshold must be 1 (got {self.thresholds[0]}) so "
-                f"every batch size has a W; {fix}."
-            )
-        for lo, hi in zip(self.thresholds, self.thresholds[1:]):
-            if hi <= lo:
-                raise ValueError(
-                    f"Budget-schedule thresholds must increase (got {lo} then {hi}); {fix}."
-                )
-        for w in self.num_nodes:
-            if w < 1:
-                raise ValueError(f"Every W in a budget schedule must be >= 1 (got {w}); {fix}.")
+        problem = _form_problem(self.thresholds, self.num_nodes, SCHEDULE_ENV)
+        if problem is not None:
+            raise ValueError(problem)
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
-    def parse(cls, text: str) -> BudgetSchedule:
-        """Parse ``"T0:W0,T1:W1,..."`` (whitespace allowed); ValueError says what to pass."""
+    def parse(cls, text: str, source: str = SCHEDULE_ENV) -> BudgetSchedule:
+        """Parse ``"T0:W0,T1:W1,..."`` (whitespace allowed); ValueError names ``source`` (the
+        flag or the env var the text came from) and says what to pass."""
         items = [p.strip() for p in str(text).split(",") if p.strip()]
         if not items:
-            raise ValueError(f"{SCHEDULE_ENV} is empty; set it like {EXAMPLE!r} or unset it.")
+            undo = "drop it" if source == SCHEDULE_FLAG else "unset it"
+            raise ValueError(f"{source} is empty; {_set_like(source, EXAMPLE)}, or {undo}.")
         pairs = []
         for item in items:
             parts = item.split(":")
@@ -118,10 +139,14 @@ class BudgetSchedule:
                 pairs.append((int(parts[0]), int(parts[1])))
             except ValueError:
                 raise ValueError(
-                    f"{SCHEDULE_ENV}: {item!r} is not 'min_batch_size:num_nodes' (two integers); "
-                    f"set it like {EXAMPLE!r}."
+                    f"{source}: {item!r} is not 'min_batch_size:num_nodes' (two integers); "
+                    f"{_set_like(source, EXAMPLE)}."
                 ) from None
-        return cls(thresholds=tuple(t for t, _ in pairs), num_nodes=tuple(w for _, w in pairs))
+        thresholds, num_nodes = tuple(t for t, _ in pairs), tuple(w for _, w in pairs)
+        problem = _form_problem(thresholds, num_nodes, source)
+        if problem is not None:
+            raise ValueError(problem)
+        return cls(thresholds=thresholds, num_nodes=num_nodes)
 
     @classmethod
     def fixed(cls, num_nodes: int) -> BudgetSchedule:
@@ -183,8 +208,9 @@ class BudgetSchedule:
             out.append((w, sorted(inside | {top})))
         return out
 
-    def check(self, block_size: int) -> list[str]:
-        """Problems with this schedule for drafter block ``block_size`` (empty when fine)."""
+    def check(self, block_size: int, source: str = SCHEDULE_ENV) -> list[str]:
+        """Problems with this schedule for drafter block ``block_size`` (empty when fine), each
+        naming ``source``, the flag or env var the schedule came from."""
         b = int(block_size)
         errors = []
         for i, w in enumerate(self.num_nodes):
@@ -192,8 +218,8 @@ class BudgetSchedule:
                 lo, hi = self.bucket_range(i)
                 where = f"bs >= {lo}" if hi is None else f"bs {lo}..{hi}"
                 errors.append(
-                    f"{SCHEDULE_ENV}: W={w} for {where} is below the drafter block size {b}; "
-                    f"every W must be >= {b}, e.g. {SCHEDULE_ENV}={str(default_schedule(b))!r}."
+                    f"{source}: W={w} for {where} is below the drafter block size {b}; "
+                    f"every W must be >= {b}: {_set_like(source, str(default_schedule(b)))}."
                 )
         return errors
 
@@ -202,9 +228,6 @@ def read_schedule_env(environ: Mapping[str, str]) -> BudgetSchedule | None:
     """The schedule set by ``SGLANG_DDTREE_BUDGET_SCHEDULE``, or None when unset / blank."""
     raw = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.get(environ)
     return BudgetSchedule.parse(raw.strip()) if raw is not None else None
-
-
-SCHEDULE_FLAG = "--speculative-ddtree-budget-schedule"
 
 
 def resolve_schedule(
@@ -223,9 +246,11 @@ def resolve_schedule(
     checks given and default schedules.
     """
     env_schedule = read_schedule_env(environ)
-    given, source, undo = env_schedule, f"{SCHEDULE_ENV}=", f"unset {SCHEDULE_ENV}"
+    given, source = env_schedule, SCHEDULE_ENV
+    given_as, undo = f"{SCHEDULE_ENV}={str(given)!r}", f"unset {SCHEDULE_ENV}"
     if flag is not None and flag.strip():
-        given, source, undo = BudgetSchedule.parse(flag.strip()), f"{SCHEDULE_FLAG} ", "drop it"
+        given, source = BudgetSchedule.parse(flag.strip(), SCHEDULE_FLAG), SCHEDULE_FLAG
+        given_as, undo = f"{SCHEDULE_FLAG} {given}", f"drop {SCHEDULE_FLAG}"
         if env_schedule is not None and str(env_schedule) != str(given):
             raise ValueError(
                 f"{SCHEDULE_FLAG} {str(given)!r} and {SCHEDULE_ENV}={str(env_schedule)!r} "
@@ -234,14 +259,13 @@ def resolve_schedule(
     if given is not None and explicit_num_nodes is not None:
         raise ValueError(
             f"DDTREE budget is ambiguous: --speculative-num-draft-tokens {explicit_num_nodes} "
-            f"fixes W, {source}{str(given)!r} makes it adaptive. Pass only one: "
+            f"fixes W, {given_as} makes it adaptive. Pass only one: "
             f"drop --speculative-num-draft-tokens, or {undo}."
         )
-    env_schedule = given
     if explicit_num_nodes is not None:
         return BudgetSchedule.fixed(int(explicit_num_nodes))
-    schedule = env_schedule if env_schedule is not None else default_schedule(block_size, moe)
-    errors = schedule.check(block_size)
+    schedule = given if given is not None else default_schedule(block_size, moe)
+    errors = schedule.check(block_size, source)
     if errors:
         raise ValueError("Invalid DDTREE budget schedule:\n  - " + "\n  - ".join(errors))
     return schedule

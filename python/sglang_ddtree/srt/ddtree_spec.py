@@ -34,7 +34,9 @@ def validate_server_args(server_args) -> None:
     # Every SGLANG_DDTREE_* value first; a reader below may name the same one again.
     errors = invalid_settings()
     checks = dargs.check_server_args(view)
-    checks.append(flashmla_switch_error(dargs.target_verify_backend(view)))
+    verify_backend = dargs.target_verify_backend(view)
+    checks.append(flashmla_switch_error(verify_backend))
+    checks.append(dargs.flashmla_unavailable_error(verify_backend))
     errors += [e for e in checks if e is not None and e not in errors]
     if errors:
         raise ValueError(dargs.format_errors(errors))
