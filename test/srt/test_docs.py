@@ -436,9 +436,11 @@ def test_results_folder_holds_what_results_cites():
     results = RESULTS.parent / "results"
     cited = set(re.findall(r"`results/([^/`]+)/?`", RESULTS.read_text()))
     assert cited and all((results / c).exists() for c in cited), cited
-    read_by_tests = set()
+    read_by_tests = set()  # a path, or a folder name joined to one (``parent / "run49"``)
     for path in (ROOT / "test").rglob("*.py"):
-        read_by_tests |= set(re.findall(r"benchmark/ddtree/results/([\w.-]+)", path.read_text()))
+        text = path.read_text()
+        read_by_tests |= set(re.findall(r"benchmark/ddtree/results/([\w.-]+)", text))
+        read_by_tests |= set(re.findall(r"[\"'](run\d+)[\"']", text)) - {"run"}
     kept = {p.name for p in results.iterdir()}
     assert kept == cited | read_by_tests, {
         "kept, not cited": sorted(kept - cited - read_by_tests),
