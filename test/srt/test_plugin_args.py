@@ -142,21 +142,22 @@ def test_request_refusals():
     assert dreq.refuse_request(req(min_new_tokens=0, sampling_seed=7)) is None
     processor = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
     assert "custom logit" in dreq.refuse_request(processor)
+    # Logprobs are served (their check against the non-speculative server's).
     logprobs = SimpleNamespace(custom_logit_processor=None, return_logprob=True,
                                sampling_params=sp())  # fmt: skip
-    assert "logprobs" in dreq.refuse_request(logprobs)
+    assert dreq.refuse_request(logprobs) is None
 
 
 def test_request_hook_names_ddtree_first():
-    """SGLang's own DFlash-family check refuses logprobs naming DFLASH; while DDTREE serves,
-    DDTREE's refusal answers first; otherwise SGLang's check runs unchanged."""
+    """While DDTREE serves, its refusal answers before SGLang's own DFlash-family check (whose
+    messages name DFLASH); otherwise SGLang's check runs unchanged."""
     from sglang_ddtree.plugin import _validate_request_hook
 
     def original(req, *a, **k):
-        return "DFLASH speculative decoding does not support return_logprob yet."
+        return "DFLASH speculative decoding does not support this yet."
 
     sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
-    req = SimpleNamespace(custom_logit_processor=None, return_logprob=True, sampling_params=sp)
+    req = SimpleNamespace(custom_logit_processor="x", return_logprob=False, sampling_params=sp)
     was = dreq.ddtree_active()
     try:
         dreq.set_active(True)
@@ -167,8 +168,8 @@ def test_request_hook_names_ddtree_first():
         dreq.set_active(was)
 
 
-def test_request_hook_passes_dflash_s_logprob_refusal_once_ddtree_admits_logprobs(monkeypatch):
-    """Where DDTREE admits logprobs, SGLang's DFlash-family check still runs for the rest (its
+def test_request_hook_passes_dflash_s_logprob_refusal():
+    """DDTREE serves logprobs: SGLang's DFlash-family check still runs for the rest (its
     other refusal, hidden states under overlap, answers) but not for logprobs, and the request
     keeps its flag; a request without logprobs reaches the check untouched."""
     from sglang_ddtree.plugin import _validate_request_hook
@@ -180,7 +181,6 @@ def test_request_hook_passes_dflash_s_logprob_refusal_once_ddtree_admits_logprob
             return "DFLASH speculative decoding does not support return_hidden_states yet."
         return None
 
-    monkeypatch.setattr(dreq, "refuse_logprobs", lambda req: None)
     sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
     req = SimpleNamespace(custom_logit_processor=None, return_logprob=True,
                           return_hidden_states=False, sampling_params=sp)  # fmt: skip
