@@ -196,6 +196,48 @@ def test_request_hook_passes_dflash_s_logprob_refusal():
         dreq.set_active(was)
 
 
+# What a request asks for logprobs, as SGLang's Req carries it.
+LOGPROB_ASKS = {
+    "return_logprob": {"return_logprob": True},
+    "top_logprobs_num": {"return_logprob": True, "top_logprobs_num": 5},
+    "token_ids_logprob": {"return_logprob": True, "token_ids_logprob": [3, 7]},
+}
+
+
+@pytest.mark.parametrize("asks", list(LOGPROB_ASKS.values()), ids=list(LOGPROB_ASKS))
+def test_ddtree_admits_logprob_requests_and_still_refuses_processors(asks):
+    """DDTREE's request check, alone and as the plugin's hook around SGLang's DFlash-family
+    check (which refuses logprobs naming DFLASH), admits each way of asking for logprobs, and
+    the request reaches the scheduler as asked; a custom logit processor is still refused,
+    naming DDTREE, with logprobs asked or not."""
+    from sglang_ddtree.plugin import _validate_request_hook
+
+    def dflash_check(req, enable_overlap):
+        if req.return_logprob:
+            return "DFLASH speculative decoding does not support return_logprob yet."
+        return None
+
+    def req(**kw):
+        sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
+        base = dict(custom_logit_processor=None, return_logprob=False, top_logprobs_num=0,
+                    token_ids_logprob=None, return_hidden_states=False, sampling_params=sp)  # fmt: skip
+        return SimpleNamespace(**{**base, **kw})
+
+    was = dreq.ddtree_active()
+    try:
+        dreq.set_active(True)
+        asking = req(**asks)
+        assert dreq.refuse_request(asking) is None
+        assert _validate_request_hook(dflash_check, asking, False) is None
+        assert {k: getattr(asking, k) for k in asks} == asks
+        for extra in ({}, asks):
+            processor = req(custom_logit_processor="x", **extra)
+            msg = _validate_request_hook(dflash_check, processor, False)
+            assert "DDTREE" in msg and "custom logit processors" in msg
+    finally:
+        dreq.set_active(was)
+
+
 def _max_row_column(ctx: int, w: int, block: int) -> int:
     """The largest req_to_token column (exclusive) a DDTREE request touches near the context
     limit: DFLASH v2 reserves ``committed + 2 W`` for every running request (committed below
