@@ -353,7 +353,7 @@ def _refusal(custom_logit_processor=None, return_logprob=False) -> str | None:
 
 def own_refusals() -> list[str]:
     """DDTREE's per-request refusals (docs/requests.md), as its request check words them: of a
-    custom logit processor and logprobs (served since their check passed), those it refuses."""
+    custom logit processor and logprobs (served), those it refuses."""
     return [m for m in (_refusal(PROCESSOR), _refusal(return_logprob=True)) if m]
 
 
