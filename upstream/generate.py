@@ -251,6 +251,16 @@ _register_ddtree()
 
 """,
     ),
+    # ... and serves the logprobs DFLASH refuses (ddtree_logprobs).
+    Edit(
+        "logprobs-admitted",
+        "python/sglang/srt/speculative/dflash_utils.py",
+        (
+            "    if req.return_logprob",
+            ':\n        return "DFLASH speculative decoding does not support return_logprob yet."\n',
+        ),
+        " and not ddtree_requests.ddtree_active()",
+    ),
     # 3. req_to_token row headroom.
     Edit(
         "row-headroom",
@@ -533,15 +543,23 @@ SERIES = [
     Part(
         "worker",
         "the worker and --speculative-algorithm DDTREE",
-        "the DDTREE worker and its registration, the server flags, the request refusals, the "
-        "req_to_token row headroom, the in-tree tests and the docs",
+        "the DDTREE worker and its registration, the server flags, the request refusals "
+        "(logprobs served past DFLASH's), the req_to_token row headroom, the in-tree tests and "
+        "the docs",
         modules=(
             "sglang_ddtree.srt.ddtree_worker_v2",
             "sglang_ddtree.srt.ddtree_spec",
             "sglang_ddtree.srt.ddtree_requests",
         ),
         templates=("test_ddtree.py", "test_ddtree_refusals.py", "ddtree.md"),
-        edits=("register", "request-refusals", "row-headroom", "server-flags", "flag-check"),
+        edits=(
+            "register",
+            "request-refusals",
+            "logprobs-admitted",
+            "row-headroom",
+            "server-flags",
+            "flag-check",
+        ),
         serves=True,
     ),
 ]

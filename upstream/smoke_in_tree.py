@@ -8,7 +8,9 @@ without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CA
 per-position two-sample chi-squared tests of ``e2e.law_test`` over ``e2e.sample_completions``,
 4 prompts x 256 samples x 24 tokens a side, Bonferroni-combined, p > 0.001), and the
 deliberately wrong coins (``testing.inject`` scaling the in-tree ``ddtree_utils``' coins in the
-engine's processes) are rejected at p < 0.001 with the same samples (the test can fail); a refused option (logprobs) aborts with a message naming DDTREE;
+engine's processes) are rejected at p < 0.001 with the same samples (the test can fail); logprobs
+are served (one logprob and a top two per output token, past DFLASH's refusal of them); a refused
+option (a custom logit processor) aborts with a message naming DDTREE;
 a bad flag value is refused at launch; the in-tree engines' verifies went through the split
 tree-verify attention of the patched ``triton_backend.py`` (its one-time log line, read from this
 process's stderr, which the engines' scheduler processes inherit). Prints one JSON summary line;
@@ -73,6 +75,7 @@ def main() -> int:
 def smoke() -> int:
     import sglang as sgl
     import sglang.srt.speculative.spec_info as spec_info
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
     from sglang.srt.speculative.spec_registry import get_spec
 
     from sglang_ddtree.testing.e2e import engine_kwargs, law_test, sample_completions
@@ -99,7 +102,7 @@ def smoke() -> int:
         speculative_ddtree_budget_schedule="1:33,4:17",
         speculative_ddtree_topk=4,
     )
-    eng = sgl.Engine(**base, **in_tree)
+    eng = sgl.Engine(**base, **in_tree, enable_custom_logit_processor=True)
     outs = eng.generate(input_ids=prompts, sampling_params=greedy)
     law = {
         n: law_test(ref_samples[n], sample_completions(eng, law_prompts, p))
@@ -107,7 +110,19 @@ def smoke() -> int:
     }
     one = [eng.generate(input_ids=p, sampling_params=greedy) for p in prompts[:4]]
     try:
-        refused = eng.generate(input_ids=prompts[0], sampling_params=greedy, return_logprob=True)
+        meta = eng.generate(input_ids=prompts[0], sampling_params=greedy, return_logprob=True,
+                            top_logprobs_num=2)["meta_info"]  # fmt: skip
+        tops = meta["output_top_logprobs"]
+        logprobs = (len(meta["output_token_logprobs"]) == len(tops) == meta["completion_tokens"]
+                    and all(len(t) == 2 for t in tops))  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        logprobs = f"{type(e).__name__}: {e}"[:300]
+    try:
+        refused = eng.generate(
+            input_ids=prompts[0],
+            sampling_params={**greedy, "custom_params": {"token_ids": [5]}},
+            custom_logit_processor=DisallowedTokensLogitsProcessor.to_str(),
+        )
         refused = refused["meta_info"].get("finish_reason")
     except Exception as e:  # noqa: BLE001
         refused = f"{type(e).__name__}: {e}"[:300]
@@ -118,6 +133,7 @@ def smoke() -> int:
     summary["greedy_mismatches_batched"] = sum(a != b for a, b in zip(ref, got))
     summary["greedy_mismatches_single"] = sum(a != b["output_ids"] for a, b in zip(ref[:4], one))
     summary["accept_length"] = round(tokens / max(verify, 1), 3)
+    summary["logprobs_served"] = logprobs
     summary["refusal"] = refused
     try:
         sgl.Engine(**base, speculative_algorithm="DDTREE", speculative_draft_model_path=draft,
@@ -144,6 +160,7 @@ def smoke() -> int:
         and summary["accept_length"] > 1.0
         and all(law[n]["p_combined"] > LAW_ALPHA for n in LAW_CASES)
         and law["wrong_coins_T1.0"]["p_combined"] < LAW_ALPHA
+        and summary["logprobs_served"] is True
         and "DDTREE" in json.dumps(summary["refusal"])
         and "threshold must be 1" in summary["bad_flag"]
     )

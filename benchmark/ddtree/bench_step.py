@@ -87,9 +87,7 @@ top-p, which isolates the top-p renorm's cost), and ``T1_p0.95_minp0.05`` /
 host cost; a random-weight shape gets a word-level tokenizer of its vocabulary size for them),
 ``T0_logprobs`` / ``T1_p0.95_logprobs`` (every request with ``return_logprob`` and the top 5):
 each parameter's step cost beside plain sampling; a setting the server refuses is recorded as
-that cell's error. DDTREE refuses logprobs per request, so where a logprobs cell is asked its
-engines start with that refusal lifted (``testing.inject``'s ``SERVE_LOGPROBS_ENV``, as the
-logprobs check does), recorded in the row (``logprobs_refusal_lifted``).
+that cell's error.
 
 One-rank K2.6 (``--tp-rank-of 8``): a tp-1 engine of exactly one TP-8 rank's shapes (8 MLA query
 heads, all 384 routed experts at a 2048 / 8 = 256 intermediate in INT4, dense and shared MLPs / 8,
@@ -147,7 +145,7 @@ from sglang_ddtree.step_timing import (
 from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE  # also installs testing.inject's hooks
-from sglang_ddtree.testing.inject import GRAPH_STATS_ENV, SERVE_LOGPROBS_ENV
+from sglang_ddtree.testing.inject import GRAPH_STATS_ENV
 
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
@@ -585,11 +583,6 @@ def engine_kwargs(
     return kw
 
 
-def asks_logprobs(phases, temps) -> bool:
-    """Whether the step phase runs a logprobs cell (``temps``: --temps' (name, params))."""
-    return "step" in phases and any(LOGPROBS_KEY in params for _, params in temps)
-
-
 def generate(eng, prompts, params) -> tuple[list[dict], float]:
     key = "prompt" if isinstance(prompts[0], str) else "input_ids"
     params = dict(params)
@@ -754,12 +747,6 @@ def run_config(spec, config, args, timing_dir) -> dict:
         os.environ[GRAPH_STATS_ENV] = stats_path
     else:
         os.environ.pop(GRAPH_STATS_ENV, None)
-    # A logprobs cell measures DDTREE's logprobs path, which the server refuses per request.
-    if asks_logprobs(args.phases, args.temps):
-        os.environ[SERVE_LOGPROBS_ENV] = "1"
-        row["logprobs_refusal_lifted"] = True
-    else:
-        os.environ.pop(SERVE_LOGPROBS_ENV, None)
     t_start = time.monotonic()
     kw = engine_kwargs(
         spec,

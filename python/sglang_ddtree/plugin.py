@@ -97,7 +97,7 @@ def _validate_request_hook(original_fn, req, *args, **kwargs):
         msg = requests.refuse_request(req)
         if msg is not None:
             return msg
-        if getattr(req, "return_logprob", False):  # admitted: DFLASH's refusal is not DDTREE's
+        if getattr(req, "return_logprob", False):  # DDTREE serves them; DFLASH refuses them
             req.return_logprob = False
             try:
                 return original_fn(req, *args, **kwargs)

@@ -21,8 +21,9 @@ g. the split attention on the Kimi-shaped MLA + MoE pair (``--arch mla``): b, th
    kernels (MLA's 512-wide values tiled). Greedy is left out there: on that random-router target
    greedy outputs differ from no speculation at expert-routing near-ties with either attention
    (RESULTS.md);
-h. logprobs (``--checks logprobs``, bfloat16): DDTREE's greedy logprobs and top-5 against the
-   non-speculative server's, per position kind (``testing.logprobs_check``).
+h. logprobs (``--checks logprobs``, bfloat16): DDTREE's greedy and sampled logprobs against the
+   non-speculative server's, per position kind, within that server's own extend-versus-decode
+   differences (``testing.logprobs_check``).
 """
 
 from __future__ import annotations
@@ -133,11 +134,12 @@ def logprobs_run(tmp_path_factory, run_gpu_check):
     return run_gpu_check(out, "sglang_ddtree.testing.e2e", args, "e2e_summary.json", 600)
 
 
-def test_h_logprobs_equal_no_spec(logprobs_run):
-    """DDTREE's logprobs and top-5 (its per-request refusal lifted in the test's engine) within
-    0.02 of the non-speculative server's in bfloat16, per position kind: greedy against its
-    outputs, sampled at T 1.0 / top_p 0.95 against its scoring of DDTREE's tokens
-    (`testing.logprobs_check`); reading them one position late is caught in both."""
+def test_h_logprobs_within_the_servers_floor(logprobs_run):
+    """DDTREE's logprobs against the non-speculative server's in bfloat16, one request at a
+    time, per position kind: the token logprob's p99 difference at most 1.25x the server's own
+    extend-versus-decode p99 and its maximum at most 0.1; greedy against its outputs, sampled
+    at T 1.0 / top_p 0.95 against its scoring of DDTREE's tokens (`testing.logprobs_check`);
+    reading them one position late is caught in both."""
     lp = logprobs_run["logprobs"]
     assert lp["greedy"]["one_position_late_caught"] and lp["sampled"]["one_position_late_caught"]
     assert lp["passed"], json.dumps(lp, indent=1)

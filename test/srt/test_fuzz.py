@@ -146,9 +146,9 @@ def test_stop_ids_outside_the_vocabulary_only_where_min_tokens_is_not(draws):
 
 def test_refusals_are_those_docs_list():
     refusals = fuzz.own_refusals()
-    assert len(refusals) == 2 and all(r and "DDTREE" in r for r in refusals)
+    assert len(refusals) == 1 and "DDTREE" in refusals[0]  # logprobs are served
     refused = DOCS.read_text().split("Refused per request with HTTP 400")[1]
-    assert "custom logit processors" in refused and "`logprobs`" in refused
+    assert "custom logit processors" in refused
 
 
 def test_processor_names_sglangs_class(monkeypatch):
@@ -170,6 +170,8 @@ def outcome(status=200, code=None, message="", answers=1, dropped=False, error=N
 
 PLAIN = {"endpoint": "/v1/completions", "body": {"prompt": "x"}}
 LOGPROBS = {"endpoint": "/v1/completions", "body": {"prompt": "x", "logprobs": 0}}
+PROCESSOR = {"endpoint": "/generate",
+             "body": {"text": "x", "custom_logit_processor": fuzz.PROCESSOR}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -178,8 +180,9 @@ LOGPROBS = {"endpoint": "/v1/completions", "body": {"prompt": "x", "logprobs": 0
         (PLAIN, outcome(), outcome(), "ok"),
         (PLAIN, outcome(400, message="top_p"), outcome(400, message="top_p"), "ok"),
         (PLAIN, outcome(200, code=400, answers=None), outcome(400), "ok"),  # in-stream 400
-        (LOGPROBS, outcome(400, message="x: REFUSAL1 y"), outcome(), "ddtree_own_400"),
-        (LOGPROBS, outcome(200, code=400, answers=None), outcome(), "ddtree_own_400"),
+        (PROCESSOR, outcome(400, message="x: REFUSAL1 y"), outcome(), "ddtree_own_400"),
+        (PROCESSOR, outcome(200, code=400, answers=None), outcome(), "ddtree_own_400"),
+        (LOGPROBS, outcome(200, code=400, answers=None), outcome(), "mismatch"),  # served now
         (PLAIN, outcome(200, code=400, answers=None), outcome(), "mismatch"),  # unasked abort
         (PLAIN, outcome(400, message="input too long"), outcome(), "mismatch"),
         (PLAIN, outcome(500), outcome(), "mismatch"),
@@ -201,14 +204,16 @@ def test_classify(request_, ddtree, nospec, category):
 
 @pytest.mark.parametrize(
     "body, refused",
-    [({"logprobs": 0}, True), ({"logprobs": 2}, True), ({"logprobs": True}, True),
+    [({"logprobs": 0}, False), ({"logprobs": 2}, False), ({"logprobs": True}, False),
      ({"logprobs": False}, False), ({"logprobs": None}, False), ({}, False),
-     ({"return_logprob": True}, True), ({"return_logprob": False}, False),
-     ({"custom_logit_processor": fuzz.PROCESSOR}, True)],
+     ({"return_logprob": True}, False), ({"return_logprob": False}, False),
+     ({"custom_logit_processor": fuzz.PROCESSOR}, True),
+     ({"custom_logit_processor": fuzz.PROCESSOR, "logprobs": 2}, True)],
 )  # fmt: skip
-def test_asks_refused_reads_each_endpoints_logprobs(body, refused):
-    """Completions' ``logprobs`` is an int (0 asks too), chat's a bool, the native one
-    ``return_logprob``: a streamed refusal without its message is judged by DDTREE's check."""
+def test_asks_refused_follows_ddtrees_check(body, refused):
+    """A streamed refusal without its message is judged by DDTREE's check: a custom logit
+    processor is refused; logprobs, under each endpoint's name (completions' an int, 0 asking
+    too, chat's a bool, the native ``return_logprob``), are served."""
     assert fuzz.asks_refused({"body": body}) is refused
 
 
@@ -222,8 +227,8 @@ def test_parse_indices_and_json_lines():
 # ------------------------------------------------------------------ stand-in servers
 class _Fake(ThreadingHTTPServer):
     """A stand-in for SGLang's HTTP server: the three endpoints (plain and streamed), /health,
-    /v1/loads. As DDTREE it refuses logprobs and custom logit processors with DDTREE's own
-    messages; ``fail_on``: a 500 for requests with that parameter; ``die_after``: the server
+    /v1/loads. As DDTREE it refuses custom logit processors with DDTREE's own message (and
+    serves logprobs); ``fail_on``: a 500 for requests with that parameter; ``die_after``: the server
     stops at that request; ``greedy_shift``: its tokens drift; ``kv_used``: tokens reported in
     use when idle."""
 
@@ -289,8 +294,6 @@ class _Handler(BaseHTTPRequestHandler):
             status, error = 500, "internal error"
         elif srv.ddtree and p.get("custom_logit_processor"):
             status, error = 400, srv.refusals[0]
-        elif srv.ddtree and (p.get("return_logprob") or p.get("logprobs") not in (None, False)):
-            status, error = 400, srv.refusals[1]
         elif isinstance(p.get("temperature"), float) and not p["temperature"] >= 0:
             status, error = 400, "temperature must be a non-negative finite number"
         n = p["n"] if p.get("n") in (2, 3) else 1

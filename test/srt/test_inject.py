@@ -73,21 +73,3 @@ def test_a_spawned_process_gets_the_change(tmp_path):
             timeout=300, cwd=tmp_path,
         )  # fmt: skip
         assert f"child: {want}" in out.stdout, out.stdout + out.stderr[-2000:]
-
-
-def test_serve_logprobs_lifts_only_their_refusal(monkeypatch):
-    """The logprobs check admits logprobs through the injection; custom logit processors stay
-    refused."""
-    from types import SimpleNamespace
-
-    from sglang_ddtree.srt import ddtree_requests
-
-    monkeypatch.setattr(ddtree_requests, "refuse_logprobs", ddtree_requests.refuse_logprobs)
-    plain = SimpleNamespace(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0)
-    req = SimpleNamespace(sampling_params=plain, return_logprob=True)
-    assert "logprobs" in ddtree_requests.refuse_request(req)  # refused without the injection
-    assert inject.install_from_env({inject.SERVE_LOGPROBS_ENV: "1"}) == [inject.SERVE_LOGPROBS_ENV]
-    assert ddtree_requests.refuse_request(req) is None
-    processor = SimpleNamespace(sampling_params=plain, return_logprob=True,
-                                custom_logit_processor="x")  # fmt: skip
-    assert "custom logit" in ddtree_requests.refuse_request(processor)

@@ -158,21 +158,22 @@ def test_request_refusals():
     assert dreq.refuse_request(req(min_new_tokens=0, sampling_seed=7)) is None
     processor = SimpleNamespace(custom_logit_processor="x", sampling_params=sp())
     assert "custom logit" in dreq.refuse_request(processor)
+    # Logprobs are served (their check against the non-speculative server's).
     logprobs = SimpleNamespace(custom_logit_processor=None, return_logprob=True,
                                sampling_params=sp())  # fmt: skip
-    assert "logprobs" in dreq.refuse_request(logprobs)
+    assert dreq.refuse_request(logprobs) is None
 
 
 def test_request_hook_names_ddtree_first():
-    """SGLang's own DFlash-family check refuses logprobs naming DFLASH; while DDTREE serves,
-    DDTREE's refusal answers first; otherwise SGLang's check runs unchanged."""
+    """While DDTREE serves, its refusal answers before SGLang's own DFlash-family check (whose
+    messages name DFLASH); otherwise SGLang's check runs unchanged."""
     from sglang_ddtree.plugin import _validate_request_hook
 
     def original(req, *a, **k):
-        return "DFLASH speculative decoding does not support return_logprob yet."
+        return "DFLASH speculative decoding does not support this yet."
 
     sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
-    req = SimpleNamespace(custom_logit_processor=None, return_logprob=True, sampling_params=sp)
+    req = SimpleNamespace(custom_logit_processor="x", return_logprob=False, sampling_params=sp)
     was = dreq.ddtree_active()
     try:
         dreq.set_active(True)
@@ -183,8 +184,8 @@ def test_request_hook_names_ddtree_first():
         dreq.set_active(was)
 
 
-def test_request_hook_passes_dflash_s_logprob_refusal_once_ddtree_admits_logprobs(monkeypatch):
-    """Where DDTREE admits logprobs, SGLang's DFlash-family check still runs for the rest (its
+def test_request_hook_passes_dflash_s_logprob_refusal():
+    """DDTREE serves logprobs: SGLang's DFlash-family check still runs for the rest (its
     other refusal, hidden states under overlap, answers) but not for logprobs, and the request
     keeps its flag; a request without logprobs reaches the check untouched."""
     from sglang_ddtree.plugin import _validate_request_hook
@@ -196,7 +197,6 @@ def test_request_hook_passes_dflash_s_logprob_refusal_once_ddtree_admits_logprob
             return "DFLASH speculative decoding does not support return_hidden_states yet."
         return None
 
-    monkeypatch.setattr(dreq, "refuse_logprobs", lambda req: None)
     sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
     req = SimpleNamespace(custom_logit_processor=None, return_logprob=True,
                           return_hidden_states=False, sampling_params=sp)  # fmt: skip
@@ -208,6 +208,48 @@ def test_request_hook_passes_dflash_s_logprob_refusal_once_ddtree_admits_logprob
         assert "hidden_states" in _validate_request_hook(original, req) and req.return_logprob
         dreq.set_active(False)  # not a DDTREE server: SGLang's check as it is
         assert "return_logprob" in _validate_request_hook(original, req)
+    finally:
+        dreq.set_active(was)
+
+
+# What a request asks for logprobs, as SGLang's Req carries it.
+LOGPROB_ASKS = {
+    "return_logprob": {"return_logprob": True},
+    "top_logprobs_num": {"return_logprob": True, "top_logprobs_num": 5},
+    "token_ids_logprob": {"return_logprob": True, "token_ids_logprob": [3, 7]},
+}
+
+
+@pytest.mark.parametrize("asks", list(LOGPROB_ASKS.values()), ids=list(LOGPROB_ASKS))
+def test_ddtree_admits_logprob_requests_and_still_refuses_processors(asks):
+    """DDTREE's request check, alone and as the plugin's hook around SGLang's DFlash-family
+    check (which refuses logprobs naming DFLASH), admits each way of asking for logprobs, and
+    the request reaches the scheduler as asked; a custom logit processor is still refused,
+    naming DDTREE, with logprobs asked or not."""
+    from sglang_ddtree.plugin import _validate_request_hook
+
+    def dflash_check(req, enable_overlap):
+        if req.return_logprob:
+            return "DFLASH speculative decoding does not support return_logprob yet."
+        return None
+
+    def req(**kw):
+        sp = SimpleNamespace(min_p=0.0, repetition_penalty=1.0)
+        base = dict(custom_logit_processor=None, return_logprob=False, top_logprobs_num=0,
+                    token_ids_logprob=None, return_hidden_states=False, sampling_params=sp)  # fmt: skip
+        return SimpleNamespace(**{**base, **kw})
+
+    was = dreq.ddtree_active()
+    try:
+        dreq.set_active(True)
+        asking = req(**asks)
+        assert dreq.refuse_request(asking) is None
+        assert _validate_request_hook(dflash_check, asking, False) is None
+        assert {k: getattr(asking, k) for k in asks} == asks
+        for extra in ({}, asks):
+            processor = req(custom_logit_processor="x", **extra)
+            msg = _validate_request_hook(dflash_check, processor, False)
+            assert "DDTREE" in msg and "custom logit processors" in msg
     finally:
         dreq.set_active(was)
 

@@ -1,5 +1,6 @@
-"""@@ALGORITHM@@ refuses the request options whose exact law over a tree it does not implement:
-HTTP 400 naming @@ALGORITHM@@, and the server keeps serving.
+"""@@ALGORITHM@@ refuses the request options whose exact law over a tree it does not implement
+(custom logit processors): HTTP 400 naming @@ALGORITHM@@, and the server keeps serving; it
+serves the others, logprobs included.
 
 Generated from sglang-ddtree's upstream/templates/test_ddtree_refusals.py.
 """
@@ -8,6 +9,7 @@ import unittest
 
 import requests
 
+from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from sglang.srt.utils import kill_process_tree
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.test_utils import (
@@ -22,7 +24,10 @@ from sglang.test.test_utils import (
 register_cuda_ci(est_time=200, stage="base-b", runner_config="1-gpu-small")
 
 REFUSED = {
-    "logprobs": ({}, {"return_logprob": True}),
+    "custom_logit_processor": (
+        {"custom_params": {"token_ids": [5]}},
+        {"custom_logit_processor": DisallowedTokensLogitsProcessor.to_str()},
+    ),
 }
 
 
@@ -42,6 +47,7 @@ class TestDDTreeRefusals(CustomTestCase):
                 "1",
                 "--mem-fraction-static",
                 "0.7",
+                "--enable-custom-logit-processor",
                 "--speculative-algorithm",
                 "@@ALGORITHM@@",
                 "--speculative-draft-model-path",
@@ -85,6 +91,12 @@ class TestDDTreeRefusals(CustomTestCase):
             self.assertEqual(res.status_code, 200, res.text)
             if "regex" in params:
                 self.assertIn(res.json()["text"], ("yes", "no"))
+        # Logprobs: one logprob and a top two per output token.
+        res = self._post({"temperature": 1.0}, {"return_logprob": True, "top_logprobs_num": 2})
+        self.assertEqual(res.status_code, 200, res.text)
+        meta = res.json()["meta_info"]
+        self.assertEqual(len(meta["output_token_logprobs"]), meta["completion_tokens"])
+        self.assertTrue(all(len(top) == 2 for top in meta["output_top_logprobs"]))
         self.assertIsNone(self.process.poll())
 
     def test_bad_flag_refused_at_launch(self):

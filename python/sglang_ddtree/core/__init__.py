@@ -32,6 +32,5 @@ that any subset of its modules is a working package):
 ``accept_and_commit``); ``sampling`` the target law of sampled requests (min-p included);
 ``vocab_shard`` the draft top-K under tensor parallelism; the ``*_triton`` modules and
 ``topp_radix`` the kernels. The worker applies all of them; the server serves the penalties
-and refuses logprobs per request (their check against the non-speculative server misses its
-bound in bfloat16).
+and the logprobs.
 """

@@ -6,10 +6,11 @@ frequency, presence and repetition penalties and min_new_tokens (each node's cou
 request's output so far plus the tokens on the node's path; min_new_tokens holds the stop ids
 back at the depths it covers), ``logit_bias``, temperature, top-k, top-p and min-p (SGLang's
 min-p path: with any min-p request in the batch, top-k then top-p then min-p for every row).
-Options whose exact law over a tree it does not implement are refused instead of being
-silently approximated. Per-request seeds are accepted: without
-``--enable-deterministic-inference`` (which DDTREE refuses at startup) SGLang's own sampler
-does not use them either.
+Logprobs are served (``ddtree_logprobs``: each committed token's from the verify logits of the
+node that predicted it). Custom logit processors, whose exact law over a tree it does not
+implement, are refused instead of being silently approximated. Per-request seeds are accepted:
+without ``--enable-deterministic-inference`` (which DDTREE refuses at startup) SGLang's own
+sampler does not use them either.
 """
 
 from __future__ import annotations
@@ -27,18 +28,8 @@ def ddtree_active() -> bool:
     return _active
 
 
-def refuse_logprobs(req) -> str | None:
-    """Logprobs are written and wired (``ddtree_logprobs``) and refused: in bfloat16 their check
-    against the non-speculative server (``testing.e2e --checks logprobs``) finds token logprobs
-    up to 0.07 apart, above its 0.02 bound and larger than that server's own extend-versus-decode
-    differences (docs/requests.md)."""
-    if getattr(req, "return_logprob", False):
-        return "DDTREE speculative decoding does not support logprobs; omit logprobs."
-    return None
-
-
 def refuse_request(req) -> str | None:
     if getattr(req, "custom_logit_processor", None):
+        # Refused here (HTTP 400) rather than in the worker, where raising would stop the server.
         return "DDTREE speculative decoding does not support custom logit processors."
-    # Refused here (HTTP 400) rather than in the worker, where raising would stop the server.
-    return refuse_logprobs(req)
+    return None

@@ -352,8 +352,8 @@ def _refusal(custom_logit_processor=None, return_logprob=False) -> str | None:
 
 
 def own_refusals() -> list[str]:
-    """DDTREE's per-request refusals (docs/requests.md: custom logit processors, logprobs), as
-    its request check words them."""
+    """DDTREE's per-request refusals (docs/requests.md), as its request check words them: of a
+    custom logit processor and logprobs (served), those it refuses."""
     return [m for m in (_refusal(PROCESSOR), _refusal(return_logprob=True)) if m]
 
 

@@ -14,8 +14,6 @@ launch are then made in every process of that engine, before the worker is built
   check must stop loudly.
 - ``GRAPH_STATS_ENV`` = a file: the worker's CUDA-graph counts (``GraphStats.as_dict``) written
   there after every step and after the startup capture.
-- ``SERVE_LOGPROBS_ENV`` = 1: the per-request refusal of logprobs lifted, so the worker's
-  logprobs are checked against the non-speculative server's before the server admits them.
 - ``KV_SENTINEL_ENV`` = a file: every drafter-KV workspace DFLASH's fused materializer
   replaces (a prefill longer than its rows) is kept allocated and filled with a sentinel byte
   instead of freed; after every forward the worker's process checks the sentinels and writes
@@ -38,7 +36,6 @@ logger = logging.getLogger(__name__)
 WRONG_COINS_ENV = "DDTREE_TESTING_WRONG_COINS"
 RANK_SKEW_ENV = "DDTREE_TESTING_RANK_SKEW"
 GRAPH_STATS_ENV = "DDTREE_TESTING_GRAPH_STATS"
-SERVE_LOGPROBS_ENV = "DDTREE_TESTING_SERVE_LOGPROBS"
 KV_SENTINEL_ENV = "DDTREE_TESTING_KV_SENTINEL"
 BIND_DFLASH_WORKSPACE_ENV = "DDTREE_TESTING_BIND_DFLASH_WORKSPACE"
 SENTINEL_BYTE = 0xA5
@@ -61,9 +58,6 @@ def install_from_env(environ: Mapping[str, str] | None = None, package: str = PL
     if env.get(GRAPH_STATS_ENV):
         write_graph_stats(env[GRAPH_STATS_ENV], package)
         done.append(GRAPH_STATS_ENV)
-    if env.get(SERVE_LOGPROBS_ENV):
-        serve_logprobs(package)
-        done.append(SERVE_LOGPROBS_ENV)
     if env.get(KV_SENTINEL_ENV):
         guard_replaced_workspaces(env[KV_SENTINEL_ENV], package)
         done.append(KV_SENTINEL_ENV)
@@ -121,15 +115,6 @@ def write_graph_stats(path: str, package: str = PLUGIN) -> None:
         os.replace(tmp, path)
 
     stats_cls.flush = flush
-
-
-def serve_logprobs(package: str = PLUGIN) -> None:
-    """``ddtree_requests.refuse_logprobs`` admits logprobs (the other refusals stay)."""
-    import importlib
-
-    requests = importlib.import_module(f"{package}.ddtree_requests")
-    requests.refuse_logprobs = lambda req: None
-    logger.warning("DDTREE admits logprobs (tests only).")
 
 
 def guard_replaced_workspaces(path: str, package: str = PLUGIN) -> None:

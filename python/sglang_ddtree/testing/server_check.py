@@ -2,8 +2,8 @@
 the OpenAI API with temperature, JSON mode (``response_format`` with a JSON schema: the reply
 parses and satisfies it) and forced tool calls through Kimi K2's tool-call parser
 (``tool_choice`` required and named: SGLang turns them into a grammar, and the reply's
-``tool_calls`` name the tool with arguments its schema accepts), reports the accept length, serves min_p, the penalties and min_tokens,
-answers HTTP 400 for invalid sampling parameters and logprobs, and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
+``tool_calls`` name the tool with arguments its schema accepts), reports the accept length, serves min_p, the penalties, min_tokens and logprobs (completions' ``logprobs``, chat's ``top_logprobs``: one entry per output token),
+answers HTTP 400 for invalid sampling parameters and custom logit processors (DDTREE's message), and keeps serving afterwards; DDTREE's own flags (``FLAGS``), given on the command
 line, reach the worker (its start-up log line), and the verifies take DDTREE's split attention
 (its first-verify log line). Only the standard library talks to the server.
 """
@@ -14,6 +14,7 @@ import json
 import os
 
 from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
+from sglang_ddtree.testing.fuzz import PROCESSOR
 from sglang_ddtree.testing.grammar_check import SCHEMA, valid_json
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
 
@@ -58,6 +59,7 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
             # A random model may pad a JSON object with whitespace up to the token limit.
             "--constrained-json-disable-any-whitespace",
             "--tool-call-parser", TOOL_CALL_PARSER,
+            "--enable-custom-logit-processor",  # so that DDTREE's own refusal answers
             *FLAGS,
         ],
     )  # fmt: skip
@@ -137,7 +139,8 @@ def _exercise(base: str) -> dict:
     bad = {
         "negative_temperature": {"temperature": -1.0},
         "top_p_zero": {"top_p": 0.0},
-        "logprobs_unsupported": {"logprobs": 2, "temperature": 1.0},
+        "custom_logit_processor": {"custom_logit_processor": PROCESSOR,
+                                   "custom_params": {"token_ids": [5]}},  # fmt: skip
     }
     statuses = {}
     for name, params in bad.items():
@@ -149,7 +152,7 @@ def _exercise(base: str) -> dict:
     out["bad_requests"] = statuses
     out["ok_bad_requests_400"] = all(v["status"] == 400 for v in statuses.values())
     # DDTREE's own refusals name DDTREE, not the DFLASH checks they run before.
-    out["ok_refusals_name_ddtree"] = "DDTREE" in statuses["logprobs_unsupported"]["message"]
+    out["ok_refusals_name_ddtree"] = "DDTREE" in statuses["custom_logit_processor"]["message"]
     # min_p (SGLang's min-p path over the tree), penalties and min_tokens (each node's path
     # counts) are served.
     served = {
@@ -172,6 +175,7 @@ def _exercise(base: str) -> dict:
         {"model": "default", "prompt": "x", "max_tokens": 8, "temperature": 1.0, "seed": 7},
     )
     out["ok_seed_accepted"] = code == 200
+    out["logprobs"], out["ok_logprobs_served"] = _logprobs(base)
 
     code, body = http_json(
         base + "/v1/completions",
@@ -179,6 +183,30 @@ def _exercise(base: str) -> dict:
     )
     out["ok_still_serving"] = code == 200
     return out
+
+
+def _logprobs(base: str) -> tuple[dict, bool]:
+    """Completions with ``logprobs`` 2 and chat with ``top_logprobs`` 2: (statuses and counts,
+    whether each reply has a logprob and a top-2 per output token)."""
+    code, body = http_json(
+        base + "/v1/completions",
+        {"model": "default", "prompt": "x", "max_tokens": 8, "temperature": 1.0, "logprobs": 2},
+    )
+    lp = body.get("choices", [{}])[0].get("logprobs") or {} if code == 200 else {}
+    tokens = body.get("usage", {}).get("completion_tokens") if code == 200 else None
+    values, tops = lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
+    completions = {"status": code, "tokens": tokens, "logprobs": len(values), "tops": len(tops)}
+    ok = code == 200 and bool(tokens) and len(values) == len(tops) == tokens
+    ok = ok and all(isinstance(v, float) and v <= 0 for v in values)
+    code, body, _ = _chat(base, "hi", max_tokens=8, temperature=1.0, logprobs=True, top_logprobs=2)
+    lp = body.get("choices", [{}])[0].get("logprobs") or {} if code == 200 else {}
+    tokens = body.get("usage", {}).get("completion_tokens") if code == 200 else None
+    content = lp.get("content") or []
+    chat = {"status": code, "tokens": tokens, "logprobs": len(content)}
+    ok = ok and code == 200 and bool(tokens) and len(content) == tokens
+    ok = ok and all(c.get("logprob", 1) <= 0 and len(c.get("top_logprobs", [])) == 2
+                    for c in content)  # fmt: skip
+    return {"completions": completions, "chat": chat}, ok
 
 
 def _tool_call(base: str, tool_choice) -> tuple[str, bool]:
