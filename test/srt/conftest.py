@@ -2,6 +2,7 @@
 scripts (``benchmark/ddtree/*.py``, not a package) load as modules for their CPU tests; Triton
 kernels' logic runs on the CPU under Triton's interpreter (`run_interpreted`)."""
 
+import ast
 import functools
 import importlib.util
 import json
@@ -191,3 +192,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def top_level_names(source: str | bytes) -> set[str]:
+    """Names a module defines at its top level (functions, classes, assignments, imports)."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names

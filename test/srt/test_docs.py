@@ -29,6 +29,8 @@ import re
 import shlex
 from pathlib import Path
 
+from conftest import top_level_names
+
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "python" / "sglang_ddtree"
 RESULTS = ROOT / "benchmark" / "ddtree" / "RESULTS.md"
@@ -199,21 +201,8 @@ def _module_exists(parts: list[str]) -> bool:
         if not module.exists():
             return False
         attrs = parts[i + 1 :]
-        return not attrs or attrs[0] in _top_level_names(module)
+        return not attrs or attrs[0] in top_level_names(module.read_text())
     return True
-
-
-def _top_level_names(module: Path) -> set[str]:
-    names = set()
-    for node in ast.parse(module.read_text()).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
 
 
 # --- flags --------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import top_level_names
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "upstream" / "sglang-ddtree.patch"
@@ -594,20 +595,6 @@ def test_series_smoke_refuses_to_run_beside_the_plugin(source, tmp_path, monkeyp
     assert (helpers / "sglang_ddtree" / "pair").is_dir()
 
 
-def _top_level_names(source: bytes) -> set[str]:
-    """Names a module defines at its top level (functions, classes, assignments, imports)."""
-    names = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
 def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
     """The kernel parts' in-tree benchmarks (GPU scripts, not run here) import from the
     DDTREE modules only names the tree of their part defines (that the modules themselves are
@@ -622,7 +609,7 @@ def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
                 if not node.module.startswith("sglang.srt.speculative.ddtree"):
                     continue
                 module = gen.module_path(node.module, tree)  # present: `missing_imports`
-                missing = {a.name for a in node.names} - _top_level_names(tree[module])
+                missing = {a.name for a in node.names} - top_level_names(tree[module])
                 assert not missing, (name, path, node.module, missing)
                 checked += 1
     assert checked >= 8  # the four benchmarks' imports of DDTREE modules
