@@ -52,11 +52,13 @@ test:  ## the tests (GPU tests skip themselves without CUDA)
 test-gpu:  ## every gpu test (a CUDA machine with SGLang)
 	$(PYTHON) -m pytest test/srt -m gpu -v
 
-# The gpu tests without the two long server checks (the law against the non-speculative server,
-# faults and load): the kernels, CUDA graphs and the tiny-pair end-to-end suite, ~6 minutes.
-test-gpu-core:  ## the gpu tests without the law and fault-and-load server checks
+# The gpu tests without the long server checks (the law against the non-speculative server,
+# faults and load, the request fuzzer, the moving-memory sentinels): the kernels, CUDA graphs,
+# the tiny-pair end-to-end suite and the README's first request.
+test-gpu-core:  ## the gpu tests without the law, fault-and-load, fuzz and sentinel server checks
 	$(PYTHON) -m pytest test/srt -m gpu -v --ignore test/srt/test_law_vs_nospec.py \
-		--ignore test/srt/test_faults_e2e.py
+		--ignore test/srt/test_faults_e2e.py --ignore test/srt/test_fuzz.py \
+		--ignore test/srt/test_workspace_guard.py
 
 lint:  ## ruff check and format check
 	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py
