@@ -79,6 +79,8 @@ class PenaltyRows:
         # Host: row -> (request, [n] int64 stop ids) for rows whose request has
         # min_new_tokens > 0; a finished request's entry goes at the next prefill.
         self.stops: dict[int, tuple[object, torch.Tensor]] = {}
+        # The stop table of a step without min_new_tokens rows, sliced (no launch a step).
+        self._no_stops = torch.full((rows, 1), -1, dtype=torch.int64, device=device)  # [R, 1]
 
     @property
     def rows(self) -> int:
@@ -87,7 +89,7 @@ class PenaltyRows:
     def nbytes(self) -> int:
         """Device bytes held (the counts, [R, V] int32, are nearly all of it)."""
         held = (self.counts, self.lens, self.frequency, self.presence, self.repetition,
-                self.min_new_tokens)  # fmt: skip
+                self.min_new_tokens, self._no_stops)  # fmt: skip
         return sum(t.numel() * t.element_size() for t in held)
 
     def reset(
@@ -150,7 +152,7 @@ class PenaltyRows:
         device = self.counts.device
         held = [self.stops.get(r) for r in pool_rows] if pool_rows is not None else []
         if not any(h is not None for h in held):
-            return torch.full((bs, 1), -1, dtype=torch.int64, device=device)
+            return self._no_stops[:bs]
         assert len(held) == bs, "one host row per request"
         empty = torch.empty(0, dtype=torch.int64)
         table = torch.nn.utils.rnn.pad_sequence(
