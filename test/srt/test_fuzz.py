@@ -361,7 +361,11 @@ def test_runner_passes_a_healthy_pair(fuzz_on):
     assert s["passed"], s["failures"]
     assert s["sent"] == 240 and sum(s["counts"].values()) == 240
     assert s["counts"]["ok"] > 150 and s["counts"]["ddtree_own_400"] > 0
-    assert s["counts"]["aborted"] == 0 and not s["mismatches"] and not s["deaths"]
+    # Only a request that hangs up after a time limit can read as aborted here (a stand-in slower
+    # than 0.05 s on a busy machine): never more of them than such requests.
+    timed = sum("after_seconds" in (fuzz.request_at(0, i, VOCAB, CTX).get("abort") or {})
+                for i in range(240))  # fmt: skip
+    assert s["counts"]["aborted"] <= timed and not s["mismatches"] and not s["deaths"]
     assert sum(sum(c.values()) for c in s["by_endpoint"].values()) == 240
     assert s["greedy"]["passed"] and s["greedy"]["greedy_compared"] == fuzz.GREEDY_PROMPTS
 
