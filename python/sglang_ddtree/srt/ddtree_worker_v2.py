@@ -199,6 +199,23 @@ class GraphStats:
         """After a step and after the startup capture."""
 
 
+def keep_draft_embeds_dtype(draft_model, dtype: torch.dtype) -> None:
+    """SGLang 0.5.17's eager extend forward casts ``input_embeds`` to bfloat16 whatever the
+    model's dtype (``ModelRunner._extend_forward_kwargs``), and the drafter's block forward runs
+    eagerly above the captured batch sizes: a float16 or float32 drafter would then get bfloat16
+    activations into its first projection. A pre-hook on the first layer casts them back. It is
+    a no-op for bfloat16 models and is never called by a graph replay. Only the drafter's
+    proposals see the bfloat16 rounding; the verify is unchanged."""
+
+    def cast(_layer, args):
+        positions, hidden, *rest = args
+        if hidden.dtype == dtype:
+            return None
+        return (positions, hidden.to(dtype), *rest)
+
+    draft_model.layers[0].register_forward_pre_hook(cast)
+
+
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DFLASH's worker with the decode step replaced by draft tree -> tree verify -> accept."""
 
@@ -284,6 +301,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._kv_commit_helper = own_draft_kv_workspace(
             getattr(self, "_fused_kv_helper", None), self._kv_commit_rows
         )
+        keep_draft_embeds_dtype(self.draft_model_runner.model, self.draft_model_runner.dtype)
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
         self.glue_reserve = GlueReserve(self, max_graph_bs) if glue_on else None
