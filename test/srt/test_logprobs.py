@@ -616,3 +616,26 @@ def test_normalizer_kernel_at_a_step_s_shape():
     assert torch.equal(got_max, y.amax(-1))
     torch.testing.assert_close(got_log_sum, torch.logsumexp(y - y.amax(-1, keepdim=True), -1),
                                atol=1e-5, rtol=1e-6)  # fmt: skip
+
+
+def test_top_n_past_the_kernel_gathers_a_batch_of_rows_at_a_time():
+    """The top-n above the kernel's reach (torch.topk) gathers ``chunk_rows`` slots at a time:
+    its largest allocation is one ``[bs, V]`` block, as the non-speculative sampler's logprobs,
+    not ``[bs * S, V]``; values and ids equal one topk over all the slots' rows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglang_ddtree.core.logprobs import TRITON_TOP_N, predicting_normalizers, top_logprobs
+
+    gen = torch.Generator().manual_seed(5)
+    bs, w, s, vocab, n = 4, 8, 6, 20000, TRITON_TOP_N + 8
+    logits = torch.randn(bs * w, vocab, generator=gen)
+    keep = torch.randint(0, w, (bs, s), generator=gen)
+    norm = predicting_normalizers(logits, keep, torch.full((bs,), 0.8))
+    want = logits.index_select(0, norm.rows).topk(n, dim=-1)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        values, ids = top_logprobs(logits, norm, n, chunk_rows=bs)
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    block = bs * vocab * logits.element_size()
+    assert largest <= block < bs * s * vocab * logits.element_size()
+    assert torch.equal(ids, want.indices)
+    assert torch.equal(values, top_logprobs(logits, norm, n, chunk_rows=bs * s)[0])

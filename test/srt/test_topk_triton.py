@@ -82,6 +82,12 @@ for k in (1, 4, 8):
     want_v, want_i = rows.clamp(min=torch.finfo(torch.float32).min).topk(k, dim=-1)
     assert torch.equal(got_v, want_v) and len(set(got_i[1].tolist())) == k, k
     assert torch.equal(got_i[:, :3], want_i[:, :3]) and torch.equal(got_i[2:], want_i[2:]), k
+# row_index reads the chosen rows in place: as top_k_logits of the gathered rows.
+index = torch.tensor([4, 2, 2, 0], dtype=torch.int64)
+for k in (1, 4):
+    got_v, got_i = top_k_logits(rows, k, block=256, row_index=index)
+    want_v, want_i = top_k_logits(rows.index_select(0, index), k, block=256)
+    assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i), k
 print("interpreted triton top-K OK")
 """
 

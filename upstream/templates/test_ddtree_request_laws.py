@@ -114,7 +114,7 @@ class TestDDTreeRequestLaws(CustomTestCase):
             norm = predicting_normalizers(flat, keep.to(device), temperature.to(device), greedy)
             tokens = out.clamp(min=0).view(-1).to(device)
             got = logprobs_at(norm, flat[norm.rows, tokens][:, None]).view(bs, -1).cpu()
-            top, ids = top_logprobs(flat, norm, 4)
+            top, ids = top_logprobs(flat, norm, 4, chunk_rows=bs)
             present = keep >= 0
             torch.testing.assert_close(got[present], want.token_logprobs[present],
                                        atol=1e-5, rtol=1e-6)  # fmt: skip

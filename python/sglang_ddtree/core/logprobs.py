@@ -205,19 +205,27 @@ def top_logprobs(
     logits: torch.Tensor,  # [bs * W, V] float, the logits `predicting_normalizers` read
     norm: PredictingNormalizers,
     n: int,
+    chunk_rows: int,  # slots gathered at a time by the torch path (bs: the sampler's [bs, V])
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([R, n] float32 logprobs, [R, n] int64 ids): each slot's ``n`` most probable tokens in
     decreasing order. The top of the row's logits (dividing by a positive temperature and
     subtracting the normalizer keep the order): on CUDA up to ``TRITON_TOP_N`` by
-    `topk_triton.top_k_logits` (n rounded up to a power of two: few compiled variants), which
-    reads each logit once where ``torch.topk``'s radix select passes over the rows several
-    times; elsewhere ``torch.topk``."""
-    rows = logits.index_select(0, norm.rows)
-    if rows.is_cuda and n <= TRITON_TOP_N:
+    `topk_triton.top_k_logits` on the rows in place (n rounded up to a power of two: few
+    compiled variants), which reads each logit once where ``torch.topk``'s radix select passes
+    over the rows several times; elsewhere ``torch.topk`` on ``chunk_rows`` gathered rows at a
+    time, so no step holds a ``[R, V]`` copy (S times the non-speculative sampler's
+    ``[bs, V]``)."""
+    assert chunk_rows >= 1, "chunk_rows must be positive"
+    if logits.is_cuda and n <= TRITON_TOP_N:
         from sglang_ddtree.core.topk_triton import top_k_logits
 
-        values, ids = top_k_logits(rows, min(1 << (n - 1).bit_length(), rows.shape[1]))
+        k = min(1 << (n - 1).bit_length(), logits.shape[1])
+        values, ids = top_k_logits(logits, k, row_index=norm.rows)
         values, ids = values[:, :n], ids[:, :n]
     else:
-        values, ids = rows.topk(n, dim=-1)
+        tops = [
+            logits.index_select(0, part).topk(n, dim=-1) for part in norm.rows.split(chunk_rows)
+        ]
+        values = torch.cat([t.values for t in tops])
+        ids = torch.cat([t.indices for t in tops])
     return logprobs_at(norm, values), ids

@@ -11,15 +11,8 @@ keeps the chunk in registers as G groups of GS logits, writes its max and its su
 ``exp(x - max)``, picks the K groups with the largest maxima, and takes its top-K from those
 K x GS logits only (K rounds of argmax, lowest vocabulary id first on ties); stage 2 (torch,
 on ``[rows, chunks x K]``) merges the chunks' candidates with one small ``topk`` and their
-partial sums into the logsumexp. (A first version, measured, that ran its K rounds over
-the whole chunk: 2x faster than torch at K = 16, 1.4-1.8x slower at K = 64.)
-
-`tree.select_candidates` runs it with ``backend="triton"``; `top_k_logits` (the top K
-without the logsumexp) gives `core.logprobs.top_logprobs` a step's top-n. The worker's default
-(``SGLANG_DDTREE_DRAFT_TOPK=auto``, `args.draft_topk_backend`) takes it where the H200 measured
-it faster than torch (V = 151,936: K = 16 2-2.8x, K = 32 1.3x faster) and keeps torch
-at K = 64 (2-3.7x slower: the K rounds of block-wide reductions dominate) and for small
-vocabularies (not measured).
+partial sums into the logsumexp. `top_k_logits` (the top K without the logsumexp) gives
+`core.logprobs.top_logprobs` a step's top-n. Where it beats torch: `args.draft_topk_backend`.
 """
 
 from __future__ import annotations
@@ -36,7 +29,8 @@ FLOAT32_MIN: tl.constexpr = tl.constexpr(torch.finfo(torch.float32).min)
 
 @triton.jit
 def _chunk_topk_kernel(
-    x_ptr,  # [R, V] logits (any float dtype), row stride `stride_row`
+    x_ptr,  # [N, V] logits (any float dtype), row stride `stride_row`
+    ridx_ptr,  # [R] int64: the rows of x to read (HAS_INDEX), else row r is x's row r
     vals_ptr,  # [R, C, K] float32 out: the chunk's top-K logits, descending
     idx_ptr,  # [R, C, K] int64 out: their vocabulary ids
     max_ptr,  # [R, C] float32 out: the chunk's max logit
@@ -48,10 +42,11 @@ def _chunk_topk_kernel(
     KP: tl.constexpr,  # next power of two >= K
     G: tl.constexpr,  # groups per chunk (>= KP)
     GS: tl.constexpr,  # logits per group; G * GS = chunk size
+    HAS_INDEX: tl.constexpr,
 ):
     r = tl.program_id(0)
     c = tl.program_id(1)
-    row = x_ptr + r * stride_row
+    row = x_ptr + (tl.load(ridx_ptr + r) if HAS_INDEX else r.to(tl.int64)) * stride_row
     grp = tl.arange(0, G)
     offs = c * G * GS + grp[:, None] * GS + tl.arange(0, GS)[None, :]  # [G, GS]
     x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
@@ -98,16 +93,18 @@ def _groups(block: int, k: int) -> tuple[int, int, int]:
 
 
 def _chunk_candidates(
-    rows: torch.Tensor,  # [R, V] float, last dim contiguous
+    rows: torch.Tensor,  # [N, V] float, last dim contiguous
     k: int,
     block: int,
+    row_index: torch.Tensor | None = None,  # [R] int64 rows of `rows` to read; None: all N
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(top [R, k] float32, tokens [R, k] int64, chunk max [R, C], chunk sum [R, C])``: the
     k largest logits per row, descending (lowest id first on ties), merged from the chunks'."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # CPU tests run the interpreter
     assert rows.is_cuda or interpreted, "the triton top-K needs CUDA tensors"
     assert k >= 1 and block & (block - 1) == 0, "k >= 1, block a power of two"
-    r, vocab = rows.shape
+    assert row_index is None or row_index.dtype == torch.int64, "row_index: [R] int64"
+    r, vocab = rows.shape if row_index is None else (len(row_index), rows.shape[1])
     block = min(block, triton.next_power_of_2(vocab))
     assert k <= min(block, vocab), "K must fit in one chunk and the vocabulary"
     chunks = triton.cdiv(vocab, block)
@@ -118,8 +115,9 @@ def _chunk_candidates(
     csum = torch.empty(r, chunks, dtype=torch.float32, device=dev)
     kp, groups, group_size = _groups(block, k)
     _chunk_topk_kernel[(r, chunks)](
-        rows, vals, idx, cmax, csum, rows.stride(0), vocab, chunks,
-        K=k, KP=kp, G=groups, GS=group_size, num_warps=8 if block >= 4096 else 4,
+        rows, rows if row_index is None else row_index, vals, idx, cmax, csum, rows.stride(0),
+        vocab, chunks, K=k, KP=kp, G=groups, GS=group_size, HAS_INDEX=row_index is not None,
+        num_warps=8 if block >= 4096 else 4,
     )  # fmt: skip
     # A chunk shorter than K pads with -inf; those never reach the top K (V >= K finite logits).
     top, pos = torch.topk(vals.view(r, chunks * k), k, dim=-1)
@@ -127,18 +125,19 @@ def _chunk_candidates(
 
 
 def top_k_logits(
-    rows: torch.Tensor,  # [R, V] float, at least k finite logits a row
+    rows: torch.Tensor,  # [N, V] float, at least k finite logits a row
     k: int,
     block: int = DEFAULT_BLOCK,
+    row_index: torch.Tensor | None = None,  # [R] int64 rows to read in place; None: all N
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values [R, k] float32, ids [R, k] int64)``: each row's k largest logits, descending,
     as ``torch.topk`` finds them (lowest id first on ties), from one read of each logit; a
     ``-inf`` logit (a grammar mask) comes back as the float32 minimum, so a row with fewer
-    than k allowed tokens still gets k distinct ids."""
-    assert rows.dim() == 2, "rows must be [R, V]"
+    than k allowed tokens still gets k distinct ids. ``row_index``: no gathered copy."""
+    assert rows.dim() == 2, "rows must be [N, V]"
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    top, tokens, _, _ = _chunk_candidates(rows, k, block)
+    top, tokens, _, _ = _chunk_candidates(rows, k, block, row_index)
     return top, tokens
 
 

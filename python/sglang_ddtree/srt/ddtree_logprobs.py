@@ -9,8 +9,8 @@ as SGLang's non-speculative server reports them.
   of the processed verify logits, by the sampler's temperature rule: one normalizer per row
   (`core.logprobs.predicting_normalizers`), then the committed token's, the top-n's and the
   requested ids' logprobs from their logits alone (`core.logprobs.logprobs_at`); no
-  ``[bs * S, V]`` float32 logprob row is written (the top-n gathers the rows' logits once,
-  for ``topk``).
+  ``[bs * S, V]`` tensor is written (the top-n reads the rows' logits in place, or gathers
+  at most ``[bs, V]`` at a time, as much as the non-speculative sampler's logprobs).
   SGLang's scheduler reads a speculative batch's logprobs as ``next_token_logprobs[i][j]`` and
   its top-n and ids at row ``i * S + j`` (``process_batch_result_decode``), which is this layout.
 - **To the host.** The scheduler turns each top-n or ids entry into a list with ``.tolist()``
@@ -55,7 +55,7 @@ def write_step_logprobs(
     top = [int(n) for n in (top_logprobs_nums or [0] * bs) for _ in range(s)]
     ids = [t for t in (token_ids_logprobs or [None] * bs) for _ in range(s)]
     if any(top):
-        values, indices = top_logprobs(logits, norm, max(top))
+        values, indices = top_logprobs(logits, norm, max(top), chunk_rows=bs)
         logits_output.next_token_top_logprobs_val = HostRows(values, top).entries
         logits_output.next_token_top_logprobs_idx = HostRows(indices, top).entries
     if any(t is not None for t in ids):
