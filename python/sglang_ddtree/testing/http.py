@@ -10,6 +10,8 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 
+from sglang_ddtree.serve import answers_health as healthy
+
 
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
@@ -32,14 +34,6 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> t
             return e.code, json.loads(body)
         except json.JSONDecodeError:
             return e.code, {"raw": body[:500]}
-
-
-def healthy(base: str) -> bool:
-    """Whether ``base``/health answers 200."""
-    try:
-        return http_json(base + "/health", timeout=5)[0] == 200
-    except OSError:
-        return False
 
 
 @contextmanager
