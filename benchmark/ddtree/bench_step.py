@@ -34,8 +34,7 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
-(``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
+in one run; ``+sglangkv`` moves the accepted target KV with SGLang's
 mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
 ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+flashinfertopp`` takes the
@@ -124,8 +123,6 @@ import tempfile
 import time
 
 from sglang_ddtree.srt.ddtree_args import (
-    DRAFT_TOPK_BACKENDS,
-    DRAFT_TOPK_ENV,
     KV_MOVER_ENV,
     KV_MOVERS,
     TOP_P_KERNEL_ENV,
@@ -648,9 +645,6 @@ GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
     # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
-    # The one-pass Triton draft top-K (core/topk_triton.py) instead of torch.topk.
-    "tritontopk": {DRAFT_TOPK_ENV: "triton"},
-    "torchtopk": {DRAFT_TOPK_ENV: "torch"},
     # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
     "sglangkv": {KV_MOVER_ENV: "sglang"},
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
@@ -674,7 +668,6 @@ VARIANTS = {
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
     GLUE_PADDED_ENV: "1",
-    DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
     TOP_P_KERNEL_ENV: TOP_P_KERNELS[0],
@@ -695,7 +688,7 @@ def split_backend(config: str, default: str) -> tuple[str, str]:
 
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
-    """``"ddtree-64+eagerglue+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
+    """``"ddtree-64+eagerglue+extendattn"`` -> (``"ddtree-64"``, the env of those variants over
     the worker's defaults). Unknown suffixes exit with the known ones."""
     base, *variants = config.split("+")
     env = dict(DEFAULT_VARIANT_ENV)

@@ -153,7 +153,7 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 def test_table_is_well_formed():
     names = [k.name for k in KNOBS]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == 16
     assert KNOBS == tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
     for knob in KNOBS:
         assert knob.name.startswith("SGLANG_DDTREE_") and getattr(envs, knob.name) is knob
@@ -199,7 +199,6 @@ def test_invalid_settings_lists_each_bad_value_once():
     assert invalid_settings({}) == []
     good = {
         "SGLANG_DDTREE_TOPK": "4",
-        "SGLANG_DDTREE_DRAFT_TOPK": "Triton",
         "SGLANG_DDTREE_TREE_ATTENTION": "yes",
         "SGLANG_DDTREE_GLUE_GRAPHS": "false",
         "SGLANG_DDTREE_CPROFILE": "window",

@@ -19,9 +19,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 - ``--speculative-ddtree-topk`` (or the env var ``SGLANG_DDTREE_TOPK``): candidates per depth K
   (default 8); the worker uses ``min(K, W - 1, vocab)``. A flag and its env var both set to
   different values are refused (ambiguous).
-- ``SGLANG_DDTREE_DRAFT_TOPK`` (env): how the per-depth top-K is computed: ``auto`` (default:
-  ``triton`` where the H200 measured it faster, see `draft_topk_backend`), ``torch`` or
-  ``triton`` (`sglang_ddtree.core.topk_triton`).
+- The per-depth top-K: `sglang_ddtree.core.topk_triton` where it measured faster, else
+  ``torch.topk`` (`draft_topk_backend`).
 - ``SGLANG_DDTREE_KV_MOVER`` (env): who moves the accepted target KV rows, ``ddtree`` (default:
   `sglang_ddtree.core.kv_move_triton` where the KV pool allows it) or ``sglang``.
 - ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
@@ -41,10 +40,8 @@ from sglang_ddtree.srt.ddtree_envs import envs
 ALGORITHM_NAME = "DDTREE"
 TOPK_ENV = envs.SGLANG_DDTREE_TOPK.name
 DEFAULT_TOPK = envs.SGLANG_DDTREE_TOPK.default
-DRAFT_TOPK_ENV = envs.SGLANG_DDTREE_DRAFT_TOPK.name
-DRAFT_TOPK_BACKENDS = envs.SGLANG_DDTREE_DRAFT_TOPK.choices
-# "auto" picks the Triton top-K where the H200 measured it faster (V = 151,936):
-# K <= 32 at a large vocabulary. Small vocabularies and K = 64 keep torch.topk.
+# The Triton top-K where the H200 measured it faster (V = 151,936): K <= 32 at a large
+# vocabulary. Small vocabularies and K = 64 keep torch.topk.
 TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
 KV_MOVER_ENV = envs.SGLANG_DDTREE_KV_MOVER.name
@@ -156,11 +153,6 @@ def read_topk(environ: Mapping[str, str] | None = None, flag: int | None = None)
     return k
 
 
-def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend: auto, torch or triton)."""
-    return envs.SGLANG_DDTREE_DRAFT_TOPK.get(environ)
-
-
 def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
     """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
     radix, `core.topp_radix`'s CUDA radix select; flashinfer, sgl_kernel's)."""
@@ -178,11 +170,9 @@ def top_p_kernel_unavailable(kernel: str, error: BaseException) -> RuntimeError:
     )
 
 
-def draft_topk_backend(setting: str, topk: int, vocab_size: int) -> str:
-    """The `select_candidates` backend for K = ``topk`` candidates over ``vocab_size``:
-    ``setting`` itself unless it is "auto" (see ``TRITON_TOPK_MAX_K``)."""
-    if setting != "auto":
-        return setting
+def draft_topk_backend(topk: int, vocab_size: int) -> str:
+    """The `select_candidates` backend for K = ``topk`` candidates over ``vocab_size`` (see
+    ``TRITON_TOPK_MAX_K``)."""
     fast = topk <= TRITON_TOPK_MAX_K and vocab_size >= TRITON_TOPK_MIN_VOCAB
     return "triton" if fast else "torch"
 

@@ -195,12 +195,6 @@ class DDTreeEnvs:
         "draft candidates per depth K (>= 1); the env form of --speculative-ddtree-topk",
         fix="set it to e.g. 8",
     )
-    SGLANG_DDTREE_DRAFT_TOPK = Knob(
-        str,
-        "auto",
-        "how the per-depth top-K is computed: auto (triton where measured faster), torch, triton",
-        choices=("auto", "torch", "triton"),
-    )
     SGLANG_DDTREE_TOP_P_KERNEL = Knob(
         str,
         "radix",

@@ -88,7 +88,6 @@ from sglang_ddtree.srt.ddtree_args import (
     check_target,
     draft_topk_backend,
     format_errors,
-    read_draft_topk,
     read_kv_mover,
     read_top_p_kernel,
     read_topk,
@@ -225,7 +224,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
         schedule = schedule_from_args(server_args)
         topk = read_topk(flag=getattr(server_args, TOPK_FLAG, None))
-        draft_topk = read_draft_topk()
         kv_mover = read_kv_mover()
         top_p_kernel = read_top_p_kernel()
         shapes = {
@@ -268,10 +266,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 top_p_kernel,
             )
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
-        # Per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend).
-        self._draft_topk = {
-            w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
-        }
+        # Per W, by K and vocabulary (ddtree_args.draft_topk_backend).
+        self._draft_topk = {w: draft_topk_backend(k, vocab) for w, k in self._topk.items()}
         self.top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
         self.graph_stats = GraphStats(schedule)
         # One memory pool and one capture stream for every glue graph: they replay one at a
