@@ -37,9 +37,7 @@ runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the
 in one run; ``+sglangkv`` moves the accepted target KV with SGLang's
 mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
-``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+flashinfertopp`` takes the
-sampled verify's nucleus from sgl_kernel's ``top_p_renorm_prob`` instead of ``core.topp_radix``
-(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
+``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
 compute the verify's prefix part with DDTREE's own kernel on FlashMLA's pages / with FlashMLA's
 (``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree`` / ``flashmla``; by default ``auto``: the own kernel on
 a bfloat16 cache); ``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an
@@ -125,8 +123,6 @@ import time
 from sglang_ddtree.srt.ddtree_args import (
     KV_MOVER_ENV,
     KV_MOVERS,
-    TOP_P_KERNEL_ENV,
-    TOP_P_KERNELS,
 )
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_envs import envs as ddtree_envs
@@ -650,9 +646,6 @@ VARIANTS = {
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
-    # The sampled verify's nucleus from sgl_kernel's top_p_renorm_prob (FlashInfer's) instead of
-    # core/topp_radix.py.
-    "flashinfertopp": {TOP_P_KERNEL_ENV: "flashinfer"},
     # On flashmla: the verify's prefix part by DDTREE's own kernel on FlashMLA's pages (float32
     # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
     "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
@@ -670,7 +663,6 @@ DEFAULT_VARIANT_ENV = {
     GLUE_PADDED_ENV: "1",
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
-    TOP_P_KERNEL_ENV: TOP_P_KERNELS[0],
     FLASHMLA_PREFIX_ENV: "auto",
 }
 

@@ -46,9 +46,6 @@ TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
 KV_MOVER_ENV = envs.SGLANG_DDTREE_KV_MOVER.name
 KV_MOVERS = envs.SGLANG_DDTREE_KV_MOVER.choices
-# The sampled verify's nucleus kernel: core.topp_radix (default) or sgl_kernel's (FlashInfer).
-TOP_P_KERNEL_ENV = envs.SGLANG_DDTREE_TOP_P_KERNEL.name
-TOP_P_KERNELS = envs.SGLANG_DDTREE_TOP_P_KERNEL.choices
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) applies the tree mask: triton's and
 # flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
 TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
@@ -153,20 +150,13 @@ def read_topk(environ: Mapping[str, str] | None = None, flag: int | None = None)
     return k
 
 
-def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
-    radix, `core.topp_radix`'s CUDA radix select; flashinfer, sgl_kernel's)."""
-    return envs.SGLANG_DDTREE_TOP_P_KERNEL.get(environ)
-
-
-def top_p_kernel_unavailable(kernel: str, error: BaseException) -> RuntimeError:
-    """The error a worker raises when the nucleus kernel ``kernel`` cannot be built or loaded
-    at start (e.g. no CUDA compiler for SGLang's JIT loader): what failed, and the setting
-    that takes sgl_kernel's instead (the same law)."""
+def top_p_kernel_unavailable(error: BaseException) -> RuntimeError:
+    """The error a worker raises when the radix top-p kernel (`core.topp_radix`) cannot be
+    built or loaded at start: what failed, and what the build needs."""
     return RuntimeError(
-        f"DDTREE: the {kernel} top-p kernel could not be built or loaded "
-        f"({type(error).__name__}: {error}); set {TOP_P_KERNEL_ENV}=flashinfer to use "
-        "sgl_kernel's top_p_renorm_prob instead (the same sampling law)."
+        f"DDTREE: the radix top-p kernel could not be built or loaded "
+        f"({type(error).__name__}: {error}); SGLang's JIT loader builds it at start and needs "
+        "nvcc (a CUDA toolkit), as SGLang's own JIT kernels do."
     )
 
 

@@ -195,13 +195,6 @@ class DDTreeEnvs:
         "draft candidates per depth K (>= 1); the env form of --speculative-ddtree-topk",
         fix="set it to e.g. 8",
     )
-    SGLANG_DDTREE_TOP_P_KERNEL = Knob(
-        str,
-        "radix",
-        "the sampled verify's top-p renormalization: radix (DDTREE's CUDA radix select) or "
-        "flashinfer (sgl_kernel's); the same law",
-        choices=("radix", "flashinfer"),
-    )
     SGLANG_DDTREE_KV_MOVER = Knob(
         str,
         "ddtree",

@@ -142,7 +142,6 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         topk = dargs.read_topk(flag=getattr(server_args, dargs.TOPK_FLAG, None))
         shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=topk)
         dargs.read_kv_mover()  # bad values fail here, at launch
-        dargs.read_top_p_kernel()
         errors = dargs.check_shape(shape)
         if errors:
             raise ValueError(dargs.format_errors(errors))

@@ -81,15 +81,12 @@ from sglang_ddtree.core.step import TreeStep
 from sglang_ddtree.srt import ddtree_requests as requests
 from sglang_ddtree.srt.ddtree_args import (
     KV_MOVER_ENV,
-    TOP_P_KERNEL_ENV,
-    TOP_P_KERNELS,
     TOPK_FLAG,
     DDTreeShape,
     check_target,
     draft_topk_backend,
     format_errors,
     read_kv_mover,
-    read_top_p_kernel,
     read_topk,
     target_verify_backend,
     target_warnings,
@@ -225,7 +222,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         schedule = schedule_from_args(server_args)
         topk = read_topk(flag=getattr(server_args, TOPK_FLAG, None))
         kv_mover = read_kv_mover()
-        top_p_kernel = read_top_p_kernel()
         shapes = {
             w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
             for w in sorted(set(schedule.num_nodes))
@@ -251,24 +247,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._coin_generator = torch.Generator(device=self.device)
         self._coin_generator.manual_seed(int(getattr(server_args, "random_seed", 0) or 0))
         vocab = int(self.model_runner.model_config.vocab_size)
-        if top_p_kernel == "radix":  # built now: with the glue graphs off no warm-up runs it
-            from sglang_ddtree.core.topp_radix import load_kernel
+        from sglang_ddtree.core.topp_radix import load_kernel
 
-            try:
-                load_kernel()
-            except Exception as e:
-                raise top_p_kernel_unavailable(top_p_kernel, e) from e
-        if top_p_kernel != TOP_P_KERNELS[0] and self.ps.tp_rank == 0:  # seen at any log level
-            logger.warning(
-                "DDTREE: the sampled verify's top-p filter is the %s kernel (%s=%s).",
-                top_p_kernel,
-                TOP_P_KERNEL_ENV,
-                top_p_kernel,
-            )
+        try:  # built now: with the glue graphs off no warm-up runs it
+            load_kernel()
+        except Exception as e:
+            raise top_p_kernel_unavailable(e) from e
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
         # Per W, by K and vocabulary (ddtree_args.draft_topk_backend).
         self._draft_topk = {w: draft_topk_backend(k, vocab) for w, k in self._topk.items()}
-        self.top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
         self.graph_stats = GraphStats(schedule)
         # One memory pool and one capture stream for every glue graph: they replay one at a
         # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
@@ -305,8 +292,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
-                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, %s top-p, penalty "
-                "state %.3f GiB",
+                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, penalty state %.3f GiB",
                 schedule,
                 shape.block_size,
                 shape.max_depth,
@@ -314,7 +300,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self._draft_topk,
                 shape.accept_width,
                 "on" if glue_on else "off",
-                self.top_p_kernel,
                 self._penalty_rows.nbytes() / 2**30,
             )
 
@@ -568,7 +553,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def accept_fn(self, shape: DDTreeShape):
         """The accept segment's function at ``shape`` (`make_accept_fn`)."""
-        return make_accept_fn(shape.accept_width, top_p_kernel=self.top_p_kernel)
+        return make_accept_fn(shape.accept_width)
 
     def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> StepGlue:
         w, s = shape.num_nodes, shape.accept_width
