@@ -34,8 +34,7 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-in one run; ``+sglangkv`` moves the accepted target KV with SGLang's
-mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
+in one run; ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
 ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
 compute the verify's prefix part with DDTREE's own kernel on FlashMLA's pages / with FlashMLA's
@@ -120,10 +119,6 @@ import sys
 import tempfile
 import time
 
-from sglang_ddtree.srt.ddtree_args import (
-    KV_MOVER_ENV,
-    KV_MOVERS,
-)
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_envs import envs as ddtree_envs
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
@@ -641,8 +636,6 @@ GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
     # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
-    # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
-    "sglangkv": {KV_MOVER_ENV: "sglang"},
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
@@ -661,7 +654,6 @@ VARIANTS = {
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
     GLUE_PADDED_ENV: "1",
-    KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
     FLASHMLA_PREFIX_ENV: "auto",
 }

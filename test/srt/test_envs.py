@@ -153,7 +153,7 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 def test_table_is_well_formed():
     names = [k.name for k in KNOBS]
-    assert len(names) == len(set(names)) == 15
+    assert len(names) == len(set(names)) == 14
     assert KNOBS == tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
     for knob in KNOBS:
         assert knob.name.startswith("SGLANG_DDTREE_") and getattr(envs, knob.name) is knob
@@ -207,7 +207,6 @@ def test_invalid_settings_lists_each_bad_value_once():
     bad = {
         "SGLANG_DDTREE_GLUE_GRAPHS": "off",
         "SGLANG_DDTREE_GLUE_AT_STARTUP": "on",
-        "SGLANG_DDTREE_KV_MOVER": "torch",
         "SGLANG_DDTREE_EXPERT_COUNT": "all",
         "SGLANG_DDTREE_SYNC_TRACE": "2",
     }

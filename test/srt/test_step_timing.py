@@ -266,19 +266,17 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, padded, kv, attn, prefix = (
+    glue, padded, attn, prefix = (
         "SGLANG_DDTREE_GLUE_GRAPHS",
         "SGLANG_DDTREE_GLUE_PADDED",
-        "SGLANG_DDTREE_KV_MOVER",
         "SGLANG_DDTREE_TREE_ATTENTION",
         "SGLANG_DDTREE_FLASHMLA_PREFIX",
     )
-    default = {glue: "1", padded: "1", kv: "ddtree", attn: "1", prefix: "auto"}
+    default = {glue: "1", padded: "1", attn: "1", prefix: "auto"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+extendattn+baseline")
     assert both == ("ddtree", {**default, attn: "0"})
-    assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
     assert bench.split_variant("ddtree+realglue") == ("ddtree", {**default, padded: "0"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
     assert bench.split_variant("dflash") == ("dflash", default)

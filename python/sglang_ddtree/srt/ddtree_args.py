@@ -21,8 +21,6 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
   different values are refused (ambiguous).
 - The per-depth top-K: `sglang_ddtree.core.topk_triton` where it measured faster, else
   ``torch.topk`` (`draft_topk_backend`).
-- ``SGLANG_DDTREE_KV_MOVER`` (env): who moves the accepted target KV rows, ``ddtree`` (default:
-  `sglang_ddtree.core.kv_move_triton` where the KV pool allows it) or ``sglang``.
 - ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
 """
 
@@ -44,8 +42,6 @@ DEFAULT_TOPK = envs.SGLANG_DDTREE_TOPK.default
 # vocabulary. Small vocabularies and K = 64 keep torch.topk.
 TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
-KV_MOVER_ENV = envs.SGLANG_DDTREE_KV_MOVER.name
-KV_MOVERS = envs.SGLANG_DDTREE_KV_MOVER.choices
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) applies the tree mask: triton's and
 # flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
 TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
@@ -165,12 +161,6 @@ def draft_topk_backend(topk: int, vocab_size: int) -> str:
     ``TRITON_TOPK_MAX_K``)."""
     fast = topk <= TRITON_TOPK_MAX_K and vocab_size >= TRITON_TOPK_MIN_VOCAB
     return "triton" if fast else "torch"
-
-
-def read_kv_mover(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_KV_MOVER``: who moves the accepted target KV rows (``ddtree``:
-    `core.kv_move_triton`, where the pool allows it; ``sglang``: SGLang's mover, always)."""
-    return envs.SGLANG_DDTREE_KV_MOVER.get(environ)
 
 
 def _get(cfg: Any, name: str, default: Any = None) -> Any:

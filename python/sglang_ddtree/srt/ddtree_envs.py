@@ -195,12 +195,6 @@ class DDTreeEnvs:
         "draft candidates per depth K (>= 1); the env form of --speculative-ddtree-topk",
         fix="set it to e.g. 8",
     )
-    SGLANG_DDTREE_KV_MOVER = Knob(
-        str,
-        "ddtree",
-        "who moves the accepted target KV rows: ddtree (where the KV pool allows it) or sglang",
-        choices=("ddtree", "sglang"),
-    )
     SGLANG_DDTREE_TREE_ATTENTION = Knob(
         bool,
         True,

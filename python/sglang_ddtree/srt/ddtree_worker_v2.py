@@ -80,13 +80,11 @@ from sglang_ddtree.core.penalties import apply_tree_penalties
 from sglang_ddtree.core.step import TreeStep
 from sglang_ddtree.srt import ddtree_requests as requests
 from sglang_ddtree.srt.ddtree_args import (
-    KV_MOVER_ENV,
     TOPK_FLAG,
     DDTreeShape,
     check_target,
     draft_topk_backend,
     format_errors,
-    read_kv_mover,
     read_topk,
     target_verify_backend,
     target_warnings,
@@ -221,7 +219,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
         schedule = schedule_from_args(server_args)
         topk = read_topk(flag=getattr(server_args, TOPK_FLAG, None))
-        kv_mover = read_kv_mover()
         shapes = {
             w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
             for w in sorted(set(schedule.num_nodes))
@@ -234,7 +231,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
         self.budget_schedule = schedule
         self.ddtree_shapes = shapes
-        self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
         from sglang.srt.distributed import get_tp_group
@@ -568,8 +564,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
             # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the
-            # pool has SGLang's slot-row layout, else SGLang's (it reads these four batch
-            # fields; the view holds this step's tensors).
+            # pool has SGLang's slot-row layout; any other pool (MLA's, HND, a pool's own move)
+            # only SGLang's mover knows, so it runs there (it reads these four batch fields;
+            # the view holds this step's tensors).
             rows = self._target_kv_rows()
             if rows is not None:
                 move_accepted_kv(*rows[:2], keep_index, verify_loc, w, rows[2])
@@ -653,8 +650,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         cls = type(pool)
         rows = None
         if (
-            self._kv_mover == "ddtree"
-            and isinstance(pool, MHATokenToKVPool)
+            isinstance(pool, MHATokenToKVPool)
             and cls.move_kv_cache is MHATokenToKVPool.move_kv_cache
             and cls._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
             and not getattr(pool, "use_hnd", False)
@@ -667,12 +663,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             max_row = max(b[0].numel() * b.element_size() for b in buffers)
             rows = (pool.data_ptrs, pool.data_strides, int(max_row))
         elif self.ps.tp_rank == 0:
-            logger.info(
-                "DDTREE: SGLang's KV mover moves accepted rows (%s=%s, pool %s).",
-                KV_MOVER_ENV,
-                self._kv_mover,
-                cls.__name__,
-            )
+            logger.info("DDTREE: SGLang's KV mover moves accepted rows (pool %s).", cls.__name__)
         self._kv_rows = rows
         return rows
 
