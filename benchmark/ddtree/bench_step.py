@@ -36,10 +36,7 @@ budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
 in one run; ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
-``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
-compute the verify's prefix part with DDTREE's own kernel on FlashMLA's pages / with FlashMLA's
-(``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree`` / ``flashmla``; by default ``auto``: the own kernel on
-a bfloat16 cache); ``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an
+``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an
 earlier commit's ``python/``, put first on the engine processes' ``PYTHONPATH``; the main
 process, which checks requests, keeps the installed one): two versions side by side in one run
 (``ddtree+baseline@flashmla``).
@@ -631,7 +628,6 @@ def flush_timing(eng, spec) -> None:
     generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
 
 
-FLASHMLA_PREFIX_ENV = ddtree_envs.SGLANG_DDTREE_FLASHMLA_PREFIX.name
 GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
     # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
@@ -639,10 +635,6 @@ VARIANTS = {
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
-    # On flashmla: the verify's prefix part by DDTREE's own kernel on FlashMLA's pages (float32
-    # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
-    "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
-    "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
     # Every glue graph keyed by the real batch size, not the tree and accept ones by SGLang's
     # padded batch sizes (3.5x the graphs at startup).
     "realglue": {GLUE_PADDED_ENV: "0"},
@@ -655,7 +647,6 @@ DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
     GLUE_PADDED_ENV: "1",
     TREE_ATTENTION_ENV: "1",
-    FLASHMLA_PREFIX_ENV: "auto",
 }
 
 

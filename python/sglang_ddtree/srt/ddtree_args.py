@@ -46,7 +46,7 @@ TRITON_TOPK_MIN_VOCAB = 65536
 # flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
 TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
 # MLA backends whose verify DDTREE serves: triton (the split attention over slot rows) and
-# flashmla (FlashMLA's paged decode kernel for the prefix part, with its log-sum-exp).
+# flashmla (the same split over FlashMLA's pages).
 MLA_BACKENDS = ("triton", "flashmla")
 # Page sizes DDTREE serves per verify backend (None: any); flashmla's is SGLang's own 64.
 PAGE_SIZES = {"flashinfer": (1,), "flashmla": (64,)}
@@ -347,26 +347,6 @@ def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | No
             "pass --kv-cache-dtype bfloat16."
         )
     return errors
-
-
-def target_warnings(kv_dtype: Any, backend: str | None) -> list[str]:
-    """What a served setting does not promise: on flashmla in bfloat16 with FlashMLA's prefix
-    part chosen (``SGLANG_DDTREE_FLASHMLA_PREFIX=flashmla``), DDTREE's sampled law measurably
-    departs from the non-speculative server's (docs/limits.md); the default there is DDTREE's
-    own prefix kernel, whose law matches."""
-    from sglang_ddtree.srt.ddtree_attention import own_prefix_on_flashmla
-
-    if backend == "flashmla" and not own_prefix_on_flashmla(kv_dtype):
-        import torch
-
-        if kv_dtype == torch.bfloat16:
-            return [
-                "DDTREE on flashmla with SGLANG_DDTREE_FLASHMLA_PREFIX=flashmla in bfloat16: "
-                "FlashMLA's prefix part is rounded to bfloat16 before the merge and the sampled "
-                "law departs from the non-speculative server's (docs/limits.md); unset it for "
-                "DDTREE's own prefix kernel, whose law matches."
-            ]
-    return []
 
 
 def check_shape(shape: DDTreeShape) -> list[str]:

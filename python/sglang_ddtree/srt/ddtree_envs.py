@@ -202,15 +202,6 @@ class DDTreeEnvs:
         "0 keeps the backend's custom-mask kernel (refused on flashmla)",
         fix="set it to 0 (the backend's custom-mask kernel) or 1 (the default)",
     )
-    SGLANG_DDTREE_FLASHMLA_PREFIX = Knob(
-        str,
-        "auto",
-        "on flashmla, the verify's prefix part: ddtree (DDTREE's own kernel on the same pages, "
-        "float32 until the merge), flashmla (FlashMLA's paged kernel: faster, its part rounded "
-        "to the cache dtype before the merge, which in bfloat16 moves the sampled law off the "
-        "non-speculative server's), auto (ddtree on a bfloat16 cache, flashmla on float16)",
-        choices=("auto", "ddtree", "flashmla"),
-    )
     SGLANG_DDTREE_GLUON_PREFIX = Knob(
         bool,
         True,

@@ -87,7 +87,6 @@ from sglang_ddtree.srt.ddtree_args import (
     format_errors,
     read_topk,
     target_verify_backend,
-    target_warnings,
     top_p_kernel_unavailable,
     verify_backend_name,
 )
@@ -356,10 +355,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         if errors:
             raise ValueError(format_errors(errors))
-        for warning in target_warnings(
-            self.model_runner.kv_cache_dtype, target_verify_backend(self.model_runner.server_args)
-        ):
-            logger.warning(warning)
         if not is_dflash_sampling_verify_available():
             raise RuntimeError(
                 "DDTREE needs sgl_kernel.tree_speculative_sampling_target_only (CUDA build)."
