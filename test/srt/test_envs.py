@@ -153,7 +153,7 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 def test_table_is_well_formed():
     names = [k.name for k in KNOBS]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 12
     assert KNOBS == tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
     for knob in KNOBS:
         assert knob.name.startswith("SGLANG_DDTREE_") and getattr(envs, knob.name) is knob

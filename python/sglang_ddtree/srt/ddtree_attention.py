@@ -53,11 +53,6 @@ def _switch_on() -> bool:  # read once per process
     return enabled()
 
 
-@functools.cache
-def _gluon_prefix_allowed() -> bool:  # read once per process
-    return envs.SGLANG_DDTREE_GLUON_PREFIX.get()
-
-
 def env_error(environ=None) -> str | None:
     """The refusal of a switch value that is not a boolean (``validate_server_args`` raises
     it)."""
@@ -316,11 +311,8 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
     hq, dv = layer.tp_q_head_num, backend.kv_lora_rank
     k_cache = pool.get_key_buffer(layer.layer_id)  # [slots, 1, 576]
     hkv, sms = k_cache.shape[1], _num_sms(q.device)
-    gluon = (
-        _gluon_prefix_allowed()
-        and gluon_prefix_runs(q.device, k_cache.dtype)
-        and q.dtype == k_cache.dtype
-    )
+    # The Gluon kernel where it runs (Hopper, bfloat16, Gluon's API importable), else Triton's.
+    gluon = gluon_prefix_runs(q.device, k_cache.dtype) and q.dtype == k_cache.dtype
     settings = dict(_launch(bs, w, hq, hkv, dv, sms, layer.head_dim, FLASHMLA_PAGE, gluon))
     out = tree_attention(
         q.view(n, hq, layer.head_dim),

@@ -202,13 +202,6 @@ class DDTreeEnvs:
         "0 keeps the backend's custom-mask kernel (refused on flashmla)",
         fix="set it to 0 (the backend's custom-mask kernel) or 1 (the default)",
     )
-    SGLANG_DDTREE_GLUON_PREFIX = Knob(
-        bool,
-        True,
-        "on flashmla with DDTREE's own prefix part, its Gluon kernel where it runs (Hopper, "
-        "bfloat16); 0 takes the Triton kernel (both exact, the Triton one slower at bs >= 2)",
-        fix="set it to 0 (the Triton kernel) or 1 (the default)",
-    )
     SGLANG_DDTREE_GLUE_GRAPHS = Knob(
         bool,
         True,
