@@ -1,6 +1,6 @@
-"""Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default, choices
-where any, and a one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader in the
-plugin goes through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
+"""Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default and a
+one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader in the plugin goes
+through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
 ``os.environ``, for tests), spelled as SGLang's own ``envs.<NAME>.get()``. The table for users,
 ``docs/configuration.md``, is kept equal to this one by a CPU test.
 
@@ -13,9 +13,8 @@ its parsing rules (the type of a knob is the field it would be in SGLang's ``Env
   ``n``, in any case; nothing else, and no surrounding whitespace.
 - ``int`` (``EnvInt``): what Python's ``int()`` reads (surrounding whitespace included).
 - ``float`` (``EnvFloat``): what ``float()`` reads.
-- ``str`` (``EnvStr``): the value as it is. A knob with ``choices`` compares it trimmed and
-  lower-cased, as SGLang's own readers of such strings do; a knob with ``parse`` (a stricter
-  form) is read by that function.
+- ``str`` (``EnvStr``): the value as it is; a knob with ``parse`` (a stricter form) is read by
+  that function.
 
 Two rules differ from SGLang's ``EnvField.get``, both because every knob is checked when a
 DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``; the
@@ -67,8 +66,7 @@ TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a s
 
 class Knob:
     """One environment variable: its type (``bool``, ``int``, ``float`` or ``str``), default
-    (unset or blank), one-line meaning, ``choices`` of a ``str`` knob, ``parse``: a stricter
-    form of a ``str`` knob (raises ``ValueError`` saying what it expects), ``fix``: what a
+    (unset or blank), one-line meaning, ``parse``: a stricter form of a ``str`` knob (raises ``ValueError`` saying what it expects), ``fix``: what a
     refusal tells the user to set (a default per type otherwise). The name is the attribute's
     in ``DDTreeEnvs``."""
 
@@ -77,16 +75,14 @@ class Knob:
         type_: type,
         default: Any,
         meaning: str,
-        choices: tuple[str, ...] = (),
         parse: Callable[[str], Any] | None = None,
         fix: str | None = None,
     ):
         assert type_ in TYPE_NAMES, type_
-        assert not (choices or parse) or type_ is str, "choices and parse are for str knobs"
+        assert parse is None or type_ is str, "parse is for str knobs"
         self.type = type_
         self.default = default
         self.meaning = meaning
-        self.choices = choices
         self._parse = parse
         self._fix = fix
         self.name = ""
@@ -136,11 +132,6 @@ class Knob:
                 return self.type(value)
             except ValueError:
                 raise self._refusal(value, f"is not {TYPE_NAMES[self.type]}") from None
-        if self.choices:
-            choice = value.strip().lower()
-            if choice not in self.choices:
-                raise self._refusal(choice, f"is not one of {self.choices}")
-            return choice
         if self._parse is not None:
             try:
                 return self._parse(value)
@@ -155,8 +146,6 @@ class Knob:
     def fix(self) -> str:
         if self._fix is not None:
             return self._fix
-        if self.choices:
-            return f"unset it or set it to {self.choices[0]}"
         if self.type is bool:
             return f"set it to 1 or 0, or unset it (default {self.default_text})"
         return f"set it to {TYPE_NAMES[self.type]} or unset it"
