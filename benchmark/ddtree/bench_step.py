@@ -34,11 +34,11 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-in one run; ``+extendattn`` runs the target's
-tree-verify attention through triton's custom-mask extend kernel instead of
-``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an
-earlier commit's ``python/``, put first on the engine processes' ``PYTHONPATH``; the main
-process, which checks requests, keeps the installed one): two versions side by side in one run
+in one run; ``+extendattn`` runs the target's tree-verify attention through triton's
+custom-mask extend kernel instead of ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``);
+``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an earlier commit's
+``python/``, put first on the engine processes' ``PYTHONPATH``; the main process, which checks
+requests, keeps the installed one): two versions side by side in one run
 (``ddtree+baseline@flashmla``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table

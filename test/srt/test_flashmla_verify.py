@@ -207,8 +207,9 @@ print("interpreted own prefix on flashmla OK")
 
 
 def test_flashmla_verify_with_the_own_prefix_kernel_interpreted(run_interpreted):
-    """The flashmla backend's DDTREE verify saves the nodes' latent and computes the whole attention with this project's kernels over the
-    backend's block table of 64-slot pages (no FlashMLA call), equal to the masked reference."""
+    """The flashmla backend's DDTREE verify saves the nodes' latent and computes the whole
+    attention with this project's kernels over the backend's block table of 64-slot pages (no
+    FlashMLA call), equal to the masked reference."""
     run_interpreted(_OWN_PREFIX_HOOK_CHECK, "interpreted own prefix on flashmla OK")
 
 
@@ -303,11 +304,12 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
-    """The flashmla verify's attention on the GPU: this project's kernels over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
-    masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
-    variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
-    K2.6 rank's W 8 x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon
-    kernel (odd tile counts and one-key shares among these prefixes)."""
+    """The flashmla verify's attention on the GPU: this project's kernels over a block table of
+    64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the masked reference
+    within bf16 rounding, with the hook's launch settings: the Triton latent variant, and
+    (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the K2.6 rank's W 8
+    x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon kernel (odd tile counts
+    and one-key shares among these prefixes)."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,

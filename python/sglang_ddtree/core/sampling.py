@@ -203,10 +203,10 @@ def target_probs(
 
     On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` and `topp_radix`'s nucleus
     (`_joint_renorm_kernels`; on the min-p path the two one after the other); with top-p alone,
-    radix takes the logits and never writes the softmax out (`topp_radix.top_p_softmax_renorm_radix`);
-    min-p is `minp_triton.min_p_renorm_` (`min_p_renorm` in one kernel, in place) from
-    ``MIN_P_KERNEL_ROWS`` rows on, `min_p_renorm` below. Elsewhere the pure-torch functions
-    above.
+    radix takes the logits and never writes the softmax out
+    (`topp_radix.top_p_softmax_renorm_radix`); min-p is `minp_triton.min_p_renorm_`
+    (`min_p_renorm` in one kernel, in place) from ``MIN_P_KERNEL_ROWS`` rows on, `min_p_renorm`
+    below. Elsewhere the pure-torch functions above.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)

@@ -66,9 +66,9 @@ TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a s
 
 class Knob:
     """One environment variable: its type (``bool``, ``int``, ``float`` or ``str``), default
-    (unset or blank), one-line meaning, ``parse``: a stricter form of a ``str`` knob (raises ``ValueError`` saying what it expects), ``fix``: what a
-    refusal tells the user to set (a default per type otherwise). The name is the attribute's
-    in ``DDTreeEnvs``."""
+    (unset or blank), one-line meaning, ``parse``: a stricter form of a ``str`` knob (raises
+    ``ValueError`` saying what it expects), ``fix``: what a refusal tells the user to set (a
+    default per type otherwise). The name is the attribute's in ``DDTreeEnvs``."""
 
     def __init__(
         self,

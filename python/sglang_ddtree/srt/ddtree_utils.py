@@ -101,7 +101,9 @@ def make_accept_fn(accept_width: int) -> Callable[..., CommitPlan]:
 
     def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
         layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
-        return accept_and_commit(logits, tokens, layout, seq_lens, accept_width=accept_width, **rest)
+        return accept_and_commit(
+            logits, tokens, layout, seq_lens, accept_width=accept_width, **rest
+        )
 
     return accept_fn
 
