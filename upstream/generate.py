@@ -348,10 +348,9 @@ _register_ddtree()
                 return out
 """,
     ),
-    # 7. On flashmla: the DDTREE verify's prefix part through FlashMLA's paged kernel (float16
-    #    caches) or DDTREE's own on the same pages (bfloat16), the ancestor block and merge by
-    #    core.tree_attention; the prefix lengths, tree mask and FlashMLA's tile schedule set per
-    #    forward by the two metadata calls (eager, and before each replay).
+    # 7. On flashmla: the DDTREE verify by core.tree_attention on FlashMLA's pages; the prefix
+    #    offsets and tree mask set per forward by the two metadata calls (eager, and before
+    #    each replay).
     Edit(
         "flashmla-verify-init",
         "python/sglang/srt/layers/attention/flashmla_backend.py",

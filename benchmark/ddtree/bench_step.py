@@ -34,18 +34,11 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
 runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
-(``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
-mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
-tree-verify attention through triton's custom-mask extend kernel instead of
-``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+flashinfertopp`` takes the
-sampled verify's nucleus from sgl_kernel's ``top_p_renorm_prob`` instead of ``core.topp_radix``
-(``SGLANG_DDTREE_TOP_P_KERNEL=flashinfer``); on flashmla ``+ownprefix`` / ``+flashmlaprefix``
-compute the verify's prefix part with DDTREE's own kernel on FlashMLA's pages / with FlashMLA's
-(``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree`` / ``flashmla``; by default ``auto``: the own kernel on
-a bfloat16 cache); ``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an
-earlier commit's ``python/``, put first on the engine processes' ``PYTHONPATH``; the main
-process, which checks requests, keeps the installed one): two versions side by side in one run
+in one run; ``+extendattn`` runs the target's tree-verify attention through triton's
+custom-mask extend kernel instead of ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``);
+``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an earlier commit's
+``python/``, put first on the engine processes' ``PYTHONPATH``; the main process, which checks
+requests, keeps the installed one): two versions side by side in one run
 (``ddtree+baseline@flashmla``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
@@ -123,14 +116,6 @@ import sys
 import tempfile
 import time
 
-from sglang_ddtree.srt.ddtree_args import (
-    DRAFT_TOPK_BACKENDS,
-    DRAFT_TOPK_ENV,
-    KV_MOVER_ENV,
-    KV_MOVERS,
-    TOP_P_KERNEL_ENV,
-    TOP_P_KERNELS,
-)
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_envs import envs as ddtree_envs
 from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
@@ -643,26 +628,13 @@ def flush_timing(eng, spec) -> None:
     generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
 
 
-FLASHMLA_PREFIX_ENV = ddtree_envs.SGLANG_DDTREE_FLASHMLA_PREFIX.name
 GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
     # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
     "eagerglue": {GLUE_GRAPHS_ENV: "0"},
-    # The one-pass Triton draft top-K (core/topk_triton.py) instead of torch.topk.
-    "tritontopk": {DRAFT_TOPK_ENV: "triton"},
-    "torchtopk": {DRAFT_TOPK_ENV: "torch"},
-    # SGLang's mover for the accepted target KV rows instead of core/kv_move_triton.py.
-    "sglangkv": {KV_MOVER_ENV: "sglang"},
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
-    # The sampled verify's nucleus from sgl_kernel's top_p_renorm_prob (FlashInfer's) instead of
-    # core/topp_radix.py.
-    "flashinfertopp": {TOP_P_KERNEL_ENV: "flashinfer"},
-    # On flashmla: the verify's prefix part by DDTREE's own kernel on FlashMLA's pages (float32
-    # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
-    "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
-    "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
     # Every glue graph keyed by the real batch size, not the tree and accept ones by SGLang's
     # padded batch sizes (3.5x the graphs at startup).
     "realglue": {GLUE_PADDED_ENV: "0"},
@@ -674,11 +646,7 @@ VARIANTS = {
 DEFAULT_VARIANT_ENV = {
     GLUE_GRAPHS_ENV: "1",
     GLUE_PADDED_ENV: "1",
-    DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
-    KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
-    TOP_P_KERNEL_ENV: TOP_P_KERNELS[0],
-    FLASHMLA_PREFIX_ENV: "auto",
 }
 
 
@@ -695,7 +663,7 @@ def split_backend(config: str, default: str) -> tuple[str, str]:
 
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
-    """``"ddtree-64+eagerglue+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
+    """``"ddtree-64+eagerglue+extendattn"`` -> (``"ddtree-64"``, the env of those variants over
     the worker's defaults). Unknown suffixes exit with the known ones."""
     base, *variants = config.split("+")
     env = dict(DEFAULT_VARIANT_ENV)

@@ -1,12 +1,15 @@
-"""The tree verify on a prefix part computed elsewhere (``core.tree_attention_with_prefix``), as
-the flashmla backend's DDTREE verify runs it: FlashMLA's paged decode kernel over each request's
-cached prefix (with its log-sum-exp), the ancestor block and the merge in the tree kernel.
+"""The flashmla backend's DDTREE verify: this project's kernels over FlashMLA's 64-slot pages
+(`srt.ddtree_attention.flashmla_tree_verify_attention`), and the tree verify on a prefix part
+computed elsewhere (``core.tree_attention_with_prefix``), as the benchmark times FlashMLA's.
 
-CPU: the merge's logic under Triton's interpreter, the prefix part from torch, against the
-masked reference; calibrated (a prefix part with a wrong log-sum-exp fails). GPU (``gpu``
-marker): FlashMLA itself on a 64-slot paged latent cache (K2.6's one-rank widths: 8 query heads,
-keys 576, values 512), ragged prefixes on and across page boundaries, the nodes' KV crossing
-into the next page, bs 1-64, one case replayed from a CUDA graph.
+CPU: the paged prefix kernel and the hook under Triton's interpreter against the masked
+reference (a wrong block table caught); the per-forward metadata in static buffers; the merge's
+logic, the prefix part from torch, against the masked reference, calibrated (a prefix part with
+a wrong log-sum-exp fails). GPU (``gpu`` marker): the own kernels (Triton, and Gluon on Hopper)
+and the benchmark's FlashMLA prefix part merged with the ancestor block, on a 64-slot paged
+latent cache (K2.6's one-rank widths: 8 query heads, keys 576, values 512), ragged prefixes on
+and across page boundaries, the nodes' KV crossing into the next page, bs 1-64, one case
+replayed from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -157,8 +160,6 @@ def test_own_prefix_kernel_reads_a_paged_cache_interpreted(run_interpreted):
 
 
 _OWN_PREFIX_HOOK_CHECK = """
-import os
-os.environ["SGLANG_DDTREE_FLASHMLA_PREFIX"] = "ddtree"
 import torch
 from types import SimpleNamespace
 from test_flashmla_verify import paged_case
@@ -184,11 +185,10 @@ class Pool:
 prefix_lens = torch.tensor(prefix, dtype=torch.int32)
 backend = SimpleNamespace(
     ddtree_takes_verify=True, is_fp8_kvcache=False, dcp_world_size=1, kv_lora_rank=dv,
-    data_type=torch.float32,
     kv_cache_dim=d, token_to_kv_pool=Pool(),
     forward_metadata=SimpleNamespace(block_kv_indices=table),
-    ddtree_verify=FlashMLAVerify(prefix_lens, None, None, mask,
-                                 torch.nn.functional.pad(prefix_lens.long().cumsum(0), (1, 0))),
+    ddtree_verify=FlashMLAVerify(torch.nn.functional.pad(prefix_lens.long().cumsum(0), (1, 0)),
+                                 mask),
 )
 layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, head_dim=d, scaling=d ** -0.5)
 fb = SimpleNamespace(batch_size=bs, out_cache_loc=node_loc,
@@ -207,9 +207,9 @@ print("interpreted own prefix on flashmla OK")
 
 
 def test_flashmla_verify_with_the_own_prefix_kernel_interpreted(run_interpreted):
-    """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``: the flashmla backend's DDTREE verify saves the
-    nodes' latent and computes the whole attention with this project's kernels over the
-    backend's block table of 64-slot pages (no FlashMLA call), equal to the masked reference."""
+    """The flashmla backend's DDTREE verify saves the nodes' latent and computes the whole
+    attention with this project's kernels over the backend's block table of 64-slot pages (no
+    FlashMLA call), equal to the masked reference."""
     run_interpreted(_OWN_PREFIX_HOOK_CHECK, "interpreted own prefix on flashmla OK")
 
 
@@ -258,9 +258,9 @@ def test_prefix_part_reference_merges_to_the_reference():
     ],
 )
 def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
-    """FlashMLA's prefix part (paged latent cache, 64-slot pages, shuffled) merged with the
-    ancestor block equals the masked reference within bf16 rounding, and a CUDA-graph replay
-    gives the same bits as the eager call."""
+    """The benchmark's FlashMLA reference: FlashMLA's prefix part (paged latent cache, 64-slot
+    pages, shuffled) merged with the ancestor block equals the masked reference within bf16
+    rounding, and a CUDA-graph replay gives the same bits as the eager call."""
     from conftest import graph_replayed
 
     pytest.importorskip("sgl_kernel.flash_mla")
@@ -304,12 +304,12 @@ def test_flashmla_split_equals_reference(bs, w, prefix, hq, load_benchmark):
 def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     bs, w, prefix, hq, kernel, load_benchmark
 ):
-    """``SGLANG_DDTREE_FLASHMLA_PREFIX=ddtree``'s attention on the GPU: this project's kernels
-    over a block table of 64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the
-    masked reference within bf16 rounding, with the hook's launch settings: the Triton latent
-    variant, and (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the
-    K2.6 rank's W 8 x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon
-    kernel (odd tile counts and one-key shares among these prefixes)."""
+    """The flashmla verify's attention on the GPU: this project's kernels over a block table of
+    64-slot pages (FlashMLA's layout), K2.6's latent widths, equal to the masked reference
+    within bf16 rounding, with the hook's launch settings: the Triton latent variant, and
+    (``gluon``, where the hook takes it on Hopper: 64 query rows a program, the K2.6 rank's W 8
+    x 8 heads, and W 16 / 32's two or four tiles a request) the Gluon kernel (odd tile counts
+    and one-key shares among these prefixes)."""
     from sglang_ddtree.core.tree_attention import (
         gluon_prefix_runs,
         launch_settings,
@@ -341,94 +341,6 @@ def test_own_prefix_kernel_on_flashmla_pages_equals_reference(
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
-def _float64_attention(t, w, scale):
-    """``[bs * W, Hq, Dv]`` float64: each node against its prefix and its ancestors under
-    ``t["mask"]``, from the same bf16 inputs, unrounded."""
-    q, k, v = t["q"].double(), t["k"][:, 0].double(), t["v"][:, 0].double()
-    bs = t["mask"].shape[0]
-    out = torch.empty(bs * w, q.shape[1], v.shape[-1], dtype=torch.float64, device=q.device)
-    for b in range(bs):
-        lo, hi = int(t["kv_indptr"][b]), int(t["kv_indptr"][b + 1])
-        slots = torch.cat([t["kv_indices"][lo:hi], t["node_loc"][b * w : (b + 1) * w]]).long()
-        s = torch.einsum("ihd,jd->hij", q[b * w : (b + 1) * w], k[slots]) * scale
-        allowed = torch.cat(
-            [torch.ones(w, hi - lo, dtype=torch.bool, device=q.device), t["mask"][b]], dim=1
-        )
-        s = s.masked_fill(~allowed, float("-inf"))
-        out[b * w : (b + 1) * w] = torch.einsum("hij,jd->ihd", s.softmax(-1), v[slots])
-    return out
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize(
-    "bs,w,prefix,hq",
-    [
-        (8, 8, [16, 20, 24, 31, 40, 48, 64, 100], 4),  # the tiny Kimi-shaped pair's e2e prompts
-        (4, 16, [700, 3000, 64, 9000], 8),  # one TP-8 rank of K2.6
-    ],
-)
-def test_flashmla_split_error_against_flashmla_causal_verify(bs, w, prefix, hq, load_benchmark):
-    """On a chain (node i's parent is node i - 1) the split computes what FlashMLA's own causal
-    verify computes (SGLang's DFLASH chain on flashmla, whose sampled law matches the
-    non-speculative server's in bf16). Both against the float64 attention of the same bf16
-    inputs: the split, which rounds FlashMLA's prefix part to bf16 before the merge, has at most
-    1.25x the causal verify's mean absolute error; this project's own split (float32 prefix
-    shares until the merge) is measured beside them. Calibration: a prefix part rounded once
-    more (to float8 e4m3's mantissa, the merge's input made coarser on purpose) exceeds it."""
-    pytest.importorskip("sgl_kernel.flash_mla")
-    from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
-
-    from sglang_ddtree.core.tree_attention import tree_attention, tree_attention_with_prefix
-
-    bench = load_benchmark("bench_tree_attention")
-    t = bench.random_verify(bs, w, prefix, hq, 1, 576, seed=7 + bs, dv=512, page=64)
-    t["mask"] = torch.ones(w, w, dtype=torch.bool, device="cuda").tril().expand(bs, w, w)
-    t["mask"] = t["mask"].contiguous()
-    scale = 576**-0.5
-    want = _float64_attention(t, w, scale)
-    q, k, dv = t["q"], t["k"], 512
-    metadata, splits = get_mla_metadata(t["prefix_lens"] + w, w * hq, 1)
-    causal, _ = flash_mla_with_kvcache(
-        q=q.view(bs, w, hq, 576), k_cache=k.view(-1, 64, 1, 576), block_table=t["block_table"],
-        cache_seqlens=t["prefix_lens"] + w, head_dim_v=dv, tile_scheduler_metadata=metadata,
-        num_splits=splits, softmax_scale=scale, causal=True,
-    )  # fmt: skip
-    prefix_part, split = bench.flashmla_split(t, w, scale)
-    own = tree_attention(
-        q, k, t["v"], t["kv_indptr"], t["kv_indices"], t["node_loc"], t["mask"], scale
-    )
-    out, lse = prefix_part()
-    coarse = out.to(torch.float8_e4m3fn).to(out.dtype)
-    worse = tree_attention_with_prefix(q, k, t["v"], t["node_loc"], t["mask"], scale, coarse, lse)
-
-    def err(x):
-        return (x.reshape(want.shape).double() - want).abs().mean().item()
-
-    errors = {"causal": err(causal), "split": err(split()), "own": err(own), "worse": err(worse)}
-    print(f"mean |error| against float64 (bs {bs}, W {w}, hq {hq}): {errors}")
-    assert errors["worse"] > 1.25 * errors["causal"], errors
-    assert errors["split"] <= 1.25 * errors["causal"], errors
-
-
-def _fake_flash_mla(monkeypatch, calls):
-    """A stand-in ``sgl_kernel.flash_mla`` whose tile schedule records its inputs: the host
-    logic of `set_flashmla_verify` on machines without FlashMLA."""
-    import sys
-    import types
-
-    def get_mla_metadata(cache_seqlens, rows_per_kv_head, kv_heads):
-        calls.append((cache_seqlens.clone(), rows_per_kv_head, kv_heads))
-        parts = 4 if rows_per_kv_head <= 64 else 2  # depends on W x Hq, as FlashMLA's does
-        tile = torch.full((parts, 8), rows_per_kv_head, dtype=torch.int32)
-        return tile, torch.arange(cache_seqlens.numel() + 1, dtype=torch.int32)
-
-    mod = types.ModuleType("sgl_kernel.flash_mla")
-    mod.get_mla_metadata = get_mla_metadata
-    monkeypatch.setitem(sys.modules, "sgl_kernel", types.ModuleType("sgl_kernel"))
-    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_mla", mod)
-
-
 def _verify_batch(seq_lens, w, tree_mask=None):
     from types import SimpleNamespace
 
@@ -443,78 +355,53 @@ def _verify_batch(seq_lens, w, tree_mask=None):
     )
 
 
-def test_set_flashmla_verify_fills_static_buffers_for_graphs(monkeypatch):
-    """Graph forwards: the schedule (for the prefix lengths and W x Hq rows), the int32 prefix
-    lengths and the tree mask land in buffers whose addresses stay put across replays and
-    widths; a capture's dummy (no tree) keeps the all-True mask; a replay's padded requests keep
-    their rows; eager forwards carry the step's own tensors."""
+def test_set_flashmla_verify_fills_static_buffers_for_graphs():
+    """Graph forwards: the prefix offsets and the tree mask land in buffers whose addresses stay
+    put across replays and widths; a capture's dummy (no tree) keeps the all-True mask; a
+    replay's padded requests keep their rows; eager forwards carry the step's own tensors."""
     from types import SimpleNamespace
 
     from sglang_ddtree.srt import ddtree_attention as attn
 
-    calls = []
-    _fake_flash_mla(monkeypatch, calls)
     backend = SimpleNamespace(
         ddtree_takes_verify=True,  # built for a DDTREE server's target (`takes_ddtree_verify`)
         req_to_token=torch.zeros(1),
         cuda_graph_num_splits=torch.zeros(8 + 1, dtype=torch.int32),  # graphs up to bs 8
-        cuda_graph_mla_metadata=torch.zeros(16, 8, dtype=torch.int32),
         num_draft_tokens=16,  # the largest W
-        num_q_heads=8,
         is_fp8_kvcache=False,
         dcp_world_size=1,
-        data_type=torch.float16,  # the latent cache's dtype: FlashMLA's prefix part by default
     )
-    monkeypatch.delenv("SGLANG_DDTREE_FLASHMLA_PREFIX", raising=False)
-    attn._flashmla_prefix_choice.cache_clear()
     # Capture at bs 4, W 8: no tree yet.
     attn.set_flashmla_verify(backend, _verify_batch([1, 1, 1, 1], 8), in_graph=True)
     state = backend.ddtree_verify
-    assert calls[-1][1:] == (8 * 8, 1) and calls[-1][0].dtype == torch.int32
     assert state.tree_mask.shape == (4, 8, 8) and bool(state.tree_mask.all())
-    assert state.tile_metadata.shape == (4, 8) and state.num_splits.shape == (5,)
-    pointers = (state.prefix_lens.data_ptr(), state.tile_metadata.data_ptr(),
-                state.tree_mask.data_ptr())  # fmt: skip
+    assert state.prefix_indptr.tolist() == [0, 1, 2, 3, 4]
+    pointers = (state.prefix_indptr.data_ptr(), state.tree_mask.data_ptr())
+    assert pointers[0] == backend._ddtree_graph_buffers.prefix_indptr.data_ptr()
     # Replay at padded bs 4 with 3 real requests: their masks copied, the padded row kept.
     masks = torch.rand(3, 8, 8) > 0.5
     attn.set_flashmla_verify(backend, _verify_batch([70, 5, 129, 1], 8, masks), in_graph=True)
     state = backend.ddtree_verify
-    assert (state.prefix_lens.data_ptr(), state.tile_metadata.data_ptr(),
-            state.tree_mask.data_ptr()) == pointers  # fmt: skip
-    assert state.prefix_lens.tolist() == [70, 5, 129, 1]
+    assert (state.prefix_indptr.data_ptr(), state.tree_mask.data_ptr()) == pointers
+    assert state.prefix_indptr.tolist() == [0, 70, 75, 204, 205]  # once a forward, static
     assert torch.equal(state.tree_mask[:3], masks) and bool(state.tree_mask[3].all())
-    # Another W (16): its schedule's own number of parts, the same buffers.
+    # Another W (16): the same buffers.
     attn.set_flashmla_verify(backend, _verify_batch([9, 9], 16), in_graph=True)
     state = backend.ddtree_verify
-    assert calls[-1][1] == 16 * 8 and state.tile_metadata.shape == (2, 8)
-    assert state.tile_metadata.data_ptr() == pointers[1] and state.tree_mask.shape == (2, 16, 16)
+    assert state.prefix_indptr.tolist() == [0, 9, 18]
+    assert state.tree_mask.data_ptr() == pointers[1] and state.tree_mask.shape == (2, 16, 16)
     # Eager: the step's own tensors, no buffer; without a tree it refuses.
     masks = torch.rand(2, 8, 8) > 0.5
     attn.set_flashmla_verify(backend, _verify_batch([300, 2], 8, masks), in_graph=False)
     assert torch.equal(backend.ddtree_verify.tree_mask, masks)
-    assert backend.ddtree_verify.prefix_lens.tolist() == [300, 2]
-    assert backend.ddtree_verify.prefix_indptr is None  # FlashMLA's part: no offsets to make
+    assert backend.ddtree_verify.prefix_indptr.tolist() == [0, 300, 302]
     with pytest.raises(RuntimeError, match="without the step's tree"):
         attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
-    # A bfloat16 cache takes DDTREE's own prefix kernel by default: the lengths and the mask,
-    # no FlashMLA schedule.
-    before = len(calls)
-    backend.data_type = torch.bfloat16
-    masks = torch.rand(2, 8, 8) > 0.5
-    attn.set_flashmla_verify(backend, _verify_batch([40, 7], 8, masks), in_graph=True)
-    state = backend.ddtree_verify
-    assert len(calls) == before and state.tile_metadata is None and state.num_splits is None
-    assert state.prefix_lens.tolist() == [40, 7] and torch.equal(state.tree_mask, masks)
-    assert state.prefix_indptr.tolist() == [0, 40, 47]  # its offsets, once a forward, static
-    assert state.prefix_indptr.data_ptr() == backend._ddtree_graph_buffers.prefix_indptr.data_ptr()
-    attn.set_flashmla_verify(backend, _verify_batch([5, 6], 8, masks), in_graph=False)
-    assert backend.ddtree_verify.prefix_indptr.tolist() == [0, 5, 11]
-    backend.data_type = torch.float16
     # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):
         other = SimpleNamespace(**{**vars(backend), **changed})
         attn.set_flashmla_verify(other, _verify_batch([3], 8, masks[:1]), in_graph=False)
-    assert len(calls) == before
+        assert other.ddtree_verify is backend.ddtree_verify
 
 
 def test_gluon_cache_descriptors_cover_the_latent_and_rope_columns():

@@ -1097,8 +1097,7 @@ def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype
         ddtree_shapes=shapes,
         tp_size=1,
         tree_fns=tree_fns,
-        accept_fn=lambda shape: make_accept_fn(shape.accept_width, top_p_kernel="flashinfer"),
-        top_p_kernel="flashinfer",
+        accept_fn=lambda shape: make_accept_fn(shape.accept_width),
         glue_stream=torch.cuda.Stream() if device == "cuda" else None,
         ps=SimpleNamespace(tp_rank=0),
     )

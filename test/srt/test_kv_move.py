@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
-from sglang_ddtree.srt.ddtree_args import KV_MOVER_ENV, read_kv_mover
 
 
 def random_case(bs: int, budget: int, depth: int, vocab: int, seed: int, device="cpu"):
@@ -106,13 +105,6 @@ def test_reference_moves_off_spine_rows_in_depth_order():
     keep = torch.tensor([[0, 2, 3]])
     move_accepted_kv_reference([buf], keep, torch.arange(4), 4)
     assert buf[:, 0].tolist() == [0.0, 2.0, 3.0, 3.0]
-
-
-def test_read_kv_mover():
-    assert read_kv_mover({}) == "ddtree"
-    assert read_kv_mover({KV_MOVER_ENV: " SGLang "}) == "sglang"
-    with pytest.raises(ValueError, match=KV_MOVER_ENV):
-        read_kv_mover({KV_MOVER_ENV: "torch"})
 
 
 @pytest.mark.gpu

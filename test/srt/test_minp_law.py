@@ -402,8 +402,7 @@ def _gpu_cases():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _gpu_cases(), ids=lambda c: c[0])
-@pytest.mark.parametrize("top_p_kernel", ["radix", "flashinfer"])
-def test_kernel_min_p_path_matches_sglang(case, top_p_kernel):
+def test_kernel_min_p_path_matches_sglang(case):
     """sgl_kernel path == the torch path (same kept set, values to 1e-6); 2e5 draws of SGLang's
     own calls fit it (p > 1e-3) and reject the joint-order law where it differs."""
     name, logits, temp, top_k, top_p, min_p = case
@@ -413,7 +412,6 @@ def test_kernel_min_p_path_matches_sglang(case, top_p_kernel):
     got = target_probs(
         logits[None, None].cuda(),
         *cuda_args[:3],
-        top_p_kernel=top_p_kernel,
         min_p=cuda_args[3],
         need_min_p=True,
     )[0, 0].cpu()
@@ -430,8 +428,7 @@ def test_kernel_min_p_path_matches_sglang(case, top_p_kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("top_p_kernel", ["radix", "flashinfer"])
-def test_kernel_min_p_path_without_top_k(top_p_kernel):
+def test_kernel_min_p_path_without_top_k():
     """On the GPU, sgl_kernel's ``top_k_renorm_prob`` at k >= V (SGLang's "all") keeps every
     token and changes the values only by float32 rounding (it renormalizes; not bit for bit),
     so the min-p accept mode without the top-k pass (``need_top_k=False``, the top-p pass then
@@ -456,7 +453,7 @@ def test_kernel_min_p_path_without_top_k(top_p_kernel):
     top_p = (torch.rand(bs, generator=g) * 0.5 + 0.5).cuda()
     min_p = (torch.rand(bs, generator=g) * 0.4).cuda()
     args = (logits, temp, top_k, top_p)
-    kw = dict(min_p=min_p, need_min_p=True, top_p_kernel=top_p_kernel)
+    kw = dict(min_p=min_p, need_min_p=True)
     want = target_probs(*args, need_top_k=True, **kw)
     got = target_probs(*args, need_top_k=False, **kw)
     assert torch.equal(got > 0, want > 0)

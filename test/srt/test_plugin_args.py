@@ -353,37 +353,6 @@ def test_mla_targets_verify_on_flashmla_or_triton():
     assert len(errors) == 1 and "--kv-cache-dtype bfloat16" in errors[0]
 
 
-def test_flashmla_prefix_part_default_and_warning(monkeypatch):
-    """``SGLANG_DDTREE_FLASHMLA_PREFIX``: by default (auto) DDTREE's own prefix kernel on a
-    bfloat16 cache (FlashMLA's bf16-rounded part moves the law) and FlashMLA's on float16;
-    either can be forced. Only FlashMLA's part in bfloat16 is served with a warning, which
-    names the knob and docs/limits.md; nothing for triton."""
-    from sglang_ddtree.srt import ddtree_attention as attn
-
-    name = "SGLANG_DDTREE_FLASHMLA_PREFIX"
-    cases = {None: (True, False), "auto": (True, False), "ddtree": (True, True),
-             "flashmla": (False, False)}  # fmt: skip
-    try:
-        for value, (own_bf16, own_fp16) in cases.items():
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
-            attn._flashmla_prefix_choice.cache_clear()
-            assert attn.own_prefix_on_flashmla(torch.bfloat16) is own_bf16, value
-            assert attn.own_prefix_on_flashmla(torch.float16) is own_fp16, value
-            warnings = dargs.target_warnings(torch.bfloat16, "flashmla")
-            if own_bf16:
-                assert warnings == [], value
-            else:
-                (warning,) = warnings
-                assert name in warning and "docs/limits.md" in warning
-            assert dargs.target_warnings(torch.float16, "flashmla") == []
-            assert dargs.target_warnings(torch.bfloat16, "triton") == []
-    finally:
-        attn._flashmla_prefix_choice.cache_clear()
-
-
 def test_tiny_mla_pair_files(tmp_path):
     """The Kimi-shaped pair: K2.6's MLA head dims, the first layer dense, MoE after it, weight
     shapes agreeing with the config, and the drafter in the Qwen3 pair's format."""
@@ -557,10 +526,6 @@ def test_server_args_resolution(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION='on' is not a boolean"):
         ServerArgs(attention_backend="triton", **kw)
     monkeypatch.delenv("SGLANG_DDTREE_TREE_ATTENTION")
-    monkeypatch.setenv("SGLANG_DDTREE_TOP_P_KERNEL", "cuda")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_TOP_P_KERNEL='cuda' is not one of"):
-        ServerArgs(attention_backend="triton", **kw)
-    monkeypatch.delenv("SGLANG_DDTREE_TOP_P_KERNEL")
     # A mixture-of-experts target (the Kimi-shaped pair, block 8): W = B at every batch size.
     from sglang_ddtree.testing.tiny_models import make_pair
 

@@ -266,33 +266,23 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, padded, topk, kv, attn, topp, prefix = (
+    glue, padded, attn = (
         "SGLANG_DDTREE_GLUE_GRAPHS",
         "SGLANG_DDTREE_GLUE_PADDED",
-        "SGLANG_DDTREE_DRAFT_TOPK",
-        "SGLANG_DDTREE_KV_MOVER",
         "SGLANG_DDTREE_TREE_ATTENTION",
-        "SGLANG_DDTREE_TOP_P_KERNEL",
-        "SGLANG_DDTREE_FLASHMLA_PREFIX",
     )
-    default = {glue: "1", padded: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix",
-               prefix: "auto"}  # fmt: skip
+    default = {glue: "1", padded: "1", attn: "1"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
-    both = bench.split_variant("ddtree+eagerglue+tritontopk")
-    assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
-    assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
+    both = bench.split_variant("ddtree+extendattn+baseline")
+    assert both == ("ddtree", {**default, attn: "0"})
     assert bench.split_variant("ddtree+realglue") == ("ddtree", {**default, padded: "0"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
-    flashinfer = bench.split_variant("ddtree+flashinfertopp")
-    assert flashinfer == ("ddtree", {**default, topp: "flashinfer"})
     assert bench.split_variant("dflash") == ("dflash", default)
-    # On flashmla, DDTREE's own prefix kernel: the backend after "@", the variant before it.
-    config, backend = bench.split_backend("ddtree-8+ownprefix@flashmla", "triton")
+    # The backend after "@", the variant before it.
+    config, backend = bench.split_backend("ddtree-8+baseline@flashmla", "triton")
     assert backend == "flashmla"
-    assert bench.split_variant(config) == ("ddtree-8", {**default, prefix: "ddtree"})
-    fmla = bench.split_variant("ddtree-8+flashmlaprefix")
-    assert fmla == ("ddtree-8", {**default, prefix: "flashmla"})
+    assert bench.split_variant(config) == ("ddtree-8", default)
     with pytest.raises(SystemExit, match="unknown variant"):
         bench.split_variant("ddtree+fast")
     # +baseline: the worker's defaults, the engine's processes on another checkout's plugin.

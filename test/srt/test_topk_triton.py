@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sglang_ddtree.core.tree import select_candidates
-from sglang_ddtree.srt.ddtree_args import DRAFT_TOPK_ENV, draft_topk_backend, read_draft_topk
+from sglang_ddtree.srt.ddtree_args import draft_topk_backend
 
 # (bs, depth, vocab, K, block): 4 chunks with a partial last one; K == block; block > vocab.
 CASES = [(2, 3, 1000, 8, 256), (1, 2, 128, 64, 64), (1, 1, 300, 5, 512), (3, 4, 4096, 16, 1024)]
@@ -97,22 +97,13 @@ def test_triton_topk_interpreted_equals_torch(run_interpreted):
     run_interpreted(_INTERPRETED_CHECK, "interpreted triton top-K OK")
 
 
-def test_read_draft_topk():
-    assert read_draft_topk({}) == "auto"
-    assert read_draft_topk({DRAFT_TOPK_ENV: " Triton "}) == "triton"
-    with pytest.raises(ValueError, match=DRAFT_TOPK_ENV):
-        read_draft_topk({DRAFT_TOPK_ENV: "cuda"})
-
-
-def test_auto_draft_topk_picks_triton_where_measured_faster():
-    # Measured (benchmark/ddtree/NOTEBOOK.md, the draft top-K): Triton faster at K <= 32 on
+def test_draft_topk_picks_triton_where_measured_faster():
+    # Measured (benchmark/ddtree/RESULTS.md, kernel choices): Triton faster at K <= 32 on
     # V = 151,936, slower at K = 64.
-    assert draft_topk_backend("auto", 32, 151936) == "triton"
-    assert draft_topk_backend("auto", 15, 163840) == "triton"
-    assert draft_topk_backend("auto", 64, 151936) == "torch"
-    assert draft_topk_backend("auto", 16, 4096) == "torch"  # small vocabularies: not measured
-    assert draft_topk_backend("torch", 16, 151936) == "torch"  # an explicit choice stands
-    assert draft_topk_backend("triton", 64, 4096) == "triton"
+    assert draft_topk_backend(32, 151936) == "triton"
+    assert draft_topk_backend(15, 163840) == "triton"
+    assert draft_topk_backend(64, 151936) == "torch"
+    assert draft_topk_backend(16, 4096) == "torch"  # small vocabularies: not measured
 
 
 def test_triton_backend_needs_raw_logits():

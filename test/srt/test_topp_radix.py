@@ -1,5 +1,5 @@
 """The radix-select top-p renormalization (core.topp_radix, the CUDA kernel
-``sgl-kernel/csrc/ddtree/top_p_radix.cuh``; the sampled verify's default nucleus) against the
+``sgl-kernel/csrc/ddtree/top_p_radix.cuh``; the sampled verify's nucleus) against the
 float64 law's nucleus, the pure-torch joint law's (``sampling.joint_top_k_top_p_renorm`` with
 top-k off) and sgl_kernel's ``top_p_renorm_prob`` (FlashInfer's).
 
@@ -12,12 +12,11 @@ block sums) may misjudge a token by their summation error, up to ``V * 2**-24``
 
 CPU: the judge fails on a wrong nucleus; the kernel's source is found (in a checkout and in
 SGLang's tree), or its absence named with the fix; CPU tensors are refused before anything is
-built; the kernel setting's parser and the start-up error that names the FlashInfer fallback.
+built; the start-up error of a failed build names its cause.
 GPU (``gpu`` marker): V = 151,936 rows of six shapes at 136 and 17 rows, rows with top_p = 1
 and one-hot rows, the same bits on a second call, a CUDA-graph replay on new rows; vocabularies
 not a multiple of 4, rows off a 16-byte boundary and 70,000 rows; from logits (the softmax
-never written) against torch's softmax; ``target_probs`` with it (and top-k) against the
-FlashInfer path.
+never written) against torch's softmax.
 """
 
 from __future__ import annotations
@@ -200,31 +199,11 @@ def test_the_value_band_admits_the_kernels_rounding_of_the_law():
         check_nucleus(ours, law, top_p, torch.zeros_like(band))
 
 
-def test_read_top_p_kernel_refuses_a_bad_value_and_a_build_failure_names_the_fix():
-    from sglang_ddtree.core.sampling import TOP_P_KERNELS
-    from sglang_ddtree.srt.ddtree_args import (
-        TOP_P_KERNEL_ENV,
-        read_top_p_kernel,
-        top_p_kernel_unavailable,
-    )
-    from sglang_ddtree.srt.ddtree_args import TOP_P_KERNELS as ARG_CHOICES
+def test_a_build_failure_names_its_cause():
+    from sglang_ddtree.srt.ddtree_args import top_p_kernel_unavailable
 
-    assert ARG_CHOICES == TOP_P_KERNELS  # the env's choices are the ones target_probs takes
-    assert read_top_p_kernel({}) == "radix"  # the default
-    assert read_top_p_kernel({TOP_P_KERNEL_ENV: " FlashInfer "}) == "flashinfer"
-    with pytest.raises(ValueError, match=TOP_P_KERNEL_ENV):
-        read_top_p_kernel({TOP_P_KERNEL_ENV: "cuda"})
-    # Every function that takes the kernel defaults to the server's default.
-    import inspect
-
-    from sglang_ddtree.core.sampling import target_probs
-    from sglang_ddtree.core.step import accept_and_commit
-    from sglang_ddtree.srt.ddtree_utils import make_accept_fn
-
-    for fn in (target_probs, accept_and_commit, make_accept_fn):
-        assert inspect.signature(fn).parameters["top_p_kernel"].default == "radix", fn
-    error = top_p_kernel_unavailable("radix", OSError("nvcc: not found"))
-    assert "nvcc: not found" in str(error) and f"{TOP_P_KERNEL_ENV}=flashinfer" in str(error)
+    error = top_p_kernel_unavailable(OSError("nvcc: not found"))
+    assert "nvcc: not found" in str(error)
 
 
 def test_kernel_source_is_found_in_the_checkout():
@@ -391,33 +370,3 @@ def test_radix_from_logits_is_the_nucleus_of_the_softmax_law():
         )
         law, band = softmax_law(static, t)
         check_nucleus(out, law, top_p, band)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_target_probs_with_the_radix_nucleus_is_the_flashinfer_law():
-    """``target_probs`` with the radix nucleus (the default), alone and jointly with top-k,
-    equals the FlashInfer path on every non-edge token."""
-    from sglang_ddtree.core.sampling import target_probs
-
-    g = torch.Generator().manual_seed(2)
-    bs, n, vocab = 4, 17, 151936
-    logits = (2 * torch.randn(bs, n, vocab, generator=g)).cuda()
-    temperature = torch.tensor([1.0, 0.7, 1.3, 1.0]).cuda()
-    top_k = torch.tensor([1 << 30, 20, 50, 1 << 30]).cuda()
-    top_p = torch.tensor([0.95, 0.9, 0.8, 1.0]).cuda()
-    # The nucleus is judged on the unfiltered softmax: its edge tokens may go either way.
-    base = torch.softmax(logits.float() / temperature[:, None, None], dim=-1).cpu()
-    edge = (
-        mass_above_each(base.view(-1, vocab).double())
-        - top_p.cpu().double().repeat_interleave(n)[:, None]
-    )
-    edge = edge.abs().view(bs, n, vocab) < EDGE
-    for need_top_k in (False, True):
-        a = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k,
-                         top_p_kernel="flashinfer")  # fmt: skip
-        b = target_probs(logits, temperature, top_k, top_p, need_top_k=need_top_k)
-        differ = ((a > 0) != (b > 0)).cpu() & ~edge
-        assert not differ.any(), int(differ.sum())
-        both = (a > 0) & (b > 0)
-        torch.testing.assert_close(b[both], a[both], rtol=1e-4, atol=1e-7)

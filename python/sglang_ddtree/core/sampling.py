@@ -42,27 +42,22 @@ import torch
 COIN_EPS = 2.0**-24
 
 
-# The nucleus kernel on CUDA: `topp_radix`'s (the default: its cost does not depend on the
-# rows' shape) or sgl_kernel's ``top_p_renorm_prob`` (FlashInfer's, as SGLang's own verify).
-TOP_P_KERNELS = ("radix", "flashinfer")
-
-
 # `minp_triton` runs one program per row: with fewer rows than about one per SM, torch's
 # passes, each spread over the whole GPU, keep more of it busy (reasoned, not yet timed).
 MIN_P_KERNEL_ROWS = 128
 
 
-def _sgl_kernel_renorm(top_p_kernel: str = TOP_P_KERNELS[0]):
-    """``(top_k_renorm_prob, top_p_renorm_prob)``: sgl_kernel's (FlashInfer's), the top-p one
-    `topp_radix.top_p_renorm_radix` for ``top_p_kernel="radix"``; None without sgl_kernel."""
-    assert top_p_kernel in TOP_P_KERNELS, top_p_kernel
+def _sgl_kernel_renorm():
+    """``(top_k_renorm_prob, top_p_renorm)``: sgl_kernel's top-k one (FlashInfer's) and
+    `topp_radix.top_p_renorm_radix` (the same set as sgl_kernel's top-p one; its cost does not
+    depend on the rows' shape); None without sgl_kernel."""
     try:
-        from sgl_kernel import top_k_renorm_prob, top_p_renorm_prob
+        from sgl_kernel import top_k_renorm_prob
     except Exception:  # not installed, or no CUDA build
         return None
-    if top_p_kernel == "radix":
-        from sglang_ddtree.core.topp_radix import top_p_renorm_radix as top_p_renorm_prob
-    return top_k_renorm_prob, top_p_renorm_prob
+    from sglang_ddtree.core.topp_radix import top_p_renorm_radix
+
+    return top_k_renorm_prob, top_p_renorm_radix
 
 
 def _effective_top_k(top_k: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -162,9 +157,9 @@ def _renorm_kernels(
 
 
 def _joint_renorm_kernels(probs, k, p, need_top_k: bool, need_top_p: bool, kernels):
-    """The joint law from sgl_kernel's two renorm kernels (FlashInfer's), each applied to the
+    """The joint law from the two renorm kernels (`_sgl_kernel_renorm`), each applied to the
     unfiltered ``probs``: ``top_k_renorm_prob`` keeps ``p_x >=`` the k-th largest value (the
-    top-k set, ties kept) and ``top_p_renorm_prob`` keeps ``p_x >=`` the smallest value whose
+    top-k set, ties kept) and the top-p one keeps ``p_x >=`` the smallest value whose
     mass above is below ``top_p`` (the nucleus, ties kept); their intersection, renormalized,
     is the joint set. No host sync; capture-safe."""
     top_k_renorm_prob, top_p_renorm_prob = kernels
@@ -190,7 +185,6 @@ def target_probs(
     use_kernels: bool | None = None,
     need_top_k: bool = True,
     need_top_p: bool = True,
-    top_p_kernel: str = TOP_P_KERNELS[0],
     min_p: torch.Tensor | None = None,  # [bs] float32 in [0, 1]; read when need_min_p
     need_min_p: bool = False,
 ) -> torch.Tensor:
@@ -207,13 +201,12 @@ def target_probs(
     min-p; `top_k_top_p_min_p_renorm`), rows with ``min_p = 0`` included; False promises that
     no row has ``min_p > 0`` and ignores ``min_p``.
 
-    On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` / ``top_p_renorm_prob``
-    (`_joint_renorm_kernels`; on the min-p path the two one after the other), the nucleus from
-    `topp_radix` where ``top_p_kernel`` is "radix" (the same set); with top-p alone, radix
-    takes the logits and never writes the softmax out (`topp_radix.top_p_softmax_renorm_radix`);
-    min-p is `minp_triton.min_p_renorm_` (`min_p_renorm` in one kernel, in place) from
-    ``MIN_P_KERNEL_ROWS`` rows on, `min_p_renorm` below. Elsewhere the pure-torch functions
-    above.
+    On CUDA this uses sgl_kernel's ``top_k_renorm_prob`` and `topp_radix`'s nucleus
+    (`_joint_renorm_kernels`; on the min-p path the two one after the other); with top-p alone,
+    radix takes the logits and never writes the softmax out
+    (`topp_radix.top_p_softmax_renorm_radix`); min-p is `minp_triton.min_p_renorm_`
+    (`min_p_renorm` in one kernel, in place) from ``MIN_P_KERNEL_ROWS`` rows on, `min_p_renorm`
+    below. Elsewhere the pure-torch functions above.
     """
     bs, n, vocab = logits.shape
     assert temperature.shape == (bs,) and top_k.shape == (bs,) and top_p.shape == (bs,)
@@ -222,10 +215,10 @@ def target_probs(
     k = top_k.to(torch.int64)[:, None].expand(bs, n).reshape(-1)
     p = top_p.float()[:, None].expand(bs, n).reshape(-1).contiguous()
     on_device = use_kernels is not False and logits.is_cuda
-    kernels = _sgl_kernel_renorm(top_p_kernel) if on_device and (need_top_k or need_top_p) else None
+    kernels = _sgl_kernel_renorm() if on_device and (need_top_k or need_top_p) else None
     if use_kernels and (need_top_k or need_top_p) and kernels is None:
         raise RuntimeError("sgl_kernel renorm kernels requested but not available")
-    if kernels is not None and top_p_kernel == "radix" and need_top_p and not need_top_k:
+    if kernels is not None and need_top_p and not need_top_k:
         from sglang_ddtree.core.topp_radix import top_p_softmax_renorm_radix
 
         t = temperature.float()[:, None].expand(bs, n).reshape(-1).contiguous()

@@ -23,7 +23,7 @@ from sglang_ddtree.core.accept import accept_greedy, accept_sampled
 from sglang_ddtree.core.batch_accept import greedy_rows, merge_accept
 from sglang_ddtree.core.commit import CommitPlan, commit_accepted
 from sglang_ddtree.core.layout import TreeLayout, tree_to_retrieve_arrays, verify_mask_cells
-from sglang_ddtree.core.sampling import TOP_P_KERNELS, draw_coins, target_probs
+from sglang_ddtree.core.sampling import draw_coins, target_probs
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
 from sglang_ddtree.core.vocab_shard import merge_shard_candidates, shard_candidates
 
@@ -197,7 +197,6 @@ def accept_and_commit(
     need_top_p: bool = True,
     coins: torch.Tensor | None = None,  # [bs, W] float32 uniforms; None: drawn here
     final_coins: torch.Tensor | None = None,  # [bs] float32 uniforms for the bonus
-    top_p_kernel: str = TOP_P_KERNELS[0],  # the nucleus kernel (sampling.target_probs)
     min_ps: torch.Tensor | None = None,  # [bs] float32; read when need_min_p
     need_min_p: bool = False,  # SGLang's need_min_p_sampling: the min-p path for every row
 ) -> CommitPlan:
@@ -215,7 +214,6 @@ def accept_and_commit(
             top_ps.view(-1).float(),
             need_top_k=need_top_k,
             need_top_p=need_top_p,
-            top_p_kernel=top_p_kernel,
             min_p=None if min_ps is None else min_ps.view(-1).float(),
             need_min_p=need_min_p,
         )

@@ -19,11 +19,8 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 - ``--speculative-ddtree-topk`` (or the env var ``SGLANG_DDTREE_TOPK``): candidates per depth K
   (default 8); the worker uses ``min(K, W - 1, vocab)``. A flag and its env var both set to
   different values are refused (ambiguous).
-- ``SGLANG_DDTREE_DRAFT_TOPK`` (env): how the per-depth top-K is computed: ``auto`` (default:
-  ``triton`` where the H200 measured it faster, see `draft_topk_backend`), ``torch`` or
-  ``triton`` (`sglang_ddtree.core.topk_triton`).
-- ``SGLANG_DDTREE_KV_MOVER`` (env): who moves the accepted target KV rows, ``ddtree`` (default:
-  `sglang_ddtree.core.kv_move_triton` where the KV pool allows it) or ``sglang``.
+- The per-depth top-K: `sglang_ddtree.core.topk_triton` where it measured faster, else
+  ``torch.topk`` (`draft_topk_backend`).
 - ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
 """
 
@@ -41,22 +38,15 @@ from sglang_ddtree.srt.ddtree_envs import envs
 ALGORITHM_NAME = "DDTREE"
 TOPK_ENV = envs.SGLANG_DDTREE_TOPK.name
 DEFAULT_TOPK = envs.SGLANG_DDTREE_TOPK.default
-DRAFT_TOPK_ENV = envs.SGLANG_DDTREE_DRAFT_TOPK.name
-DRAFT_TOPK_BACKENDS = envs.SGLANG_DDTREE_DRAFT_TOPK.choices
-# "auto" picks the Triton top-K where the H200 measured it faster (V = 151,936):
-# K <= 32 at a large vocabulary. Small vocabularies and K = 64 keep torch.topk.
+# The Triton top-K where the H200 measured it faster (V = 151,936): K <= 32 at a large
+# vocabulary. Small vocabularies and K = 64 keep torch.topk.
 TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
-KV_MOVER_ENV = envs.SGLANG_DDTREE_KV_MOVER.name
-KV_MOVERS = envs.SGLANG_DDTREE_KV_MOVER.choices
-# The sampled verify's nucleus kernel: core.topp_radix (default) or sgl_kernel's (FlashInfer).
-TOP_P_KERNEL_ENV = envs.SGLANG_DDTREE_TOP_P_KERNEL.name
-TOP_P_KERNELS = envs.SGLANG_DDTREE_TOP_P_KERNEL.choices
 # Backends whose TARGET_VERIFY path (eager and CUDA graph) applies the tree mask: triton's and
 # flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
 TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
 # MLA backends whose verify DDTREE serves: triton (the split attention over slot rows) and
-# flashmla (FlashMLA's paged decode kernel for the prefix part, with its log-sum-exp).
+# flashmla (the same split over FlashMLA's pages).
 MLA_BACKENDS = ("triton", "flashmla")
 # Page sizes DDTREE serves per verify backend (None: any); flashmla's is SGLang's own 64.
 PAGE_SIZES = {"flashinfer": (1,), "flashmla": (64,)}
@@ -156,41 +146,21 @@ def read_topk(environ: Mapping[str, str] | None = None, flag: int | None = None)
     return k
 
 
-def read_draft_topk(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_DRAFT_TOPK`` (the draft top-K backend: auto, torch or triton)."""
-    return envs.SGLANG_DDTREE_DRAFT_TOPK.get(environ)
-
-
-def read_top_p_kernel(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_TOP_P_KERNEL`` (the sampled verify's top-p renormalization:
-    radix, `core.topp_radix`'s CUDA radix select; flashinfer, sgl_kernel's)."""
-    return envs.SGLANG_DDTREE_TOP_P_KERNEL.get(environ)
-
-
-def top_p_kernel_unavailable(kernel: str, error: BaseException) -> RuntimeError:
-    """The error a worker raises when the nucleus kernel ``kernel`` cannot be built or loaded
-    at start (e.g. no CUDA compiler for SGLang's JIT loader): what failed, and the setting
-    that takes sgl_kernel's instead (the same law)."""
+def top_p_kernel_unavailable(error: BaseException) -> RuntimeError:
+    """The error a worker raises when the radix top-p kernel (`core.topp_radix`) cannot be
+    built or loaded at start: what failed, and what the build needs."""
     return RuntimeError(
-        f"DDTREE: the {kernel} top-p kernel could not be built or loaded "
-        f"({type(error).__name__}: {error}); set {TOP_P_KERNEL_ENV}=flashinfer to use "
-        "sgl_kernel's top_p_renorm_prob instead (the same sampling law)."
+        f"DDTREE: the radix top-p kernel could not be built or loaded "
+        f"({type(error).__name__}: {error}); SGLang's JIT loader builds it at start and needs "
+        "nvcc (a CUDA toolkit), as SGLang's own JIT kernels do."
     )
 
 
-def draft_topk_backend(setting: str, topk: int, vocab_size: int) -> str:
-    """The `select_candidates` backend for K = ``topk`` candidates over ``vocab_size``:
-    ``setting`` itself unless it is "auto" (see ``TRITON_TOPK_MAX_K``)."""
-    if setting != "auto":
-        return setting
+def draft_topk_backend(topk: int, vocab_size: int) -> str:
+    """The `select_candidates` backend for K = ``topk`` candidates over ``vocab_size`` (see
+    ``TRITON_TOPK_MAX_K``)."""
     fast = topk <= TRITON_TOPK_MAX_K and vocab_size >= TRITON_TOPK_MIN_VOCAB
     return "triton" if fast else "torch"
-
-
-def read_kv_mover(environ: Mapping[str, str] | None = None) -> str:
-    """Parse ``SGLANG_DDTREE_KV_MOVER``: who moves the accepted target KV rows (``ddtree``:
-    `core.kv_move_triton`, where the pool allows it; ``sglang``: SGLang's mover, always)."""
-    return envs.SGLANG_DDTREE_KV_MOVER.get(environ)
 
 
 def _get(cfg: Any, name: str, default: Any = None) -> Any:
@@ -377,26 +347,6 @@ def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | No
             "pass --kv-cache-dtype bfloat16."
         )
     return errors
-
-
-def target_warnings(kv_dtype: Any, backend: str | None) -> list[str]:
-    """What a served setting does not promise: on flashmla in bfloat16 with FlashMLA's prefix
-    part chosen (``SGLANG_DDTREE_FLASHMLA_PREFIX=flashmla``), DDTREE's sampled law measurably
-    departs from the non-speculative server's (docs/limits.md); the default there is DDTREE's
-    own prefix kernel, whose law matches."""
-    from sglang_ddtree.srt.ddtree_attention import own_prefix_on_flashmla
-
-    if backend == "flashmla" and not own_prefix_on_flashmla(kv_dtype):
-        import torch
-
-        if kv_dtype == torch.bfloat16:
-            return [
-                "DDTREE on flashmla with SGLANG_DDTREE_FLASHMLA_PREFIX=flashmla in bfloat16: "
-                "FlashMLA's prefix part is rounded to bfloat16 before the merge and the sampled "
-                "law departs from the non-speculative server's (docs/limits.md); unset it for "
-                "DDTREE's own prefix kernel, whose law matches."
-            ]
-    return []
 
 
 def check_shape(shape: DDTreeShape) -> list[str]:

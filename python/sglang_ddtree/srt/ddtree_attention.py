@@ -16,13 +16,13 @@ strides. The launch (value tiles, prefix shares) is ``launch_settings``'. Anythi
 that are not slot rows) returns None and stays with the backend. The kernels address KV by
 slot, so a paged pool (page size 16, 64) is read as it is: a page is a run of slots.
 
-On ``--attention-backend flashmla`` (MLA targets, page size 64) the prefix part is FlashMLA's
-own paged decode kernel (``flash_mla_with_kvcache``: every node of a request against its cached
-prefix, no mask, ``causal=False``; it returns the log-sum-exp), and the ancestor block and the
-merge are ``core.tree_attention_with_prefix``. FlashMLA's tile schedule for the prefix lengths
-and W x Hq query rows, the prefix lengths and the step's ancestor mask are set once per forward
-by the backend's metadata calls (`set_flashmla_verify`), into static buffers where a CUDA
-graph replays (refreshed before each replay), so every layer reads them as they are.
+On ``--attention-backend flashmla`` (MLA targets, page size 64) the whole verify attention is
+``core.tree_attention`` reading FlashMLA's pages through the backend's block table, its prefix
+shares float32 until the merge (FlashMLA's own prefix part comes back rounded to the cache
+dtype, which in bfloat16 moved the sampled law off the non-speculative server's). The prefix
+offsets and the step's ancestor mask are set once per forward by the backend's metadata calls
+(`set_flashmla_verify`), into static buffers where a CUDA graph replays (refreshed before each
+replay), so every layer reads them as they are.
 """
 
 from __future__ import annotations
@@ -51,28 +51,6 @@ def enabled(environ=None) -> bool:
 @functools.cache
 def _switch_on() -> bool:  # read once per process
     return enabled()
-
-
-@functools.cache
-def _flashmla_prefix_choice() -> str:  # read once per process
-    return envs.SGLANG_DDTREE_FLASHMLA_PREFIX.get()
-
-
-@functools.cache
-def _gluon_prefix_allowed() -> bool:  # read once per process
-    return envs.SGLANG_DDTREE_GLUON_PREFIX.get()
-
-
-def own_prefix_on_flashmla(kv_dtype) -> bool:
-    """Whether the flashmla verify computes its prefix part with DDTREE's own kernel (float32
-    until the merge) rather than FlashMLA's, for a latent cache of ``kv_dtype``. FlashMLA
-    returns its part rounded to the cache dtype and the merge rounds again: in float16 the
-    sampled law still matches the non-speculative server's, in bfloat16 it measurably does not
-    (docs/limits.md), so ``auto`` takes the own kernel there."""
-    choice = _flashmla_prefix_choice()
-    if choice == "auto":
-        return kv_dtype == torch.bfloat16
-    return choice == "ddtree"
 
 
 def env_error(environ=None) -> str | None:
@@ -250,11 +228,8 @@ FLASHMLA_PAGE = 64  # the flashmla backend's page size (SGLang sets it for that 
 class FlashMLAVerify(NamedTuple):
     """What every layer of one DDTREE verify on FlashMLA reads (`set_flashmla_verify`)."""
 
-    prefix_lens: torch.Tensor  # [bs] int32, the committed lengths the prefix part reads
-    tile_metadata: torch.Tensor | None  # [parts, 8] int32, FlashMLA's tile schedule for them
-    num_splits: torch.Tensor | None  # [bs + 1] int32, its splits per request
+    prefix_indptr: torch.Tensor  # [bs + 1] int64, the committed prefixes' offsets
     tree_mask: torch.Tensor  # [bs, W, W] bool, ancestor-or-self
-    prefix_indptr: torch.Tensor | None = None  # [bs + 1] int64, the own prefix kernel's offsets
 
 
 class _FlashMLAGraphBuffers:
@@ -265,17 +240,14 @@ class _FlashMLAGraphBuffers:
         device = backend.req_to_token.device
         max_bs = int(backend.cuda_graph_num_splits.shape[0]) - 1
         max_w = int(backend.num_draft_tokens)
-        self.prefix_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
-        self.tile_metadata = torch.empty_like(backend.cuda_graph_mla_metadata)
-        self.num_splits = torch.empty_like(backend.cuda_graph_num_splits)
+        self.prefix_indptr = torch.zeros(max_bs + 1, dtype=torch.int64, device=device)
         # All True: rows of padded requests attend to every node, never to none.
         self.tree_mask = torch.ones(max_bs * max_w * max_w, dtype=torch.bool, device=device)
-        self.prefix_indptr = torch.zeros(max_bs + 1, dtype=torch.int64, device=device)
 
 
 def flashmla_handles(backend, forward_batch) -> bool:
     """Whether the DDTREE split takes this FlashMLA call: a target verify (also its capture,
-    whose dummy has no tree yet) on a backend that `takes_ddtree_verify`, on a bfloat16 latent
+    whose dummy has no tree yet) on a backend that `takes_ddtree_verify`, on a 16-bit latent
     cache."""
     return (
         getattr(backend, "ddtree_takes_verify", False)
@@ -287,70 +259,48 @@ def flashmla_handles(backend, forward_batch) -> bool:
 
 def set_flashmla_verify(backend, forward_batch, in_graph: bool) -> None:
     """Per verify forward that `flashmla_handles`, before its layers (eager) or before its
-    replay (``in_graph``): the prefix lengths, FlashMLA's tile schedule for them and W x Hq
-    query rows a request, and the ancestor mask, onto ``backend.ddtree_verify``. No host sync:
-    the schedule is FlashMLA's device kernel, the rest device copies. With DDTREE's own prefix
-    kernel (`own_prefix_on_flashmla`) its prefix offsets instead. Any other forward: no-op."""
+    replay (``in_graph``): the prefix offsets and the ancestor mask, onto
+    ``backend.ddtree_verify``. No host sync: device copies. Any other forward: no-op."""
     if not flashmla_handles(backend, forward_batch):
         return
     bs = forward_batch.batch_size
     spec_info = forward_batch.spec_info
     w = int(spec_info.draft_token_num)
-    prefix_lens = forward_batch.seq_lens[:bs].to(torch.int32)
-    tile_metadata = num_splits = prefix_indptr = None
-    if own_prefix_on_flashmla(backend.data_type):  # once a forward, not once a layer
-        prefix_indptr = torch.nn.functional.pad(prefix_lens.cumsum(0), (1, 0))
-    else:
-        from sgl_kernel.flash_mla import get_mla_metadata
-
-        tile_metadata, num_splits = get_mla_metadata(prefix_lens, w * backend.num_q_heads, 1)
+    # Once a forward, not once a layer.
+    prefix_indptr = torch.nn.functional.pad(forward_batch.seq_lens[:bs].cumsum(0), (1, 0))
     tree = getattr(spec_info, "tree", None)  # None in the capture dummy
     tree_mask = None if tree is None else tree.layout.tree_mask
     if not in_graph:
         if tree_mask is None:
             raise RuntimeError("DDTREE: an eager FlashMLA verify without the step's tree.")
-        backend.ddtree_verify = FlashMLAVerify(
-            prefix_lens, tile_metadata, num_splits, tree_mask.contiguous(), prefix_indptr
-        )
+        backend.ddtree_verify = FlashMLAVerify(prefix_indptr, tree_mask.contiguous())
         return
     buffers = getattr(backend, "_ddtree_graph_buffers", None)
     if buffers is None:
         buffers = backend._ddtree_graph_buffers = _FlashMLAGraphBuffers(backend)
-    buffers.prefix_lens[:bs].copy_(prefix_lens)
-    if tile_metadata is not None:
-        parts = tile_metadata.shape[0]
-        buffers.tile_metadata[:parts].copy_(tile_metadata)
-        buffers.num_splits[: bs + 1].copy_(num_splits)
-        tile_metadata, num_splits = buffers.tile_metadata[:parts], buffers.num_splits[: bs + 1]
-    if prefix_indptr is not None:  # copy_ returns the static slice the graph reads
-        prefix_indptr = buffers.prefix_indptr[: bs + 1].copy_(prefix_indptr)
     if tree_mask is not None:  # a replay's real requests (bs is padded; the rest keep theirs)
         buffers.tree_mask[: tree_mask.numel()].copy_(tree_mask.reshape(-1))
     backend.ddtree_verify = FlashMLAVerify(
-        buffers.prefix_lens[:bs],
-        tile_metadata,
-        num_splits,
+        buffers.prefix_indptr[: bs + 1].copy_(prefix_indptr),  # the static slice the graph reads
         buffers.tree_mask[: bs * w * w].view(bs, w, w),
-        prefix_indptr,
     )
 
 
 def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_kv_cache=True):
-    """``[n, Hq * Dv]``: the verify attention on FlashMLA's latent cache (prefix part by
-    FlashMLA or by DDTREE's own kernel, `own_prefix_on_flashmla`; ancestor block and merge by
-    ``core.tree_attention``), or None where `flashmla_handles` says no.
+    """``[n, Hq * Dv]``: the verify attention on FlashMLA's paged latent cache by
+    ``core.tree_attention`` (its prefix kernel reads the request's pages through the backend's
+    block table, prefix shares float32 until the merge, as on triton), or None where
+    `flashmla_handles` says no.
 
     q: ``[n = bs * W, Hq * 576]`` (absorbed MLA: latent 512 + rope 64); k: ``[n, 1, 576]``,
     v: ``[n, 1, 512]``, the nodes' latent."""
     if not flashmla_handles(backend, forward_batch):
         return None
+    from sglang_ddtree.core.tree_attention import gluon_prefix_runs, tree_attention
+
     if not _announced:
         _announced.append(True)
-        logger.info(
-            "DDTREE: %s, prefix part by %s.",
-            SPLIT_LOG_LINE,
-            "DDTREE's own kernel" if own_prefix_on_flashmla(backend.data_type) else "FlashMLA",
-        )
+        logger.info("DDTREE: %s, on FlashMLA's pages.", SPLIT_LOG_LINE)
     pool = backend.token_to_kv_pool
     if k is not None and save_kv_cache:
         pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
@@ -360,49 +310,9 @@ def flashmla_tree_verify_attention(backend, q, k, v, layer, forward_batch, save_
     w = n // bs
     hq, dv = layer.tp_q_head_num, backend.kv_lora_rank
     k_cache = pool.get_key_buffer(layer.layer_id)  # [slots, 1, 576]
-    if own_prefix_on_flashmla(backend.data_type):  # float32 to the merge, on the same pages
-        return _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, hq, dv)
-    from sgl_kernel.flash_mla import flash_mla_with_kvcache
-
-    from sglang_ddtree.core.tree_attention import tree_attention_with_prefix
-
-    prefix_out, prefix_lse = flash_mla_with_kvcache(
-        q=q.view(bs, w, hq, layer.head_dim),
-        k_cache=k_cache.view(-1, FLASHMLA_PAGE, 1, backend.kv_cache_dim),
-        block_table=backend.forward_metadata.block_kv_indices[:bs],
-        cache_seqlens=state.prefix_lens,
-        head_dim_v=dv,
-        tile_scheduler_metadata=state.tile_metadata,
-        num_splits=state.num_splits,
-        softmax_scale=layer.scaling,
-        causal=False,
-    )
-    out = tree_attention_with_prefix(
-        q.view(n, hq, layer.head_dim),
-        k_cache,
-        k_cache[..., :dv],
-        forward_batch.out_cache_loc,
-        state.tree_mask,
-        layer.scaling,
-        prefix_out,
-        prefix_lse,
-    )
-    return out.view(n, hq * dv)
-
-
-def _own_prefix_verify(backend, q, k_cache, layer, forward_batch, state, n, w, hq, dv):
-    """``[n, Hq * Dv]``: the verify attention on FlashMLA's paged latent cache by
-    ``core.tree_attention`` alone: its prefix kernel reads the request's pages through the
-    backend's block table (prefix shares float32 until the merge, as on triton)."""
-    from sglang_ddtree.core.tree_attention import gluon_prefix_runs, tree_attention
-
-    bs = forward_batch.batch_size
     hkv, sms = k_cache.shape[1], _num_sms(q.device)
-    gluon = (
-        _gluon_prefix_allowed()
-        and gluon_prefix_runs(q.device, k_cache.dtype)
-        and q.dtype == k_cache.dtype
-    )
+    # The Gluon kernel where it runs (Hopper, bfloat16, Gluon's API importable), else Triton's.
+    gluon = gluon_prefix_runs(q.device, k_cache.dtype) and q.dtype == k_cache.dtype
     settings = dict(_launch(bs, w, hq, hkv, dv, sms, layer.head_dim, FLASHMLA_PAGE, gluon))
     out = tree_attention(
         q.view(n, hq, layer.head_dim),

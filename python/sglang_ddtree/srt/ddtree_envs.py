@@ -1,6 +1,6 @@
-"""Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default, choices
-where any, and a one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader in the
-plugin goes through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
+"""Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default and a
+one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader in the plugin goes
+through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
 ``os.environ``, for tests), spelled as SGLang's own ``envs.<NAME>.get()``. The table for users,
 ``docs/configuration.md``, is kept equal to this one by a CPU test.
 
@@ -13,9 +13,8 @@ its parsing rules (the type of a knob is the field it would be in SGLang's ``Env
   ``n``, in any case; nothing else, and no surrounding whitespace.
 - ``int`` (``EnvInt``): what Python's ``int()`` reads (surrounding whitespace included).
 - ``float`` (``EnvFloat``): what ``float()`` reads.
-- ``str`` (``EnvStr``): the value as it is. A knob with ``choices`` compares it trimmed and
-  lower-cased, as SGLang's own readers of such strings do; a knob with ``parse`` (a stricter
-  form) is read by that function.
+- ``str`` (``EnvStr``): the value as it is; a knob with ``parse`` (a stricter form) is read by
+  that function.
 
 Two rules differ from SGLang's ``EnvField.get``, both because every knob is checked when a
 DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``; the
@@ -67,26 +66,23 @@ TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a s
 
 class Knob:
     """One environment variable: its type (``bool``, ``int``, ``float`` or ``str``), default
-    (unset or blank), one-line meaning, ``choices`` of a ``str`` knob, ``parse``: a stricter
-    form of a ``str`` knob (raises ``ValueError`` saying what it expects), ``fix``: what a
-    refusal tells the user to set (a default per type otherwise). The name is the attribute's
-    in ``DDTreeEnvs``."""
+    (unset or blank), one-line meaning, ``parse``: a stricter form of a ``str`` knob (raises
+    ``ValueError`` saying what it expects), ``fix``: what a refusal tells the user to set (a
+    default per type otherwise). The name is the attribute's in ``DDTreeEnvs``."""
 
     def __init__(
         self,
         type_: type,
         default: Any,
         meaning: str,
-        choices: tuple[str, ...] = (),
         parse: Callable[[str], Any] | None = None,
         fix: str | None = None,
     ):
         assert type_ in TYPE_NAMES, type_
-        assert not (choices or parse) or type_ is str, "choices and parse are for str knobs"
+        assert parse is None or type_ is str, "parse is for str knobs"
         self.type = type_
         self.default = default
         self.meaning = meaning
-        self.choices = choices
         self._parse = parse
         self._fix = fix
         self.name = ""
@@ -136,11 +132,6 @@ class Knob:
                 return self.type(value)
             except ValueError:
                 raise self._refusal(value, f"is not {TYPE_NAMES[self.type]}") from None
-        if self.choices:
-            choice = value.strip().lower()
-            if choice not in self.choices:
-                raise self._refusal(choice, f"is not one of {self.choices}")
-            return choice
         if self._parse is not None:
             try:
                 return self._parse(value)
@@ -155,8 +146,6 @@ class Knob:
     def fix(self) -> str:
         if self._fix is not None:
             return self._fix
-        if self.choices:
-            return f"unset it or set it to {self.choices[0]}"
         if self.type is bool:
             return f"set it to 1 or 0, or unset it (default {self.default_text})"
         return f"set it to {TYPE_NAMES[self.type]} or unset it"
@@ -195,47 +184,12 @@ class DDTreeEnvs:
         "draft candidates per depth K (>= 1); the env form of --speculative-ddtree-topk",
         fix="set it to e.g. 8",
     )
-    SGLANG_DDTREE_DRAFT_TOPK = Knob(
-        str,
-        "auto",
-        "how the per-depth top-K is computed: auto (triton where measured faster), torch, triton",
-        choices=("auto", "torch", "triton"),
-    )
-    SGLANG_DDTREE_TOP_P_KERNEL = Knob(
-        str,
-        "radix",
-        "the sampled verify's top-p renormalization: radix (DDTREE's CUDA radix select) or "
-        "flashinfer (sgl_kernel's); the same law",
-        choices=("radix", "flashinfer"),
-    )
-    SGLANG_DDTREE_KV_MOVER = Knob(
-        str,
-        "ddtree",
-        "who moves the accepted target KV rows: ddtree (where the KV pool allows it) or sglang",
-        choices=("ddtree", "sglang"),
-    )
     SGLANG_DDTREE_TREE_ATTENTION = Knob(
         bool,
         True,
         "the tree-verify attention split into the prefix part and the ancestor block; "
         "0 keeps the backend's custom-mask kernel (refused on flashmla)",
         fix="set it to 0 (the backend's custom-mask kernel) or 1 (the default)",
-    )
-    SGLANG_DDTREE_FLASHMLA_PREFIX = Knob(
-        str,
-        "auto",
-        "on flashmla, the verify's prefix part: ddtree (DDTREE's own kernel on the same pages, "
-        "float32 until the merge), flashmla (FlashMLA's paged kernel: faster, its part rounded "
-        "to the cache dtype before the merge, which in bfloat16 moves the sampled law off the "
-        "non-speculative server's), auto (ddtree on a bfloat16 cache, flashmla on float16)",
-        choices=("auto", "ddtree", "flashmla"),
-    )
-    SGLANG_DDTREE_GLUON_PREFIX = Knob(
-        bool,
-        True,
-        "on flashmla with DDTREE's own prefix part, its Gluon kernel where it runs (Hopper, "
-        "bfloat16); 0 takes the Triton kernel (both exact, the Triton one slower at bs >= 2)",
-        fix="set it to 0 (the Triton kernel) or 1 (the default)",
     )
     SGLANG_DDTREE_GLUE_GRAPHS = Knob(
         bool,

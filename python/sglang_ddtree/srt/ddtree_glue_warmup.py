@@ -318,8 +318,7 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
         commit = accept_and_commit(
             logits, tree.tokens, tree.layout, zeros, accept_width=s,
             temperatures=info.temperatures.view(-1), top_ks=info.top_ks, top_ps=info.top_ps,
-            coins=coins, final_coins=final_coins, top_p_kernel=worker.top_p_kernel,
-            min_ps=info.min_ps, need_min_p=True,
+            coins=coins, final_coins=final_coins, min_ps=info.min_ps, need_min_p=True,
         )  # fmt: skip
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base

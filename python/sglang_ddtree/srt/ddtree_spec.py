@@ -141,9 +141,6 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         server_args._ddtree_budget_schedule = str(schedule)
         topk = dargs.read_topk(flag=getattr(server_args, dargs.TOPK_FLAG, None))
         shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=topk)
-        dargs.read_draft_topk()  # bad values fail here, at launch
-        dargs.read_kv_mover()
-        dargs.read_top_p_kernel()
         errors = dargs.check_shape(shape)
         if errors:
             raise ValueError(dargs.format_errors(errors))

@@ -15,7 +15,7 @@ import torch
 
 from sglang_ddtree.core.commit import CommitPlan
 from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
-from sglang_ddtree.core.sampling import TOP_P_KERNELS, draw_coins
+from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import (
     TreeStep,
     accept_and_commit,
@@ -95,18 +95,15 @@ def make_tree_fns(
     return {"shard": shard_fn, "tree": gathered_tree_fn}
 
 
-def make_accept_fn(
-    accept_width: int, top_p_kernel: str = TOP_P_KERNELS[0]
-) -> Callable[..., CommitPlan]:
+def make_accept_fn(accept_width: int) -> Callable[..., CommitPlan]:
     """The accept segment's function: ``core.step.accept_and_commit`` over the flattened layout
-    fields (a glue graph binds tensors by name). ``top_p_kernel``: `args.read_top_p_kernel`."""
+    fields (a glue graph binds tensors by name)."""
 
     def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
         layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
         return accept_and_commit(
-            logits, tokens, layout, seq_lens, accept_width=accept_width,
-            top_p_kernel=top_p_kernel, **rest,
-        )  # fmt: skip
+            logits, tokens, layout, seq_lens, accept_width=accept_width, **rest
+        )
 
     return accept_fn
 

@@ -80,20 +80,13 @@ from sglang_ddtree.core.penalties import apply_tree_penalties
 from sglang_ddtree.core.step import TreeStep
 from sglang_ddtree.srt import ddtree_requests as requests
 from sglang_ddtree.srt.ddtree_args import (
-    KV_MOVER_ENV,
-    TOP_P_KERNEL_ENV,
-    TOP_P_KERNELS,
     TOPK_FLAG,
     DDTreeShape,
     check_target,
     draft_topk_backend,
     format_errors,
-    read_draft_topk,
-    read_kv_mover,
-    read_top_p_kernel,
     read_topk,
     target_verify_backend,
-    target_warnings,
     top_p_kernel_unavailable,
     verify_backend_name,
 )
@@ -225,9 +218,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
         schedule = schedule_from_args(server_args)
         topk = read_topk(flag=getattr(server_args, TOPK_FLAG, None))
-        draft_topk = read_draft_topk()
-        kv_mover = read_kv_mover()
-        top_p_kernel = read_top_p_kernel()
         shapes = {
             w: DDTreeShape(num_nodes=w, block_size=int(block), topk=topk)
             for w in sorted(set(schedule.num_nodes))
@@ -240,7 +230,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
         self.budget_schedule = schedule
         self.ddtree_shapes = shapes
-        self._kv_mover = kv_mover
         self.ddtree_shape = shape  # the largest W: idle results, startup log
         self._check_supported()
         from sglang.srt.distributed import get_tp_group
@@ -253,26 +242,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._coin_generator = torch.Generator(device=self.device)
         self._coin_generator.manual_seed(int(getattr(server_args, "random_seed", 0) or 0))
         vocab = int(self.model_runner.model_config.vocab_size)
-        if top_p_kernel == "radix":  # built now: with the glue graphs off no warm-up runs it
-            from sglang_ddtree.core.topp_radix import load_kernel
+        from sglang_ddtree.core.topp_radix import load_kernel
 
-            try:
-                load_kernel()
-            except Exception as e:
-                raise top_p_kernel_unavailable(top_p_kernel, e) from e
-        if top_p_kernel != TOP_P_KERNELS[0] and self.ps.tp_rank == 0:  # seen at any log level
-            logger.warning(
-                "DDTREE: the sampled verify's top-p filter is the %s kernel (%s=%s).",
-                top_p_kernel,
-                TOP_P_KERNEL_ENV,
-                top_p_kernel,
-            )
+        try:  # built now: with the glue graphs off no warm-up runs it
+            load_kernel()
+        except Exception as e:
+            raise top_p_kernel_unavailable(e) from e
         self._topk = {w: s.candidates_per_depth(vocab) for w, s in shapes.items()}
-        # Per W: auto picks by K and vocabulary (ddtree_args.draft_topk_backend).
-        self._draft_topk = {
-            w: draft_topk_backend(draft_topk, k, vocab) for w, k in self._topk.items()
-        }
-        self.top_p_kernel = top_p_kernel  # the sampled verify's nucleus kernel
+        # Per W, by K and vocabulary (ddtree_args.draft_topk_backend).
+        self._draft_topk = {w: draft_topk_backend(k, vocab) for w, k in self._topk.items()}
         self.graph_stats = GraphStats(schedule)
         # One memory pool and one capture stream for every glue graph: they replay one at a
         # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
@@ -309,8 +287,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
-                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, %s top-p, penalty "
-                "state %.3f GiB",
+                "depth<=%d, K=%s (%s top-K), S=%d, glue CUDA graphs %s, penalty state %.3f GiB",
                 schedule,
                 shape.block_size,
                 shape.max_depth,
@@ -318,7 +295,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self._draft_topk,
                 shape.accept_width,
                 "on" if glue_on else "off",
-                self.top_p_kernel,
                 self._penalty_rows.nbytes() / 2**30,
             )
 
@@ -379,10 +355,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         if errors:
             raise ValueError(format_errors(errors))
-        for warning in target_warnings(
-            self.model_runner.kv_cache_dtype, target_verify_backend(self.model_runner.server_args)
-        ):
-            logger.warning(warning)
         if not is_dflash_sampling_verify_available():
             raise RuntimeError(
                 "DDTREE needs sgl_kernel.tree_speculative_sampling_target_only (CUDA build)."
@@ -572,7 +544,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def accept_fn(self, shape: DDTreeShape):
         """The accept segment's function at ``shape`` (`make_accept_fn`)."""
-        return make_accept_fn(shape.accept_width, top_p_kernel=self.top_p_kernel)
+        return make_accept_fn(shape.accept_width)
 
     def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> StepGlue:
         w, s = shape.num_nodes, shape.accept_width
@@ -587,8 +559,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
             # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the
-            # pool has SGLang's slot-row layout, else SGLang's (it reads these four batch
-            # fields; the view holds this step's tensors).
+            # pool has SGLang's slot-row layout; any other pool (MLA's, HND, a pool's own move)
+            # only SGLang's mover knows, so it runs there (it reads these four batch fields;
+            # the view holds this step's tensors).
             rows = self._target_kv_rows()
             if rows is not None:
                 move_accepted_kv(*rows[:2], keep_index, verify_loc, w, rows[2])
@@ -672,8 +645,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         cls = type(pool)
         rows = None
         if (
-            self._kv_mover == "ddtree"
-            and isinstance(pool, MHATokenToKVPool)
+            isinstance(pool, MHATokenToKVPool)
             and cls.move_kv_cache is MHATokenToKVPool.move_kv_cache
             and cls._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
             and not getattr(pool, "use_hnd", False)
@@ -686,12 +658,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             max_row = max(b[0].numel() * b.element_size() for b in buffers)
             rows = (pool.data_ptrs, pool.data_strides, int(max_row))
         elif self.ps.tp_rank == 0:
-            logger.info(
-                "DDTREE: SGLang's KV mover moves accepted rows (%s=%s, pool %s).",
-                KV_MOVER_ENV,
-                self._kv_mover,
-                cls.__name__,
-            )
+            logger.info("DDTREE: SGLang's KV mover moves accepted rows (pool %s).", cls.__name__)
         self._kv_rows = rows
         return rows
 
