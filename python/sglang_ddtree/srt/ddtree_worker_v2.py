@@ -155,9 +155,7 @@ class GraphStats:
     """Per-W counts of target-verify steps replayed from a CUDA graph or run eagerly.
 
     ``eager_with_graph`` counts eager steps whose bs had a captured graph: a silent loss of CUDA
-    graphs (each one is also logged once per (W, bs)). Host ints only. ``flush`` is called after
-    every step and after the startup capture and does nothing: the hook where a test that reads
-    the counts from another process writes them out.
+    graphs (each one is also logged once per (W, bs)). Host ints only.
     """
 
     def __init__(self, schedule: BudgetSchedule):
@@ -194,9 +192,6 @@ class GraphStats:
             out["capture_plan"] = {str(w): sizes for w, sizes in self.runner.capture_plan}
             out["width_mismatches"] = self.runner.width_mismatches
         return {**out, "startup": self.startup} if self.startup else out
-
-    def flush(self) -> None:
-        """After a step and after the startup capture."""
 
 
 def keep_draft_embeds_dtype(draft_model, dtype: torch.dtype) -> None:
@@ -794,7 +789,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path.
         glue.commit_kv(key, target_hidden, commit, tree)
-        self.graph_stats.flush()
         logits_output.hidden_states = None
 
         # Graph outputs are overwritten by the next replay: clone what outlives the step.

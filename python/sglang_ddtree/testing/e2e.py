@@ -417,8 +417,8 @@ def _total_captures(stats: dict) -> int:
 
 
 def _run_adaptive(eng, prompts, stats_path) -> dict:
-    # Written by the scheduler process after every verify step, and after the glue graphs
-    # captured at startup (the default): then it exists before any request.
+    # Written by the scheduler process once its graphs are captured (before any request) and
+    # after every decode step.
     startup = _read_stats(stats_path)
     outputs, accept = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)
     stats = _read_stats(stats_path)
