@@ -27,29 +27,6 @@ benchmark instruments also when the plugin loads, in any server):
   and what to set, where SGLang would warn and serve with the default: a typo stops the start
   instead of changing what is served.
 
-Values read differently from the plugin's readers before this module (every other value reads
-as it did):
-
-- ``SGLANG_DDTREE_GLUE_GRAPHS``, ``SGLANG_DDTREE_GLUE_AT_STARTUP``: ``off`` (any case) turned
-  them off and any value but ``0`` / ``false`` / ``off`` / ``no`` turned them on (``on``, ``2``,
-  a typo); now only SGLang's booleans are accepted, so ``off``, ``on`` and the like are refused
-  at start (set ``0`` or ``1``). Whitespace around a value was trimmed; now it is refused.
-- ``SGLANG_DDTREE_TREE_ATTENTION``: only ``0`` and ``1`` were accepted; now every SGLang
-  boolean (``true`` / ``yes`` / ``y``, ``false`` / ``no`` / ``n``, any case). A blank value
-  was refused; now it is the default. Whitespace around ``0`` / ``1`` was trimmed; now refused.
-- ``SGLANG_DDTREE_SYNC_TRACE``: any value but ``""`` and ``0`` turned tracing on (``false`` and
-  ``no`` did); now ``false`` / ``no`` / ``n`` turn it off and a non-boolean is refused.
-- ``SGLANG_DDTREE_TOPK`` set together with ``--speculative-ddtree-topk``: compared as integers
-  (``08`` and 8 agree), no longer as text.
-- ``SGLANG_DDTREE_STEP_TIMING``: a whitespace-only value was a directory name; now it is
-  unset.
-- ``SGLANG_DDTREE_CPROFILE`` / ``SGLANG_DDTREE_TORCH_PROFILE`` (at a scheduler's first batch),
-  ``SGLANG_DDTREE_EXPERT_COUNT`` (at the first MoE call): a value that does not parse failed
-  there, in a scheduler process; now it is refused when the server starts.
-- The three test switches (the verify coins' scale, the ranks' coin-seed skew, the file of the
-  CUDA-graph counts) are gone from the server: the tests inject them into the scheduler
-  processes themselves.
-
 Pure Python (no torch, no SGLang).
 """
 
