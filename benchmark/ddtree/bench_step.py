@@ -32,9 +32,8 @@ Models (``--model``):
 Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num-draft-tokens``
 = block 16); ``dflash-b8`` (8B shape only: the chain with a block-8 drafter of the same shape);
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
-budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
-runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-in one run; ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
+budget, i.e. no ``--speculative-num-draft-tokens``). A suffix runs a variant
+(``ddtree-64+tritontopk``): ``+tritontopk`` / ``+torchtopk`` pick the draft top-K
 (``SGLANG_DDTREE_DRAFT_TOPK``) and ``+sglangkv`` moves the accepted target KV with SGLang's
 mover instead of ours (``SGLANG_DDTREE_KV_MOVER=sglang``); ``+extendattn`` runs the target's
 tree-verify attention through triton's custom-mask extend kernel instead of
@@ -133,7 +132,6 @@ from sglang_ddtree.srt.ddtree_args import (
 )
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
 from sglang_ddtree.srt.ddtree_envs import envs as ddtree_envs
-from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
 from sglang_ddtree.step_timing import (
     CPROFILE_ENV,
     EXPERT_COUNT_ENV,
@@ -644,10 +642,7 @@ def flush_timing(eng, spec) -> None:
 
 
 FLASHMLA_PREFIX_ENV = ddtree_envs.SGLANG_DDTREE_FLASHMLA_PREFIX.name
-GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
-    # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
-    "eagerglue": {GLUE_GRAPHS_ENV: "0"},
     # The one-pass Triton draft top-K (core/topk_triton.py) instead of torch.topk.
     "tritontopk": {DRAFT_TOPK_ENV: "triton"},
     "torchtopk": {DRAFT_TOPK_ENV: "torch"},
@@ -663,17 +658,12 @@ VARIANTS = {
     # to the merge), or by FlashMLA's kernel, whatever the cache dtype.
     "ownprefix": {FLASHMLA_PREFIX_ENV: "ddtree"},
     "flashmlaprefix": {FLASHMLA_PREFIX_ENV: "flashmla"},
-    # Every glue graph keyed by the real batch size, not the tree and accept ones by SGLang's
-    # padded batch sizes (3.5x the graphs at startup).
-    "realglue": {GLUE_PADDED_ENV: "0"},
     # The engine's processes import the plugin from --baseline-python (another checkout's
     # python/, e.g. an earlier commit): two versions side by side in one run.
     "baseline": {},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
-    GLUE_GRAPHS_ENV: "1",
-    GLUE_PADDED_ENV: "1",
     DRAFT_TOPK_ENV: DRAFT_TOPK_BACKENDS[0],
     KV_MOVER_ENV: KV_MOVERS[0],
     TREE_ATTENTION_ENV: "1",
@@ -695,7 +685,7 @@ def split_backend(config: str, default: str) -> tuple[str, str]:
 
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
-    """``"ddtree-64+eagerglue+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
+    """``"ddtree-64+sglangkv+tritontopk"`` -> (``"ddtree-64"``, the env of those variants over
     the worker's defaults). Unknown suffixes exit with the known ones."""
     base, *variants = config.split("+")
     env = dict(DEFAULT_VARIANT_ENV)

@@ -153,7 +153,7 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 def test_table_is_well_formed():
     names = [k.name for k in KNOBS]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == 14
     assert KNOBS == tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
     for knob in KNOBS:
         assert knob.name.startswith("SGLANG_DDTREE_") and getattr(envs, knob.name) is knob
@@ -201,13 +201,11 @@ def test_invalid_settings_lists_each_bad_value_once():
         "SGLANG_DDTREE_TOPK": "4",
         "SGLANG_DDTREE_DRAFT_TOPK": "Triton",
         "SGLANG_DDTREE_TREE_ATTENTION": "yes",
-        "SGLANG_DDTREE_GLUE_GRAPHS": "false",
         "SGLANG_DDTREE_CPROFILE": "window",
     }
     assert invalid_settings(good) == []
     bad = {
-        "SGLANG_DDTREE_GLUE_GRAPHS": "off",
-        "SGLANG_DDTREE_GLUE_AT_STARTUP": "on",
+        "SGLANG_DDTREE_TOPK": "x",
         "SGLANG_DDTREE_KV_MOVER": "torch",
         "SGLANG_DDTREE_EXPERT_COUNT": "all",
         "SGLANG_DDTREE_SYNC_TRACE": "2",
@@ -277,14 +275,14 @@ def test_validate_server_args_refuses_every_bad_value_once(spec_module, monkeypa
     spec_module.validate_server_args(_server_args())
     monkeypatch.setenv("SGLANG_DDTREE_TOPK", "x")  # also read by check_server_args
     monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "on")  # also by flashmla_switch_error
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_GRAPHS", "off")  # read only in the scheduler
+    monkeypatch.setenv("SGLANG_DDTREE_KV_MOVER", "torch")  # read only in the scheduler
     monkeypatch.setenv("SGLANG_DDTREE_CPROFILE", "20x")  # read only by step_timing
     with pytest.raises(ValueError) as e:
         spec_module.validate_server_args(_server_args())
     lines = str(e.value).splitlines()
     assert lines[0] == "Invalid DDTREE configuration:"
     assert len(lines) == 5, lines
-    for name in ("TOPK='x'", "TREE_ATTENTION='on'", "GLUE_GRAPHS='off'", "CPROFILE='20x'"):
+    for name in ("TOPK='x'", "TREE_ATTENTION='on'", "KV_MOVER='torch'", "CPROFILE='20x'"):
         assert sum(f"SGLANG_DDTREE_{name}" in line for line in lines) == 1, name
 
 

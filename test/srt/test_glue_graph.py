@@ -18,7 +18,7 @@ from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import flatten_verify_mask, scatter_verify_mask
 from sglang_ddtree.core.step import accept_and_commit, draft_to_tree
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
-from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled, quiet_captures
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, quiet_captures
 
 HAS_CUDA = torch.cuda.is_available()
 ALL = 1 << 30  # SGLang's top_k for "no top-k" (TOP_K_ALL); top_k 1 marks a greedy row
@@ -166,16 +166,6 @@ def test_accept_and_commit_mixed_rows():
         assert nodes[0] == 0
         for parent, child in zip(nodes, nodes[1:]):
             assert int(tree.parents[b, child]) == parent
-
-
-def test_glue_env_switch():
-    assert glue_graphs_enabled({})
-    assert glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": "1"})
-    for off in ("0", "false", "FALSE", "no", "N"):
-        assert not glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": off})
-    for bad in ("off", "on", "2"):  # not SGLang booleans: refused (at start, invalid_settings)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_GLUE_GRAPHS="):
-            glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": bad})
 
 
 def test_cpu_tensors_run_eagerly():
@@ -628,11 +618,7 @@ def test_rank_fingerprint_detects_any_disagreement():
 def test_startup_modes_are_every_accept_mode():
     """The startup dummy steps cover each accept-graph mode once, with placeholders that the
     worker's own mode function reads as that mode."""
-    from sglang_ddtree.srt.ddtree_glue_warmup import (
-        accept_modes,
-        dummy_sampling_info,
-        glue_at_startup_enabled,
-    )
+    from sglang_ddtree.srt.ddtree_glue_warmup import accept_modes, dummy_sampling_info
     from sglang_ddtree.srt.ddtree_utils import accept_mode
 
     modes = accept_modes()
@@ -642,9 +628,6 @@ def test_startup_modes_are_every_accept_mode():
         assert accept_mode(info) == mode
         if info is not None:
             assert info.temperatures.shape == (3, 1) and info.top_ks.dtype == torch.int32
-    assert glue_at_startup_enabled({})  # the default
-    assert glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "1"})
-    assert not glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "0"})
 
 
 def _seg(graph, eager, captures):
@@ -661,7 +644,7 @@ def _adaptive_stats(glue: dict) -> dict:
             "glue": glue}  # fmt: skip
 
 
-def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
+def test_adaptive_check_fails_on_a_capture_while_serving():
     """The e2e adaptive check with glue graphs captured at startup: the segments serving used
     replay, and one capture after startup fails the check."""
     from sglang_ddtree.testing import e2e
@@ -676,34 +659,20 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
-    # Keyed by the real batch size: the KV commit one graph per batch size, as the draft tree
-    # (every accept mode writes the outputs it binds); a KV graph per mode fails the check.
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "0")
+    # The draft tree has a graph per captured size (keyed by the padded batch size) and the
+    # KV commit one per batch size: at least as many.
     startup["glue"]["tree_w33"] = _seg(0, 4, 4)
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)
-    for kv_captures, ok in ((4, True), (4 * 7, False), (3, False)):
-        startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
-        stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
-        check = e2e._adaptive_summary(outputs, got)
-        assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
-    # Keyed by the padded batch size (the default), the draft tree has a graph per captured
-    # size and the KV commit one per batch size: at least as many.
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "1")
     for kv_captures, ok in ((4, True), (9, True), (3, False)):
         startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
         stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
         check = e2e._adaptive_summary(outputs, got)
-        assert check["kv_graph_per_batch_size"] == {"kv_w33": ok}
-    monkeypatch.delenv("SGLANG_DDTREE_GLUE_PADDED")
+        assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
     del startup["glue"]["kv_w33"], stats["glue"]["kv_w33"]
-    # Startup capture on (the default) but no counts before the first request: fails; off: the
-    # lazy rule (eager only on capture steps) alone.
+    # No counts before the first request: fails.
     lazy_stats = {**stats, "glue": {"tree_w33": _seg(10, 3, 3), "accept_w33": _seg(10, 5, 5)}}
     lazy = {**got, "stats": lazy_stats, "startup_stats": None}
-    monkeypatch.delenv("SGLANG_DDTREE_GLUE_AT_STARTUP", raising=False)
     assert not e2e._adaptive_summary(outputs, lazy)["passed"]
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_AT_STARTUP", "0")
-    assert e2e._adaptive_summary(outputs, lazy)["passed"]
 
 
 def test_startup_warns_when_the_glue_graphs_outgrow_what_was_held():
@@ -1498,7 +1467,7 @@ def test_padded_size_is_sglangs_next_captured_size():
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
-    """`StepGlue` with ``rows`` (``SGLANG_DDTREE_GLUE_PADDED``): the draft tree and the accept
+    """`StepGlue` with ``rows`` (`DDTreeWorkerV2.glue_rows`): the draft tree and the accept
     run at the padded batch size, keyed by it, over the padded rows of the drafter's and the
     verify's static outputs (``hidden`` and the logits given as their first rows), and return
     the real requests' rows: equal to the unpadded step's (greedy exactly; sampled, equal to

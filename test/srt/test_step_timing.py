@@ -266,23 +266,18 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench):
-    glue, padded, topk, kv, attn, topp, prefix = (
-        "SGLANG_DDTREE_GLUE_GRAPHS",
-        "SGLANG_DDTREE_GLUE_PADDED",
+    topk, kv, attn, topp, prefix = (
         "SGLANG_DDTREE_DRAFT_TOPK",
         "SGLANG_DDTREE_KV_MOVER",
         "SGLANG_DDTREE_TREE_ATTENTION",
         "SGLANG_DDTREE_TOP_P_KERNEL",
         "SGLANG_DDTREE_FLASHMLA_PREFIX",
     )
-    default = {glue: "1", padded: "1", topk: "auto", kv: "ddtree", attn: "1", topp: "radix",
-               prefix: "auto"}  # fmt: skip
+    default = {topk: "auto", kv: "ddtree", attn: "1", topp: "radix", prefix: "auto"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
-    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
-    both = bench.split_variant("ddtree+eagerglue+tritontopk")
-    assert both == ("ddtree", {**default, glue: "0", topk: "triton"})
+    both = bench.split_variant("ddtree+sglangkv+tritontopk")
+    assert both == ("ddtree", {**default, kv: "sglang", topk: "triton"})
     assert bench.split_variant("ddtree+sglangkv") == ("ddtree", {**default, kv: "sglang"})
-    assert bench.split_variant("ddtree+realglue") == ("ddtree", {**default, padded: "0"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
     flashinfer = bench.split_variant("ddtree+flashinfertopp")
     assert flashinfer == ("ddtree", {**default, topp: "flashinfer"})

@@ -214,24 +214,6 @@ class DDTreeEnvs:
         "bfloat16); 0 takes the Triton kernel (both exact, the Triton one slower at bs >= 2)",
         fix="set it to 0 (the Triton kernel) or 1 (the default)",
     )
-    SGLANG_DDTREE_GLUE_GRAPHS = Knob(
-        bool,
-        True,
-        "the step's tree / accept / KV glue from CUDA graphs; 0 runs it eagerly (same outputs)",
-    )
-    SGLANG_DDTREE_GLUE_AT_STARTUP = Knob(
-        bool,
-        True,
-        "glue CUDA graphs captured at startup; 0 captures each the first time it is met, "
-        "while serving",
-    )
-    SGLANG_DDTREE_GLUE_PADDED = Knob(
-        bool,
-        True,
-        "the tree and accept glue graphs keyed by the batch size SGLang pads a step to (its "
-        "captured sizes: 51 up to 256), the KV commit's by the real one; 0 keys all of them by "
-        "the real batch size (3.5x the glue graphs at --cuda-graph-max-bs 256)",
-    )
     # Benchmark instruments (the plugin's per-step timing hook).
     SGLANG_DDTREE_STEP_TIMING = Knob(
         str,

@@ -1,11 +1,9 @@
-"""Glue CUDA graphs captured at startup (on by default; ``SGLANG_DDTREE_GLUE_AT_STARTUP=0``
-turns it off).
+"""Glue CUDA graphs captured at startup.
 
-Off, ``SegmentGraphs`` captures a glue segment the first time a server meets each key
-(batch size, W, accept mode), so the first requests of each batch size pay captures while
-serving. On, the worker runs one dummy decode step per batch size that SGLang's graphs serve
-and per accept mode, right after SGLang captured the target and drafter graphs: every glue
-graph the server will replay is then captured before the first request.
+``SegmentGraphs`` captures a glue segment the first time it meets a key (batch size, W, accept
+mode). So that no request pays a capture, the worker runs one dummy decode step per batch size
+that SGLang's graphs serve and per accept mode, right after SGLang captured the target and
+drafter graphs: every glue graph the server will replay is captured before the first request.
 
 A dummy step is a real step on placeholder inputs: request row 0 of ``req_to_token`` (all zero
 at startup) with one cached token, so every KV write (the drafter block, the verify nodes, the
@@ -83,15 +81,6 @@ def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
         f"(now {max_bs}: every batch size up to it has its glue graphs) or "
         "--mem-fraction-static."
     )
-
-
-GLUE_AT_STARTUP_ENV = envs.SGLANG_DDTREE_GLUE_AT_STARTUP.name
-
-
-def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
-    """``SGLANG_DDTREE_GLUE_AT_STARTUP`` (a boolean, default on); ValueError on any other
-    value."""
-    return envs.SGLANG_DDTREE_GLUE_AT_STARTUP.get(environ)
 
 
 def accept_modes() -> list[tuple]:
