@@ -18,8 +18,7 @@ its parsing rules (the type of a knob is the field it would be in SGLang's ``Env
   form) is read by that function.
 
 Two rules differ from SGLang's ``EnvField.get``, both because every knob is checked when a
-DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``; the
-benchmark instruments also when the plugin loads, in any server):
+DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``):
 
 - A blank value (empty or whitespace only) reads as unset: the default. SGLang ends with the
   default too (``EnvStr`` keeps ``""``, the other types warn and fall back).
@@ -139,27 +138,9 @@ class Knob:
         return f"set it to {TYPE_NAMES[self.type]} or unset it"
 
 
-CPROFILE_WINDOW = "window"  # SGLANG_DDTREE_CPROFILE: profile while <dir>/cprofile.window exists
-
-
-def _cprofile_setting(value: str) -> str | int:
-    """``window``, or the decode batches to skip (an integer)."""
-    if value == CPROFILE_WINDOW:
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"is neither {CPROFILE_WINDOW!r} nor an integer") from None
-
-
 class DDTreeEnvs:
-    """The table of ``SGLANG_DDTREE_*`` knobs (in SGLang's tree: fields of its ``Envs``).
+    """The table of ``SGLANG_DDTREE_*`` knobs (in SGLang's tree: fields of its ``Envs``)."""
 
-    Serving knobs first, then benchmark instruments (read only with ``SGLANG_DDTREE_STEP_TIMING``
-    set).
-    """
-
-    # Serving.
     SGLANG_DDTREE_BUDGET_SCHEDULE = Knob(
         str,
         None,
@@ -213,41 +194,6 @@ class DDTreeEnvs:
         "on flashmla with DDTREE's own prefix part, its Gluon kernel where it runs (Hopper, "
         "bfloat16); 0 takes the Triton kernel (both exact, the Triton one slower at bs >= 2)",
         fix="set it to 0 (the Triton kernel) or 1 (the default)",
-    )
-    # Benchmark instruments (the plugin's per-step timing hook).
-    SGLANG_DDTREE_STEP_TIMING = Knob(
-        str,
-        None,
-        "benchmarks: a directory; per-step GPU time of every scheduler batch is written there",
-    )
-    SGLANG_DDTREE_CPROFILE = Knob(
-        str,
-        None,
-        "benchmarks: cProfile the scheduler's host time after this many decode batches of one "
-        "size, or window (while <dir>/cprofile.window exists)",
-        parse=_cprofile_setting,
-        fix=f"set it to {CPROFILE_WINDOW} or to the decode batches to skip, e.g. 20",
-    )
-    SGLANG_DDTREE_TORCH_PROFILE = Knob(
-        int,
-        None,
-        "benchmarks: torch-profile decode steps after this many decode batches of one size",
-    )
-    SGLANG_DDTREE_SYNC_TRACE = Knob(
-        bool,
-        False,
-        "benchmarks: record the Python stack of every host-device sync in a decode batch",
-    )
-    SGLANG_DDTREE_MEMORY_HISTORY = Knob(
-        bool,
-        False,
-        "benchmarks: record allocation stacks during the startup glue capture; its summary "
-        "names the code that allocated the largest live blocks outside the graphs' pool",
-    )
-    SGLANG_DDTREE_EXPERT_COUNT = Knob(
-        int,
-        None,
-        "benchmarks: count the distinct routed experts (ids below this) of every MoE top-k call",
     )
 
 
