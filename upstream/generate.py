@@ -97,7 +97,6 @@ NOT_UPSTREAM = {
     "sglang_ddtree.plugin": "entry point; in-tree registration is the spec_info.py edit",
     "sglang_ddtree.serve": "launcher tooling",
     "sglang_ddtree.demo": "CPU demo",
-    "sglang_ddtree.step_timing": "benchmark instrumentation",
     "sglang_ddtree.srt.ddtree_attention_hook": (
         "plugin hooks; in-tree the triton_backend.py and flashmla_backend.py edits"
     ),

@@ -9,10 +9,11 @@ configuration one ``sgl.Engine`` (triton attention, CUDA graphs on, overlap sche
   per-request counters, ``meta_info``).
 - phase ``step``: for every batch size ``bs`` and both temperatures, ``bs`` requests at once
   (``--step-tokens`` new tokens, ``ignore_eos``; their prompts prefilled into the radix cache
-  by a one-token request first) so the decode batch holds exactly ``bs`` requests. The step cost is timed inside the scheduler by ``sglang_ddtree.step_timing`` (CUDA
-  events on the forward stream around ``Scheduler.run_batch``, read back without syncs): the
-  median GPU time from one decode step's start to the next one's, over the steps whose batch had
-  all ``bs`` requests (the first 2 dropped). Also reported: the median GPU span of the step's own
+  by a one-token request first) so the decode batch holds exactly ``bs`` requests. The step
+  cost is timed inside the scheduler by ``instruments.py`` (CUDA events on the forward stream
+  around ``Scheduler.run_batch``, read back without syncs): the median GPU time from one decode
+  step's start to the next one's, over the steps whose batch had all ``bs`` requests (the
+  first 2 dropped). Also reported: the median GPU span of the step's own
   work, the accept length, and tokens/s = bs x accept / step.
 
 Models (``--model``):
@@ -32,13 +33,12 @@ Models (``--model``):
 Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num-draft-tokens``
 = block 16); ``dflash-b8`` (8B shape only: the chain with a block-8 drafter of the same shape);
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
-budget, i.e. no ``--speculative-num-draft-tokens``). A ``+eagerglue`` suffix (``ddtree-64+eagerglue``)
-runs DDTREE with its glue CUDA graphs off (``SGLANG_DDTREE_GLUE_GRAPHS=0``): the before/after
-in one run; ``+extendattn`` runs the target's tree-verify attention through triton's
-custom-mask extend kernel instead of ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``);
-``+baseline`` runs the engine on the plugin under ``--baseline-python`` (an earlier commit's
-``python/``, put first on the engine processes' ``PYTHONPATH``; the main process, which checks
-requests, keeps the installed one): two versions side by side in one run
+budget, i.e. no ``--speculative-num-draft-tokens``). A suffix runs a variant: ``+extendattn``
+runs the target's tree-verify attention through triton's custom-mask extend kernel instead
+of ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+baseline`` runs the
+engine on the plugin under ``--baseline-python`` (an earlier commit's ``python/``, put
+first on the engine processes' ``PYTHONPATH``; the main process, which checks requests,
+keeps the installed one): two versions side by side in one run
 (``ddtree+baseline@flashmla``).
 
 Writes ``<out>/bench_step_<model>.json`` after every configuration, a markdown table
@@ -62,13 +62,18 @@ decode-graph batch size of ``max(--batch-sizes)`` (``--cuda-graph-max-bs-decode`
 engine, the KV pool it was left (tokens), and for DDTREE the glue graphs its startup captured
 (`ddtree_glue_warmup.capture_glue_at_startup`: batch sizes, graphs, seconds, memory, what was
 held for them before the pool was sized) and any glue graph captured later, while serving
-(none should be). The worker's graph counts come out through the test hook
-``testing.inject.GRAPH_STATS_ENV``, which rewrites a file after every step, so this phase runs
-no timed steps. ``--memory-history``: the startup capture records allocation stacks
+(none should be), with the allocator's view of that capture (``instruments.StartupMemory``).
+The worker's graph counts come out through the test hook ``testing.inject.GRAPH_STATS_ENV``,
+which rewrites a file after every step, so this phase runs no timed steps.
+``--memory-history``: the startup capture records allocation stacks
 (``SGLANG_DDTREE_MEMORY_HISTORY``), so its summary names the code behind the largest live
 blocks in the new segments outside the glue graphs' pool (what pins them).
 
-Diagnostics (``sglang_ddtree.step_timing``; files copied to ``<out>/profile_<model>_<config>/``,
+The instruments (``instruments.py``: step timing, profilers, sync stacks, expert counts) run in
+the engines' scheduler processes: those import this module again, which installs the ones the
+environment names (set per configuration by ``run_config``).
+
+Diagnostics (``instruments.py``; files copied to ``<out>/profile_<model>_<config>/``,
 one per step run in run order): ``--torch-profile-skip N`` (torch profiler tables of 20 decode
 steps after N; compare two with ``profile_diff.py``), ``--cprofile-skip N`` (host time),
 ``--sync-trace`` (the stack of every host-device sync inside decode steps), ``--prompt-len``
@@ -117,20 +122,18 @@ import tempfile
 import time
 
 from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
-from sglang_ddtree.srt.ddtree_envs import envs as ddtree_envs
-from sglang_ddtree.srt.ddtree_glue_graph import GLUE_GRAPHS_ENV
-from sglang_ddtree.step_timing import (
-    CPROFILE_ENV,
-    EXPERT_COUNT_ENV,
-    SYNC_TRACE_ENV,
-    TORCH_PROFILE_ENV,
-    read_expert_counts,
-    read_steps,
-)
-from sglang_ddtree.step_timing import ENV as STEP_TIMING_ENV
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE  # also installs testing.inject's hooks
 from sglang_ddtree.testing.inject import GRAPH_STATS_ENV
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import instruments  # noqa: E402
+from instruments import read_expert_counts, read_steps  # noqa: E402
+
+# The engines' scheduler processes import this module again: the instruments this run names in
+# the environment are installed there.
+instruments.install_from_env()
 
 DEFAULT_CONFIGS = {
     "pair": "none,dflash,ddtree,ddtree-16,ddtree-32,ddtree-64,ddtree-128",
@@ -628,24 +631,16 @@ def flush_timing(eng, spec) -> None:
     generate(eng, spec["prompts"][:1], {"max_new_tokens": 1, "temperature": 0.0})
 
 
-GLUE_PADDED_ENV = ddtree_envs.SGLANG_DDTREE_GLUE_PADDED.name
 VARIANTS = {
-    # The DDTREE glue kernels launched one by one (no glue graphs), for comparison.
-    "eagerglue": {GLUE_GRAPHS_ENV: "0"},
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
     "extendattn": {TREE_ATTENTION_ENV: "0"},
-    # Every glue graph keyed by the real batch size, not the tree and accept ones by SGLang's
-    # padded batch sizes (3.5x the graphs at startup).
-    "realglue": {GLUE_PADDED_ENV: "0"},
     # The engine's processes import the plugin from --baseline-python (another checkout's
     # python/, e.g. an earlier commit): two versions side by side in one run.
     "baseline": {},
 }
 # The worker's defaults, set explicitly so a variant changes only what it names.
 DEFAULT_VARIANT_ENV = {
-    GLUE_GRAPHS_ENV: "1",
-    GLUE_PADDED_ENV: "1",
     TREE_ATTENTION_ENV: "1",
 }
 
@@ -663,7 +658,7 @@ def split_backend(config: str, default: str) -> tuple[str, str]:
 
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
-    """``"ddtree-64+eagerglue+extendattn"`` -> (``"ddtree-64"``, the env of those variants over
+    """``"ddtree-64+extendattn"`` -> (``"ddtree-64"``, the env of those variants over
     the worker's defaults). Unknown suffixes exit with the known ones."""
     base, *variants = config.split("+")
     env = dict(DEFAULT_VARIANT_ENV)
@@ -682,19 +677,25 @@ def engine_pythonpath(config: str, baseline_python: str | None, current: str | N
         return None
     if not baseline_python:
         raise SystemExit(f"{config!r} needs --baseline-python")
+    if os.path.exists(os.path.join(baseline_python, "sglang_ddtree", "step_timing.py")):
+        # That plugin hooks run_batch itself when the timing variable is set.
+        raise SystemExit(
+            f"--baseline-python {baseline_python}: its plugin times every step itself "
+            "(sglang_ddtree/step_timing.py), so each step would be recorded twice"
+        )
     return os.pathsep.join(filter(None, [baseline_python, current]))
 
 
 def run_config(spec, config, args, timing_dir) -> dict:
     import sglang as sgl
 
-    os.environ[STEP_TIMING_ENV] = timing_dir
+    os.environ[instruments.ENV] = timing_dir
     if args.cprofile_skip is not None:
-        os.environ[CPROFILE_ENV] = str(args.cprofile_skip)
+        os.environ[instruments.CPROFILE_ENV] = str(args.cprofile_skip)
     if args.torch_profile_skip is not None:
-        os.environ[TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
-    os.environ[SYNC_TRACE_ENV] = "1" if args.sync_trace else "0"
-    os.environ[ddtree_envs.SGLANG_DDTREE_MEMORY_HISTORY.name] = "1" if args.memory_history else "0"
+        os.environ[instruments.TORCH_PROFILE_ENV] = str(args.torch_profile_skip)
+    os.environ[instruments.SYNC_TRACE_ENV] = "1" if args.sync_trace else "0"
+    os.environ[instruments.MEMORY_HISTORY_ENV] = "1" if args.memory_history else "0"
     row = {"config": config, "accept": {}, "step": []}
     config_only, backend = split_backend(config, args.attention_backend)
     base, variant_env = split_variant(config_only)
@@ -706,9 +707,9 @@ def run_config(spec, config, args, timing_dir) -> dict:
     os.environ.update(routing_env(args.routing))
     counting = "experts" in args.phases
     if counting:  # graphs off: the counter runs at every MoE call
-        os.environ[EXPERT_COUNT_ENV] = str(tiny_models.KIMI_K26.n_routed_experts)
+        os.environ[instruments.EXPERT_COUNT_ENV] = str(tiny_models.KIMI_K26.n_routed_experts)
     else:
-        os.environ.pop(EXPERT_COUNT_ENV, None)
+        os.environ.pop(instruments.EXPERT_COUNT_ENV, None)
     stats_path = os.path.join(timing_dir, "graph_stats.json")
     if "startup" in args.phases:  # the worker writes its graph counts there (testing.inject)
         os.makedirs(timing_dir, exist_ok=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 
-STEPS = 20  # step_timing.TORCH_PROFILE_STEPS
+STEPS = 20  # instruments.TORCH_PROFILE_STEPS
 # record_function ranges and aten ops: not kernels (an op's self device time is its kernels',
 # which have rows of their own)
 SKIP = ("scheduler.", "step[", "aten::")

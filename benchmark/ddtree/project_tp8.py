@@ -194,7 +194,7 @@ class Config:
 
 
 def parse_config(name: str) -> Config:
-    """``"ddtree-15+eagerglue@flashmla"`` -> kind ddtree, W 16, variant ``+eagerglue``, backend
+    """``"ddtree-15+baseline@flashmla"`` -> kind ddtree, W 16, variant ``+baseline``, backend
     flashmla. ValueError for configurations this projection does not know (``dflash-b8``)."""
     rest, _, backend = name.partition("@")
     base, *variants = rest.split("+")

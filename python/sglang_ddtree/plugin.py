@@ -69,13 +69,6 @@ def _register_real() -> None:
     from sglang_ddtree.srt import ddtree_attention_hook
 
     ddtree_attention_hook.register_if_enabled()
-    # Benchmark instrument, loaded only when a benchmark asks for it (never on a plain start).
-    from sglang_ddtree.srt.ddtree_envs import envs
-
-    if envs.SGLANG_DDTREE_STEP_TIMING.is_set():
-        from sglang_ddtree import step_timing
-
-        step_timing.register_if_enabled()
 
 
 def _register_request_checks() -> None:

@@ -90,10 +90,10 @@ def test_word_tokenizer_for_constrained_cells(load_benchmark, tmp_path):
     assert config["eos_token"] == SPECIALS[0]
 
 
-def test_expert_counter(tmp_path):
+def test_expert_counter(load_benchmark, tmp_path):
     """The MoE top-k counter counts distinct routed experts (a fused shared expert's id and
     padding excluded) and its files read back; the summary keeps the calls of one width."""
-    from sglang_ddtree import step_timing as st
+    st = load_benchmark("instruments")
 
     ids = torch.tensor([[0, 5, 384], [5, 7, -1]])  # 384: the fused shared expert
     assert st.distinct_routed_experts(ids, 384) == 3

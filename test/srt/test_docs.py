@@ -7,7 +7,8 @@ What a user reads must name only what exists and say only what the code does:
 - every ``--speculative-*`` flag is this plugin's or pristine SGLang 0.5.17's, and every flag
   given to one of this repository's entry points (``python -m sglang_ddtree.x``,
   ``benchmark/ddtree/x.py``, ``upstream/x.py``, ``client.py``) is one that entry point defines;
-- every ``SGLANG_DDTREE_*`` variable is declared in ``srt/ddtree_envs.py`` or read by the code;
+- every ``SGLANG_DDTREE_*`` variable is declared in ``srt/ddtree_envs.py`` (serving) or
+  ``benchmark/ddtree/instruments.py`` (the benchmarks' instruments), or read by the code;
 - every "`is_x()` returns True / False" claim matches ``DDTreeSpecAlgo``'s answer;
 - measured ratios and timings appear only in ``benchmark/ddtree/RESULTS.md``; the other docs
   link its sections, and every such link resolves;
@@ -107,11 +108,11 @@ def plugin_flags() -> set[str]:
 def env_names() -> set[str]:
     """``SGLANG_DDTREE_*`` names the code declares (the knobs) or reads (string constants)."""
     names = set()
-    envs = ast.parse((PKG / "srt" / "ddtree_envs.py").read_text())
-    for node in ast.walk(envs):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            if getattr(node.value.func, "id", None) == "Knob":
-                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    for declared in (PKG / "srt" / "ddtree_envs.py", ROOT / "benchmark/ddtree/instruments.py"):
+        for node in ast.walk(ast.parse(declared.read_text())):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                if getattr(node.value.func, "id", None) == "Knob":
+                    names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     for path in code_files():
         names |= {s for s in code_strings(path) if ENV.fullmatch(s)}
     return names

@@ -96,17 +96,6 @@ def test_str_is_kept_as_is():
     assert _get(_knob(str, None), "Window") == "Window"
 
 
-def test_cprofile_is_window_or_an_integer():
-    knob = envs.SGLANG_DDTREE_CPROFILE
-    assert _get(knob, "window") == "window"
-    assert _get(knob, "0") == 0 and _get(knob, " 20 ") == 20
-    for bad in ("Window", "w", "1.5"):
-        with pytest.raises(ValueError) as e:
-            _get(knob, bad)
-        assert str(e.value).startswith(f"SGLANG_DDTREE_CPROFILE={bad!r} is neither 'window' nor ")
-        assert "set it to window or to the decode batches to skip" in str(e.value)
-
-
 def test_a_knob_s_own_fix_is_named():
     with pytest.raises(ValueError) as e:
         _get(envs.SGLANG_DDTREE_TREE_ATTENTION, "on")
@@ -142,7 +131,7 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 def test_table_is_well_formed():
     names = [k.name for k in KNOBS]
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names)) == 3
     assert KNOBS == tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
     for knob in KNOBS:
         assert knob.name.startswith("SGLANG_DDTREE_") and getattr(envs, knob.name) is knob
@@ -187,15 +176,11 @@ def test_invalid_settings_lists_each_bad_value_once():
     good = {
         "SGLANG_DDTREE_TOPK": "4",
         "SGLANG_DDTREE_TREE_ATTENTION": "yes",
-        "SGLANG_DDTREE_GLUE_GRAPHS": "false",
-        "SGLANG_DDTREE_CPROFILE": "window",
     }
     assert invalid_settings(good) == []
     bad = {
-        "SGLANG_DDTREE_GLUE_GRAPHS": "off",
-        "SGLANG_DDTREE_GLUE_AT_STARTUP": "on",
-        "SGLANG_DDTREE_EXPERT_COUNT": "all",
-        "SGLANG_DDTREE_SYNC_TRACE": "2",
+        "SGLANG_DDTREE_TOPK": "x",
+        "SGLANG_DDTREE_TREE_ATTENTION": "2",
     }
     errors = invalid_settings({**good, **bad})
     assert len(errors) == len(bad)
@@ -262,14 +247,12 @@ def test_validate_server_args_refuses_every_bad_value_once(spec_module, monkeypa
     spec_module.validate_server_args(_server_args())
     monkeypatch.setenv("SGLANG_DDTREE_TOPK", "x")  # also read by check_server_args
     monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "on")  # also by flashmla_switch_error
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_GRAPHS", "off")  # read only in the scheduler
-    monkeypatch.setenv("SGLANG_DDTREE_CPROFILE", "20x")  # read only by step_timing
     with pytest.raises(ValueError) as e:
         spec_module.validate_server_args(_server_args())
     lines = str(e.value).splitlines()
     assert lines[0] == "Invalid DDTREE configuration:"
-    assert len(lines) == 5, lines
-    for name in ("TOPK='x'", "TREE_ATTENTION='on'", "GLUE_GRAPHS='off'", "CPROFILE='20x'"):
+    assert len(lines) == 3, lines
+    for name in ("TOPK='x'", "TREE_ATTENTION='on'"):
         assert sum(f"SGLANG_DDTREE_{name}" in line for line in lines) == 1, name
 
 
@@ -309,18 +292,6 @@ def test_validate_server_args_refuses_flashmla_where_it_does_not_import(spec_mod
         "does not import (ModuleNotFoundError: No module named 'ddtree_test_absent'); pass "
         "--attention-backend triton (DDTREE's split verify serves MLA targets there too)."
     )
-
-
-def test_step_timing_refuses_a_bad_instrument_before_any_hook(monkeypatch):
-    from sglang_ddtree import step_timing
-
-    monkeypatch.setenv("SGLANG_DDTREE_STEP_TIMING", "/tmp/unused")
-    monkeypatch.setenv("SGLANG_DDTREE_TORCH_PROFILE", "all")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_TORCH_PROFILE='all' is not an integer"):
-        step_timing.register_if_enabled()  # raises before importing SGLang's hook registry
-    monkeypatch.delenv("SGLANG_DDTREE_STEP_TIMING")
-    monkeypatch.delenv("SGLANG_DDTREE_TORCH_PROFILE")
-    assert step_timing.register_if_enabled() is False
 
 
 # --- the docs' table ----------------------------------------------------------------------------

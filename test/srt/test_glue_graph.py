@@ -18,7 +18,7 @@ from sglang_ddtree.core.commit import commit_accepted
 from sglang_ddtree.core.layout import flatten_verify_mask, scatter_verify_mask
 from sglang_ddtree.core.step import accept_and_commit, draft_to_tree
 from sglang_ddtree.core.tree import build_tree_from_candidates, select_candidates
-from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, glue_graphs_enabled, quiet_captures
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, quiet_captures
 
 HAS_CUDA = torch.cuda.is_available()
 ALL = 1 << 30  # SGLang's top_k for "no top-k" (TOP_K_ALL); top_k 1 marks a greedy row
@@ -166,16 +166,6 @@ def test_accept_and_commit_mixed_rows():
         assert nodes[0] == 0
         for parent, child in zip(nodes, nodes[1:]):
             assert int(tree.parents[b, child]) == parent
-
-
-def test_glue_env_switch():
-    assert glue_graphs_enabled({})
-    assert glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": "1"})
-    for off in ("0", "false", "FALSE", "no", "N"):
-        assert not glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": off})
-    for bad in ("off", "on", "2"):  # not SGLang booleans: refused (at start, invalid_settings)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_GLUE_GRAPHS="):
-            glue_graphs_enabled({"SGLANG_DDTREE_GLUE_GRAPHS": bad})
 
 
 def test_cpu_tensors_run_eagerly():
@@ -628,11 +618,7 @@ def test_rank_fingerprint_detects_any_disagreement():
 def test_startup_modes_are_every_accept_mode():
     """The startup dummy steps cover each accept-graph mode once, with placeholders that the
     worker's own mode function reads as that mode."""
-    from sglang_ddtree.srt.ddtree_glue_warmup import (
-        accept_modes,
-        dummy_sampling_info,
-        glue_at_startup_enabled,
-    )
+    from sglang_ddtree.srt.ddtree_glue_warmup import accept_modes, dummy_sampling_info
     from sglang_ddtree.srt.ddtree_utils import accept_mode
 
     modes = accept_modes()
@@ -642,9 +628,6 @@ def test_startup_modes_are_every_accept_mode():
         assert accept_mode(info) == mode
         if info is not None:
             assert info.temperatures.shape == (3, 1) and info.top_ks.dtype == torch.int32
-    assert glue_at_startup_enabled({})  # the default
-    assert glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "1"})
-    assert not glue_at_startup_enabled({"SGLANG_DDTREE_GLUE_AT_STARTUP": "0"})
 
 
 def _seg(graph, eager, captures):
@@ -661,7 +644,7 @@ def _adaptive_stats(glue: dict) -> dict:
             "glue": glue}  # fmt: skip
 
 
-def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
+def test_adaptive_check_fails_on_a_capture_while_serving():
     """The e2e adaptive check with glue graphs captured at startup: the segments serving used
     replay, and one capture after startup fails the check."""
     from sglang_ddtree.testing import e2e
@@ -676,34 +659,20 @@ def test_adaptive_check_fails_on_a_capture_while_serving(monkeypatch):
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)  # one more capture after startup
     bad = e2e._adaptive_summary(outputs, got)
     assert not bad["passed"] and bad["glue_captures_while_serving"] == 1
-    # Keyed by the real batch size: the KV commit one graph per batch size, as the draft tree
-    # (every accept mode writes the outputs it binds); a KV graph per mode fails the check.
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "0")
+    # The draft tree has a graph per captured size (keyed by the padded batch size) and the
+    # KV commit one per batch size: at least as many.
     startup["glue"]["tree_w33"] = _seg(0, 4, 4)
     stats["glue"]["tree_w33"] = _seg(10, 4, 4)
-    for kv_captures, ok in ((4, True), (4 * 7, False), (3, False)):
-        startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
-        stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
-        check = e2e._adaptive_summary(outputs, got)
-        assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
-    # Keyed by the padded batch size (the default), the draft tree has a graph per captured
-    # size and the KV commit one per batch size: at least as many.
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_PADDED", "1")
     for kv_captures, ok in ((4, True), (9, True), (3, False)):
         startup["glue"]["kv_w33"] = _seg(0, kv_captures, kv_captures)
         stats["glue"]["kv_w33"] = _seg(10, kv_captures, kv_captures)
         check = e2e._adaptive_summary(outputs, got)
-        assert check["kv_graph_per_batch_size"] == {"kv_w33": ok}
-    monkeypatch.delenv("SGLANG_DDTREE_GLUE_PADDED")
+        assert check["passed"] is ok and check["kv_graph_per_batch_size"] == {"kv_w33": ok}
     del startup["glue"]["kv_w33"], stats["glue"]["kv_w33"]
-    # Startup capture on (the default) but no counts before the first request: fails; off: the
-    # lazy rule (eager only on capture steps) alone.
+    # No counts before the first request: fails.
     lazy_stats = {**stats, "glue": {"tree_w33": _seg(10, 3, 3), "accept_w33": _seg(10, 5, 5)}}
     lazy = {**got, "stats": lazy_stats, "startup_stats": None}
-    monkeypatch.delenv("SGLANG_DDTREE_GLUE_AT_STARTUP", raising=False)
     assert not e2e._adaptive_summary(outputs, lazy)["passed"]
-    monkeypatch.setenv("SGLANG_DDTREE_GLUE_AT_STARTUP", "0")
-    assert e2e._adaptive_summary(outputs, lazy)["passed"]
 
 
 def test_startup_warns_when_the_glue_graphs_outgrow_what_was_held():
@@ -891,105 +860,6 @@ def test_kv_segment_workspace_never_moves_when_dflash_grows_its_own(source):
     assert own_draft_kv_workspace(None, rows) is None and own_draft_kv_workspace(dflash, 0) is None
 
 
-def test_key_buffer_bytes_counts_each_storage_once():
-    """The startup capture's count of the keys' own buffers: outputs and copied inputs of every
-    captured key, a storage shared by two views (or two segments) counted once."""
-    from types import SimpleNamespace
-
-    from sglang_ddtree.srt.ddtree_glue_warmup import key_buffer_bytes
-
-    out = torch.zeros(4, 8, dtype=torch.float32)  # 128 bytes
-    seq = torch.zeros(3, dtype=torch.int64)  # 24 bytes
-    first = SimpleNamespace(outputs=(out, out[1:]), copied={"seq_lens": seq})
-    second = SimpleNamespace(outputs=[torch.zeros(5, dtype=torch.int32)], copied={"x": out[0]})
-    segments = [SimpleNamespace(entries={(1,): first}), SimpleNamespace(entries={(2,): second})]
-    assert key_buffer_bytes(segments) == 128 + 24 + 20
-    assert key_buffer_bytes([SimpleNamespace(entries={})]) == 0
-
-
-def test_pool_segment_bytes_sums_the_glue_pool_only():
-    """Segments of the glue graphs' pool (matched by the snapshot's pool id) against the rest."""
-    from sglang_ddtree.srt.ddtree_glue_warmup import pool_segment_bytes
-
-    snapshot = [
-        {"segment_pool_id": (0, 7), "total_size": 4 << 20, "allocated_size": 1 << 20},
-        {"segment_pool_id": (0, 0), "total_size": 64 << 20, "allocated_size": 64 << 20},
-        {"segment_pool_id": (0, 7), "total_size": 2 << 20, "allocated_size": 0},
-        {"total_size": 2 << 20, "allocated_size": 2 << 20},  # no pool id: not the glue's
-    ]
-    assert pool_segment_bytes(snapshot, (0, 7)) == (6 << 20, 1 << 20)
-    assert pool_segment_bytes(snapshot, (0, 9)) == (0, 0)
-
-
-def test_new_segments_outside_the_pool_are_counted_per_type():
-    """The startup's fragmentation figure: segments new since the first snapshot, outside the
-    glue graphs' pool, per type, with their live bytes; old segments and the pool's are not."""
-    from sglang_ddtree.srt.ddtree_glue_warmup import new_segments_outside_pool
-
-    mib = 1 << 20
-    before = [{"address": 1, "segment_type": "large", "total_size": 64 * mib, "allocated_size": 0}]
-    after = before + [
-        {"address": 2, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 512},
-        {"address": 3, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 0},
-        {"address": 4, "segment_type": "large", "total_size": 20 * mib, "allocated_size": 4 * mib,
-         "blocks": [{"size": 3 * mib, "state": "active_allocated"},
-                    {"size": 16 * mib, "state": "inactive"},
-                    {"size": mib, "state": "active_allocated"}]},
-        {"address": 5, "segment_type": "large", "total_size": 8 << 30, "allocated_size": 0,
-         "segment_pool_id": (0, 7)},
-    ]  # fmt: skip
-    got = new_segments_outside_pool(before, after, (0, 7))
-    assert got == {
-        "large": {"segments": 1, "gib": round(20 / 1024, 3), "allocated_gib": round(4 / 1024, 3),
-                  "largest_live_mib": [3.0, 1.0]},  # the live blocks pinning it, largest first
-        "small": {"segments": 2, "gib": round(4 / 1024, 3), "allocated_gib": 0.0,
-                  "largest_live_mib": []},
-    }  # fmt: skip
-    assert new_segments_outside_pool(after, after, (0, 7)) == {}
-    # Without the pool's id its segment counts as outside.
-    assert new_segments_outside_pool(before, after, None)["large"]["segments"] == 2
-
-
-def test_live_blocks_outside_the_pool_name_the_code_that_allocated_them():
-    """With allocation stacks recorded (`SGLANG_DDTREE_MEMORY_HISTORY`), each of the largest
-    live blocks outside the pool is named by its innermost frames outside torch's own files,
-    largest block first; without stacks the summary has no such field."""
-    from sglang_ddtree.srt.ddtree_glue_warmup import allocation_site, new_segments_outside_pool
-
-    mib = 1 << 20
-
-    def frame(path, line, name):
-        return {"filename": path, "line": line, "name": name}
-
-    torch_frame = frame("/site/torch/_tensor.py", 10, "new_empty")
-    big = {
-        "size": 8 * mib,
-        "state": "active_allocated",
-        "frames": [
-            torch_frame,
-            frame("/repo/python/sglang_ddtree/srt/ddtree_utils.py", 195, "accept_tree"),
-            frame("<built-in>", 0, "??"),
-            frame("/repo/x/ddtree_glue_graph.py", 211, "_capture"),
-            frame("/repo/x/ddtree_glue_graph.py", 190, "__call__"),
-            frame("/repo/x/a.py", 1, "f"),
-        ],
-    }
-    small = {"size": mib, "state": "active_allocated", "frames": [torch_frame]}
-    after = [{"address": 9, "segment_type": "large", "total_size": 1 << 30,
-              "allocated_size": 9 * mib, "blocks": [small, big, {"size": mib, "state": "inactive"}]}]  # fmt: skip
-    got = new_segments_outside_pool([], after, None)["large"]
-    assert got["largest_live_mib"] == [8.0, 1.0]
-    assert got["largest_live_sites"] == [
-        ["ddtree_utils.py:195 accept_tree", "ddtree_glue_graph.py:211 _capture",
-         "ddtree_glue_graph.py:190 __call__"],  # three frames, torch's and built-ins skipped
-        [],  # only torch's own frames
-    ]  # fmt: skip
-    assert allocation_site({"size": mib}) == []
-    for block in (big, small):
-        del block["frames"]
-    assert "largest_live_sites" not in new_segments_outside_pool([], after, None)["large"]
-
-
 def test_commit_kv_keys_on_the_step_and_binds_the_kv_function_arguments():
     """The KV commit call (shared by the decode step and the startup dummy step): key = the
     step's key whatever the accept mode (every mode writes the batch size's outputs; None
@@ -1131,8 +1001,6 @@ def test_glue_capture_footprint_runs_every_segment_and_frees_them(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: reserved["n"])
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 7))
     monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: object())
-    snapshot = [{"segment_pool_id": (0, 7), "total_size": 6 << 20, "allocated_size": 0}]
-    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: snapshot)
     ran = []
     real_accept = warm.accept_tree
 
@@ -1143,8 +1011,8 @@ def test_glue_capture_footprint_runs_every_segment_and_frees_them(monkeypatch):
 
     monkeypatch.setattr(warm, "accept_tree", counting_accept)
     worker = _fake_worker("cpu")
-    kept, pool = warm.glue_capture_footprint(worker, max_bs=4)
-    assert (kept, pool) == (14 << 20, 6 << 20)  # two keys x seven modes, 1 MiB each
+    kept = warm.glue_capture_footprint(worker, max_bs=4)
+    assert kept == 14 << 20  # two keys x seven modes, 1 MiB each
     modes = warm.accept_modes()
     # Largest batch first, as the startup capture goes (the pool's blocks reused the same way).
     assert ran == [((4, 5), (20, 64), (4,), m) for m in modes] + [
@@ -1163,7 +1031,7 @@ def test_glue_reserve_holds_the_captured_footprint_or_says_it_fell_back(monkeypa
 
     per_width = {9: (100.0, 2, 6.0, 1, 10.0, 1), 5: (50.0, 2, 3.0, 1, 5.0, 1)}
     monkeypatch.setattr(warm, "glue_working_set", lambda w, m: (7000, (2, 9), per_width))
-    monkeypatch.setattr(warm, "glue_capture_footprint", lambda w, m: (9000, 6000))
+    monkeypatch.setattr(warm, "glue_capture_footprint", lambda w, m: 9000)
     worker = _fake_worker("cpu")
     schedule = worker.budget_schedule
     reserve = warm.GlueReserve(worker, 4)
@@ -1202,8 +1070,8 @@ def test_glue_capture_footprint_on_the_device_is_repeatable_and_freed():
     # What stays: at most what a capture allocates once per stream (cuBLAS's workspace), and
     # nothing more on a second measurement on the same stream.
     assert after <= before + (64 << 20) and again <= after + (2 << 20), (before, after, again)
-    assert first[0] >= first[1] > 0 and first[0] >= 0.9 * peak, (first, peak)
-    assert first[0] - (64 << 20) <= second[0] <= first[0] + (2 << 20), (first, second)
+    assert first > 0 and first >= 0.9 * peak, (first, peak)
+    assert first - (64 << 20) <= second <= first + (2 << 20), (first, second)
 
 
 def test_e2e_greedy_difference_passes_only_as_a_nospec_near_tie():
@@ -1497,7 +1365,7 @@ def test_padded_size_is_sglangs_next_captured_size():
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
-    """`StepGlue` with ``rows`` (``SGLANG_DDTREE_GLUE_PADDED``): the draft tree and the accept
+    """`StepGlue` with ``rows`` (`DDTreeWorkerV2.glue_rows`): the draft tree and the accept
     run at the padded batch size, keyed by it, over the padded rows of the drafter's and the
     verify's static outputs (``hidden`` and the logits given as their first rows), and return
     the real requests' rows: equal to the unpadded step's (greedy exactly; sampled, equal to

@@ -30,6 +30,48 @@ def test_wrong_coins_scale_what_the_accept_draws(monkeypatch):
     assert torch.equal(scaled, coins * 0.5) and torch.equal(scaled_final, final)
 
 
+def test_graph_stats_written_after_the_capture_and_every_decode_step(monkeypatch, tmp_path):
+    """``GRAPH_STATS_ENV``: the worker's counts replace the file once its graphs are captured
+    and after every decode step, each call's result unchanged (a stand-in worker module)."""
+    import json
+    import sys
+    import types
+
+    class Stats:
+        def __init__(self):
+            self.steps = 0
+
+        def as_dict(self):
+            return {"steps": self.steps}
+
+    class Worker:
+        def __init__(self):
+            self.graph_stats = Stats()
+
+        def init_cuda_graphs(self):
+            return "captured"
+
+        def _decode_step(self, batch):
+            self.graph_stats.steps += 1
+            return batch * 2
+
+    module = types.ModuleType("ddtree_fake.ddtree_worker_v2")
+    module.DDTreeWorkerV2 = Worker
+    monkeypatch.setitem(sys.modules, "ddtree_fake", types.ModuleType("ddtree_fake"))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    path = tmp_path / "graph_stats.json"
+    env = {inject.GRAPH_STATS_ENV: str(path)}
+    assert inject.install_from_env(env, package="ddtree_fake") == [inject.GRAPH_STATS_ENV]
+    worker = Worker()
+    assert not path.exists()
+    assert worker.init_cuda_graphs() == "captured"
+    assert json.loads(path.read_text()) == {"steps": 0}  # before any request
+    for step in (1, 2):
+        assert worker._decode_step(21) == 42
+        assert json.loads(path.read_text()) == {"steps": step}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
 def test_no_test_switch_in_the_server():
     """The worker, its glue and the core read no test-only variable and take no wrong-law knob."""
     for path in [*(REPO / "python/sglang_ddtree/srt").glob("*.py"),

@@ -85,7 +85,7 @@ def test_published_lines(mod):
         ("dflash@flashmla", {1: 8, 3: 8, 4: 8, 64: 8}),
         ("ddtree@flashmla", {1: 16, 3: 16, 4: 8, 16: 8, 64: 8}),  # schedule 1:16,4:8
         ("ddtree-15@flashmla", {1: 16, 4: 16, 64: 16}),
-        ("ddtree-7+eagerglue@triton", {1: 8, 64: 8}),
+        ("ddtree-7+baseline@triton", {1: 8, 64: 8}),
         ("ddtree-31", {1: 32, 16: 32}),
     ],
 )
@@ -96,9 +96,9 @@ def test_verify_width(mod, name, widths):
 
 
 def test_configuration_names(mod):
-    config = mod.parse_config("ddtree-15+eagerglue+tritontopk@flashmla")
+    config = mod.parse_config("ddtree-15+baseline+tritontopk@flashmla")
     assert (config.kind, config.fixed_width, config.variant, config.backend) == (
-        "ddtree", 16, "+eagerglue+tritontopk", "flashmla"
+        "ddtree", 16, "+baseline+tritontopk", "flashmla"
     )  # fmt: skip
     for bad in ("dflash-b8", "ddtree-x", "eagle"):
         with pytest.raises(ValueError):

@@ -1,4 +1,5 @@
-"""CPU tests of the step-timing instrumentation (``sglang_ddtree.step_timing``) and of
+"""CPU tests of the benchmark instruments (``benchmark/ddtree/instruments.py``: step timing,
+profilers, sync stacks, the allocator around the startup glue capture) and of
 ``benchmark/ddtree/bench_step.py``'s bookkeeping (windows, medians, accept length, table).
 
 The CUDA-event side runs only on a GPU (bench_step on the H200); here the event objects are
@@ -15,14 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ddtree import step_timing
-from sglang_ddtree.step_timing import (
-    HostProfiler,
-    StepRecorder,
-    WindowProfiler,
-    device_gaps,
-    read_steps,
-)
+
+@pytest.fixture(scope="module")
+def ins(load_benchmark):
+    return load_benchmark("instruments")
 
 
 class FakeEvent:
@@ -48,9 +45,9 @@ def _lines(path):
         return [json.loads(x) for x in f]
 
 
-def test_recorder_periods_spans_and_pending(tmp_path):
+def test_recorder_periods_spans_and_pending(ins, tmp_path):
     path = tmp_path / "steps.jsonl"
-    rec = StepRecorder(str(path))
+    rec = ins.StepRecorder(str(path))
     now = time.monotonic()
     # Three consecutive decode steps 5 ms apart, then a fourth whose start the GPU has not
     # reached yet: the third must wait for it (its period is not known).
@@ -76,9 +73,9 @@ def test_recorder_periods_spans_and_pending(tmp_path):
     assert [r["period_ms"] for r in _lines(path)] == [5.0, 5.0, 5.0]
 
 
-def test_recorder_no_period_across_a_pause(tmp_path):
+def test_recorder_no_period_across_a_pause(ins, tmp_path):
     path = tmp_path / "steps.jsonl"
-    rec = StepRecorder(str(path))
+    rec = ins.StepRecorder(str(path))
     t = time.monotonic() - 10.0
     # Host gap > MAX_GAP_S between the two batches: not consecutive steps of one run.
     rec.pending = deque([_rec(t, 8, 0.0, 2.0), _rec(t + 5.0, 1, 900.0, 901.0, mode="EXTEND")])
@@ -90,8 +87,8 @@ def test_recorder_no_period_across_a_pause(tmp_path):
     assert not rec.pending
 
 
-def test_cprofile_segments_per_decode_run(tmp_path):
-    prof = HostProfiler(str(tmp_path), skip=2)
+def test_cprofile_segments_per_decode_run(ins, tmp_path):
+    prof = ins.HostProfiler(str(tmp_path), skip=2)
     modes = ["EXTEND"] + ["DECODE"] * 6 + ["EXTEND"] + ["DECODE"] * 2 + ["EXTEND"]
     for m in modes:
         prof.on_batch(m)
@@ -103,10 +100,10 @@ def test_cprofile_segments_per_decode_run(tmp_path):
     assert "Ordered by: internal time" in text and "Ordered by: cumulative time" in text
 
 
-def test_torch_profile_segments_numbered_per_decode_run(tmp_path):
+def test_torch_profile_segments_numbered_per_decode_run(ins, tmp_path):
     """The torch-profiler kind: one numbered table per run of decode batches (CPU activity
     only here; the device kernel time per step is then 0)."""
-    prof = HostProfiler(str(tmp_path), skip=1, kind="torch")
+    prof = ins.HostProfiler(str(tmp_path), skip=1, kind="torch")
     modes = ["EXTEND"] + ["DECODE"] * 4 + ["EXTEND"] + ["DECODE"] * 3 + ["EXTEND"]
     for m in modes:
         prof.on_batch(m, 8 if m == "DECODE" else None)
@@ -120,10 +117,10 @@ def test_torch_profile_segments_numbered_per_decode_run(tmp_path):
     assert prof.prof is None
 
 
-def test_profile_segments_hold_one_batch_size(tmp_path):
+def test_profile_segments_hold_one_batch_size(ins, tmp_path):
     """A batch-size change ends a segment and restarts the skip count (a run being filled or
     drained, or DDTREE's first steps at a new size, are never profiled)."""
-    prof = HostProfiler(str(tmp_path), skip=2)
+    prof = ins.HostProfiler(str(tmp_path), skip=2)
     sizes = [7, 8, 8, 8, 8, 8, 6, 6, 6, 5, 5, 5, 5]  # decode batches, one run
     for bs in sizes:
         prof.on_batch("DECODE", bs)
@@ -133,11 +130,11 @@ def test_profile_segments_hold_one_batch_size(tmp_path):
     assert heads == [f"decode batches profiled: {n}" for n in (3, 1, 2)]
 
 
-def test_window_profile_covers_batches_while_the_file_exists(tmp_path):
+def test_window_profile_covers_batches_while_the_file_exists(ins, tmp_path):
     """The window profile: one table per window, every batch mode inside it counted,
     nothing profiled outside it."""
-    prof = WindowProfiler(str(tmp_path))
-    window = tmp_path / step_timing.WINDOW_FILE
+    prof = ins.WindowProfiler(str(tmp_path))
+    window = tmp_path / ins.WINDOW_FILE
     prof.on_batch("DECODE", 4)  # no window yet
     window.touch()
     for m in ["DECODE", "EXTEND", "DECODE", "DECODE"]:
@@ -159,19 +156,206 @@ def test_window_profile_covers_batches_while_the_file_exists(tmp_path):
     assert "Ordered by: cumulative time" in tables[0].read_text()
 
 
-def test_read_steps_merges_processes_in_time_order(tmp_path):
+def test_read_steps_merges_processes_in_time_order(ins, tmp_path):
     (tmp_path / "steps.1.jsonl").write_text(json.dumps({"t": 2.0, "bs": 1}) + "\n")
     (tmp_path / "steps.2.jsonl").write_text(
         json.dumps({"t": 1.0, "bs": 2}) + "\n" + json.dumps({"t": 3.0, "bs": 3}) + "\n"
     )
     (tmp_path / "other.txt").write_text("not a record")
-    assert [r["bs"] for r in read_steps(str(tmp_path))] == [2, 1, 3]
-    assert read_steps(str(tmp_path / "missing")) == []
+    assert [r["bs"] for r in ins.read_steps(str(tmp_path))] == [2, 1, 3]
+    assert ins.read_steps(str(tmp_path / "missing")) == []
 
 
-def test_hook_registration_is_off_without_the_env(monkeypatch):
-    monkeypatch.delenv(step_timing.ENV, raising=False)
-    assert step_timing.register_if_enabled() is False
+def test_hook_registration_is_off_without_the_env(ins, monkeypatch):
+    monkeypatch.delenv(ins.ENV, raising=False)
+    assert ins.install_from_env() is False
+
+
+def test_instrument_variables_are_the_benchmark_s(ins):
+    """The instruments declare their own variables, parsed by the plugin's rules; none is a
+    serving knob (no server reads them)."""
+    from sglang_ddtree.srt.ddtree_envs import KNOBS
+
+    names = [k.name for k in ins.KNOBS]
+    assert len(names) == len(set(names)) == 6
+    assert not set(names) & {k.name for k in KNOBS}
+    for knob in ins.KNOBS:
+        assert knob.name.startswith("SGLANG_DDTREE_") and getattr(ins.envs, knob.name) is knob
+        assert knob.meaning and "\n" not in knob.meaning
+        assert knob.default is None or isinstance(knob.default, knob.type)
+        assert knob.get({}) == knob.default
+    assert ins.ENV == "SGLANG_DDTREE_STEP_TIMING"
+
+
+def test_cprofile_is_window_or_an_integer(ins):
+    knob = ins.envs.SGLANG_DDTREE_CPROFILE
+    assert knob.get({knob.name: "window"}) == "window"
+    assert knob.get({knob.name: "0"}) == 0 and knob.get({knob.name: " 20 "}) == 20
+    for bad in ("Window", "w", "1.5"):
+        with pytest.raises(ValueError) as e:
+            knob.get({knob.name: bad})
+        assert str(e.value).startswith(f"SGLANG_DDTREE_CPROFILE={bad!r} is neither 'window' nor ")
+        assert "set it to window or to the decode batches to skip" in str(e.value)
+
+
+def test_install_refuses_a_bad_instrument_before_any_hook(ins, monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_TIMING", "/tmp/unused")
+    monkeypatch.setenv("SGLANG_DDTREE_TORCH_PROFILE", "all")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_TORCH_PROFILE='all' is not an integer"):
+        ins.install_from_env()  # raises before importing SGLang's hook registry
+    env = {"SGLANG_DDTREE_STEP_TIMING": "/tmp/unused", "SGLANG_DDTREE_SYNC_TRACE": "2"}
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_SYNC_TRACE='2' is not a boolean"):
+        ins.install_from_env(env)  # a mapping given: read instead of the environment
+    monkeypatch.delenv("SGLANG_DDTREE_STEP_TIMING")
+    monkeypatch.delenv("SGLANG_DDTREE_TORCH_PROFILE")
+    assert ins.install_from_env() is False
+
+
+def test_startup_memory_joins_the_capture_summary(ins, monkeypatch):
+    """Around the startup glue capture (the device's counters stubbed): the capture's own
+    summary comes back with the allocator's view added (live bytes, the keys' buffers, the
+    graph pool's segments, the growth after each dummy step, what the constructor measured),
+    in the worker's startup summary too; without a capture in flight a dummy step records
+    nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    counters = {"reserved": 100 << 20, "allocated": 10 << 20}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: counters["reserved"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: counters["allocated"])
+    snapshots = [[], [{"address": 1, "segment_pool_id": (0, 7), "total_size": 6 << 20,
+                       "allocated_size": 2 << 20}]]  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: snapshots.pop(0))
+    out = torch.zeros(4, dtype=torch.int64)
+    segment = SimpleNamespace(pool=(0, 7), entries={(2,): SimpleNamespace(outputs=out, copied={})})
+    reserve = SimpleNamespace(working_set=1 << 30, captured=None)
+    worker = SimpleNamespace(device="cpu", ps=SimpleNamespace(tp_rank=1), glue_reserve=reserve,
+                             graph_stats=SimpleNamespace(glue_segments=[segment], startup={}))  # fmt: skip
+
+    def dummy_step(worker, bs):
+        counters["reserved"] += bs << 20
+
+    def capture(worker):
+        for bs in (2, 1):
+            ins._dummy_step_hook(dummy_step, worker, bs)
+        counters["allocated"] += 1 << 20
+        worker.graph_stats.startup = {"captures": 9}
+        return worker.graph_stats.startup
+
+    info = ins._startup_capture_hook(capture, worker)
+    assert info is worker.graph_stats.startup
+    assert info == {
+        "captures": 9, "allocated_gib": round(1 / 1024, 3), "key_buffers_gib": 0.0,
+        "pool_gib": round(6 / 1024, 3), "pool_allocated_gib": round(2 / 1024, 3),
+        "outside_pool": {}, "growth_mib_by_bs": [[2, 2.0], [1, 3.0]],
+        "reserved_working_set_gib": 1.0,
+    }  # fmt: skip
+    ins._dummy_step_hook(dummy_step, worker, 4)  # no capture in flight
+    assert info["growth_mib_by_bs"] == [[2, 2.0], [1, 3.0]]
+
+
+def test_key_buffer_bytes_counts_each_storage_once(ins):
+    """The startup capture's count of the keys' own buffers: outputs and copied inputs of every
+    captured key, a storage shared by two views (or two segments) counted once."""
+    from types import SimpleNamespace
+
+    import torch
+
+    key_buffer_bytes = ins.key_buffer_bytes
+
+    out = torch.zeros(4, 8, dtype=torch.float32)  # 128 bytes
+    seq = torch.zeros(3, dtype=torch.int64)  # 24 bytes
+    first = SimpleNamespace(outputs=(out, out[1:]), copied={"seq_lens": seq})
+    second = SimpleNamespace(outputs=[torch.zeros(5, dtype=torch.int32)], copied={"x": out[0]})
+    segments = [SimpleNamespace(entries={(1,): first}), SimpleNamespace(entries={(2,): second})]
+    assert key_buffer_bytes(segments) == 128 + 24 + 20
+    assert key_buffer_bytes([SimpleNamespace(entries={})]) == 0
+
+
+def test_pool_segment_bytes_sums_the_glue_pool_only(ins):
+    """Segments of the glue graphs' pool (matched by the snapshot's pool id) against the rest."""
+    pool_segment_bytes = ins.pool_segment_bytes
+
+    snapshot = [
+        {"segment_pool_id": (0, 7), "total_size": 4 << 20, "allocated_size": 1 << 20},
+        {"segment_pool_id": (0, 0), "total_size": 64 << 20, "allocated_size": 64 << 20},
+        {"segment_pool_id": (0, 7), "total_size": 2 << 20, "allocated_size": 0},
+        {"total_size": 2 << 20, "allocated_size": 2 << 20},  # no pool id: not the glue's
+    ]
+    assert pool_segment_bytes(snapshot, (0, 7)) == (6 << 20, 1 << 20)
+    assert pool_segment_bytes(snapshot, (0, 9)) == (0, 0)
+
+
+def test_new_segments_outside_the_pool_are_counted_per_type(ins):
+    """The startup's fragmentation figure: segments new since the first snapshot, outside the
+    glue graphs' pool, per type, with their live bytes; old segments and the pool's are not."""
+    new_segments_outside_pool = ins.new_segments_outside_pool
+
+    mib = 1 << 20
+    before = [{"address": 1, "segment_type": "large", "total_size": 64 * mib, "allocated_size": 0}]
+    after = before + [
+        {"address": 2, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 512},
+        {"address": 3, "segment_type": "small", "total_size": 2 * mib, "allocated_size": 0},
+        {"address": 4, "segment_type": "large", "total_size": 20 * mib, "allocated_size": 4 * mib,
+         "blocks": [{"size": 3 * mib, "state": "active_allocated"},
+                    {"size": 16 * mib, "state": "inactive"},
+                    {"size": mib, "state": "active_allocated"}]},
+        {"address": 5, "segment_type": "large", "total_size": 8 << 30, "allocated_size": 0,
+         "segment_pool_id": (0, 7)},
+    ]  # fmt: skip
+    got = new_segments_outside_pool(before, after, (0, 7))
+    assert got == {
+        "large": {"segments": 1, "gib": round(20 / 1024, 3), "allocated_gib": round(4 / 1024, 3),
+                  "largest_live_mib": [3.0, 1.0]},  # the live blocks pinning it, largest first
+        "small": {"segments": 2, "gib": round(4 / 1024, 3), "allocated_gib": 0.0,
+                  "largest_live_mib": []},
+    }  # fmt: skip
+    assert new_segments_outside_pool(after, after, (0, 7)) == {}
+    # Without the pool's id its segment counts as outside.
+    assert new_segments_outside_pool(before, after, None)["large"]["segments"] == 2
+
+
+def test_live_blocks_outside_the_pool_name_the_code_that_allocated_them(ins):
+    """With allocation stacks recorded (``SGLANG_DDTREE_MEMORY_HISTORY``), each of the largest
+    live blocks outside the pool is named by its innermost frames outside torch's own files,
+    largest block first; without stacks the summary has no such field."""
+    allocation_site = ins.allocation_site
+    new_segments_outside_pool = ins.new_segments_outside_pool
+
+    mib = 1 << 20
+
+    def frame(path, line, name):
+        return {"filename": path, "line": line, "name": name}
+
+    torch_frame = frame("/site/torch/_tensor.py", 10, "new_empty")
+    big = {
+        "size": 8 * mib,
+        "state": "active_allocated",
+        "frames": [
+            torch_frame,
+            frame("/repo/python/sglang_ddtree/srt/ddtree_utils.py", 195, "accept_tree"),
+            frame("<built-in>", 0, "??"),
+            frame("/repo/x/ddtree_glue_graph.py", 211, "_capture"),
+            frame("/repo/x/ddtree_glue_graph.py", 190, "__call__"),
+            frame("/repo/x/a.py", 1, "f"),
+        ],
+    }
+    small = {"size": mib, "state": "active_allocated", "frames": [torch_frame]}
+    after = [{"address": 9, "segment_type": "large", "total_size": 1 << 30,
+              "allocated_size": 9 * mib, "blocks": [small, big, {"size": mib, "state": "inactive"}]}]  # fmt: skip
+    got = new_segments_outside_pool([], after, None)["large"]
+    assert got["largest_live_mib"] == [8.0, 1.0]
+    assert got["largest_live_sites"] == [
+        ["ddtree_utils.py:195 accept_tree", "ddtree_glue_graph.py:211 _capture",
+         "ddtree_glue_graph.py:190 __call__"],  # three frames, torch's and built-ins skipped
+        [],  # only torch's own frames
+    ]  # fmt: skip
+    assert allocation_site({"size": mib}) == []
+    for block in (big, small):
+        del block["frames"]
+    assert "largest_live_sites" not in new_segments_outside_pool([], after, None)["large"]
 
 
 @pytest.fixture(scope="module")
@@ -265,18 +449,12 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
         bench.engine_kwargs(pair, "dflash-b8", 8)
 
 
-def test_bench_step_variants(bench):
-    glue, padded, attn = (
-        "SGLANG_DDTREE_GLUE_GRAPHS",
-        "SGLANG_DDTREE_GLUE_PADDED",
-        "SGLANG_DDTREE_TREE_ATTENTION",
-    )
-    default = {glue: "1", padded: "1", attn: "1"}
+def test_bench_step_variants(bench, tmp_path):
+    attn = "SGLANG_DDTREE_TREE_ATTENTION"
+    default = {attn: "1"}
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
-    assert bench.split_variant("ddtree-64+eagerglue") == ("ddtree-64", {**default, glue: "0"})
     both = bench.split_variant("ddtree+extendattn+baseline")
     assert both == ("ddtree", {**default, attn: "0"})
-    assert bench.split_variant("ddtree+realglue") == ("ddtree", {**default, padded: "0"})
     assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
     assert bench.split_variant("dflash") == ("dflash", default)
     # The backend after "@", the variant before it.
@@ -292,6 +470,11 @@ def test_bench_step_variants(bench):
     assert bench.engine_pythonpath("ddtree+baseline", "/old/python", None) == "/old/python"
     with pytest.raises(SystemExit, match="needs --baseline-python"):
         bench.engine_pythonpath("ddtree+baseline", None, "/site")
+    # A plugin that times the steps itself would record each step twice beside the instruments.
+    (tmp_path / "sglang_ddtree").mkdir()
+    (tmp_path / "sglang_ddtree" / "step_timing.py").write_text("")
+    with pytest.raises(SystemExit, match="recorded twice"):
+        bench.engine_pythonpath("ddtree+baseline", str(tmp_path), "/site")
 
 
 def test_bench_step_prompt_len(bench, tmp_path):
@@ -302,14 +485,12 @@ def test_bench_step_prompt_len(bench, tmp_path):
     assert long["engine"]["context_length"] >= 3000 + 128  # prompt + generated tokens fit
 
 
-def test_sync_tracer_records_sync_stacks_and_restores(tmp_path):
+def test_sync_tracer_records_sync_stacks_and_restores(ins, tmp_path):
     import warnings
 
     import torch
 
-    from sglang_ddtree.step_timing import SyncTracer
-
-    tracer = SyncTracer(str(tmp_path / "syncs.txt"))
+    tracer = ins.SyncTracer(str(tmp_path / "syncs.txt"))
     original = torch.cuda.synchronize
 
     def step_with_a_sync():
@@ -339,14 +520,14 @@ def test_sync_tracer_records_sync_stacks_and_restores(tmp_path):
     assert text.count("=== 2 x ") == 2
 
 
-def test_device_gaps_sum_idle_between_kernels_per_pair():
+def test_device_gaps_sum_idle_between_kernels_per_pair(ins):
     """Two steps of three kernels: 10 us idle after `gemm` in each, 30 us after the first
     `accept` (between the steps); an activity overlapping others (a second stream) adds none."""
     acts = []
     for t0 in (0.0, 100.0):
         acts += [("gemm", t0, t0 + 40), ("attn", t0 + 50, t0 + 60), ("accept", t0 + 60, t0 + 70)]
     acts.append(("copy", 55.0, 65.0))  # overlaps attn and accept
-    lines = device_gaps(acts, steps=2).splitlines()
+    lines = ins.device_gaps(acts, steps=2).splitlines()
     # 10 + 10 + 30 = 50 us idle over 2 steps; first start 0, last end 170.
     assert lines[0] == (
         "device idle between kernels per step: 0.025 ms (first start to last end: 0.085 ms)"
@@ -354,7 +535,7 @@ def test_device_gaps_sum_idle_between_kernels_per_pair():
     assert lines[2].split() == ["15.0", "0.5", "accept", "->", "gemm"]
     assert lines[3].split() == ["10.0", "1.0", "gemm", "->", "attn"]
     assert len(lines) == 4
-    assert device_gaps([], steps=3).endswith("no device activity\n")
+    assert ins.device_gaps([], steps=3).endswith("no device activity\n")
 
 
 def test_kimi_one_rank_shapes(bench):

@@ -55,12 +55,10 @@ def test_generator_refuses_unmapped_imports(gen, tmp_path, monkeypatch):
     pkg = tmp_path / "python" / "sglang_ddtree"
     shutil.copytree(gen.PKG_DIR, pkg, ignore=shutil.ignore_patterns("assets", "__pycache__"))
     budget = pkg / "srt" / "ddtree_budget.py"
-    budget.write_text(budget.read_text() + "\nfrom sglang_ddtree import step_timing  # noqa\n")
+    budget.write_text(budget.read_text() + "\nfrom sglang_ddtree import serve  # noqa\n")
     monkeypatch.setattr(gen, "PKG_DIR", pkg)
     monkeypatch.setattr(gen, "REPO", tmp_path)
-    with pytest.raises(
-        SystemExit, match=r"ddtree_budget\.py:\d+: imports sglang_ddtree\.step_timing"
-    ):
+    with pytest.raises(SystemExit, match=r"ddtree_budget\.py:\d+: imports sglang_ddtree\.serve"):
         gen.check_imports()
 
 

@@ -17,37 +17,13 @@ its parsing rules (the type of a knob is the field it would be in SGLang's ``Env
   that function.
 
 Two rules differ from SGLang's ``EnvField.get``, both because every knob is checked when a
-DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``; the
-benchmark instruments also when the plugin loads, in any server):
+DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``):
 
 - A blank value (empty or whitespace only) reads as unset: the default. SGLang ends with the
   default too (``EnvStr`` keeps ``""``, the other types warn and fall back).
 - A value that does not parse is refused, with a ``ValueError`` naming the variable, the value
   and what to set, where SGLang would warn and serve with the default: a typo stops the start
   instead of changing what is served.
-
-Values read differently from the plugin's readers before this module (every other value reads
-as it did):
-
-- ``SGLANG_DDTREE_GLUE_GRAPHS``, ``SGLANG_DDTREE_GLUE_AT_STARTUP``: ``off`` (any case) turned
-  them off and any value but ``0`` / ``false`` / ``off`` / ``no`` turned them on (``on``, ``2``,
-  a typo); now only SGLang's booleans are accepted, so ``off``, ``on`` and the like are refused
-  at start (set ``0`` or ``1``). Whitespace around a value was trimmed; now it is refused.
-- ``SGLANG_DDTREE_TREE_ATTENTION``: only ``0`` and ``1`` were accepted; now every SGLang
-  boolean (``true`` / ``yes`` / ``y``, ``false`` / ``no`` / ``n``, any case). A blank value
-  was refused; now it is the default. Whitespace around ``0`` / ``1`` was trimmed; now refused.
-- ``SGLANG_DDTREE_SYNC_TRACE``: any value but ``""`` and ``0`` turned tracing on (``false`` and
-  ``no`` did); now ``false`` / ``no`` / ``n`` turn it off and a non-boolean is refused.
-- ``SGLANG_DDTREE_TOPK`` set together with ``--speculative-ddtree-topk``: compared as integers
-  (``08`` and 8 agree), no longer as text.
-- ``SGLANG_DDTREE_STEP_TIMING``: a whitespace-only value was a directory name; now it is
-  unset.
-- ``SGLANG_DDTREE_CPROFILE`` / ``SGLANG_DDTREE_TORCH_PROFILE`` (at a scheduler's first batch),
-  ``SGLANG_DDTREE_EXPERT_COUNT`` (at the first MoE call): a value that does not parse failed
-  there, in a scheduler process; now it is refused when the server starts.
-- The three test switches (the verify coins' scale, the ranks' coin-seed skew, the file of the
-  CUDA-graph counts) are gone from the server: the tests inject them into the scheduler
-  processes themselves.
 
 Pure Python (no torch, no SGLang).
 """
@@ -151,27 +127,9 @@ class Knob:
         return f"set it to {TYPE_NAMES[self.type]} or unset it"
 
 
-CPROFILE_WINDOW = "window"  # SGLANG_DDTREE_CPROFILE: profile while <dir>/cprofile.window exists
-
-
-def _cprofile_setting(value: str) -> str | int:
-    """``window``, or the decode batches to skip (an integer)."""
-    if value == CPROFILE_WINDOW:
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"is neither {CPROFILE_WINDOW!r} nor an integer") from None
-
-
 class DDTreeEnvs:
-    """The table of ``SGLANG_DDTREE_*`` knobs (in SGLang's tree: fields of its ``Envs``).
+    """The table of ``SGLANG_DDTREE_*`` knobs (in SGLang's tree: fields of its ``Envs``)."""
 
-    Serving knobs first, then benchmark instruments (read only with ``SGLANG_DDTREE_STEP_TIMING``
-    set).
-    """
-
-    # Serving.
     SGLANG_DDTREE_BUDGET_SCHEDULE = Knob(
         str,
         None,
@@ -190,59 +148,6 @@ class DDTreeEnvs:
         "the tree-verify attention split into the prefix part and the ancestor block; "
         "0 keeps the backend's custom-mask kernel (refused on flashmla)",
         fix="set it to 0 (the backend's custom-mask kernel) or 1 (the default)",
-    )
-    SGLANG_DDTREE_GLUE_GRAPHS = Knob(
-        bool,
-        True,
-        "the step's tree / accept / KV glue from CUDA graphs; 0 runs it eagerly (same outputs)",
-    )
-    SGLANG_DDTREE_GLUE_AT_STARTUP = Knob(
-        bool,
-        True,
-        "glue CUDA graphs captured at startup; 0 captures each the first time it is met, "
-        "while serving",
-    )
-    SGLANG_DDTREE_GLUE_PADDED = Knob(
-        bool,
-        True,
-        "the tree and accept glue graphs keyed by the batch size SGLang pads a step to (its "
-        "captured sizes: 51 up to 256), the KV commit's by the real one; 0 keys all of them by "
-        "the real batch size (3.5x the glue graphs at --cuda-graph-max-bs 256)",
-    )
-    # Benchmark instruments (the plugin's per-step timing hook).
-    SGLANG_DDTREE_STEP_TIMING = Knob(
-        str,
-        None,
-        "benchmarks: a directory; per-step GPU time of every scheduler batch is written there",
-    )
-    SGLANG_DDTREE_CPROFILE = Knob(
-        str,
-        None,
-        "benchmarks: cProfile the scheduler's host time after this many decode batches of one "
-        "size, or window (while <dir>/cprofile.window exists)",
-        parse=_cprofile_setting,
-        fix=f"set it to {CPROFILE_WINDOW} or to the decode batches to skip, e.g. 20",
-    )
-    SGLANG_DDTREE_TORCH_PROFILE = Knob(
-        int,
-        None,
-        "benchmarks: torch-profile decode steps after this many decode batches of one size",
-    )
-    SGLANG_DDTREE_SYNC_TRACE = Knob(
-        bool,
-        False,
-        "benchmarks: record the Python stack of every host-device sync in a decode batch",
-    )
-    SGLANG_DDTREE_MEMORY_HISTORY = Knob(
-        bool,
-        False,
-        "benchmarks: record allocation stacks during the startup glue capture; its summary "
-        "names the code that allocated the largest live blocks outside the graphs' pool",
-    )
-    SGLANG_DDTREE_EXPERT_COUNT = Knob(
-        int,
-        None,
-        "benchmarks: count the distinct routed experts (ids below this) of every MoE top-k call",
     )
 
 

@@ -39,8 +39,7 @@ writes) is not replayed, since running it twice is not idempotent.
 
 A key whose capture fails, or whose bound inputs keep moving (``max_captures`` per key), runs
 eagerly from then on, with one warning. Eager and graph runs compute the same tensors, so the
-output law never depends on which one ran. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns capture off
-(the before/after comparison in bench_step.py).
+output law never depends on which one ran.
 """
 
 from __future__ import annotations
@@ -54,21 +53,7 @@ from typing import Any
 
 import torch
 
-from sglang_ddtree.srt.ddtree_envs import envs
-
 logger = logging.getLogger(__name__)
-
-GLUE_GRAPHS_ENV = envs.SGLANG_DDTREE_GLUE_GRAPHS.name
-
-
-def glue_graphs_enabled(environ: Mapping[str, str]) -> bool:
-    """``SGLANG_DDTREE_GLUE_GRAPHS`` (a boolean, default on); ValueError on any other value."""
-    return envs.SGLANG_DDTREE_GLUE_GRAPHS.get(environ)
-
-
-def glue_padded_enabled(environ: Mapping[str, str]) -> bool:
-    """``SGLANG_DDTREE_GLUE_PADDED`` (a boolean, default on); ValueError on any other value."""
-    return envs.SGLANG_DDTREE_GLUE_PADDED.get(environ)
 
 
 def padded_size(runner, bs: int) -> int | None:

@@ -1,11 +1,9 @@
-"""Glue CUDA graphs captured at startup (on by default; ``SGLANG_DDTREE_GLUE_AT_STARTUP=0``
-turns it off).
+"""Glue CUDA graphs captured at startup.
 
-Off, ``SegmentGraphs`` captures a glue segment the first time a server meets each key
-(batch size, W, accept mode), so the first requests of each batch size pay captures while
-serving. On, the worker runs one dummy decode step per batch size that SGLang's graphs serve
-and per accept mode, right after SGLang captured the target and drafter graphs: every glue
-graph the server will replay is then captured before the first request.
+``SegmentGraphs`` captures a glue segment the first time it meets a key (batch size, W, accept
+mode). So that no request pays a capture, the worker runs one dummy decode step per batch size
+that SGLang's graphs serve and per accept mode, right after SGLang captured the target and
+drafter graphs: every glue graph the server will replay is captured before the first request.
 
 A dummy step is a real step on placeholder inputs: request row 0 of ``req_to_token`` (all zero
 at startup) with one cached token, so every KV write (the drafter block, the verify nodes, the
@@ -46,7 +44,6 @@ import torch
 
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
-from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors, quiet_captures
 from sglang_ddtree.srt.ddtree_utils import TOP_K_ALL, accept_output_group, accept_tree
 
@@ -83,15 +80,6 @@ def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
         f"(now {max_bs}: every batch size up to it has its glue graphs) or "
         "--mem-fraction-static."
     )
-
-
-GLUE_AT_STARTUP_ENV = envs.SGLANG_DDTREE_GLUE_AT_STARTUP.name
-
-
-def glue_at_startup_enabled(environ: Mapping[str, str]) -> bool:
-    """``SGLANG_DDTREE_GLUE_AT_STARTUP`` (a boolean, default on); ValueError on any other
-    value."""
-    return envs.SGLANG_DDTREE_GLUE_AT_STARTUP.get(environ)
 
 
 def accept_modes() -> list[tuple]:
@@ -181,84 +169,6 @@ def nest_bytes(obj) -> tuple[int, int]:
     return sum(sizes), len(sizes)
 
 
-def key_buffer_bytes(segments) -> int:
-    """Bytes of the buffers the captured keys of ``segments`` (``SegmentGraphs``) keep outside
-    the graph pool: their outputs and copied inputs, each storage once."""
-    seen: dict[int, int] = {}
-
-    def add(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    for seg in segments:
-        for entry in seg.entries.values():
-            _map_tensors(add, (entry.outputs, entry.copied))
-    return sum(seen.values())
-
-
-def _in_pool(segment: dict, pool) -> bool:
-    """Whether a ``torch.cuda.memory_snapshot()`` segment belongs to the graph memory pool
-    ``pool`` (a ``torch.cuda.graph_pool_handle()``; None: no pool)."""
-    return pool is not None and tuple(segment.get("segment_pool_id", ())) == tuple(pool)
-
-
-def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
-    """(reserved, allocated) bytes of the allocator segments that belong to the graph memory
-    pool ``pool`` (a ``torch.cuda.graph_pool_handle()``), from ``torch.cuda.memory_snapshot()``."""
-    mine = [seg for seg in snapshot if _in_pool(seg, pool)]
-    return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
-
-
-LIVE_BLOCKS_SHOWN = 8
-FRAMES_SHOWN = 3
-
-
-def allocation_site(block: dict) -> list[str]:
-    """Where a snapshot block was allocated: its innermost ``FRAMES_SHOWN`` Python frames
-    outside torch's own files, as ``file:line function`` (empty unless allocation stacks were
-    recorded, `SGLANG_DDTREE_MEMORY_HISTORY`)."""
-    sites = []
-    for frame in block.get("frames") or ():
-        filename = str(frame.get("filename", ""))
-        if "/torch/" in filename or not filename.endswith(".py"):
-            continue
-        sites.append(f"{filename.rsplit('/', 1)[-1]}:{frame.get('line')} {frame.get('name')}")
-        if len(sites) == FRAMES_SHOWN:
-            break
-    return sites
-
-
-def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> dict:
-    """The allocator segments in ``after`` that are neither in ``before`` (by address) nor in
-    the graph pool ``pool``, per segment type (``small``: 2 MiB segments of allocations up to 1
-    MiB; ``large``): ``{type: {"segments", "gib", "allocated_gib", "largest_live_mib"}}``, from
-    two ``torch.cuda.memory_snapshot()``s; ``largest_live_mib``: the sizes of the largest live
-    blocks there (up to ``LIVE_BLOCKS_SHOWN``), and where allocation stacks were recorded
-    ``largest_live_sites``: the code that allocated each (`allocation_site`). Where the startup
-    capture's growth outside the pool is much more than what lives there, segments pinned by a
-    few live blocks (fragmentation)."""
-    known = {seg.get("address") for seg in before}
-    out: dict = {}
-    for seg in after:
-        if seg.get("address") in known or _in_pool(seg, pool):
-            continue
-        kind = out.setdefault(seg.get("segment_type", "?"), [0, 0, 0, []])
-        kind[0] += 1
-        kind[1] += seg["total_size"]
-        kind[2] += seg["allocated_size"]
-        kind[3] += [b for b in seg.get("blocks", ()) if b.get("state") == "active_allocated"]
-    summary = {}
-    for kind, (n, total, live, blocks) in sorted(out.items()):
-        largest = sorted(blocks, key=lambda b: b["size"], reverse=True)[:LIVE_BLOCKS_SHOWN]
-        summary[kind] = {"segments": n, "gib": round(total / 2**30, 3),
-                         "allocated_gib": round(live / 2**30, 3),
-                         "largest_live_mib": [round(b["size"] / 2**20, 2) for b in largest]}  # fmt: skip
-        if any(b.get("frames") for b in largest):
-            summary[kind]["largest_live_sites"] = [allocation_site(b) for b in largest]
-    return summary
-
-
 def glue_output_bytes(
     per_width: dict,
     schedule,
@@ -336,9 +246,9 @@ def glue_working_set(worker, max_bs: int) -> tuple[int, tuple[int, int], dict]:
     return int(best), best_key, per_width
 
 
-def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
-    """``(kept, pool)``: bytes the glue graphs of the largest keys keep on the device after
-    their capture, and of those the graph pool's segments. Measured by doing it: at each W's
+def glue_capture_footprint(worker, max_bs: int) -> int:
+    """Bytes the glue graphs of the largest keys keep on the device after their capture.
+    Measured by doing it: at each W's
     largest batch size (``largest_keys``) the tree segment and the accept segment in every mode
     (``accept_modes``) go through ``SegmentGraphs`` on placeholders, into one throwaway pool, as
     the startup capture does (eager first run, capture, replay); ``kept`` is the reserved
@@ -374,7 +284,6 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         kept = torch.cuda.memory_reserved(device) - base
-        pool, _ = pool_segment_bytes(torch.cuda.memory_snapshot(), share["pool"])
         failed = sum(seg.counts["capture_failures"] for seg in segments)
         if failed:
             raise RuntimeError(f"{failed} of the measuring captures failed")
@@ -383,7 +292,7 @@ def glue_capture_footprint(worker, max_bs: int) -> tuple[int, int]:
         segments.clear()  # the graphs, their buffers and the pool's blocks go
         inputs.clear()
         torch.cuda.empty_cache()
-    return max(int(kept), 0), int(pool)
+    return max(int(kept), 0)
 
 
 def _tree_fns(worker, w: int, lm_head, req_to_token) -> dict:
@@ -434,9 +343,9 @@ class GlueReserve:
         self.working_set, self.key, per_width = glue_working_set(worker, max_bs)
         schedule = worker.budget_schedule
         self.outputs = glue_output_bytes(per_width, schedule, max_bs) if per_width else 0
-        self.captured = self.captured_pool = None
+        self.captured = None
         try:
-            self.captured, self.captured_pool = glue_capture_footprint(worker, max_bs)
+            self.captured = glue_capture_footprint(worker, max_bs)
         except Exception as e:  # the estimate must not stop the server; it says so
             logger.warning(
                 "DDTREE glue graphs: could not measure them by capture (%s: %s); holding the "
@@ -457,8 +366,7 @@ class GlueReserve:
                 "(captured at the largest keys: %s; eager working set %.2f GiB at bs=%d, W=%d; "
                 "per-key buffers %.2f GiB; measured in %.1f s).",
                 self.nbytes / 2**30,
-                "failed" if self.captured is None
-                else f"{self.captured / 2**30:.2f} GiB, pool {self.captured_pool / 2**30:.2f}",
+                "failed" if self.captured is None else f"{self.captured / 2**30:.2f} GiB",
                 self.working_set / 2**30, *self.key, self.outputs / 2**30,
                 time.perf_counter() - t0,
             )  # fmt: skip
@@ -470,91 +378,35 @@ class GlueReserve:
             torch.cuda.empty_cache()
 
 
-def _snapshot() -> list[dict] | None:
-    """``torch.cuda.memory_snapshot()``, or None with a warning: a diagnostic must not stop the
-    server."""
-    try:
-        return torch.cuda.memory_snapshot()
-    except Exception as e:
-        logger.warning("DDTREE glue graphs: no memory snapshot (%s: %s).", type(e).__name__, e)
-        return None
-
-
-def _record_stacks(on: bool) -> bool:
-    """Start (or stop) recording the Python stack of every live allocation (no event history);
-    whether that worked (a warning if not: a diagnostic must not stop the server)."""
-    try:
-        torch.cuda.memory._record_memory_history(enabled="state" if on else None, stacks="python")
-        return True
-    except Exception as e:
-        logger.warning("DDTREE glue graphs: no allocation stacks (%s: %s).", type(e).__name__, e)
-        return False
-
-
 def capture_glue_at_startup(worker) -> dict:
     """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
     captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
-    took from the device), "allocated_gib" (of it, what live tensors hold), "key_buffers_gib" (of
-    that, the keys' outputs and copied inputs), "pool_gib" and "pool_allocated_gib" (the segments
-    of the glue graphs' memory pool, and their live bytes), "outside_pool" (the new segments
-    outside that pool per type, `new_segments_outside_pool`), "reserved_gib" and
-    "reserved_working_set_gib" (what was held for it; "reserved_captured_gib" and
-    "reserved_captured_pool_gib": of it, what the measuring captures kept), "growth_mib_by_bs"
-    ([bs, MiB reserved since the start] after each batch size's dummy step: where the growth
-    happens)}."""
+    took from the device), "reserved_gib" (what was held for it before the KV pool was sized)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
     sizes = [bs for bs in range(1, max_bs + 1) if worker.target_has_graph(bs)]
-    before = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments)
+    segments = worker.graph_stats.glue_segments
+    before = sum(seg.counts["captures"] for seg in segments)
     torch.cuda.synchronize()
     reserved = torch.cuda.memory_reserved(worker.device)
-    allocated = torch.cuda.memory_allocated(worker.device)
-    history = envs.SGLANG_DDTREE_MEMORY_HISTORY.get() and _record_stacks(True)
-    snapshot_before = _snapshot()
     t0 = time.perf_counter()
     # Largest batch first: a smaller key's buffers are carved from the blocks a larger one
     # freed (in increasing order every key would need new, larger blocks).
-    growth = []
-    with quiet_captures(worker.graph_stats.glue_segments):
+    with quiet_captures(segments):
         for bs in reversed(sizes):
             _dummy_step(worker, bs)
-            # The allocator's host-side count: no device sync.
-            grown_mib = (torch.cuda.memory_reserved(worker.device) - reserved) / 2**20
-            growth.append([bs, round(grown_mib, 1)])
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the eager first runs' cached blocks; the graphs keep theirs
-    captures = sum(seg.counts["captures"] for seg in worker.graph_stats.glue_segments) - before
     grown = torch.cuda.memory_reserved(worker.device) - reserved
-    # Allocated: blocks held by live tensors (the keys' buffers, the graphs' pool blocks); the
-    # rest of the reserved growth is cached but free (allocator rounding and fragmentation).
-    held = torch.cuda.memory_allocated(worker.device) - allocated
-    info = {"batch_sizes": len(sizes), "captures": captures,
-            "seconds": round(time.perf_counter() - t0, 1),
-            "memory_gib": round(grown / 2**30, 3),
-            "allocated_gib": round(held / 2**30, 3),
-            "key_buffers_gib": round(key_buffer_bytes(worker.graph_stats.glue_segments) / 2**30, 3)}  # fmt: skip
-    pool = worker.graph_stats.glue_segments[0].pool if worker.graph_stats.glue_segments else None
-    snapshot_after = _snapshot()
-    if history:
-        _record_stacks(False)
-    if pool is not None and snapshot_after is not None:
-        # The growth inside the glue graphs' pool and how much of it is live; outside it, the
-        # new segments per type and what lives in them.
-        in_pool, live = pool_segment_bytes(snapshot_after, pool)
-        info["pool_gib"] = round(in_pool / 2**30, 3)
-        info["pool_allocated_gib"] = round(live / 2**30, 3)
-        if snapshot_before is not None:
-            info["outside_pool"] = new_segments_outside_pool(snapshot_before, snapshot_after, pool)
-    info["growth_mib_by_bs"] = growth
     reserve = worker.glue_reserve
-    info["reserved_gib"] = round(reserve.nbytes / 2**30, 3) if reserve is not None else None
-    if reserve is not None:
-        info["reserved_working_set_gib"] = round(reserve.working_set / 2**30, 3)
-        if reserve.captured is not None:  # what the largest keys' graphs kept when measured
-            info["reserved_captured_gib"] = round(reserve.captured / 2**30, 3)
-            info["reserved_captured_pool_gib"] = round(reserve.captured_pool / 2**30, 3)
+    info = {
+        "batch_sizes": len(sizes),
+        "captures": sum(seg.counts["captures"] for seg in segments) - before,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "memory_gib": round(grown / 2**30, 3),
+        "reserved_gib": round(reserve.nbytes / 2**30, 3) if reserve is not None else None,
+    }
     worker.graph_stats.startup = info
-    worker.graph_stats.flush()  # the counts before any request (tests compare against them)
     if worker.ps.tp_rank == 0:
         logger.info("DDTREE glue graphs captured at startup: %s", info)
         warning = glue_memory_warning(grown, reserve.nbytes, max_bs) if reserve else None

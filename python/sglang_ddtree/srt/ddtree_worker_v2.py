@@ -31,8 +31,7 @@ per (bs, W), step 4 also per sampling mode, and replayed (``ddtree_glue_graph.Se
 so a step is five graph replays (two SGLang forwards, three glue segments) plus a few launches
 instead of ~100 eager kernels around two replays. Each W's segments and the coins' generator are
 one ``ddtree_utils.StepGlue``, which this worker and the startup capture
-(``ddtree_glue_warmup``) drive. ``SGLANG_DDTREE_GLUE_GRAPHS=0`` turns the graphs off; outputs
-that outlive the step are cloned.
+(``ddtree_glue_warmup``) drive. Outputs that outlive the step are cloned.
 
 Tensor parallelism: step 2 splits around one all-gather (each rank's draft top-K over its
 vocabulary rows of the LM head, then the same merge and tree on every rank), the verify coins
@@ -93,17 +92,11 @@ from sglang_ddtree.srt.ddtree_args import (
 from sglang_ddtree.srt.ddtree_attention import missing_verify_hook
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
-from sglang_ddtree.srt.ddtree_glue_graph import (
-    SegmentGraphs,
-    glue_graphs_enabled,
-    glue_padded_enabled,
-    padded_size,
-)
+from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, padded_size
 from sglang_ddtree.srt.ddtree_glue_warmup import (
     GlueReserve,
     capture_glue_at_startup,
     draft_kv_rows,
-    glue_at_startup_enabled,
     kv_commit_workspace,
     own_draft_kv_workspace,
 )
@@ -148,9 +141,7 @@ class GraphStats:
     """Per-W counts of target-verify steps replayed from a CUDA graph or run eagerly.
 
     ``eager_with_graph`` counts eager steps whose bs had a captured graph: a silent loss of CUDA
-    graphs (each one is also logged once per (W, bs)). Host ints only. ``flush`` is called after
-    every step and after the startup capture and does nothing: the hook where a test that reads
-    the counts from another process writes them out.
+    graphs (each one is also logged once per (W, bs)). Host ints only.
     """
 
     def __init__(self, schedule: BudgetSchedule):
@@ -187,9 +178,6 @@ class GraphStats:
             out["capture_plan"] = {str(w): sizes for w, sizes in self.runner.capture_plan}
             out["width_mismatches"] = self.runner.width_mismatches
         return {**out, "startup": self.startup} if self.startup else out
-
-    def flush(self) -> None:
-        """After a step and after the startup capture."""
 
 
 def keep_draft_embeds_dtype(draft_model, dtype: torch.dtype) -> None:
@@ -253,10 +241,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._draft_topk = {w: draft_topk_backend(k, vocab) for w, k in self._topk.items()}
         self.graph_stats = GraphStats(schedule)
         # One memory pool and one capture stream for every glue graph: they replay one at a
-        # time on one stream. Off with SGLang's graphs too: their outputs are the glue graphs'
-        # bound inputs.
-        glue_on = glue_graphs_enabled(os.environ) and not server_args.disable_cuda_graph
-        self._glue_padded = glue_padded_enabled(os.environ)
+        # time on one stream. On exactly when SGLang's graphs are: their outputs are the glue
+        # graphs' bound inputs.
+        glue_on = not server_args.disable_cuda_graph
         self._glue_rows: dict[int, int | None] = {}  # `glue_rows` by batch size
         self._glue_on = glue_on
         share = (
@@ -311,11 +298,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def init_cuda_graphs(self):
         """DFLASH's drafter graphs (the target's are captured before this), then every glue
-        graph (``ddtree_glue_warmup``; ``SGLANG_DDTREE_GLUE_AT_STARTUP=0``: while serving)."""
+        graph (``ddtree_glue_warmup``)."""
         super().init_cuda_graphs()
         if self.glue_reserve is not None:
             self.glue_reserve.release()
-        if self._glue_on and glue_at_startup_enabled(os.environ):
+        if self._glue_on:
             capture_glue_at_startup(self)
 
     @functools.cached_property
@@ -507,13 +494,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
 
     def glue_rows(self, bs: int) -> int | None:
-        """The padded batch size the step's tree and accept glue run at
-        (``SGLANG_DDTREE_GLUE_PADDED``): the captured size SGLang pads a verify of ``bs``
-        requests to, where it pads the drafter's block to the same (the padded rows of both
-        forwards are then this step's, computed from SGLang's fill values); else None (the
-        real size, as the KV commit always runs)."""
-        if not self._glue_padded:
-            return None
+        """The padded batch size the step's tree and accept glue run at: the captured size
+        SGLang pads a verify of ``bs`` requests to, where it pads the drafter's block to the same
+        (the padded rows of both forwards are then this step's, computed from SGLang's fill
+        values); else None (the real size, as the KV commit always runs)."""
         if bs not in self._glue_rows:  # once per batch size: the capture lists are fixed
             target = padded_size(self.model_runner.decode_cuda_graph_runner, bs)
             runner = getattr(self.draft_model_runner, "decode_cuda_graph_runner", None)
@@ -761,7 +745,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 5) Commit the KV: target KV moved to contiguous slots, drafter KV of the accepted path.
         glue.commit_kv(key, target_hidden, commit, tree)
-        self.graph_stats.flush()
         logits_output.hidden_states = None
 
         # Graph outputs are overwritten by the next replay: clone what outlives the step.

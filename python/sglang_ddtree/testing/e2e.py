@@ -43,10 +43,10 @@ Checks:
   verify step of both widths replayed a CUDA graph (counts written by `testing.inject`;
   no eager step, no width mismatch); every glue segment (tree, accept, KV;
   ``srt/ddtree_glue_graph.py``) replayed its graph on every step except the one that captured
-  it, with no capture failure; with glue graphs captured at startup (the default) also no glue
-  capture after startup, and the memory the startup capture took within what the constructor
-  held for it before the KV pool was sized and the slack (``ddtree_glue_warmup``'s
-  ``glue_memory_limit``, where the startup warns). Run only it with ``--checks adaptive``.
+  it, with no capture failure; no glue capture after startup, and the memory the startup
+  capture took within what the constructor held for it before the KV pool was sized and the
+  slack (``ddtree_glue_warmup``'s ``glue_memory_limit``, where the startup warns). Run only
+  it with ``--checks adaptive``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import time
 from contextlib import ExitStack, contextmanager
 
 from sglang_ddtree.srt.ddtree_envs import envs
-from sglang_ddtree.srt.ddtree_glue_warmup import glue_at_startup_enabled, glue_memory_limit
+from sglang_ddtree.srt.ddtree_glue_warmup import glue_memory_limit
 from sglang_ddtree.testing import grammar_check, inject, tiny_models
 from sglang_ddtree.testing.near_tie import first_difference, judge, top2_of
 
@@ -349,16 +349,14 @@ def _adaptive_summary(
     greedy_ok = _rows_ok(rows)
     graphs_ok = all(graphs.values()) and stats.get("width_mismatches", 1) == 0
     graphs_ok = graphs_ok and bool(glue) and all(glue.values())
-    # Glue graphs captured at startup (unless switched off): serving must capture none, and
-    # the KV commit one graph per batch size, as the draft tree (every accept mode of a batch
-    # size writes the outputs it binds); keyed by the padded batch size (the default,
-    # SGLANG_DDTREE_GLUE_PADDED) the draft tree has one per captured size, at most as many.
+    # Glue graphs captured at startup: serving must capture none, and the KV commit has one
+    # graph per batch size (every accept mode of a batch size writes the outputs it binds), at
+    # least as many as the draft tree, which is keyed by the padded batch size.
     startup = got.get("startup_stats")
     serving_captures = None
-    padded = envs.SGLANG_DDTREE_GLUE_PADDED.get(os.environ)
 
     def kv_graphs_ok(kv: int, tree: int | None) -> bool:
-        return tree is not None and (kv >= tree if padded else kv == tree)
+        return tree is not None and kv >= tree
 
     kv_per_batch_size = {
         name: kv_graphs_ok(c["captures"], startup_glue.get("tree_" + name[3:], {}).get("captures"))
@@ -369,8 +367,8 @@ def _adaptive_summary(
         serving_captures = _total_captures(stats) - _total_captures(startup)
         graphs_ok = graphs_ok and serving_captures == 0 and _total_captures(startup) > 0
         graphs_ok = graphs_ok and all(kv_per_batch_size.values())
-    elif glue_at_startup_enabled(os.environ):
-        graphs_ok = False  # on, yet no counts were written before the first request
+    else:
+        graphs_ok = False  # no counts were written before the first request
     memory = glue_memory_check((startup or {}).get("startup"))
     return {
         "schedule": ADAPTIVE_SCHEDULE,
@@ -393,8 +391,7 @@ def _adaptive_summary(
 def glue_memory_check(startup: dict | None) -> dict:
     """The startup capture's memory (``memory_gib``) against what the constructor held for it
     (``reserved_gib``), within `glue_memory_limit` (where the startup warns). ``passed``: None
-    where nothing was captured at startup (switched off); False where it was but a number is
-    missing."""
+    where nothing was captured at startup; False where it was but a number is missing."""
     if startup is None:
         return {"passed": None}
     grown, held = startup.get("memory_gib"), startup.get("reserved_gib")
@@ -417,8 +414,8 @@ def _total_captures(stats: dict) -> int:
 
 
 def _run_adaptive(eng, prompts, stats_path) -> dict:
-    # Written by the scheduler process after every verify step, and after the glue graphs
-    # captured at startup (the default): then it exists before any request.
+    # Written by the scheduler process once its graphs are captured (before any request) and
+    # after every decode step.
     startup = _read_stats(stats_path)
     outputs, accept = run_greedy_groups(eng, prompts, ADAPTIVE_BATCH_SIZES)
     stats = _read_stats(stats_path)

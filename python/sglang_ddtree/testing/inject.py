@@ -13,7 +13,7 @@ launch are then made in every process of that engine, before the worker is built
   skew * rank``, so ranks take different sampled decisions, which the worker's rank-agreement
   check must stop loudly.
 - ``GRAPH_STATS_ENV`` = a file: the worker's CUDA-graph counts (``GraphStats.as_dict``) written
-  there after every step and after the startup capture.
+  there once its graphs are captured (before any request) and after every decode step.
 - ``KV_SENTINEL_ENV`` = a file: every drafter-KV workspace DFLASH's fused materializer
   replaces (a prefill longer than its rows) is kept allocated and filled with a sentinel byte
   instead of freed; after every forward the worker's process checks the sentinels and writes
@@ -102,19 +102,26 @@ def skew_ranks(skew: int, package: str = PLUGIN) -> None:
 
 
 def write_graph_stats(path: str, package: str = PLUGIN) -> None:
-    """``GraphStats.flush`` replaces ``path`` with the counts, atomically (a test reads it from
-    another process while the server runs)."""
+    """The worker's ``init_cuda_graphs`` and every decode step (``_decode_step``) then replace
+    ``path`` with its counts, atomically (a test reads it from another process while the server
+    runs)."""
     import importlib
 
-    stats_cls = importlib.import_module(f"{package}.ddtree_worker_v2").GraphStats
+    worker_cls = importlib.import_module(f"{package}.ddtree_worker_v2").DDTreeWorkerV2
 
-    def flush(self) -> None:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.as_dict(), f)
-        os.replace(tmp, path)
+    def writing(method):
+        def wrapped(self, *args, **kwargs):
+            result = method(self, *args, **kwargs)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.graph_stats.as_dict(), f)
+            os.replace(tmp, path)
+            return result
 
-    stats_cls.flush = flush
+        return wrapped
+
+    worker_cls.init_cuda_graphs = writing(worker_cls.init_cuda_graphs)
+    worker_cls._decode_step = writing(worker_cls._decode_step)
 
 
 def guard_replaced_workspaces(path: str, package: str = PLUGIN) -> None:

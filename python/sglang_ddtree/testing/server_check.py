@@ -139,8 +139,10 @@ def _exercise(base: str) -> dict:
     bad = {
         "negative_temperature": {"temperature": -1.0},
         "top_p_zero": {"top_p": 0.0},
-        "custom_logit_processor": {"custom_logit_processor": PROCESSOR,
-                                   "custom_params": {"token_ids": [5]}},  # fmt: skip
+        "custom_logit_processor": {
+            "custom_logit_processor": PROCESSOR,
+            "custom_params": {"token_ids": [5]},
+        },  # fmt: skip
     }
     statuses = {}
     for name, params in bad.items():
@@ -157,8 +159,11 @@ def _exercise(base: str) -> dict:
     # counts) are served.
     served = {
         "min_p": {"min_p": 0.1},
-        "penalties": {"frequency_penalty": 0.5, "presence_penalty": 0.3,
-                      "repetition_penalty": 1.1},  # fmt: skip
+        "penalties": {
+            "frequency_penalty": 0.5,
+            "presence_penalty": 0.3,
+            "repetition_penalty": 1.1,
+        },  # fmt: skip
         "min_tokens": {"min_tokens": 4},
     }
     codes = {}

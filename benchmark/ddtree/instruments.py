@@ -1,42 +1,54 @@
-"""Per-step GPU timing of SGLang's scheduler, for benchmarks (off unless an env var is set).
+"""Benchmark instruments inside SGLang's scheduler processes: per-step GPU time, profilers,
+host-device sync stacks, MoE expert counts and the allocator around DDTREE's startup glue
+capture. The serving package neither imports nor reads any of this.
 
-``SGLANG_DDTREE_STEP_TIMING=<dir>`` makes the plugin wrap ``Scheduler.run_batch`` (an AROUND
-hook): every batch gets a CUDA event on the forward stream when the scheduler starts it and one
-when it has enqueued it. Events are read back lazily with ``Event.query()`` (never a sync), and
-each scheduler process appends one JSON line per batch to ``<dir>/steps.<pid>.jsonl``:
+A benchmark that starts engines calls `install_from_env` when it is imported (``bench_step.py``
+does): SGLang spawns its scheduler processes, each of which imports the launching module again,
+so the instruments the environment names are registered there with SGLang's hook registry and
+applied when the process loads its plugins, before its scheduler is built. Variables (``Knob``,
+parsed as the plugin parses its own; a value that does not parse stops the install):
 
-- ``t``: host ``time.monotonic()`` at the start of ``run_batch`` (system-wide clock on Linux,
-  so a driver process can cut windows with its own ``time.monotonic()``);
-- ``bs``: requests in the batch; ``mode``: the batch's forward mode name (``DECODE`` for a
-  decode / speculative decode step);
-- ``span_ms``: GPU time from the start event to the end event of this batch;
-- ``period_ms``: GPU time from this batch's start event to the next batch's start event
-  (``null`` for the last batch before a pause): the step cost the GPU actually sees, idle gaps
-  included, so it is also the cost of a launch-bound step;
-- ``host_ms``: host time inside ``run_batch`` for this batch (its launches, and any wait on
-  the GPU there): beside ``period_ms``, how close a step is to the host bound.
+- ``SGLANG_DDTREE_STEP_TIMING=<dir>`` wraps ``Scheduler.run_batch`` (an AROUND hook): every
+  batch gets a CUDA event on the forward stream when the scheduler starts it and one when it has
+  enqueued it. Events are read back lazily with ``Event.query()`` (never a sync), and each
+  scheduler process appends one JSON line per batch to ``<dir>/steps.<pid>.jsonl``:
 
-Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the same way.
+  - ``t``: host ``time.monotonic()`` at the start of ``run_batch`` (system-wide clock on Linux,
+    so a driver process can cut windows with its own ``time.monotonic()``);
+  - ``bs``: requests in the batch; ``mode``: the batch's forward mode name (``DECODE`` for a
+    decode / speculative decode step);
+  - ``span_ms``: GPU time from the start event to the end event of this batch;
+  - ``period_ms``: GPU time from this batch's start event to the next batch's start event
+    (``null`` for the last batch before a pause): the step cost the GPU actually sees, idle gaps
+    included, so it is also the cost of a launch-bound step;
+  - ``host_ms``: host time inside ``run_batch`` for this batch (its launches, and any wait on
+    the GPU there): beside ``period_ms``, how close a step is to the host bound.
 
-``SGLANG_DDTREE_CPROFILE=<skip>`` (with the above) also profiles the scheduler thread's host time
-with cProfile: a segment starts after ``skip`` decode batches of one batch size in a row and
-ends at the next non-decode batch or batch-size change; each segment is written as
-``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
-``SGLANG_DDTREE_CPROFILE=window`` instead profiles everything the scheduler thread does (all
-batches and the host work between them) while the file ``<dir>/cprofile.window`` exists, and
-writes ``<dir>/cprofile_window.<pid>.<k>.txt`` when it disappears (a benchmark
-driver creates it for the length of one measurement).
-``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
-activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
-summed device time per decode step, and where the device sat idle between kernels:
-``device_gaps``), which shows whether a step is GPU-bound or launch-bound.
-``SGLANG_DDTREE_SYNC_TRACE=1`` (with the above) records the Python stack of every host-device
-synchronization inside a decode batch: torch's sync debug mode (``.item()``, device-to-host
-copies, ...) and explicit ``Stream`` / ``Event`` / device synchronizes. Unique stacks with their
-counts go to ``<dir>/syncs.<pid>.txt``, rewritten at every non-decode batch.
-``SGLANG_DDTREE_EXPERT_COUNT=<E>`` (with the above; CUDA graphs off) counts the distinct routed
-experts (ids below E) of every MoE top-k call and appends ``<tokens> <distinct>`` lines to
-``<dir>/experts.<pid>.txt``: what an MoE layer reads per forward (one host sync per call).
+  Applies to every worker (no speculation, DFLASH, DDTREE), so all are timed the same way. It
+  also adds the allocator's view to DDTREE's startup glue capture summary
+  (``graph_stats.startup``, `StartupMemory`).
+- ``SGLANG_DDTREE_CPROFILE=<skip>`` (with the above) also profiles the scheduler thread's host
+  time with cProfile: a segment starts after ``skip`` decode batches of one batch size in a row
+  and ends at the next non-decode batch or batch-size change; each segment is written as
+  ``<dir>/cprofile.<pid>.<k>.txt`` (top functions by own time and by cumulative time).
+  ``SGLANG_DDTREE_CPROFILE=window`` instead profiles everything the scheduler thread does (all
+  batches and the host work between them) while the file ``<dir>/cprofile.window`` exists, and
+  writes ``<dir>/cprofile_window.<pid>.<k>.txt`` when it disappears (a benchmark driver creates
+  it for the length of one measurement).
+- ``SGLANG_DDTREE_TORCH_PROFILE=<skip>`` does the same with the torch profiler (CPU + CUDA
+  activities; ``<dir>/torchprof.<pid>.<k>.txt``: ops by device time and by own CPU time, and the
+  summed device time per decode step, and where the device sat idle between kernels:
+  ``device_gaps``), which shows whether a step is GPU-bound or launch-bound.
+- ``SGLANG_DDTREE_SYNC_TRACE=1`` (with the above) records the Python stack of every host-device
+  synchronization inside a decode batch: torch's sync debug mode (``.item()``, device-to-host
+  copies, ...) and explicit ``Stream`` / ``Event`` / device synchronizes. Unique stacks with
+  their counts go to ``<dir>/syncs.<pid>.txt``, rewritten at every non-decode batch.
+- ``SGLANG_DDTREE_MEMORY_HISTORY=1`` (with the above) records allocation stacks during the
+  startup glue capture: its summary then names the code (file, line, function) that allocated
+  the largest live blocks outside the glue graphs' pool.
+- ``SGLANG_DDTREE_EXPERT_COUNT=<E>`` (with the above; CUDA graphs off) counts the distinct routed
+  experts (ids below E) of every MoE top-k call and appends ``<tokens> <distinct>`` lines to
+  ``<dir>/experts.<pid>.txt``: what an MoE layer reads per forward (one host sync per call).
 """
 
 from __future__ import annotations
@@ -44,33 +56,78 @@ from __future__ import annotations
 import cProfile
 import io
 import json
+import logging
 import os
 import pstats
 import time
 import traceback
 import warnings
 from collections import Counter, deque
+from collections.abc import Mapping
 
-from sglang_ddtree.srt.ddtree_envs import CPROFILE_WINDOW, envs
+from sglang_ddtree.srt.ddtree_envs import Knob
 
+logger = logging.getLogger(__name__)
+
+WINDOW = "window"  # SGLANG_DDTREE_CPROFILE value: profile while WINDOW_FILE exists
+WINDOW_FILE = "cprofile.window"
+
+
+def _cprofile_setting(value: str) -> str | int:
+    """``window``, or the decode batches to skip (an integer)."""
+    if value == WINDOW:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"is neither {WINDOW!r} nor an integer") from None
+
+
+class InstrumentEnvs:
+    """The instruments' variables (see the module's docstring)."""
+
+    SGLANG_DDTREE_STEP_TIMING = Knob(
+        str, None, "a directory; per-step GPU time of every scheduler batch is written there"
+    )
+    SGLANG_DDTREE_CPROFILE = Knob(
+        str,
+        None,
+        "cProfile the scheduler's host time after this many decode batches of one size, or "
+        "window (while <dir>/cprofile.window exists)",
+        parse=_cprofile_setting,
+        fix=f"set it to {WINDOW} or to the decode batches to skip, e.g. 20",
+    )
+    SGLANG_DDTREE_TORCH_PROFILE = Knob(
+        int, None, "torch-profile decode steps after this many decode batches of one size"
+    )
+    SGLANG_DDTREE_SYNC_TRACE = Knob(
+        bool, False, "record the Python stack of every host-device sync in a decode batch"
+    )
+    SGLANG_DDTREE_MEMORY_HISTORY = Knob(
+        bool,
+        False,
+        "record allocation stacks during the startup glue capture; its summary names the code "
+        "that allocated the largest live blocks outside the graphs' pool",
+    )
+    SGLANG_DDTREE_EXPERT_COUNT = Knob(
+        int, None, "count the distinct routed experts (ids below this) of every MoE top-k call"
+    )
+
+
+envs = InstrumentEnvs()
+KNOBS: tuple[Knob, ...] = tuple(v for v in vars(InstrumentEnvs).values() if isinstance(v, Knob))
 ENV = envs.SGLANG_DDTREE_STEP_TIMING.name
 CPROFILE_ENV = envs.SGLANG_DDTREE_CPROFILE.name
 TORCH_PROFILE_ENV = envs.SGLANG_DDTREE_TORCH_PROFILE.name
 SYNC_TRACE_ENV = envs.SGLANG_DDTREE_SYNC_TRACE.name
-TORCH_PROFILE_STEPS = 20
-WINDOW = CPROFILE_WINDOW  # SGLANG_DDTREE_CPROFILE value: profile while WINDOW_FILE exists
-WINDOW_FILE = "cprofile.window"
-TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+MEMORY_HISTORY_ENV = envs.SGLANG_DDTREE_MEMORY_HISTORY.name
 EXPERT_COUNT_ENV = envs.SGLANG_DDTREE_EXPERT_COUNT.name
-# Every instrument's setting, parsed when the plugin loads so that a bad value fails then.
-INSTRUMENTS = (
-    envs.SGLANG_DDTREE_STEP_TIMING,
-    envs.SGLANG_DDTREE_CPROFILE,
-    envs.SGLANG_DDTREE_TORCH_PROFILE,
-    envs.SGLANG_DDTREE_SYNC_TRACE,
-    envs.SGLANG_DDTREE_EXPERT_COUNT,
-)
+TORCH_PROFILE_STEPS = 20
+TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 TOPK_TARGET = "sglang.srt.layers.moe.topk.TopK.forward_cuda"
+# DDTREE's startup glue capture and its dummy step (one per batch size).
+STARTUP_TARGET = "sglang_ddtree.srt.ddtree_glue_warmup.capture_glue_at_startup"
+DUMMY_STEP_TARGET = "sglang_ddtree.srt.ddtree_glue_warmup._dummy_step"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
 
@@ -445,17 +502,209 @@ def read_expert_counts(out_dir: str) -> list[tuple[int, int]]:
     return rows
 
 
-def register_if_enabled() -> bool:
-    """Install the ``run_batch`` hook when ``SGLANG_DDTREE_STEP_TIMING`` is set (and the MoE
-    top-k counter when ``SGLANG_DDTREE_EXPERT_COUNT`` is set too). ValueError, before any hook
-    is installed, when an instrument's value does not parse."""
-    settings = {knob.name: knob.get() for knob in INSTRUMENTS}
+# --- the allocator around DDTREE's startup glue capture -------------------------------------
+
+
+def key_buffer_bytes(segments) -> int:
+    """Bytes of the buffers the captured keys of ``segments`` (``SegmentGraphs``) keep outside
+    the graph pool: their outputs and copied inputs, each storage once."""
+    from sglang_ddtree.srt.ddtree_glue_graph import _map_tensors
+
+    seen: dict[int, int] = {}
+
+    def add(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    for seg in segments:
+        for entry in seg.entries.values():
+            _map_tensors(add, (entry.outputs, entry.copied))
+    return sum(seen.values())
+
+
+def _in_pool(segment: dict, pool) -> bool:
+    """Whether a ``torch.cuda.memory_snapshot()`` segment belongs to the graph memory pool
+    ``pool`` (a ``torch.cuda.graph_pool_handle()``; None: no pool)."""
+    return pool is not None and tuple(segment.get("segment_pool_id", ())) == tuple(pool)
+
+
+def pool_segment_bytes(snapshot: list[dict], pool) -> tuple[int, int]:
+    """(reserved, allocated) bytes of the allocator segments that belong to the graph memory
+    pool ``pool`` (a ``torch.cuda.graph_pool_handle()``), from ``torch.cuda.memory_snapshot()``."""
+    mine = [seg for seg in snapshot if _in_pool(seg, pool)]
+    return sum(seg["total_size"] for seg in mine), sum(seg["allocated_size"] for seg in mine)
+
+
+LIVE_BLOCKS_SHOWN = 8
+FRAMES_SHOWN = 3
+
+
+def allocation_site(block: dict) -> list[str]:
+    """Where a snapshot block was allocated: its innermost ``FRAMES_SHOWN`` Python frames
+    outside torch's own files, as ``file:line function`` (empty unless allocation stacks were
+    recorded, ``SGLANG_DDTREE_MEMORY_HISTORY``)."""
+    sites = []
+    for frame in block.get("frames") or ():
+        filename = str(frame.get("filename", ""))
+        if "/torch/" in filename or not filename.endswith(".py"):
+            continue
+        sites.append(f"{filename.rsplit('/', 1)[-1]}:{frame.get('line')} {frame.get('name')}")
+        if len(sites) == FRAMES_SHOWN:
+            break
+    return sites
+
+
+def new_segments_outside_pool(before: list[dict], after: list[dict], pool) -> dict:
+    """The allocator segments in ``after`` that are neither in ``before`` (by address) nor in
+    the graph pool ``pool``, per segment type (``small``: 2 MiB segments of allocations up to 1
+    MiB; ``large``): ``{type: {"segments", "gib", "allocated_gib", "largest_live_mib"}}``, from
+    two ``torch.cuda.memory_snapshot()``s; ``largest_live_mib``: the sizes of the largest live
+    blocks there (up to ``LIVE_BLOCKS_SHOWN``), and where allocation stacks were recorded
+    ``largest_live_sites``: the code that allocated each (`allocation_site`). Where the startup
+    capture's growth outside the pool is much more than what lives there, segments pinned by a
+    few live blocks (fragmentation)."""
+    known = {seg.get("address") for seg in before}
+    out: dict = {}
+    for seg in after:
+        if seg.get("address") in known or _in_pool(seg, pool):
+            continue
+        kind = out.setdefault(seg.get("segment_type", "?"), [0, 0, 0, []])
+        kind[0] += 1
+        kind[1] += seg["total_size"]
+        kind[2] += seg["allocated_size"]
+        kind[3] += [b for b in seg.get("blocks", ()) if b.get("state") == "active_allocated"]
+    summary = {}
+    for kind, (n, total, live, blocks) in sorted(out.items()):
+        largest = sorted(blocks, key=lambda b: b["size"], reverse=True)[:LIVE_BLOCKS_SHOWN]
+        summary[kind] = {"segments": n, "gib": round(total / 2**30, 3),
+                         "allocated_gib": round(live / 2**30, 3),
+                         "largest_live_mib": [round(b["size"] / 2**20, 2) for b in largest]}  # fmt: skip
+        if any(b.get("frames") for b in largest):
+            summary[kind]["largest_live_sites"] = [allocation_site(b) for b in largest]
+    return summary
+
+
+def _snapshot() -> list[dict] | None:
+    """``torch.cuda.memory_snapshot()``, or None with a warning."""
+    import torch
+
+    try:
+        return torch.cuda.memory_snapshot()
+    except Exception as e:
+        logger.warning("DDTREE instruments: no memory snapshot (%s: %s).", type(e).__name__, e)
+        return None
+
+
+def _record_stacks(on: bool) -> bool:
+    """Start (or stop) recording the Python stack of every live allocation (no event history);
+    whether that worked (a warning if not)."""
+    import torch
+
+    try:
+        torch.cuda.memory._record_memory_history(enabled="state" if on else None, stacks="python")
+        return True
+    except Exception as e:
+        logger.warning("DDTREE instruments: no allocation stacks (%s: %s).", type(e).__name__, e)
+        return False
+
+
+class StartupMemory:
+    """The allocator around one startup glue capture: opened before it, ``after_step`` after
+    each batch size's dummy step, ``summary`` once it is over: {"allocated_gib" (of what the
+    capture took, what live tensors hold), "key_buffers_gib" (of that, the keys' outputs and
+    copied inputs), "pool_gib" and "pool_allocated_gib" (the segments of the glue graphs' memory
+    pool, and their live bytes), "outside_pool" (the new segments outside that pool per type,
+    `new_segments_outside_pool`), "growth_mib_by_bs" ([bs, MiB reserved since the start] after
+    each batch size's dummy step: where the growth happens), "reserved_working_set_gib" and
+    "reserved_captured_gib" (what the constructor's two measures gave: the eager working set
+    and, where they ran, the measuring captures)}."""
+
+    def __init__(self, device, stacks: bool):
+        import torch
+
+        self.device = device
+        torch.cuda.synchronize()
+        self.reserved = torch.cuda.memory_reserved(device)
+        self.allocated = torch.cuda.memory_allocated(device)
+        self.stacks = stacks and _record_stacks(True)
+        self.before = _snapshot()
+        self.growth: list[list] = []
+
+    def after_step(self, bs: int) -> None:
+        import torch
+
+        # The allocator's host-side count: no device sync.
+        grown_mib = (torch.cuda.memory_reserved(self.device) - self.reserved) / 2**20
+        self.growth.append([bs, round(grown_mib, 1)])
+
+    def summary(self, worker) -> dict:
+        import torch
+
+        after = _snapshot()
+        if self.stacks:
+            _record_stacks(False)
+        segments = worker.graph_stats.glue_segments
+        # Allocated: blocks held by live tensors (the keys' buffers, the graphs' pool blocks);
+        # the rest of the reserved growth is cached but free (rounding and fragmentation).
+        held = torch.cuda.memory_allocated(self.device) - self.allocated
+        info = {"allocated_gib": round(held / 2**30, 3),
+                "key_buffers_gib": round(key_buffer_bytes(segments) / 2**30, 3)}  # fmt: skip
+        pool = segments[0].pool if segments else None
+        if pool is not None and after is not None:
+            in_pool, live = pool_segment_bytes(after, pool)
+            info["pool_gib"] = round(in_pool / 2**30, 3)
+            info["pool_allocated_gib"] = round(live / 2**30, 3)
+            if self.before is not None:
+                info["outside_pool"] = new_segments_outside_pool(self.before, after, pool)
+        info["growth_mib_by_bs"] = self.growth
+        reserve = worker.glue_reserve
+        if reserve is not None:
+            info["reserved_working_set_gib"] = round(reserve.working_set / 2**30, 3)
+            if reserve.captured is not None:
+                info["reserved_captured_gib"] = round(reserve.captured / 2**30, 3)
+        return info
+
+
+_startup: StartupMemory | None = None
+
+
+def _startup_capture_hook(original_fn, worker, *args, **kwargs):
+    """Around DDTREE's startup glue capture: `StartupMemory`'s summary joins the capture's own
+    (the worker's ``graph_stats.startup``)."""
+    global _startup
+    _startup = StartupMemory(worker.device, envs.SGLANG_DDTREE_MEMORY_HISTORY.get())
+    try:
+        info = original_fn(worker, *args, **kwargs)
+        info.update(_startup.summary(worker))
+    finally:
+        _startup = None
+    if worker.ps.tp_rank == 0:
+        logger.info("DDTREE glue graphs at startup, the allocator: %s", info)
+    return info
+
+
+def _dummy_step_hook(original_fn, worker, bs, *args, **kwargs):
+    out = original_fn(worker, bs, *args, **kwargs)
+    if _startup is not None:
+        _startup.after_step(bs)
+    return out
+
+
+def install_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Register the instruments ``environ`` (default ``os.environ``) names with SGLang's hook
+    registry: the ``run_batch`` and startup-capture hooks when ``SGLANG_DDTREE_STEP_TIMING`` is
+    set, the MoE top-k counter when ``SGLANG_DDTREE_EXPERT_COUNT`` is set too. Whether any was;
+    ValueError, before SGLang is imported, when a value does not parse."""
+    settings = {knob.name: knob.get(environ) for knob in KNOBS}
     out_dir = settings[ENV]
     if out_dir is None:
         return False
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, _run_batch_hook, HookType.AROUND)
+    HookRegistry.register(STARTUP_TARGET, _startup_capture_hook, HookType.AROUND)
+    HookRegistry.register(DUMMY_STEP_TARGET, _dummy_step_hook, HookType.AROUND)
     if settings[EXPERT_COUNT_ENV] is not None:
         os.makedirs(out_dir, exist_ok=True)
         HookRegistry.register(TOPK_TARGET, _topk_hook, HookType.AROUND)
