@@ -16,7 +16,9 @@ pytestmark = pytest.mark.gpu
 
 # float16: the tiny pair's float32 weights as SGLang's auto serves them, where SGLang's eager
 # extend forward casts the drafter's embeddings to bfloat16 (the drafter's first-layer hook casts
-# them back); bfloat16: every real deployment.
+# them back); the whole verdict, greedy outputs included. bfloat16 (every real deployment): the
+# memory part only, since the random pair's logits tie within one or two bfloat16 steps at many
+# positions (margins 0.03-0.06 nats, past the float16-scaled near-tie rule; see tiny_models).
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_no_graph_writes_into_a_replaced_workspace(tmp_path, run_gpu_check, dtype):
     summary = run_gpu_check(
@@ -28,7 +30,12 @@ def test_no_graph_writes_into_a_replaced_workspace(tmp_path, run_gpu_check, dtyp
     )
     assert summary["sentinels"]["replaced"] > 0, json.dumps(summary)  # the growth happened
     assert summary["sentinels"]["intact"], json.dumps(summary)
-    assert summary["passed"], json.dumps(summary)
+    if dtype == "float16":
+        assert summary["passed"], json.dumps(summary)
+    else:
+        assert summary["answered"] == summary["requests"], json.dumps(summary)
+        assert summary["serving_after_idle"], json.dumps(summary)
+        assert not summary["log_traceback"] and not summary["log_leak"], json.dumps(summary)
 
 
 def test_the_known_error_is_caught(tmp_path, run_gpu_check):
