@@ -30,7 +30,8 @@ that any subset of its modules is a working package):
 
 ``step`` holds the two halves a worker runs around the verify (``draft_to_tree``,
 ``accept_and_commit``); ``sampling`` the target law of sampled requests (min-p included);
-``vocab_shard`` the draft top-K under tensor parallelism; the ``*_triton`` modules and
+``vocab_shard`` the draft top-K and ``fingerprint`` the ranks' agreement under tensor
+parallelism; ``padding`` the glue at a padded batch size; the ``*_triton`` modules and
 ``topp_radix`` the kernels. The worker applies all of them; the server serves the penalties
 and the logprobs.
 """

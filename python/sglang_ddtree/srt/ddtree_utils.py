@@ -1,9 +1,9 @@
 """DDTREE verify helpers that need no SGLang import (as ``dflash_utils.py`` holds DFLASH's):
-the verify mask's buffer, the draft-tree and accept segments' functions, the accept decision of
-one step (greedy and sampled requests in one pass) through that segment's captured graphs, the
-KV commit segment's call, `StepGlue` (one W's segments and coins, which the worker and the
-startup capture drive), and the fingerprint by which tensor-parallel ranks check that they
-took the same decision; the verify tree's host arrays for the grammar mask's walk.
+the verify mask's buffer, the accept decision of one step (greedy and sampled requests in one
+pass) through the accept segment's captured graphs, the KV commit segment's call, `StepGlue`
+(one W's segments and coins, which the worker and the startup capture drive); the verify
+tree's host arrays for the grammar mask's walk. Their pure parts (the segments' functions, the
+padded rows, the ranks' fingerprint) are the core's, named here for their callers.
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ import numpy as np
 import torch
 
 from sglang_ddtree.core.commit import CommitPlan
-from sglang_ddtree.core.layout import TreeLayout, scatter_verify_mask, verify_mask_numel
+from sglang_ddtree.core.fingerprint import rank_fingerprint, ranks_agree  # noqa: F401
+from sglang_ddtree.core.layout import scatter_verify_mask, verify_mask_numel
+from sglang_ddtree.core.padding import leading_rows, pad_rows, padded_tensors, padded_view  # noqa: F401
 from sglang_ddtree.core.sampling import draw_coins
-from sglang_ddtree.core.step import (
-    TreeStep,
-    accept_and_commit,
-    draft_shard_candidates,
-    draft_to_tree,
-    gathered_to_tree,
-)
+from sglang_ddtree.core.step import TreeStep, make_accept_fn, make_tree_fns  # noqa: F401
 
 
 def verify_mask(
@@ -54,110 +50,7 @@ def verify_mask(
     return scatter_verify_mask(tree.layout.tree_mask, tree.mask_cells, total)
 
 
-def make_tree_fns(
-    shape,  # ddtree_args.DDTreeShape of this W
-    vocab: int,  # V, the real tokens of the target's vocabulary
-    topk: int,  # candidates per depth
-    draft_topk: str,  # select_candidates backend
-    lm_head: Callable[[], torch.Tensor],  # -> [V, H] the target's LM head rows of real tokens
-    req_to_token: Callable[[], torch.Tensor],  # -> [pool, max_len] int32
-    lm_head_shard: Callable[[], tuple[torch.Tensor, int]] | None = None,
-) -> dict[str, Callable[..., object]]:
-    """The draft-tree segment's functions for one W, by segment name: ``{"tree":
-    draft_to_tree}`` on one rank; under tensor parallelism (``lm_head_shard`` given: this rank's
-    real LM-head rows and the global id of the first) ``{"shard": the rank's candidates,
-    "tree": the tree from every rank's all-gathered candidates}``. Weights and pools are looked
-    up at each call: the worker's pools are attached after its segments are built."""
-    if lm_head_shard is None:
-
-        def tree_fn(hidden, bonus, seq_lens, req_pool_indices) -> TreeStep:
-            return draft_to_tree(
-                hidden, lm_head(), bonus, seq_lens, req_pool_indices, req_to_token(),
-                block_size=shape.block_size, max_depth=shape.max_depth, budget=shape.budget,
-                topk=topk, draft_topk=draft_topk,
-            )  # fmt: skip
-
-        return {"tree": tree_fn}
-
-    def shard_fn(hidden) -> torch.Tensor:
-        rows, start = lm_head_shard()
-        return draft_shard_candidates(
-            hidden, rows, vocab_start=start, vocab_size=vocab, block_size=shape.block_size,
-            max_depth=shape.max_depth, topk=topk,
-        )  # fmt: skip
-
-    def gathered_tree_fn(gathered, bonus, seq_lens, req_pool_indices) -> TreeStep:
-        return gathered_to_tree(
-            gathered, bonus, seq_lens, req_pool_indices, req_to_token(),
-            budget=shape.budget, topk=topk,
-        )  # fmt: skip
-
-    return {"shard": shard_fn, "tree": gathered_tree_fn}
-
-
-def make_accept_fn(accept_width: int) -> Callable[..., CommitPlan]:
-    """The accept segment's function: ``core.step.accept_and_commit`` over the flattened layout
-    fields (a glue graph binds tensors by name)."""
-
-    def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
-        layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
-        return accept_and_commit(
-            logits, tokens, layout, seq_lens, accept_width=accept_width, **rest
-        )
-
-    return accept_fn
-
-
 TOP_K_ALL = 1 << 30  # SGLang's top_k for "no top-k"
-
-
-def padded_view(t: torch.Tensor, rows: int) -> torch.Tensor | None:
-    """``t`` [n, ...] seen with ``rows`` >= n leading rows over its own storage, or None where
-    the storage ends before them. For the first rows of a larger static buffer (a batch SGLang
-    pads to a captured size returns its outputs as such views; so does a padded glue graph
-    after `leading_rows`): the view then holds this step's padded rows too."""
-    if t.dim() == 0 or (rows > t.shape[0] and not t.is_contiguous()):
-        return None
-    if rows == t.shape[0]:
-        return t
-    last = (
-        t.storage_offset()
-        + (rows - 1) * t.stride(0)
-        + sum((n - 1) * st for n, st in zip(t.shape[1:], t.stride()[1:]))
-    )
-    if (last + 1) * t.element_size() > t.untyped_storage().nbytes():
-        return None
-    return t.as_strided((rows, *t.shape[1:]), t.stride(), t.storage_offset())
-
-
-def leading_rows(nest, bs: int, rows: int):
-    """A NamedTuple of tensors whose leading dimension is ``rows`` requests' (``rows x k``
-    rows, request-major) cut to its first ``bs`` requests' rows (views)."""
-    return type(nest)(
-        *(leading_rows(t, bs, rows) if hasattr(t, "_fields") else t[: t.shape[0] // rows * bs]
-          for t in nest)
-    )  # fmt: skip
-
-
-def pad_rows(t: torch.Tensor, rows: int, fill) -> torch.Tensor:
-    """``t`` [n, ...] followed by ``rows - n`` rows of ``fill`` (a new tensor)."""
-    if rows == t.shape[0]:
-        return t
-    pad = t.new_full((rows - t.shape[0], *t.shape[1:]), fill)
-    return torch.cat([t, pad])
-
-
-def _padded_bound(bound: dict, bs: int, rows: int | None) -> dict | None:
-    """Every bound tensor at ``rows`` requests' rows (`padded_view`), or None (no padding)."""
-    if rows is None or rows <= bs:
-        return None
-    out = {}
-    for name, t in bound.items():
-        view = padded_view(t, t.shape[0] // bs * rows)
-        if view is None:
-            return None
-        out[name] = view
-    return out
 
 
 def accept_tree(
@@ -178,7 +71,7 @@ def accept_tree(
     bs, w = tree.tokens.shape
     bound = {"logits": logits, "tokens": tree.tokens, "seq_lens": tree.seq_lens}
     bound.update(tree.layout._asdict())
-    padded = _padded_bound(bound, bs, rows) if key is not None else None
+    padded = padded_tensors(bound, bs, rows) if key is not None else None
     n = rows if padded is not None else bs
     if padded is not None:
         bound, key = padded, (rows,)
@@ -270,7 +163,7 @@ class StepGlue:
         lengths and pool rows 0 (they read request row 0 and write nothing); the tree returned
         is the real requests' rows of its outputs."""
         bs = seq_lens.shape[0]
-        padded = _padded_bound({"hidden": hidden}, bs, rows) if key is not None else None
+        padded = padded_tensors({"hidden": hidden}, bs, rows) if key is not None else None
         n = rows if padded is not None else bs
         if padded is not None:
             hidden, key = padded["hidden"], (rows,)
@@ -345,10 +238,6 @@ def accept_output_group(key: tuple) -> tuple:
     return key[:1]
 
 
-_FINGERPRINT_SEED = 0x5EED
-_fingerprint_weights: dict = {}
-
-
 class _HostTreeArray(np.ndarray):
     """A host array of the verify tree as NumPy that also answers ``numel``, the one torch
     method SGLang's mask walk (``generate_token_bitmask``) calls on it."""
@@ -369,25 +258,3 @@ class HostArrayGrammarTree:
 
     def resolve(self) -> tuple:
         return tuple(t.numpy().view(_HostTreeArray) for t in self.tree.resolve())
-
-
-def rank_fingerprint(*tensors: torch.Tensor) -> torch.Tensor:
-    """``[h, -h]`` int64, ``h`` a random linear hash (int64, wrapping) of the tensors' integer
-    contents: equal inputs give equal ``h`` on every rank (the weights come from one seeded
-    device generator), a changed element changes it but with chance ~2^-64. An all-reduce MAX
-    of it leaves ``[max h, -min h]``: the ranks agree iff ``ranks_agree`` of that is true."""
-    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])
-    key = (flat.device, flat.numel())
-    if key not in _fingerprint_weights:
-        gen = torch.Generator(device=flat.device).manual_seed(_FINGERPRINT_SEED)
-        _fingerprint_weights[key] = torch.randint(
-            -(2**62), 2**62, (flat.numel(),), generator=gen, device=flat.device
-        )
-    h = (flat * _fingerprint_weights[key]).sum()
-    return torch.stack([h, -h])
-
-
-def ranks_agree(reduced: torch.Tensor) -> torch.Tensor:
-    """Bool scalar: every rank's fingerprint was the same (``reduced``: ``rank_fingerprint``
-    after an all-reduce MAX across ranks)."""
-    return reduced[0] == -reduced[1]
