@@ -74,6 +74,7 @@ MODULE_MAP = {
     # The SGLang integration, named like SGLang's other algorithms (dflash_worker_v2.py, ...).
     "sglang_ddtree.srt.ddtree_worker_v2": f"{SPEC}/ddtree_worker_v2.py",
     "sglang_ddtree.srt.ddtree_info": f"{SPEC}/ddtree_info.py",
+    "sglang_ddtree.srt.ddtree_kv_commit": f"{SPEC}/ddtree_kv_commit.py",
     "sglang_ddtree.srt.ddtree_utils": f"{SPEC}/ddtree_utils.py",
     "sglang_ddtree.srt.ddtree_cuda_graph_runner": f"{SPEC}/ddtree_cuda_graph_runner.py",
     "sglang_ddtree.srt.ddtree_glue_graph": f"{SPEC}/ddtree_glue_graph.py",
@@ -522,6 +523,7 @@ SERIES = [
             "sglang_ddtree.core.fingerprint",
             "sglang_ddtree.srt.ddtree_utils",
             "sglang_ddtree.srt.ddtree_info",
+            "sglang_ddtree.srt.ddtree_kv_commit",
             "sglang_ddtree.srt.ddtree_glue_warmup",
         ),
         templates=("test_ddtree_glue_graph.py",),

@@ -822,7 +822,7 @@ def test_kv_segment_workspace_never_moves_when_dflash_grows_its_own(source):
 
     from conftest import pristine_functions
 
-    from sglang_ddtree.srt.ddtree_glue_warmup import kv_commit_workspace, own_draft_kv_workspace
+    from sglang_ddtree.srt.ddtree_kv_commit import kv_commit_workspace, own_draft_kv_workspace
 
     path = "python/sglang/kernels/ops/speculative/fused_kv_materialize.py"
     name = "FusedKVMaterializeHelper._ensure_workspace"
@@ -842,19 +842,21 @@ def test_kv_segment_workspace_never_moves_when_dflash_grows_its_own(source):
     bound = (own._proj_workspace, own._k_workspace, own._v_workspace)
     assert own._workspace_capacity == rows and all(t is not None for t in bound)
     assert dflash._k_workspace is None  # DFLASH's helper keeps its own (lazy) workspace
-    worker = SimpleNamespace(_fused_kv_helper=dflash, _kv_commit_helper=own, _kv_commit_rows=rows)
+    worker = SimpleNamespace(_fused_kv_helper=dflash)
 
     ensure(dflash, 8192, torch.bfloat16)  # a long prefill chunk on DFLASH's helper
     for n in (8, rows):  # every captured key's append
-        with kv_commit_workspace(worker, n):
+        with kv_commit_workspace(worker, own, rows, n):
             assert worker._fused_kv_helper is own
             worker._fused_kv_helper._ensure_workspace(n, torch.bfloat16)
         assert worker._fused_kv_helper is dflash
     assert all(a is b for a, b in zip(bound, (own._proj_workspace, own._k_workspace,
                                                 own._v_workspace)))  # fmt: skip
-    with kv_commit_workspace(worker, rows + 1):  # above the captured keys: DFLASH's, eager
+    with kv_commit_workspace(
+        worker, own, rows, rows + 1
+    ):  # above the captured keys: DFLASH's, eager
         assert worker._fused_kv_helper is dflash
-    with kv_commit_workspace(worker, 8):  # DFLASH's fused path failing drops the helper
+    with kv_commit_workspace(worker, own, rows, 8):  # DFLASH's fused path failing drops the helper
         worker._fused_kv_helper = None
     assert worker._fused_kv_helper is None
     assert own_draft_kv_workspace(None, rows) is None and own_draft_kv_workspace(dflash, 0) is None

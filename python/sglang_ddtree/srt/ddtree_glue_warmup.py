@@ -24,17 +24,14 @@ startup capture does it, then freed. What a capture keeps exceeds the eager peak
 and the keys' own buffers, carved from the eager first run's cached blocks, keep some of them
 from being released. Every smaller key's own buffers are added (``glue_output_bytes``). The
 KV segment (it needs the KV pool) is not counted, but the one buffer it keeps, its own
-workspace for DFLASH's fused drafter-KV materializer, is allocated in the constructor at the
-size the largest key needs (``draft_kv_rows``) and never grown: grown lazily during the
-capture instead, it would land in a segment of the largest key's eager temporaries and keep
-that whole segment from being released, and DFLASH's prefill replaces its own helper's
-workspace, which no captured graph may bind.
+workspace for DFLASH's fused drafter-KV materializer (``ddtree_kv_commit``), is allocated in
+the constructor at the size the largest key needs (``draft_kv_rows``) and never grown: grown
+lazily during the capture instead, it would land in a segment of the largest key's eager
+temporaries and keep that whole segment from being released.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -124,38 +121,6 @@ def draft_kv_rows(schedule, shapes: Mapping, max_bs: int) -> int:
     ``max_bs`` (``bs x S`` at each W's largest batch size; ``shapes``: W -> ``DDTreeShape``):
     the size of the KV segment's own drafter-KV workspace."""
     return max((bs * shapes[w].accept_width for bs, w in largest_keys(schedule, max_bs)), default=0)
-
-
-def own_draft_kv_workspace(helper, rows: int):
-    """The KV segment's own copy of DFLASH's fused drafter-KV materializer ``helper``: the same
-    stacked weights, and a workspace of ``rows`` allocated now (in the worker's constructor,
-    before SGLang sizes the KV pool) that nothing grows. DFLASH's prefill grows its helper's
-    workspace to each prefill's token count by replacing the tensors, which a captured KV
-    graph bound to them would go on writing after they are freed. None: no helper, no rows."""
-    if helper is None or rows <= 0:
-        return None
-    own = copy.copy(helper)  # shares the weights
-    own._workspace_capacity = 0  # so the next call allocates tensors of its own
-    own._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
-    return own
-
-
-@contextlib.contextmanager
-def kv_commit_workspace(worker, rows: int):
-    """DFLASH's drafter-KV append of ``rows`` accepted-path rows on the KV segment's own
-    workspace (``worker._kv_commit_helper``, sized for ``worker._kv_commit_rows``) where they
-    fit it, as every captured key does; an eager step above them appends through DFLASH's
-    helper, whose growth no graph sees."""
-    own, dflash = worker._kv_commit_helper, worker._fused_kv_helper
-    if own is None or dflash is None or rows > worker._kv_commit_rows:
-        yield
-        return
-    worker._fused_kv_helper = own
-    try:
-        yield
-    finally:
-        if worker._fused_kv_helper is own:  # DFLASH sets None if its fused path fails
-            worker._fused_kv_helper = dflash
 
 
 BLOCK = 512  # bytes: the CUDA caching allocator's smallest block

@@ -49,7 +49,6 @@ import copy
 import functools
 import logging
 import os
-from typing import NamedTuple
 
 import torch
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
@@ -67,14 +66,9 @@ from sglang.srt.speculative.dflash_utils import (
 )
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_utils import (
-    GrammarTree,
-    build_grammar_vocab_mask,
-    move_accept_tokens_to_target_kvcache,
-)
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from sglang_ddtree.core.commit import CommitPlan
-from sglang_ddtree.core.kv_move_triton import move_accepted_kv
 from sglang_ddtree.core.penalties import apply_tree_penalties
 from sglang_ddtree.core.step import TreeStep
 from sglang_ddtree.srt import ddtree_requests as requests
@@ -93,14 +87,9 @@ from sglang_ddtree.srt.ddtree_attention import missing_verify_hook
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, padded_size
-from sglang_ddtree.srt.ddtree_glue_warmup import (
-    GlueReserve,
-    capture_glue_at_startup,
-    draft_kv_rows,
-    kv_commit_workspace,
-    own_draft_kv_workspace,
-)
+from sglang_ddtree.srt.ddtree_glue_warmup import GlueReserve, capture_glue_at_startup, draft_kv_rows
 from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.srt.ddtree_kv_commit import KVCommit
 from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs, write_step_logprobs
 from sglang_ddtree.srt.ddtree_penalties import PenaltyRows
 from sglang_ddtree.srt.ddtree_utils import (
@@ -252,20 +241,18 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             else {}
         )
         self.glue_stream = share.get("stream")  # also the glue memory measure's (GlueReserve)
-        self.step_glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
-        self.graph_stats.glue_segments = [
-            seg for g in self.step_glue.values() for seg in g.segments.values()
-        ]
         # Before SGLang sizes the KV pool, so the pool is sized around it: the request pool has
         # at most max_running_requests + 1 rows (ReqToTokenPool's padding row).
         self._penalty_rows = PenaltyRows(
             rows=int(server_args.max_running_requests) + 1, vocab=vocab, device=self.device
         )
         max_graph_bs = _max_graph_bs(server_args)
-        self._kv_commit_rows = draft_kv_rows(schedule, shapes, max_graph_bs) if glue_on else 0
-        self._kv_commit_helper = own_draft_kv_workspace(
-            getattr(self, "_fused_kv_helper", None), self._kv_commit_rows
-        )
+        kv_rows = draft_kv_rows(schedule, shapes, max_graph_bs) if glue_on else 0
+        self._kv_commit = KVCommit(self, kv_rows)
+        self.step_glue = {w: self._build_glue(s, glue_on, share) for w, s in shapes.items()}
+        self.graph_stats.glue_segments = [
+            seg for g in self.step_glue.values() for seg in g.segments.values()
+        ]
         keep_draft_embeds_dtype(self.draft_model_runner.model, self.draft_model_runner.dtype)
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
@@ -531,47 +518,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return make_accept_fn(shape.accept_width)
 
     def _build_glue(self, shape: DDTreeShape, enabled: bool, share) -> StepGlue:
-        w, s = shape.num_nodes, shape.accept_width
+        w = shape.num_nodes
         vocab = int(self.model_runner.model_config.vocab_size)
-        depth_offsets = torch.arange(s, device=self.device)
         tree_fns = self.tree_fns(
             shape,
             lm_head=lambda: self.target_worker.model_runner.model.lm_head.weight[:vocab],
             req_to_token=lambda: self.model_runner.req_to_token_pool.req_to_token,
         )
         accept_fn = self.accept_fn(shape)
-
-        def kv_fn(hidden, keep_index, accept_length, commit_lens, verify_loc, seq_lens, pool_idx):
-            # Accepted target KV to contiguous slots prefix .. prefix + k: our mover where the
-            # pool has SGLang's slot-row layout; any other pool (MLA's, HND, a pool's own move)
-            # only SGLang's mover knows, so it runs there (it reads these four batch fields;
-            # the view holds this step's tensors).
-            rows = self._target_kv_rows()
-            if rows is not None:
-                move_accepted_kv(*rows[:2], keep_index, verify_loc, w, rows[2])
-            else:
-                batch_view = _BatchView(
-                    seq_lens, verify_loc, pool_idx, self.model_runner.req_to_token_pool
-                )
-                move_accept_tokens_to_target_kvcache(
-                    batch_view,
-                    keep_index,
-                    accept_length,
-                    self.model_runner.token_to_kv_pool_allocator,
-                )
-            # Drafter KV of the accepted path, from the target's aux hidden states.
-            bs = seq_lens.shape[0]
-            cache_loc_2d = verify_loc.view(bs, w)[:, :s].contiguous()
-            positions = (seq_lens.to(torch.int64)[:, None] + depth_offsets[None, :]).reshape(-1)
-            with kv_commit_workspace(self, bs * s):
-                self._append_target_hidden_to_draft_kv_by_loc(
-                    target_hidden=hidden[keep_index.clamp(min=0).reshape(-1)],
-                    cache_loc=cache_loc_2d.reshape(-1),
-                    cache_loc_2d=cache_loc_2d,
-                    positions=positions,
-                    commit_lens=commit_lens,
-                )
-
         glue = {
             name: SegmentGraphs(f"{name}_w{w}", fn, enabled=enabled, **share)
             for name, fn in tree_fns.items()
@@ -581,6 +535,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         glue["accept"] = SegmentGraphs(
             f"accept_w{w}", accept_fn, enabled=enabled, outputs_by=accept_output_group, **share
         )
+        kv_fn = self._kv_commit.fn(shape)
         glue["kv"] = SegmentGraphs(f"kv_w{w}", kv_fn, enabled=enabled, pure=False, **share)
         gather = self._gather_candidates if self.tp_size > 1 else None
         return StepGlue(glue, self._coin_generator, gather)
@@ -612,39 +567,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         torch._assert_async(
             ranks_agree(both), "DDTREE: tensor-parallel ranks built different trees or paths"
         )
-
-    def _target_kv_rows(self):
-        """``(data_ptrs, data_strides, max row bytes)`` of the target KV pool for
-        `move_accepted_kv`, or None where SGLang's own mover must run (host metadata only).
-
-        Ours applies where SGLang's mover would run its tiled slot-row byte copy over the same
-        ``data_ptrs`` / ``data_strides``: the base MHA pool's ``move_kv_cache``, NHD layout,
-        copy config present, no native-move override.
-        """
-        if hasattr(self, "_kv_rows"):
-            return self._kv_rows
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
-        pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-        cls = type(pool)
-        rows = None
-        if (
-            isinstance(pool, MHATokenToKVPool)
-            and cls.move_kv_cache is MHATokenToKVPool.move_kv_cache
-            and cls._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
-            and not getattr(pool, "use_hnd", False)
-            and not getattr(pool, "use_native_move_kv_cache", False)
-            and getattr(pool, "_kv_copy_config", None) is not None
-            and getattr(pool, "layer_num", 0) > 0
-        ):
-            buffers = pool._slot_move_pointer_buffers()
-            assert len(buffers) == pool.data_ptrs.numel() == pool.data_strides.numel()
-            max_row = max(b[0].numel() * b.element_size() for b in buffers)
-            rows = (pool.data_ptrs, pool.data_strides, int(max_row))
-        elif self.ps.tp_rank == 0:
-            logger.info("DDTREE: SGLang's KV mover moves accepted rows (pool %s).", cls.__name__)
-        self._kv_rows = rows
-        return rows
 
     def target_has_graph(self, bs: int) -> bool:
         """Whether SGLang's target verify of ``bs`` requests replays a captured graph (host)."""
@@ -767,12 +689,3 @@ def _max_graph_bs(server_args) -> int:
     decode = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
     sizes = list(getattr(decode, "bs", None) or [])
     return max(sizes) if sizes else int(getattr(decode, "max_bs", 0) or 0)
-
-
-class _BatchView(NamedTuple):
-    """The four ScheduleBatch fields ``move_accept_tokens_to_target_kvcache`` reads."""
-
-    seq_lens: torch.Tensor
-    out_cache_loc: torch.Tensor
-    req_pool_indices: torch.Tensor
-    req_to_token_pool: object

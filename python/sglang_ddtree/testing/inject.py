@@ -168,12 +168,12 @@ def bind_dflash_workspace(package: str = PLUGIN) -> None:
     """``BIND_DFLASH_WORKSPACE_ENV``: the KV segment's appends on DFLASH's own helper."""
     import importlib
 
-    worker = importlib.import_module(f"{package}.ddtree_worker_v2")
+    kv_commit = importlib.import_module(f"{package}.ddtree_kv_commit")
 
     def dflash_helper_presized(helper, rows):
         if helper is not None and rows > 0:
             helper._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
         return helper
 
-    worker.own_draft_kv_workspace = dflash_helper_presized
+    kv_commit.own_draft_kv_workspace = dflash_helper_presized
     logger.warning("DDTREE: the KV segment BINDS DFLASH's drafter-KV workspace (tests only).")
