@@ -52,6 +52,7 @@ MODULE_MAP = {
     "sglang_ddtree.core.argmax_triton": f"{SPEC}/ddtree/argmax_triton.py",
     "sglang_ddtree.core.batch_accept": f"{SPEC}/ddtree/batch_accept.py",
     "sglang_ddtree.core.commit": f"{SPEC}/ddtree/commit.py",
+    "sglang_ddtree.core.fingerprint": f"{SPEC}/ddtree/fingerprint.py",
     "sglang_ddtree.core.kv_move_triton": f"{SPEC}/ddtree/kv_move_triton.py",
     "sglang_ddtree.core.layout": f"{SPEC}/ddtree/layout.py",
     "sglang_ddtree.core.layout_triton": f"{SPEC}/ddtree/layout_triton.py",
@@ -61,6 +62,7 @@ MODULE_MAP = {
     "sglang_ddtree.core.penalties_triton": f"{SPEC}/ddtree/penalties_triton.py",
     "sglang_ddtree.core.tree_attention_gluon": f"{SPEC}/ddtree/tree_attention_gluon.py",
     "sglang_ddtree.core.minp_triton": f"{SPEC}/ddtree/minp_triton.py",
+    "sglang_ddtree.core.padding": f"{SPEC}/ddtree/padding.py",
     "sglang_ddtree.core.sampling": f"{SPEC}/ddtree/sampling.py",
     "sglang_ddtree.core.step": f"{SPEC}/ddtree/step.py",
     "sglang_ddtree.core.topk_triton": f"{SPEC}/ddtree/topk_triton.py",
@@ -71,8 +73,9 @@ MODULE_MAP = {
     "sglang_ddtree.core.vocab_shard": f"{SPEC}/ddtree/vocab_shard.py",
     # The SGLang integration, named like SGLang's other algorithms (dflash_worker_v2.py, ...).
     "sglang_ddtree.srt.ddtree_worker_v2": f"{SPEC}/ddtree_worker_v2.py",
+    "sglang_ddtree.srt.ddtree_step": f"{SPEC}/ddtree_step.py",
     "sglang_ddtree.srt.ddtree_info": f"{SPEC}/ddtree_info.py",
-    "sglang_ddtree.srt.ddtree_utils": f"{SPEC}/ddtree_utils.py",
+    "sglang_ddtree.srt.ddtree_kv_commit": f"{SPEC}/ddtree_kv_commit.py",
     "sglang_ddtree.srt.ddtree_cuda_graph_runner": f"{SPEC}/ddtree_cuda_graph_runner.py",
     "sglang_ddtree.srt.ddtree_glue_graph": f"{SPEC}/ddtree_glue_graph.py",
     "sglang_ddtree.srt.ddtree_glue_warmup": f"{SPEC}/ddtree_glue_warmup.py",
@@ -420,9 +423,9 @@ class Part(NamedTuple):
 
 # Bottom-up: a part may import only what it or an earlier part adds (module-level and lazy
 # imports alike; `check_series_imports`), because every module is this repository's module as
-# it is. The worker imports the budget, graph runner, glue graphs and their warm-up at module
-# level, and the core modules reach their kernels through lazy imports, so DDTREE registers in
-# the part that adds the worker, after everything it imports.
+# it is. The worker imports the budget, graph runner, decode step and glue warm-up at module
+# level, the step the penalties and logprobs, and the core modules reach their kernels through
+# lazy imports, so DDTREE registers in the part that adds the worker, after all it imports.
 SERIES = [
     Part(
         "draft-tree",
@@ -510,24 +513,11 @@ SERIES = [
         templates=("test_ddtree_budget.py",),
     ),
     Part(
-        "glue",
-        "the step's glue as CUDA graphs",
-        "the decode step's tensor glue captured as CUDA graphs per batch size, W and sampling "
-        "mode, the verify input, and the glue's capture at startup",
-        modules=(
-            "sglang_ddtree.srt.ddtree_glue_graph",
-            "sglang_ddtree.srt.ddtree_utils",
-            "sglang_ddtree.srt.ddtree_info",
-            "sglang_ddtree.srt.ddtree_glue_warmup",
-        ),
-        templates=("test_ddtree_glue_graph.py",),
-    ),
-    Part(
         "request-parameter-laws",
         "request penalties and logprobs per tree node",
         "SGLang's frequency, presence and repetition penalties and min_new_tokens at every "
         "tree node with their per-request state, and each committed token's logprobs, for the "
-        "worker (next part) to apply",
+        "decode step (next part) to apply",
         modules=(
             "sglang_ddtree.core.penalties",
             "sglang_ddtree.core.penalties_triton",
@@ -539,13 +529,29 @@ SERIES = [
         templates=("test_ddtree_request_laws.py",),
     ),
     Part(
+        "glue",
+        "the decode step and its glue as CUDA graphs",
+        "the decode step (draft tree, verify input, accept, KV commit) with its tensor glue "
+        "captured as CUDA graphs per batch size, W and sampling mode",
+        modules=(
+            "sglang_ddtree.srt.ddtree_glue_graph",
+            "sglang_ddtree.core.padding",
+            "sglang_ddtree.core.fingerprint",
+            "sglang_ddtree.srt.ddtree_info",
+            "sglang_ddtree.srt.ddtree_kv_commit",
+            "sglang_ddtree.srt.ddtree_step",
+        ),
+        templates=("test_ddtree_glue_graph.py",),
+    ),
+    Part(
         "worker",
         "the worker and --speculative-algorithm DDTREE",
-        "the DDTREE worker and its registration, the server flags, the request refusals "
-        "(logprobs served past DFLASH's), the req_to_token row headroom, the in-tree tests and "
-        "the docs",
+        "the DDTREE worker, the glue's capture at startup, its registration, the server flags, "
+        "the request refusals (logprobs served past DFLASH's), the req_to_token row headroom, "
+        "the in-tree tests and the docs",
         modules=(
             "sglang_ddtree.srt.ddtree_worker_v2",
+            "sglang_ddtree.srt.ddtree_glue_warmup",
             "sglang_ddtree.srt.ddtree_spec",
             "sglang_ddtree.srt.ddtree_requests",
         ),

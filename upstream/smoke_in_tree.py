@@ -7,7 +7,7 @@ greedy DDTREE (in-tree flags ``speculative_ddtree_budget_schedule`` / ``_topk``)
 without speculation; sampled DDTREE draws from the non-speculative law (``LAW_CASES``:
 per-position two-sample chi-squared tests of ``e2e.law_test`` over ``e2e.sample_completions``,
 4 prompts x 256 samples x 24 tokens a side, Bonferroni-combined, p > 0.001), and the
-deliberately wrong coins (``testing.inject`` scaling the in-tree ``ddtree_utils``' coins in the
+deliberately wrong coins (``testing.inject`` scaling the in-tree ``ddtree_step``' coins in the
 engine's processes) are rejected at p < 0.001 with the same samples (the test can fail); logprobs
 are served (one logprob and a top two per output token, past DFLASH's refusal of them); a refused
 option (a custom logit processor) aborts with a message naming DDTREE;

@@ -59,7 +59,7 @@ def main() -> None:
     from sglang.srt.constrained.xgrammar_backend import XGrammarGrammar
     from sglang.srt.speculative.spec_utils import GrammarTree, generate_token_bitmask
 
-    from sglang_ddtree.srt.ddtree_utils import HostArrayGrammarTree
+    from sglang_ddtree.srt.ddtree_step import HostArrayGrammarTree
 
     cfg = tiny_models.TinyPairConfig(vocab_size=args.vocab)
     vocab = tiny_models.vocabulary(cfg, tokenizer_words(args.vocab))

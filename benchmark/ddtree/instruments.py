@@ -125,9 +125,9 @@ EXPERT_COUNT_ENV = envs.SGLANG_DDTREE_EXPERT_COUNT.name
 TORCH_PROFILE_STEPS = 20
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 TOPK_TARGET = "sglang.srt.layers.moe.topk.TopK.forward_cuda"
-# DDTREE's startup glue capture and its dummy step (one per batch size).
+# DDTREE's startup glue capture and its capture of each batch size.
 STARTUP_TARGET = "sglang_ddtree.srt.ddtree_glue_warmup.capture_glue_at_startup"
-DUMMY_STEP_TARGET = "sglang_ddtree.srt.ddtree_glue_warmup._dummy_step"
+BATCH_CAPTURE_TARGET = "sglang_ddtree.srt.ddtree_glue_warmup.capture_batch_size"
 # Batches farther apart than this on the host are not consecutive steps of one run.
 MAX_GAP_S = 0.5
 
@@ -611,12 +611,12 @@ def _record_stacks(on: bool) -> bool:
 
 class StartupMemory:
     """The allocator around one startup glue capture: opened before it, ``after_step`` after
-    each batch size's dummy step, ``summary`` once it is over: {"allocated_gib" (of what the
+    each batch size's capture, ``summary`` once it is over: {"allocated_gib" (of what the
     capture took, what live tensors hold), "key_buffers_gib" (of that, the keys' outputs and
     copied inputs), "pool_gib" and "pool_allocated_gib" (the segments of the glue graphs' memory
     pool, and their live bytes), "outside_pool" (the new segments outside that pool per type,
     `new_segments_outside_pool`), "growth_mib_by_bs" ([bs, MiB reserved since the start] after
-    each batch size's dummy step: where the growth happens), "reserved_working_set_gib" and
+    each batch size's capture: where the growth happens), "reserved_working_set_gib" and
     "reserved_captured_gib" (what the constructor's two measures gave: the eager working set
     and, where they ran, the measuring captures)}."""
 
@@ -684,7 +684,7 @@ def _startup_capture_hook(original_fn, worker, *args, **kwargs):
     return info
 
 
-def _dummy_step_hook(original_fn, worker, bs, *args, **kwargs):
+def _batch_capture_hook(original_fn, worker, bs, *args, **kwargs):
     out = original_fn(worker, bs, *args, **kwargs)
     if _startup is not None:
         _startup.after_step(bs)
@@ -704,7 +704,7 @@ def install_from_env(environ: Mapping[str, str] | None = None) -> bool:
 
     HookRegistry.register(TARGET, _run_batch_hook, HookType.AROUND)
     HookRegistry.register(STARTUP_TARGET, _startup_capture_hook, HookType.AROUND)
-    HookRegistry.register(DUMMY_STEP_TARGET, _dummy_step_hook, HookType.AROUND)
+    HookRegistry.register(BATCH_CAPTURE_TARGET, _batch_capture_hook, HookType.AROUND)
     if settings[EXPERT_COUNT_ENV] is not None:
         os.makedirs(out_dir, exist_ok=True)
         HookRegistry.register(TOPK_TARGET, _topk_hook, HookType.AROUND)

@@ -194,7 +194,7 @@ def test_output_group_keys_share_buffers_of_one_layout():
     """`SegmentGraphs`' output buffers (allocated before a capture, CPU-checkable): keys of one
     output group with equal output layouts get the same buffers; another group, another
     layout or another container type gets its own; without ``outputs_by`` every key its own."""
-    from sglang_ddtree.srt.ddtree_utils import accept_output_group
+    from sglang_ddtree.srt.ddtree_step import accept_output_group
 
     tree, layout, prefix, logits, s = _random_tree(2, 5, 11, 4)
     plan = accept_and_commit(logits, tree.tokens, layout, prefix, accept_width=s)
@@ -254,7 +254,7 @@ def test_quiet_captures_lowers_the_log_level_within_its_block_only():
         assert a.capture_log_level == b.capture_log_level == logging.DEBUG
     assert (a.capture_log_level, b.capture_log_level) == (logging.INFO, logging.WARNING)
     with pytest.raises(RuntimeError), quiet_captures([a]):
-        raise RuntimeError("a dummy step failed")
+        raise RuntimeError("a batch size's capture failed")
     assert a.capture_log_level == logging.INFO
 
 
@@ -429,7 +429,7 @@ def test_kv_segment_keeps_its_graph_when_batches_switch_mode(shared_outputs):
     graph recaptures, then goes eager."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt.ddtree_utils import accept_mode, accept_output_group
+    from sglang_ddtree.srt.ddtree_step import accept_mode, accept_output_group
 
     group = {"outputs_by": accept_output_group} if shared_outputs else {}
     acc = SegmentGraphs("accept", lambda x, scale: x * scale, **group)
@@ -459,7 +459,7 @@ def test_kv_segment_keeps_its_graph_when_batches_switch_mode(shared_outputs):
 def test_accept_mode_names_every_host_branch():
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt.ddtree_utils import accept_mode
+    from sglang_ddtree.srt.ddtree_step import accept_mode
 
     assert accept_mode(None) == ("greedy",)
     assert accept_mode(SimpleNamespace(is_all_greedy=True)) == ("greedy",)
@@ -478,14 +478,14 @@ def test_accept_mode_names_every_host_branch():
 
 
 def test_accept_tree_greedy_and_sampled_dispatch():
-    """``ddtree_utils.accept_tree`` (the worker's accept decision) through an eager accept
+    """``ddtree_step.accept_tree`` (the step's accept decision) through an eager accept
     segment equals ``accept_and_commit`` directly: all-greedy batches (no sampling info) take
     the greedy walk; mixed batches draw their coins from the given generator."""
     from types import SimpleNamespace
 
     from sglang_ddtree.core.sampling import draw_coins
-    from sglang_ddtree.core.step import draft_to_tree
-    from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn
+    from sglang_ddtree.core.step import draft_to_tree, make_accept_fn
+    from sglang_ddtree.srt.ddtree_step import accept_tree
 
     bs, block, hid, vocab, budget = 3, 6, 16, 40, 10
     hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(
@@ -553,7 +553,7 @@ def test_verify_mask_is_sized_from_host_lengths():
 
     from sglang_ddtree.core.layout import verify_mask_numel
     from sglang_ddtree.core.step import draft_to_tree
-    from sglang_ddtree.srt.ddtree_utils import verify_mask
+    from sglang_ddtree.srt.ddtree_step import verify_mask
 
     hidden, lm_head, bonus, seq_lens, pool_rows, req_to_token = _tree_inputs(2, 4, 8, 30, "cpu", 3)
     tree = draft_to_tree(
@@ -589,7 +589,7 @@ def test_rank_fingerprint_detects_any_disagreement():
     """Two simulated ranks: an all-reduce MAX of their fingerprints says they agree exactly
     when their trees and accepted paths are equal, also for a one-token difference and for
     differences that a plain sum would cancel."""
-    from sglang_ddtree.srt.ddtree_utils import rank_fingerprint, ranks_agree
+    from sglang_ddtree.core.fingerprint import rank_fingerprint, ranks_agree
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 163840, (4, 17), generator=g)
@@ -616,10 +616,10 @@ def test_rank_fingerprint_detects_any_disagreement():
 
 
 def test_startup_modes_are_every_accept_mode():
-    """The startup dummy steps cover each accept-graph mode once, with placeholders that the
-    worker's own mode function reads as that mode."""
+    """The startup capture covers each accept-graph mode once, with placeholders that the
+    step's own mode function reads as that mode."""
     from sglang_ddtree.srt.ddtree_glue_warmup import accept_modes, dummy_sampling_info
-    from sglang_ddtree.srt.ddtree_utils import accept_mode
+    from sglang_ddtree.srt.ddtree_step import accept_mode
 
     modes = accept_modes()
     assert len(set(modes)) == len(modes) == 7
@@ -822,7 +822,7 @@ def test_kv_segment_workspace_never_moves_when_dflash_grows_its_own(source):
 
     from conftest import pristine_functions
 
-    from sglang_ddtree.srt.ddtree_glue_warmup import kv_commit_workspace, own_draft_kv_workspace
+    from sglang_ddtree.srt.ddtree_kv_commit import kv_commit_workspace, own_draft_kv_workspace
 
     path = "python/sglang/kernels/ops/speculative/fused_kv_materialize.py"
     name = "FusedKVMaterializeHelper._ensure_workspace"
@@ -842,39 +842,45 @@ def test_kv_segment_workspace_never_moves_when_dflash_grows_its_own(source):
     bound = (own._proj_workspace, own._k_workspace, own._v_workspace)
     assert own._workspace_capacity == rows and all(t is not None for t in bound)
     assert dflash._k_workspace is None  # DFLASH's helper keeps its own (lazy) workspace
-    worker = SimpleNamespace(_fused_kv_helper=dflash, _kv_commit_helper=own, _kv_commit_rows=rows)
+    worker = SimpleNamespace(_fused_kv_helper=dflash)
 
     ensure(dflash, 8192, torch.bfloat16)  # a long prefill chunk on DFLASH's helper
     for n in (8, rows):  # every captured key's append
-        with kv_commit_workspace(worker, n):
+        with kv_commit_workspace(worker, own, rows, n):
             assert worker._fused_kv_helper is own
             worker._fused_kv_helper._ensure_workspace(n, torch.bfloat16)
         assert worker._fused_kv_helper is dflash
     assert all(a is b for a, b in zip(bound, (own._proj_workspace, own._k_workspace,
                                                 own._v_workspace)))  # fmt: skip
-    with kv_commit_workspace(worker, rows + 1):  # above the captured keys: DFLASH's, eager
+    with kv_commit_workspace(
+        worker, own, rows, rows + 1
+    ):  # above the captured keys: DFLASH's, eager
         assert worker._fused_kv_helper is dflash
-    with kv_commit_workspace(worker, 8):  # DFLASH's fused path failing drops the helper
+    with kv_commit_workspace(worker, own, rows, 8):  # DFLASH's fused path failing drops the helper
         worker._fused_kv_helper = None
     assert worker._fused_kv_helper is None
     assert own_draft_kv_workspace(None, rows) is None and own_draft_kv_workspace(dflash, 0) is None
 
 
 def test_commit_kv_keys_on_the_step_and_binds_the_kv_function_arguments():
-    """The KV commit call (shared by the decode step and the startup dummy step): key = the
-    step's key whatever the accept mode (every mode writes the batch size's outputs; None
-    stays eager), bound names = the worker's KV function arguments."""
+    """The KV commit call (`DDTreeStep.commit_kv`, of the decode step and the startup capture):
+    key = the step's key whatever the accept mode (every mode writes the batch size's outputs;
+    None stays eager), bound names = the KV function's arguments, the segment the tree's W's."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt.ddtree_utils import commit_kv
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_step import DDTreeStep
 
     calls = []
     t = torch.zeros(2, 3)
     commit = SimpleNamespace(keep_index=t, accept_length=t, commit_lens=t)
-    tree = SimpleNamespace(verify_loc=t, seq_lens=t, req_pool_indices=t)
+    tree = SimpleNamespace(tokens=t, verify_loc=t, seq_lens=t, req_pool_indices=t)
     record = lambda key, bound: calls.append((key, bound))  # noqa: E731
-    commit_kv(record, (4,), t, commit, tree)
-    commit_kv(record, None, t, commit, tree)
+    segments = {3: {"tree": None, "accept": None, "kv": record}}
+    step = DDTreeStep(segments, None, BudgetSchedule.fixed(3))
+    step.mode = ("greedy",)  # as after an accept
+    step.commit_kv((4,), t, commit, tree)
+    step.commit_kv(None, t, commit, tree)
     assert [c[0] for c in calls] == [(4,), None]
     names = ("hidden", "keep_index", "accept_length", "commit_lens", "verify_loc", "seq_lens")
     assert tuple(calls[0][1]) == (*names, "pool_idx")
@@ -938,13 +944,13 @@ def test_glue_working_set_runs_the_real_segments_on_placeholders(monkeypatch):
 
 def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype=torch.float32):
     """The worker surface the glue memory measurements read (`DDTreeWorkerV2`'s public
-    fields and its `tree_fns` / `accept_fn`, here with the torch top-K and FlashInfer's
+    fields and its step's `tree_fns` / `accept_fn`, here with the torch top-K and FlashInfer's
     nucleus): schedule, shapes, LM head."""
     from types import SimpleNamespace
 
+    from sglang_ddtree.core.step import make_accept_fn, make_tree_fns
     from sglang_ddtree.srt.ddtree_args import DDTreeShape
     from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
-    from sglang_ddtree.srt.ddtree_utils import make_accept_fn, make_tree_fns
 
     schedule = BudgetSchedule.parse(schedule)
     widths = sorted(set(schedule.num_nodes))
@@ -966,8 +972,9 @@ def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype
         budget_schedule=schedule,
         ddtree_shapes=shapes,
         tp_size=1,
-        tree_fns=tree_fns,
-        accept_fn=lambda shape: make_accept_fn(shape.accept_width),
+        ddtree_step=SimpleNamespace(
+            tree_fns=tree_fns, accept_fn=lambda shape: make_accept_fn(shape.accept_width)
+        ),
         glue_stream=torch.cuda.Stream() if device == "cuda" else None,
         ps=SimpleNamespace(tp_rank=0),
     )
@@ -1173,7 +1180,7 @@ def test_tree_segment_functions_build_the_tree_of_draft_to_tree(tp):
     rank's ``tree`` is `draft_to_tree`; under tensor parallelism each rank's ``shard`` over its
     LM-head rows, stacked as the all-gather would, then ``tree``, builds the same tree. The
     request-to-token table is looked up at each call, not when the functions are made."""
-    from sglang_ddtree.srt.ddtree_utils import make_tree_fns
+    from sglang_ddtree.core.step import make_tree_fns
 
     vocab, topk = 41, 4
     inputs, shape, want = _tree_case(3, 6, 16, vocab, 10, topk, seed=11)
@@ -1220,7 +1227,7 @@ def test_tree_segment_functions_build_the_tree_of_draft_to_tree(tp):
 def _rank_tree_fns(shape, vocab, topk, lm_head, req_to_token, tp):
     """Rank 0's draft-tree segment functions (`make_tree_fns`) and, under tensor parallelism,
     the other ranks' shard functions over their LM-head rows (what the all-gather collects)."""
-    from sglang_ddtree.srt.ddtree_utils import make_tree_fns
+    from sglang_ddtree.core.step import make_tree_fns
 
     width = -(-vocab // tp)
     fns = make_tree_fns(
@@ -1239,15 +1246,17 @@ def _rank_tree_fns(shape, vocab, topk, lm_head, req_to_token, tp):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_step_glue_drives_the_segments_as_the_step_does(tp):
-    """`StepGlue` (what the worker and the startup capture drive): its draft tree equals
-    `draft_to_tree` (under tensor parallelism through the shard segment and the gather it is
-    given), its accept equals `accept_tree` with its own coin generator, and its KV commit calls
-    the KV segment with the step's mode in the key."""
+def test_step_drives_its_segments_as_a_decode_step_does(tp):
+    """`DDTreeStep`'s phases (what a decode step and the startup capture run): its draft tree
+    equals `draft_to_tree` (under tensor parallelism through the shard segment and the gather
+    it is given), its accept equals `accept_tree` with its own coin generator, and its KV commit
+    calls the KV segment with the step's mode in the key."""
     from types import SimpleNamespace
 
     from sglang_ddtree.core.sampling import draw_coins
-    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn
+    from sglang_ddtree.core.step import make_accept_fn
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_step import DDTreeStep
 
     bs, block, vocab, budget, topk = 2, 5, 37, 8, 4
     inputs, shape, want = _tree_case(bs, block, 16, vocab, budget, topk, seed=21)
@@ -1261,11 +1270,13 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
     segments = {name: SegmentGraphs(name, fn, enabled=False) for name, fn in fns.items()}
     segments["accept"] = SegmentGraphs("accept", make_accept_fn(block), enabled=False)
     segments["kv"] = lambda key, bound: kv_calls.append((key, sorted(bound)))
-    glue = StepGlue(segments, torch.Generator().manual_seed(4), gather if tp > 1 else None)
+    w = budget + 1
+    schedule = BudgetSchedule.fixed(w)
+    glue = DDTreeStep({w: segments}, torch.Generator().manual_seed(4), schedule,
+                      gather if tp > 1 else None)  # fmt: skip
     tree = glue.draft_tree(None, hidden, bonus, seq_lens, pool_rows)
     assert torch.equal(tree.tokens, want.tokens) and torch.equal(tree.verify_loc, want.verify_loc)
 
-    w = budget + 1
     logits = torch.randn(bs * w, vocab, generator=torch.Generator().manual_seed(2))
     info = SimpleNamespace(
         is_all_greedy=False, need_top_k_sampling=True, need_top_p_sampling=True,
@@ -1287,7 +1298,8 @@ def test_step_glue_drives_the_segments_as_the_step_does(tp):
     glue.accept(None, tree, logits, None)  # no sampling info: the greedy mode, decided here
     assert glue.mode == ("greedy",)
     with pytest.raises(AssertionError):
-        StepGlue({"tree": None, "accept": None, "kv": None, "shard": None}, glue.coin_generator)
+        shard = {"tree": None, "accept": None, "kv": None, "shard": None}
+        DDTreeStep({w: shard}, glue.coin_generator, schedule)
 
 
 def test_padded_view_reads_the_padded_rows_of_a_static_buffer():
@@ -1297,7 +1309,7 @@ def test_padded_view_reads_the_padded_rows_of_a_static_buffer():
     request-major tensors back to the real requests; `pad_rows` appends fill rows."""
     from collections import namedtuple
 
-    from sglang_ddtree.srt.ddtree_utils import leading_rows, pad_rows, padded_view
+    from sglang_ddtree.core.padding import leading_rows, pad_rows, padded_view
 
     buf = torch.arange(30).view(10, 3)
     view = padded_view(buf[:4], 6)
@@ -1321,7 +1333,9 @@ def test_accept_refuses_sampling_rows_that_are_not_the_batchs():
     request's row filled with the padding's defaults."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt.ddtree_utils import accept_tree, make_accept_fn
+    from sglang_ddtree.core.step import make_accept_fn
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_step import DDTreeStep, accept_tree
 
     bs, rows, block, vocab, budget, topk = 3, 5, 5, 37, 8, 4
     (hidden_buf, lm_head, bonus, seq_lens, pool_rows, req_to_token), shape, _ = _tree_case(
@@ -1331,9 +1345,8 @@ def test_accept_refuses_sampling_rows_that_are_not_the_batchs():
     segments = {name: SegmentGraphs(name, fn, enabled=False) for name, fn in fns.items()}
     segments["accept"] = SegmentGraphs("accept", make_accept_fn(block), enabled=False)
     segments["kv"] = lambda key, bound: None
-    from sglang_ddtree.srt.ddtree_utils import StepGlue
-
-    glue = StepGlue(segments, torch.Generator().manual_seed(5), None)
+    schedule = BudgetSchedule.fixed(budget + 1)
+    glue = DDTreeStep({budget + 1: segments}, torch.Generator().manual_seed(5), schedule)
     tree = glue.draft_tree(
         None, hidden_buf[: bs * block], bonus[:bs], seq_lens[:bs], pool_rows[:bs]
     )
@@ -1364,8 +1377,8 @@ def test_padded_size_is_sglangs_next_captured_size():
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
-    """`StepGlue` with ``rows`` (`DDTreeWorkerV2.glue_rows`): the draft tree and the accept
+def test_step_at_padded_rows_gives_the_real_rows_results(tp):
+    """`DDTreeStep` with ``rows`` (`DDTreeStep.glue_rows`): the draft tree and the accept
     run at the padded batch size, keyed by it, over the padded rows of the drafter's and the
     verify's static outputs (``hidden`` and the logits given as their first rows), and return
     the real requests' rows: equal to the unpadded step's (greedy exactly; sampled, equal to
@@ -1374,7 +1387,9 @@ def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
     from types import SimpleNamespace
 
     from sglang_ddtree.core.sampling import draw_coins
-    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn
+    from sglang_ddtree.core.step import make_accept_fn
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_step import DDTreeStep
 
     bs, rows, block, vocab, budget, topk = 3, 5, 5, 37, 8, 4
     w = budget + 1
@@ -1402,7 +1417,9 @@ def test_step_glue_at_padded_rows_gives_the_real_rows_results(tp):
             n = packed.shape[0]
             return torch.stack([packed, *(f(padded_hidden[: n * block]) for f in other)])
 
-        return StepGlue(segments, torch.Generator().manual_seed(seed), gather if tp > 1 else None)
+        generator = torch.Generator().manual_seed(seed)
+        return DDTreeStep({w: segments}, generator, BudgetSchedule.fixed(w),
+                          gather if tp > 1 else None)  # fmt: skip
 
     padded_hidden = hidden_buf
     hidden = hidden_buf[: bs * block]  # what the drafter's padded replay returns
@@ -1457,7 +1474,9 @@ def test_padded_glue_graphs_serve_every_batch_size_of_a_captured_size():
     static buffer each for the drafter's hidden states and the verify's logits (as SGLang's
     padded replays hand them over) replay ONE tree graph and one greedy accept graph, and
     every step's real rows equal the unpadded eager step's; 8 steps alternating the size."""
-    from sglang_ddtree.srt.ddtree_utils import StepGlue, make_accept_fn, make_tree_fns
+    from sglang_ddtree.core.step import make_accept_fn, make_tree_fns
+    from sglang_ddtree.srt.ddtree_budget import BudgetSchedule
+    from sglang_ddtree.srt.ddtree_step import DDTreeStep
 
     rows, block, vocab, budget, topk = 4, 5, 37, 8, 4
     w = budget + 1
@@ -1474,7 +1493,8 @@ def test_padded_glue_graphs_serve_every_batch_size_of_a_captured_size():
         segments = {"tree": SegmentGraphs("tree", fns["tree"], enabled=enabled)}
         segments["accept"] = SegmentGraphs("accept", make_accept_fn(block), enabled=enabled)
         segments["kv"] = lambda key, bound: None
-        return StepGlue(segments, torch.Generator(device="cuda").manual_seed(1))
+        generator = torch.Generator(device="cuda").manual_seed(1)
+        return DDTreeStep({w: segments}, generator, BudgetSchedule.fixed(w))
 
     padded, eager = glue(True), glue(False)
     logits_buf = torch.empty(rows * w, vocab, device="cuda")
@@ -1492,6 +1512,7 @@ def test_padded_glue_graphs_serve_every_batch_size_of_a_captured_size():
         got = padded.accept((bs,), tree, logits, None, rows=rows)
         expect = eager.accept(None, want, logits, None)
         assert all(torch.equal(a, b) for a, b in zip(got, expect)), step
-    assert set(padded.segments["tree"].entries) == {(rows,)}
-    assert set(padded.segments["accept"].entries) == {(rows, "greedy")}
-    assert padded.segments["tree"].counts["graph"] == 7 and not padded.segments["tree"].eager_keys
+    tree_seg, accept_seg = padded.segments[w]["tree"], padded.segments[w]["accept"]
+    assert set(tree_seg.entries) == {(rows,)}
+    assert set(accept_seg.entries) == {(rows, "greedy")}
+    assert tree_seg.counts["graph"] == 7 and not tree_seg.eager_keys

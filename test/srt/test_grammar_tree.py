@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_ddtree.srt.ddtree_utils import HostArrayGrammarTree
+from sglang_ddtree.srt.ddtree_step import HostArrayGrammarTree
 
 VOCAB = 200  # 7 words of 32 bits: tokens on bit 31 of a word included
 WIDTH = 12

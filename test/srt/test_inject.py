@@ -20,13 +20,13 @@ def test_nothing_without_the_environment():
 
 
 def test_wrong_coins_scale_what_the_accept_draws(monkeypatch):
-    from sglang_ddtree.srt import ddtree_utils
+    from sglang_ddtree.srt import ddtree_step
 
-    monkeypatch.setattr(ddtree_utils, "draw_coins", ddtree_utils.draw_coins)  # restored after
+    monkeypatch.setattr(ddtree_step, "draw_coins", ddtree_step.draw_coins)  # restored after
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
-    coins, final = ddtree_utils.draw_coins(2, 5, "cpu", generator=g())
+    coins, final = ddtree_step.draw_coins(2, 5, "cpu", generator=g())
     assert inject.install_from_env({inject.WRONG_COINS_ENV: "0.5"}) == [inject.WRONG_COINS_ENV]
-    scaled, scaled_final = ddtree_utils.draw_coins(2, 5, "cpu", generator=g())
+    scaled, scaled_final = ddtree_step.draw_coins(2, 5, "cpu", generator=g())
     assert torch.equal(scaled, coins * 0.5) and torch.equal(scaled_final, final)
 
 
@@ -94,8 +94,8 @@ def test_a_spawned_process_gets_the_change(tmp_path):
         "from sglang_ddtree.testing import inject\n"
         "inject.install_from_env()\n"
         "def child(q):\n"
-        "    from sglang_ddtree.srt import ddtree_utils\n"
-        "    q.put(ddtree_utils.draw_coins.__name__)\n"
+        "    from sglang_ddtree.srt import ddtree_step\n"
+        "    q.put(ddtree_step.draw_coins.__name__)\n"
         "if __name__ == '__main__':\n"
         "    mp.set_start_method('spawn', force=True)\n"
         "    q = mp.Queue()\n"

@@ -214,9 +214,9 @@ def test_install_refuses_a_bad_instrument_before_any_hook(ins, monkeypatch):
 def test_startup_memory_joins_the_capture_summary(ins, monkeypatch):
     """Around the startup glue capture (the device's counters stubbed): the capture's own
     summary comes back with the allocator's view added (live bytes, the keys' buffers, the
-    graph pool's segments, the growth after each dummy step, what the constructor measured),
-    in the worker's startup summary too; without a capture in flight a dummy step records
-    nothing."""
+    graph pool's segments, the growth after each batch size's capture, what the constructor
+    measured), in the worker's startup summary too; without a capture in flight a batch size's
+    capture records nothing."""
     from types import SimpleNamespace
 
     import torch
@@ -234,12 +234,12 @@ def test_startup_memory_joins_the_capture_summary(ins, monkeypatch):
     worker = SimpleNamespace(device="cpu", ps=SimpleNamespace(tp_rank=1), glue_reserve=reserve,
                              graph_stats=SimpleNamespace(glue_segments=[segment], startup={}))  # fmt: skip
 
-    def dummy_step(worker, bs):
+    def capture_batch_size(worker, bs):
         counters["reserved"] += bs << 20
 
     def capture(worker):
         for bs in (2, 1):
-            ins._dummy_step_hook(dummy_step, worker, bs)
+            ins._batch_capture_hook(capture_batch_size, worker, bs)
         counters["allocated"] += 1 << 20
         worker.graph_stats.startup = {"captures": 9}
         return worker.graph_stats.startup
@@ -252,7 +252,7 @@ def test_startup_memory_joins_the_capture_summary(ins, monkeypatch):
         "outside_pool": {}, "growth_mib_by_bs": [[2, 2.0], [1, 3.0]],
         "reserved_working_set_gib": 1.0,
     }  # fmt: skip
-    ins._dummy_step_hook(dummy_step, worker, 4)  # no capture in flight
+    ins._batch_capture_hook(capture_batch_size, worker, 4)  # no capture in flight
     assert info["growth_mib_by_bs"] == [[2, 2.0], [1, 3.0]]
 
 
@@ -335,7 +335,7 @@ def test_live_blocks_outside_the_pool_name_the_code_that_allocated_them(ins):
         "state": "active_allocated",
         "frames": [
             torch_frame,
-            frame("/repo/python/sglang_ddtree/srt/ddtree_utils.py", 195, "accept_tree"),
+            frame("/repo/python/sglang_ddtree/srt/ddtree_step.py", 195, "accept_tree"),
             frame("<built-in>", 0, "??"),
             frame("/repo/x/ddtree_glue_graph.py", 211, "_capture"),
             frame("/repo/x/ddtree_glue_graph.py", 190, "__call__"),
@@ -348,7 +348,7 @@ def test_live_blocks_outside_the_pool_name_the_code_that_allocated_them(ins):
     got = new_segments_outside_pool([], after, None)["large"]
     assert got["largest_live_mib"] == [8.0, 1.0]
     assert got["largest_live_sites"] == [
-        ["ddtree_utils.py:195 accept_tree", "ddtree_glue_graph.py:211 _capture",
+        ["ddtree_step.py:195 accept_tree", "ddtree_glue_graph.py:211 _capture",
          "ddtree_glue_graph.py:190 __call__"],  # three frames, torch's and built-ins skipped
         [],  # only torch's own frames
     ]  # fmt: skip

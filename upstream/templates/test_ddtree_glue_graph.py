@@ -13,7 +13,7 @@ from collections import namedtuple
 import torch
 
 from sglang.srt.speculative.ddtree_glue_graph import SegmentGraphs
-from sglang.srt.speculative.ddtree_utils import leading_rows, padded_view
+from sglang.srt.speculative.ddtree.padding import leading_rows, padded_view
 from sglang.test.ci.ci_register import register_cuda_ci
 from sglang.test.test_utils import CustomTestCase
 

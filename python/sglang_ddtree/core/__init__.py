@@ -28,9 +28,9 @@ that any subset of its modules is a working package):
     probs   = logprobs.committed_logprobs(logits, plan.keep_nodes, plan.out_tokens, ...)
     state   = penalties.count_emitted(state, plan.out_tokens)   # the next step's penalty state
 
-``step`` holds the two halves a worker runs around the verify (``draft_to_tree``,
+``step`` holds the two halves a step runs around the verify (``draft_to_tree``,
 ``accept_and_commit``); ``sampling`` the target law of sampled requests (min-p included);
-``vocab_shard`` the draft top-K under tensor parallelism; the ``*_triton`` modules and
-``topp_radix`` the kernels. The worker applies all of them; the server serves the penalties
-and the logprobs.
+``vocab_shard`` the draft top-K and ``fingerprint`` the ranks' agreement under tensor
+parallelism; ``padding`` the glue at a padded batch size; the ``*_triton`` modules and
+``topp_radix`` the kernels. The server's step applies all of them.
 """

@@ -16,7 +16,7 @@ Ordering: within a request, depths are copied in increasing order by one program
 node ``i_e >= e``: the read at depth ``e`` (slot of node ``i_e``) is never a slot written at an
 earlier depth ``d < e`` (slot of node ``d < e <= i_e``). Requests own disjoint slots.
 
-Layout assumptions, checked by the caller (``DDTreeWorkerV2._target_kv_rows``): SGLang's
+Layout assumptions, checked by the caller (``ddtree_kv_commit``): SGLang's
 slot-major KV buffers (row ``slot`` of a buffer is ``row_bytes`` contiguous bytes), described by
 the pool's ``data_ptrs`` (base address per buffer) and ``data_strides`` (bytes per row).
 """

@@ -8,13 +8,15 @@ around one all-gather: ``draft_shard_candidates`` on each rank, ``gathered_to_tr
 gathered candidates.
 
 Both take and return device tensors only, with shapes fixed by (bs, W, B) and host flags, and
-never read the device from the host, so the worker captures each in a CUDA graph per key
-(`sglang_ddtree.srt.ddtree_glue_graph`). Terms as in `sglang_ddtree.core`: W = budget + 1 nodes
+never read the device from the host, so the step captures each in a CUDA graph per key
+(`sglang_ddtree.srt.ddtree_glue_graph`) through its segment functions, `make_tree_fns` and
+`make_accept_fn`. Terms as in `sglang_ddtree.core`: W = budget + 1 nodes
 per request, B = drafter block, D = min(B - 1, budget) max depth, S = D + 1.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -223,3 +225,59 @@ def accept_and_commit(
         sampled = accept_sampled(layout, tokens, probs, coins, final_coins, accept_width)
         result = merge_accept(result, sampled, greedy_rows(top_ks), w)
     return commit_accepted(result, seq_lens.to(torch.int64), w)
+
+
+def make_tree_fns(
+    shape,  # the step's B (block_size), D (max_depth) and W - 1 (budget) at one W
+    vocab: int,  # V, the real tokens of the target's vocabulary
+    topk: int,  # K, candidates per depth
+    draft_topk: str,  # select_candidates backend
+    lm_head: Callable[[], torch.Tensor],  # -> [V, H] the target's LM head rows of real tokens
+    req_to_token: Callable[[], torch.Tensor],  # -> [pool, max_len] int32
+    lm_head_shard: Callable[[], tuple[torch.Tensor, int]] | None = None,
+) -> dict[str, Callable[..., object]]:
+    """The draft-tree segment's functions for one W, by segment name: ``{"tree":
+    draft_to_tree}`` on one rank; under tensor parallelism (``lm_head_shard`` given: this rank's
+    real LM-head rows and the global id of the first) ``{"shard": the rank's candidates,
+    "tree": the tree from every rank's all-gathered candidates}``. Weights and pools are looked
+    up at each call: a worker's pools are attached after its segments are built."""
+    assert topk >= 1 and draft_topk in ("torch", "triton"), (topk, draft_topk)
+    if lm_head_shard is None:
+
+        def tree_fn(hidden, bonus, seq_lens, req_pool_indices) -> TreeStep:
+            return draft_to_tree(
+                hidden, lm_head(), bonus, seq_lens, req_pool_indices, req_to_token(),
+                block_size=shape.block_size, max_depth=shape.max_depth, budget=shape.budget,
+                topk=topk, draft_topk=draft_topk,
+            )  # fmt: skip
+
+        return {"tree": tree_fn}
+
+    def shard_fn(hidden) -> torch.Tensor:
+        rows, start = lm_head_shard()
+        return draft_shard_candidates(
+            hidden, rows, vocab_start=start, vocab_size=vocab, block_size=shape.block_size,
+            max_depth=shape.max_depth, topk=topk,
+        )  # fmt: skip
+
+    def gathered_tree_fn(gathered, bonus, seq_lens, req_pool_indices) -> TreeStep:
+        return gathered_to_tree(
+            gathered, bonus, seq_lens, req_pool_indices, req_to_token(),
+            budget=shape.budget, topk=topk,
+        )  # fmt: skip
+
+    return {"shard": shard_fn, "tree": gathered_tree_fn}
+
+
+def make_accept_fn(accept_width: int) -> Callable[..., CommitPlan]:  # S
+    """The accept segment's function: `accept_and_commit` over the layout's fields by name (a
+    glue graph binds tensors by name)."""
+    assert accept_width >= 1, accept_width
+
+    def accept_fn(logits, tokens, seq_lens, **rest) -> CommitPlan:
+        layout = TreeLayout(*(rest.pop(f) for f in TreeLayout._fields))
+        return accept_and_commit(
+            logits, tokens, layout, seq_lens, accept_width=accept_width, **rest
+        )
+
+    return accept_fn

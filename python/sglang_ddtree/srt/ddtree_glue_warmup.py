@@ -1,16 +1,17 @@
 """Glue CUDA graphs captured at startup.
 
 ``SegmentGraphs`` captures a glue segment the first time it meets a key (batch size, W, accept
-mode). So that no request pays a capture, the worker runs one dummy decode step per batch size
-that SGLang's graphs serve and per accept mode, right after SGLang captured the target and
-drafter graphs: every glue graph the server will replay is captured before the first request.
+mode). So that no request pays a capture, the worker's step (``ddtree_step.DDTreeStep.capture``)
+runs once per batch size that SGLang's graphs serve, every accept mode after one verify, right
+after SGLang captured the target and drafter graphs: every glue graph the server will replay is
+captured before the first request.
 
-A dummy step is a real step on placeholder inputs: request row 0 of ``req_to_token`` (all zero
-at startup) with one cached token, so every KV write (the drafter block, the verify nodes, the
-accepted-KV move, the drafter-KV append) lands in slot 0, SGLang's padding slot, which its own
-graph captures write too. The drafter and the target verify replay SGLang's graphs, so the glue
-graphs bind the same static outputs a live step binds. The verify logits are zeroed before the
-dummy accepts (defined values: uniform rows), and the coins come from the worker's generator,
+It runs on a placeholder batch (`capture_batch_size`): request row 0 of ``req_to_token`` (all
+zero at startup) with one cached token, so every KV write (the drafter block, the verify nodes,
+the accepted-KV move, the drafter-KV append) lands in slot 0, SGLang's padding slot, which its
+own graph captures write too. The drafter and the target verify replay SGLang's graphs, so the
+glue graphs bind the same static outputs a live step binds. The verify logits are zeroed before
+the accepts (defined values: uniform rows), and the coins come from the step's generator,
 drawn alike on every rank.
 
 Memory: SGLang sizes the KV pool from the free memory left after the worker's constructor, and
@@ -24,17 +25,14 @@ startup capture does it, then freed. What a capture keeps exceeds the eager peak
 and the keys' own buffers, carved from the eager first run's cached blocks, keep some of them
 from being released. Every smaller key's own buffers are added (``glue_output_bytes``). The
 KV segment (it needs the KV pool) is not counted, but the one buffer it keeps, its own
-workspace for DFLASH's fused drafter-KV materializer, is allocated in the constructor at the
-size the largest key needs (``draft_kv_rows``) and never grown: grown lazily during the
-capture instead, it would land in a segment of the largest key's eager temporaries and keep
-that whole segment from being released, and DFLASH's prefill replaces its own helper's
-workspace, which no captured graph may bind.
+workspace for DFLASH's fused drafter-KV materializer (``ddtree_kv_commit``), is allocated in
+the constructor at the size the largest key needs (``draft_kv_rows``) and never grown: grown
+lazily during the capture instead, it would land in a segment of the largest key's eager
+temporaries and keep that whole segment from being released.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -45,7 +43,7 @@ import torch
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import accept_and_commit
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, _map_tensors, quiet_captures
-from sglang_ddtree.srt.ddtree_utils import TOP_K_ALL, accept_output_group, accept_tree
+from sglang_ddtree.srt.ddtree_step import TOP_K_ALL, accept_output_group, accept_tree
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +81,7 @@ def glue_memory_warning(grown: int, held: int, max_bs: int) -> str | None:
 
 
 def accept_modes() -> list[tuple]:
-    """Every accept-graph mode (``ddtree_utils.accept_mode``): greedy, the four sampled ones
+    """Every accept-graph mode (``ddtree_step.accept_mode``): greedy, the four sampled ones
     and the two min-p ones (with and without the top-k pass)."""
     sampled = [("sampled", k, p, False) for k in (False, True) for p in (False, True)]
     return [("greedy",), *sampled, ("sampled", False, True, True), ("sampled", True, True, True)]
@@ -124,38 +122,6 @@ def draft_kv_rows(schedule, shapes: Mapping, max_bs: int) -> int:
     ``max_bs`` (``bs x S`` at each W's largest batch size; ``shapes``: W -> ``DDTreeShape``):
     the size of the KV segment's own drafter-KV workspace."""
     return max((bs * shapes[w].accept_width for bs, w in largest_keys(schedule, max_bs)), default=0)
-
-
-def own_draft_kv_workspace(helper, rows: int):
-    """The KV segment's own copy of DFLASH's fused drafter-KV materializer ``helper``: the same
-    stacked weights, and a workspace of ``rows`` allocated now (in the worker's constructor,
-    before SGLang sizes the KV pool) that nothing grows. DFLASH's prefill grows its helper's
-    workspace to each prefill's token count by replacing the tensors, which a captured KV
-    graph bound to them would go on writing after they are freed. None: no helper, no rows."""
-    if helper is None or rows <= 0:
-        return None
-    own = copy.copy(helper)  # shares the weights
-    own._workspace_capacity = 0  # so the next call allocates tensors of its own
-    own._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
-    return own
-
-
-@contextlib.contextmanager
-def kv_commit_workspace(worker, rows: int):
-    """DFLASH's drafter-KV append of ``rows`` accepted-path rows on the KV segment's own
-    workspace (``worker._kv_commit_helper``, sized for ``worker._kv_commit_rows``) where they
-    fit it, as every captured key does; an eager step above them appends through DFLASH's
-    helper, whose growth no graph sees."""
-    own, dflash = worker._kv_commit_helper, worker._fused_kv_helper
-    if own is None or dflash is None or rows > worker._kv_commit_rows:
-        yield
-        return
-    worker._fused_kv_helper = own
-    try:
-        yield
-    finally:
-        if worker._fused_kv_helper is own:  # DFLASH sets None if its fused path fails
-            worker._fused_kv_helper = dflash
 
 
 BLOCK = 512  # bytes: the CUDA caching allocator's smallest block
@@ -296,10 +262,10 @@ def glue_capture_footprint(worker, max_bs: int) -> int:
 
 
 def _tree_fns(worker, w: int, lm_head, req_to_token) -> dict:
-    """The worker's draft-tree segment functions for W = ``w`` (`DDTreeWorkerV2.tree_fns`) over
+    """The step's draft-tree segment functions for W = ``w`` (`DDTreeStep.tree_fns`) over
     placeholders: ``lm_head`` ([V, H]) and ``req_to_token`` stand in for the model's and the
     pool's (which does not exist yet)."""
-    return worker.tree_fns(
+    return worker.ddtree_step.tree_fns(
         worker.ddtree_shapes[w], lm_head=lambda: lm_head, req_to_token=lambda: req_to_token
     )
 
@@ -324,8 +290,9 @@ def _capture_largest_key(worker, share, segments, x, bs: int, w: int, lm_head) -
         segments.append(tree_seg)
         tree = tree_seg(key, bound={"hidden": x.hidden}, copied=copied)
     accept = SegmentGraphs(
-        f"measure_accept_w{w}", worker.accept_fn(shape), outputs_by=accept_output_group, **share
-    )
+        f"measure_accept_w{w}", worker.ddtree_step.accept_fn(shape),
+        outputs_by=accept_output_group, **share,
+    )  # fmt: skip
     segments.append(accept)
     for mode, info in x.infos.items():
         accept_tree(tree, x.logits, info, accept, key, None, mode)
@@ -379,12 +346,13 @@ class GlueReserve:
 
 
 def capture_glue_at_startup(worker) -> dict:
-    """Run the dummy steps on ``worker`` (a ``DDTreeWorkerV2`` whose SGLang graphs are
-    captured); returns {"batch_sizes", "captures", "seconds", "memory_gib" (what the capture
-    took from the device), "reserved_gib" (what was held for it before the KV pool was sized)}."""
+    """Capture every batch size's glue graphs (`capture_batch_size`) on ``worker`` (a
+    ``DDTreeWorkerV2`` whose SGLang graphs are captured); returns {"batch_sizes", "captures",
+    "seconds", "memory_gib" (what the capture took from the device), "reserved_gib" (what was
+    held for it before the KV pool was sized)}."""
     runner = worker.target_worker.model_runner.decode_cuda_graph_runner
     max_bs = int(getattr(runner, "max_bs", 0) or 0)
-    sizes = [bs for bs in range(1, max_bs + 1) if worker.target_has_graph(bs)]
+    sizes = [bs for bs in range(1, max_bs + 1) if worker.ddtree_step.target_has_graph(bs)]
     segments = worker.graph_stats.glue_segments
     before = sum(seg.counts["captures"] for seg in segments)
     torch.cuda.synchronize()
@@ -394,7 +362,7 @@ def capture_glue_at_startup(worker) -> dict:
     # freed (in increasing order every key would need new, larger blocks).
     with quiet_captures(segments):
         for bs in reversed(sizes):
-            _dummy_step(worker, bs)
+            capture_batch_size(worker, bs)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the eager first runs' cached blocks; the graphs keep theirs
     grown = torch.cuda.memory_reserved(worker.device) - reserved
@@ -415,59 +383,19 @@ def capture_glue_at_startup(worker) -> dict:
     return info
 
 
-def _dummy_step(worker, bs: int) -> None:
-    from sglang.srt.model_executor.forward_batch_info import (
-        CaptureHiddenMode,
-        ForwardBatch,
-        ForwardMode,
-    )
-
-    from sglang_ddtree.srt.ddtree_info import DDTreeVerifyInput
-    from sglang_ddtree.srt.ddtree_utils import accept_mode
-
+def capture_batch_size(worker, bs: int) -> None:
+    """The step's glue graphs at ``bs`` requests (`DDTreeStep.capture`), every accept mode, on
+    a placeholder batch: request-pool row 0 with one cached token, root token 0."""
     device = worker.device
-    w = worker.shape_for(bs).num_nodes
-    glue = worker.step_glue[w]
-    key = (bs,)
     batch = SimpleNamespace(
         seq_lens=torch.ones(bs, dtype=torch.int64, device=device),
         req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=device),
         seq_lens_cpu=torch.ones(bs, dtype=torch.int64),
         seq_lens_sum=bs,
+        spec_info=SimpleNamespace(
+            bonus_tokens=torch.zeros(bs, dtype=torch.int64, device=device),
+            reserved_seq_lens_cpu=None,
+            reserved_seq_lens_sum=None,
+        ),
     )
-    draft_input = SimpleNamespace(
-        bonus_tokens=torch.zeros(bs, dtype=torch.int64, device=device),
-        reserved_seq_lens_cpu=None,
-        reserved_seq_lens_sum=None,
-    )
-    rows = worker.glue_rows(bs)
-    tree = worker.draft_tree(batch, draft_input, bs, key, rows)  # the decode step's phases 1-2
-    verify_input = DDTreeVerifyInput.from_tree(
-        tree, batch, draft_input, full_mask=worker.verify_full_mask
-    )
-    seq_lens_cpu, seq_lens_sum = worker.host_seq_lens(batch, draft_input, w)
-    target_runner = worker.target_worker.model_runner
-    forward_batch = ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY,
-        batch_size=bs,
-        input_ids=tree.tokens.reshape(-1),
-        req_pool_indices=batch.req_pool_indices,
-        seq_lens=batch.seq_lens,
-        out_cache_loc=tree.verify_loc,
-        seq_lens_sum=seq_lens_sum,
-        seq_lens_cpu=seq_lens_cpu,
-        positions=tree.layout.positions.reshape(-1),
-        spec_algorithm=target_runner.spec_algorithm,
-        spec_info=verify_input,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-    )
-    with torch.inference_mode():
-        out = target_runner.forward(forward_batch)
-    logits = out.logits_output.next_token_logits
-    target_hidden = out.logits_output.hidden_states
-    logits.zero_()
-    for mode in accept_modes():
-        sampling_info = dummy_sampling_info(mode, bs, device)
-        assert accept_mode(sampling_info) == mode
-        commit = glue.accept(key, tree, logits, sampling_info, mode, rows=rows)
-        glue.commit_kv(key, target_hidden, commit, tree)
+    worker.ddtree_step.capture(batch, (dummy_sampling_info(m, bs, device) for m in accept_modes()))

@@ -2,19 +2,19 @@
 
 The verify forward is DFLASH's (``DFlashVerifyInput.prepare_for_verify``, TARGET_VERIFY mode)
 with W tree nodes per request and the ancestor-only custom mask in place of DFLASH's causal
-block. The accept decision over the verify's logits is the worker's
-(``ddtree_utils.accept_tree``).
+block. The step builds it (``ddtree_step.DDTreeStep.verify_input``) and takes the accept
+decision over the verify's logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 from sglang_ddtree.core.step import TreeStep
-from sglang_ddtree.srt.ddtree_utils import verify_mask
 
 
 @dataclass
@@ -25,24 +25,14 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     tree: TreeStep | None = None
 
     @classmethod
-    def from_tree(
-        cls,
-        tree: TreeStep,
-        batch,
-        draft_input,
-        full_mask: bool = True,
-        mask_capacity: int | None = None,
-    ) -> DDTreeVerifyInput:
-        """``full_mask``: whether the target's backend reads SGLang's FULL_MASK (triton,
-        flashinfer); flashmla's verify reads the tree's own ``[bs, W, W]`` mask instead.
-        ``mask_capacity``: the graph's mask buffer, where the verify replays a graph
-        (`ddtree_utils.verify_mask`)."""
-        w = tree.tokens.shape[1]
-        mask = verify_mask(tree, batch, draft_input, w, mask_capacity) if full_mask else None
+    def from_tree(cls, tree: TreeStep, mask: torch.Tensor | None) -> DDTreeVerifyInput:
+        """``mask``: the tree's FULL_MASK (``ddtree_step.verify_mask``) where the target's
+        backend reads it (triton, flashinfer), None where it reads the tree's own ``[bs, W, W]``
+        mask (flashmla)."""
         return cls(
             draft_token=tree.tokens.reshape(-1),
             positions=tree.layout.positions.reshape(-1),
-            draft_token_num=w,
+            draft_token_num=tree.tokens.shape[1],
             custom_mask=mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             tree=tree,

@@ -68,23 +68,24 @@ def install_from_env(environ: Mapping[str, str] | None = None, package: str = PL
 
 
 def scale_coins(scale: float, package: str = PLUGIN) -> None:
-    """Every verify's coins (``ddtree_utils.draw_coins``, which the accept draws from) times
+    """Every verify's coins (``ddtree_step.draw_coins``, which the accept draws from) times
     ``scale``; the bonus coins stay."""
     import importlib
 
-    utils = importlib.import_module(f"{package}.ddtree_utils")
-    draw = utils.draw_coins
+    step = importlib.import_module(f"{package}.ddtree_step")
+    draw = step.draw_coins
 
     def scaled(*args, **kwargs):
         coins, final_coins = draw(*args, **kwargs)
         return coins * scale, final_coins
 
-    utils.draw_coins = scaled
+    step.draw_coins = scaled
     logger.warning("DDTREE runs a DELIBERATELY WRONG sampling law: coins x %s (tests only).", scale)
 
 
 def skew_ranks(skew: int, package: str = PLUGIN) -> None:
-    """Each worker's coin generator reseeded with its tensor-parallel rank times ``skew``."""
+    """Each worker's step's coin generator reseeded with its tensor-parallel rank times
+    ``skew``."""
     import importlib
 
     worker_cls = importlib.import_module(f"{package}.ddtree_worker_v2").DDTreeWorkerV2
@@ -93,7 +94,7 @@ def skew_ranks(skew: int, package: str = PLUGIN) -> None:
     def skewed(self, server_args, *args, **kwargs):
         init(self, server_args, *args, **kwargs)
         seed = int(getattr(server_args, "random_seed", 0) or 0)
-        self._coin_generator.manual_seed(seed + skew * int(self.ps.tp_rank))
+        self.ddtree_step.coin_generator.manual_seed(seed + skew * int(self.ps.tp_rank))
         logger.warning(
             "DDTREE: rank %d draws DIFFERENT verify coins (tests only).", self.ps.tp_rank
         )
@@ -168,12 +169,12 @@ def bind_dflash_workspace(package: str = PLUGIN) -> None:
     """``BIND_DFLASH_WORKSPACE_ENV``: the KV segment's appends on DFLASH's own helper."""
     import importlib
 
-    worker = importlib.import_module(f"{package}.ddtree_worker_v2")
+    kv_commit = importlib.import_module(f"{package}.ddtree_kv_commit")
 
     def dflash_helper_presized(helper, rows):
         if helper is not None and rows > 0:
             helper._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
         return helper
 
-    worker.own_draft_kv_workspace = dflash_helper_presized
+    kv_commit.own_draft_kv_workspace = dflash_helper_presized
     logger.warning("DDTREE: the KV segment BINDS DFLASH's drafter-KV workspace (tests only).")
