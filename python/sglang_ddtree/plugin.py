@@ -65,6 +65,7 @@ def _register_real() -> None:
     _register_request_checks()
     _register_row_headroom()
     _register_server_flags()
+    _register_logprob_placeholders()
     # The split tree-verify attention (SGLANG_DDTREE_TREE_ATTENTION=0 turns it off).
     from sglang_ddtree.srt import ddtree_attention_hook
 
@@ -118,6 +119,30 @@ def _row_headroom_hook(original_fn, server_args, *args, **kwargs):
 
     block = server_args.speculative_dflash_block_size or server_args.speculative_num_draft_tokens
     return max(extra, req_to_token_headroom(server_args.speculative_num_draft_tokens, block))
+
+
+def _register_logprob_placeholders() -> None:
+    """SGLang 0.5.17's decode ``get_token_ids_logprobs(..., no_copy_to_cpu=True)`` leaves ``[]``
+    for a request without ``token_ids_logprob`` beside the other requests' tensors, and the
+    scheduler's CPU copy calls ``.tolist()`` on every entry: a batch mixing a
+    ``token_ids_logprob`` request with another logprob request kills the scheduler, with or
+    without speculation. SGLang's later releases put an empty tensor there; so does this hook,
+    in every server of this environment (the values served are unchanged)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.layers.logprob_processor.get_token_ids_logprobs",
+        token_ids_logprobs_with_tensor_placeholders,
+        HookType.AROUND,
+    )
+
+
+def token_ids_logprobs_with_tensor_placeholders(original_fn, logprobs, *args, **kwargs):
+    vals, idxs = original_fn(logprobs, *args, **kwargs)
+    no_copy = kwargs.get("no_copy_to_cpu", args[1] if len(args) > 1 else False)
+    if no_copy:
+        vals = [logprobs.new_empty((0,)) if isinstance(v, list) else v for v in vals]
+    return vals, idxs
 
 
 def _register_server_flags() -> None:

@@ -668,3 +668,47 @@ def test_flashmla_hooks_only_where_its_backend_imports(hook_registry, monkeypatc
         ]  # fmt: skip
     finally:
         dargs.flashmla_import_error.cache_clear()
+
+
+def test_token_ids_logprob_beside_another_logprob_request_keeps_the_scheduler(source):
+    """SGLang 0.5.17's own decode logprobs (its functions, compiled from its sources) leave
+    ``[]`` for a request without ``token_ids_logprob`` beside the others' tensors, and the
+    scheduler's CPU copy (quoted from its sources) calls ``.tolist()`` on each: AttributeError,
+    the scheduler's death. Through the plugin's hook every entry is a tensor, the copy gives
+    what SGLang gives without ``no_copy_to_cpu``, and the hook changes nothing else."""
+    from conftest import pristine_functions
+
+    from sglang_ddtree import plugin
+
+    path = "python/sglang/srt/layers/logprob_processor.py"
+    fns = pristine_functions(source, path, ["get_token_ids_logprobs_raw", "get_token_ids_logprobs"])
+    get = fns["get_token_ids_logprobs"]
+    get.__globals__["LogprobStage"] = types.SimpleNamespace(DECODE="decode", PREFILL="prefill")
+    copy_line = "v.tolist() for v in logits_output.next_token_token_ids_logprobs_val"
+    processor = "python/sglang/srt/managers/scheduler_components/batch_result_processor.py"
+    assert copy_line in source.read(processor).decode()
+
+    logprobs = torch.log_softmax(torch.randn(3, 16), dim=-1)  # [bs, V]
+    asks = [[1, 2], None, [15]]  # the middle request asks top logprobs only
+    vals, _ = get(logprobs, asks, no_copy_to_cpu=True)
+    with pytest.raises(AttributeError, match="'list' object has no attribute 'tolist'"):
+        [v.tolist() for v in vals]  # the scheduler's copy
+
+    expected, expected_idx = get(logprobs, asks)  # already on the host: lists
+    for call in (lambda: plugin.token_ids_logprobs_with_tensor_placeholders(
+                     get, logprobs, asks, no_copy_to_cpu=True),
+                 lambda: plugin.token_ids_logprobs_with_tensor_placeholders(
+                     get, logprobs, asks, True)):  # fmt: skip
+        vals, idx = call()
+        assert all(isinstance(v, torch.Tensor) for v in vals)
+        assert [v.tolist() for v in vals] == expected and idx == expected_idx
+    assert plugin.token_ids_logprobs_with_tensor_placeholders(get, logprobs, asks) == (
+        expected, expected_idx
+    )
+
+
+def test_the_logprob_placeholder_hook_is_registered(hook_registry):
+    from sglang_ddtree import plugin
+
+    plugin._register_logprob_placeholders()
+    assert hook_registry == ["sglang.srt.layers.logprob_processor.get_token_ids_logprobs"]
