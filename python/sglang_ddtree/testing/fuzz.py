@@ -3,7 +3,8 @@
 ``python -m sglang_ddtree.testing.fuzz --requests 5000 --seed 0 --out DIR [--pair tiny|trained]
 [--concurrency N] [--only 12,40-47]`` starts DDTREE and the non-speculative server (``nospec``,
 the reference) of one target at once on one GPU (`server_flags`, custom logit processors
-enabled on both), sends every request to both and writes ``DIR/fuzz_summary.json`` after every
+enabled on both; the plugin is installed in both, so the reference carries its SGLang fixes
+too), sends every request to both and writes ``DIR/fuzz_summary.json`` after every
 chunk (a run cut short keeps what it found): counts by category, endpoint and family tier, and
 every mismatch with its index and outcomes (its body too, for the first ``MISMATCH_BODIES``).
 No chunk starts after ``--max-seconds`` (360: with the servers' start and the end checks, the
