@@ -46,7 +46,7 @@ per-row work; it holds one float and one bool buffer of that shape, plus the out
 ``inplace``; on CUDA `penalties_triton` instead, which reads the logits only in the
 vocabulary blocks that hold an emitted token), then only the cells the path touches,
 ``[bs, W, W]`` (each node's row is recomputed at the W node tokens, where the counts include
-the path), and the stop ids' cells, ``bs x W x S`` writes from ``[bs, W]`` and ``[bs, S]``
+the path), and the stop ids' cells, ``bs x W x T`` writes from ``[bs, W]`` and ``[bs, T]``
 tensors.
 """
 
@@ -58,7 +58,7 @@ import torch
 
 
 class RequestPenalties(NamedTuple):
-    """Per-request penalty state at the start of a decode step (S = stop ids per request).
+    """Per-request penalty state at the start of a decode step (T = stop ids per request).
 
     output_counts:      [bs, V] int32. Emitted tokens per id, root included.
     output_lens:        [bs] int64. Emitted tokens, root included.
@@ -66,7 +66,7 @@ class RequestPenalties(NamedTuple):
     presence_penalty:   [bs] float32. 0 = off.
     repetition_penalty: [bs] float32, > 0. 1 = off.
     min_new_tokens:     [bs] int64. 0 = off.
-    stop_token_ids:     [bs, S] int64. Stop ids held back by min_new_tokens; -1 padded, S >= 1.
+    stop_token_ids:     [bs, T] int64. Stop ids held back by min_new_tokens; -1 padded, T >= 1.
     """
 
     output_counts: torch.Tensor
@@ -85,7 +85,7 @@ def _check(penalties: RequestPenalties, bs: int, vocab: int) -> None:
     for name in ("output_lens", "frequency_penalty", "presence_penalty"):
         assert getattr(p, name).shape == (bs,), f"{name} must be [bs]"
     assert p.repetition_penalty.shape == (bs,) and p.min_new_tokens.shape == (bs,)
-    assert p.stop_token_ids.dim() == 2 and p.stop_token_ids.shape[0] == bs, "stop ids [bs, S]"
+    assert p.stop_token_ids.dim() == 2 and p.stop_token_ids.shape[0] == bs, "stop ids [bs, T]"
     assert p.stop_token_ids.shape[1] >= 1, "pad stop_token_ids to at least one column (-1)"
 
 
@@ -123,7 +123,7 @@ def apply_tree_penalties(
 
     Depths come from ``tree_mask`` (ancestors-or-self minus one; 0 at the root and at padded
     slots, which get the root's law). With ``inplace`` the logits are overwritten and returned.
-    Every shape depends on (bs, W, V, S) only; no host synchronization.
+    Every shape depends on (bs, W, V, T) only; no host synchronization.
     """
     assert logits.dim() == 3 and logits.is_floating_point(), "logits must be [bs, W, V] float"
     bs, w, vocab = logits.shape
@@ -165,14 +165,14 @@ def apply_tree_penalties(
     out.scatter_(2, cells, path_values)
 
     # min_new_tokens: stop ids to -inf where fewer than min_new_tokens tokens precede. Memory
-    # O(bs x (W + S)): one min-scatter with broadcast index and source, no [bs, W, S] tensor.
+    # O(bs x (W + T)): one min-scatter with broadcast index and source, no [bs, W, T] tensor.
     banned = p.output_lens.to(torch.int64)[:, None] + depth < p.min_new_tokens[:, None]  # [bs, W]
     stop_ids = p.stop_token_ids.to(torch.int64)
-    valid = stop_ids >= 0  # [bs, S]
+    valid = stop_ids >= 0  # [bs, T]
     # Pads point at the row's first stop id, so every write to a cell writes the same value; a
     # row without stop ids holds nothing back.
     first = stop_ids.gather(1, valid.to(torch.int8).argmax(1, keepdim=True))  # [bs, 1]
-    stop_cells = torch.where(valid, stop_ids, first).clamp(min=0)  # [bs, S]
+    stop_cells = torch.where(valid, stop_ids, first).clamp(min=0)  # [bs, T]
     held_back = banned & valid.any(1, keepdim=True)  # [bs, W]
     fill = torch.where(held_back, float("-inf"), float("inf")).to(out.dtype)  # min(x, +inf) = x
     s = stop_cells.shape[1]
@@ -184,7 +184,7 @@ def apply_tree_penalties(
 
 def count_emitted(
     penalties: RequestPenalties,
-    out_tokens: torch.Tensor,  # [bs, S'] int64, CommitPlan.out_tokens: emitted, -1 padded
+    out_tokens: torch.Tensor,  # [bs, S] int64, CommitPlan.out_tokens: emitted, -1 padded
 ) -> RequestPenalties:
     """The state after a step: ``out_tokens`` added to ``output_counts`` and ``output_lens``.
 
@@ -193,7 +193,7 @@ def count_emitted(
     """
     p = penalties
     bs = p.output_lens.shape[0]
-    assert out_tokens.dim() == 2 and out_tokens.shape[0] == bs, "out_tokens must be [bs, S']"
+    assert out_tokens.dim() == 2 and out_tokens.shape[0] == bs, "out_tokens must be [bs, S]"
     emitted = out_tokens >= 0
     counts = p.output_counts.scatter_add(
         1, out_tokens.to(torch.int64).clamp(min=0), emitted.to(p.output_counts.dtype)

@@ -3,8 +3,8 @@
 Terms (used across `sglang_ddtree.core`; the list in `sglang_ddtree.core` is the index):
 
 - **block / depth.** A DFlash drafter reads ``[root, MASK x (block_size - 1)]`` and emits one
-  distribution per masked slot: ``D = block_size - 1`` per-depth distributions ``q_1 .. q_D``.
-  They are marginals: ``q_d`` does not depend on the tokens chosen at other depths.
+  distribution per masked slot, ``block_size - 1`` per-depth distributions; the tree reads the
+  first ``D`` (its max depth, ``min(block_size - 1, budget)``), ``q_1 .. q_D``. They are marginals: ``q_d`` does not depend on the tokens chosen at other depths.
 - **node.** A draft prefix ``(v_1, .., v_d)`` with ``1 <= d <= D``; ``v_d`` is its token.
   It is named by its rank tuple ``(r_1, .., r_d)``: ``v_i`` is the ``r_i``-th most likely token of
   ``q_i``. Its **score** is ``sum_i log q_i(v_i)`` (float32, summed root to leaf).

@@ -662,8 +662,8 @@ def prefix_attention_part(
     prefix_q_once: bool = False,  # MHA: the key width in one tile, the queries loaded once
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix part of `tree_attention` per share of each prefix (every node against all
-    of its prefix keys, no mask): ``(out [S, bs * W, Hq, Dv], lse [S, bs * W, Hq])``, float32,
-    ``S = prefix_splits``; share s covers keys ``[s * share, (s + 1) * share)``
+    of its prefix keys, no mask): ``(out [P, bs * W, Hq, Dv], lse [P, bs * W, Hq])``, float32,
+    ``P = prefix_splits``; share s covers keys ``[s * share, (s + 1) * share)``
     (`_share_keys`), an empty one left unwritten. The settings are `launch_settings`'."""
     n, hq, d = q.shape
     hkv, dv = k_buffer.shape[1], v_buffer.shape[-1]
