@@ -146,9 +146,10 @@ def test_stop_ids_outside_the_vocabulary_only_where_min_tokens_is_not(draws):
 
 def test_refusals_are_those_docs_list():
     refusals = fuzz.own_refusals()
-    assert len(refusals) == 1 and "DDTREE" in refusals[0]  # logprobs are served
+    assert len(refusals) == 2 and "DDTREE" in refusals[0]  # logprobs are served
     refused = DOCS.read_text().split("Refused per request with HTTP 400")[1]
     assert "custom logit processors" in refused
+    assert "holds back every token" in refusals[1] and "holds back every token" in refused
 
 
 def test_processor_names_sglangs_class(monkeypatch):
@@ -215,6 +216,24 @@ def test_asks_refused_follows_ddtrees_check(body, refused):
     processor is refused; logprobs, under each endpoint's name (completions' an int, 0 asking
     too, chat's a bool, the native ``return_logprob``), are served."""
     assert fuzz.asks_refused({"body": body}) is refused
+
+
+@pytest.mark.parametrize(
+    "body, refused",
+    [({"min_tokens": 4, "stop_token_ids": list(range(8)) * 3}, True),
+     ({"sampling_params": {"min_new_tokens": 4, "stop_token_ids": list(range(8))}}, True),
+     ({"min_tokens": 4, "stop_token_ids": list(range(1, 8))}, False),
+     ({"min_tokens": 0, "stop_token_ids": list(range(8))}, False),
+     ({"stop_token_ids": list(range(8))}, False),
+     ({"min_tokens": 4, "stop_token_ids": [-1, 8, 2**63] + list(range(1, 8))}, False),
+     ({"min_tokens": 4, "stop_token_ids": ["a"]}, False)],
+)  # fmt: skip
+def test_asks_refused_judges_every_token_held_back(body, refused):
+    """The judge of a streamed refusal knows DDTREE's refusal of a min_new_tokens request whose
+    stop ids cover the vocabulary (8 tokens here), under both endpoints' names, and its words
+    are among the refusals a message is matched against."""
+    assert fuzz.asks_refused({"body": body, "vocab": 8}) is refused
+    assert any("holds back every token" in r for r in fuzz.own_refusals())
 
 
 def test_parse_indices_and_json_lines():

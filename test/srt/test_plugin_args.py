@@ -164,6 +164,32 @@ def test_request_refusals():
     assert dreq.refuse_request(logprobs) is None
 
 
+def test_a_request_that_holds_back_every_token_is_refused(monkeypatch):
+    """min_new_tokens with stop ids covering the whole vocabulary (EOS included) leaves no token
+    to emit: refused with a message naming the fields; one id short of it, without
+    min_new_tokens, or with ids outside the vocabulary only, it is served."""
+    vocab = 8
+    monkeypatch.setattr(dreq, "_vocab", vocab)
+
+    def req(min_new_tokens, stop_token_ids, eos=0):
+        return SimpleNamespace(
+            custom_logit_processor=None,
+            return_logprob=False,
+            sampling_params=SimpleNamespace(
+                min_new_tokens=min_new_tokens, stop_token_ids=set(stop_token_ids)
+            ),
+            tokenizer=SimpleNamespace(additional_stop_token_ids=None, eos_token_id=eos),
+        )
+
+    msg = dreq.refuse_request(req(4, range(1, vocab)))  # with EOS 0: all eight
+    assert msg and "min_tokens / min_new_tokens 4" in msg and "vocabulary of 8" in msg
+    assert dreq.refuse_request(req(4, range(2, vocab))) is None  # token 1 can be emitted
+    assert dreq.refuse_request(req(0, range(vocab))) is None  # nothing held back
+    assert dreq.refuse_request(req(4, [-1, vocab, 2**63] + list(range(2, vocab)))) is None
+    monkeypatch.setattr(dreq, "_vocab", None)  # no DDTREE worker in this process
+    assert dreq.refuse_request(req(4, range(vocab))) is None
+
+
 def test_request_hook_names_ddtree_first():
     """While DDTREE serves, its refusal answers before SGLang's own DFlash-family check (whose
     messages name DFLASH); otherwise SGLang's check runs unchanged."""

@@ -197,7 +197,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # Held while SGLang sizes the KV pool (after this constructor); handed back to the glue
         # graphs in init_cuda_graphs.
         self.glue_reserve = GlueReserve(self, max_graph_bs) if glue_on else None
-        requests.set_active(True)
+        requests.set_active(True, vocab)
         if self.ps.tp_rank == 0:
             candidates = {w: self.ddtree_step.candidates(w) for w in shapes}
             logger.info(

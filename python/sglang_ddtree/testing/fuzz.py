@@ -338,24 +338,45 @@ def request_at(seed: int, index: int, vocab: int, context_len: int) -> dict:
     """Request ``index`` of the fuzz of ``seed`` (the same whatever else is drawn)."""
     edge = (index // CHUNK) % EDGE_EVERY == EDGE_EVERY - 1
     rng = random.Random(f"fuzz/{seed}/{index}")
-    return dict(draw_request(rng, vocab, context_len, edge), index=index)
+    return dict(draw_request(rng, vocab, context_len, edge), index=index, vocab=vocab)
 
 
 # --------------------------------------------------------------------------------- outcomes
-def _refusal(custom_logit_processor=None, return_logprob=False) -> str | None:
-    """DDTREE's per-request check on a request asking for these (None: it serves it)."""
-    from sglang_ddtree.srt.ddtree_requests import refuse_request
+def _refusal(custom_logit_processor=None, return_logprob=False, params=None, vocab=None):
+    """DDTREE's per-request check on a request asking for these (None: it serves it); ``params``
+    the sampling parameters it reads (min_new_tokens, stop_token_ids), judged against a target
+    of ``vocab`` tokens whose tokenizer adds no stop id."""
+    from sglang_ddtree.srt import ddtree_requests
 
+    params = params or {}
+    ids = params.get("stop_token_ids")
+    ids = {i for i in ids if isinstance(i, int)} if isinstance(ids, list) else set()
     req = SimpleNamespace(
-        custom_logit_processor=custom_logit_processor, return_logprob=return_logprob
+        custom_logit_processor=custom_logit_processor,
+        return_logprob=return_logprob,
+        sampling_params=SimpleNamespace(
+            min_new_tokens=params.get("min_new_tokens", params.get("min_tokens")) or 0,
+            stop_token_ids=ids,
+        ),
+        tokenizer=SimpleNamespace(additional_stop_token_ids=None, eos_token_id=None),
     )
-    return refuse_request(req)
+    active = ddtree_requests._vocab
+    ddtree_requests._vocab = vocab
+    try:
+        return ddtree_requests.refuse_request(req)
+    finally:
+        ddtree_requests._vocab = active
 
 
 def own_refusals() -> list[str]:
     """DDTREE's per-request refusals (docs/requests.md), as its request check words them: of a
-    custom logit processor and logprobs (served), those it refuses."""
-    return [m for m in (_refusal(PROCESSOR), _refusal(return_logprob=True)) if m]
+    custom logit processor and logprobs (served), those it refuses; and the words of its refusal
+    of a min_new_tokens request that holds back every token."""
+    from sglang_ddtree.srt.ddtree_requests import EVERY_TOKEN_HELD_BACK
+
+    return [m for m in (_refusal(PROCESSOR), _refusal(return_logprob=True)) if m] + [
+        EVERY_TOKEN_HELD_BACK
+    ]
 
 
 def asks_refused(request: dict) -> bool:
@@ -366,7 +387,9 @@ def asks_refused(request: dict) -> bool:
     asks_logprobs = bool(b.get("return_logprob")) or (
         logprobs is not None and logprobs is not False
     )
-    return _refusal(b.get("custom_logit_processor"), asks_logprobs) is not None
+    params = b.get("sampling_params", b)
+    return _refusal(b.get("custom_logit_processor"), asks_logprobs, params,
+                    request.get("vocab")) is not None  # fmt: skip
 
 
 def _message(body) -> str:
