@@ -19,7 +19,8 @@ def summary(tmp_path_factory, run_gpu_check):
 
 
 @pytest.mark.parametrize(
-    "case", ["context_limit", "aborts", "retraction", "chunked_prefill", "radix", "load"]
+    "case",
+    ["context_limit", "aborts", "retraction", "chunked_prefill", "radix", "load", "request_edges"],
 )
 def test_fault_case(summary, case):
     assert summary[case]["passed"], json.dumps(summary[case])
