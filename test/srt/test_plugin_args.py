@@ -441,6 +441,37 @@ def test_server_flags_parse_and_reach_the_server_args():
         _from_cli_args_hook(from_cli_args, FakeServerArgs, ns)
 
 
+def test_server_flags_as_engine_keywords_reach_the_server_args():
+    """``sgl.Engine(**kwargs)`` builds ``ServerArgs(**kwargs)``, whose dataclass init takes no
+    other keyword: the plugin's hook takes DDTREE's flags off and hands them on as
+    ``from_cli_args``'s hook does (visible during ``__post_init__``, kept after, no leak); a
+    flag without DDTREE is refused, and a ServerArgs without them is built as it was."""
+    from sglang_ddtree.plugin import _init_hook
+
+    seen = {}
+
+    class FakeServerArgs:
+        speculative_ddtree_topk = None
+
+        def __init__(self, speculative_algorithm=None):  # a dataclass init: fields only
+            self.speculative_algorithm = speculative_algorithm
+            seen["during_post_init"] = self.speculative_ddtree_topk
+
+    sa = FakeServerArgs.__new__(FakeServerArgs)
+    _init_hook(
+        FakeServerArgs.__init__, sa, speculative_algorithm="DDTREE", speculative_ddtree_topk=6
+    )
+    assert seen["during_post_init"] == 6 and sa.speculative_ddtree_topk == 6
+    assert FakeServerArgs.speculative_ddtree_topk is None  # no leak into later ServerArgs
+    plain = FakeServerArgs.__new__(FakeServerArgs)
+    _init_hook(FakeServerArgs.__init__, plain, speculative_algorithm="EAGLE")
+    assert plain.speculative_algorithm == "EAGLE" and "speculative_ddtree_topk" not in vars(plain)
+    other = FakeServerArgs.__new__(FakeServerArgs)
+    with pytest.raises(ValueError, match="need --speculative-algorithm DDTREE"):
+        _init_hook(FakeServerArgs.__init__, other, speculative_algorithm="DFLASH",
+                   speculative_ddtree_topk=6)  # fmt: skip
+
+
 def test_flags_win_over_nothing_and_refuse_a_disagreeing_env():
     assert dargs.read_topk({}, flag=5) == 5
     assert dargs.read_topk({dargs.TOPK_ENV: "5"}, flag=5) == 5
