@@ -65,10 +65,10 @@ def _register_real() -> None:
     _register_request_checks()
     _register_row_headroom()
     _register_server_flags()
-    # The split tree-verify attention (SGLANG_DDTREE_TREE_ATTENTION=0 turns it off).
+    # The verify attention backends that replace SGLang's kernel (ddtree_attention).
     from sglang_ddtree.srt import ddtree_attention_hook
 
-    ddtree_attention_hook.register_if_enabled()
+    ddtree_attention_hook.register_verify_hooks()
 
 
 def _register_request_checks() -> None:
