@@ -40,7 +40,10 @@ from sglang_ddtree.srt.ddtree_attention.attention_registry import (
     target_verify_backend,
     verify_backend,
 )
-from sglang_ddtree.srt.ddtree_attention.verify_backend import VERIFY_FLAG, VerifyAttentionBackend
+from sglang_ddtree.srt.ddtree_attention.verify_backend import (
+    VERIFY_FLAG,
+    VerifyAttentionBackend,
+)
 from sglang_ddtree.srt.ddtree_envs import envs
 
 ALGORITHM_NAME = "DDTREE"

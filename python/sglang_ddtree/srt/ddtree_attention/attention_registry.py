@@ -8,7 +8,10 @@ from sglang_ddtree.srt.ddtree_attention.flashinfer_backend import FlashInferVeri
 from sglang_ddtree.srt.ddtree_attention.flashmla_backend import FlashMLASplitVerify
 from sglang_ddtree.srt.ddtree_attention.triton_backend import TritonSplitVerify
 from sglang_ddtree.srt.ddtree_attention.triton_extend_backend import TritonExtendVerify
-from sglang_ddtree.srt.ddtree_attention.verify_backend import VERIFY_FLAG, VerifyAttentionBackend
+from sglang_ddtree.srt.ddtree_attention.verify_backend import (
+    VERIFY_FLAG,
+    VerifyAttentionBackend,
+)
 
 # The one named as an --attention-backend is that backend's default verify.
 VERIFY_BACKENDS: dict[str, type[VerifyAttentionBackend]] = {
