@@ -303,9 +303,9 @@ def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | No
             + "."
         )
     if not is_mla and verify is not None and not verify.serves_mha:
+        mha = " or ".join(b.name for b in default_backends() if b.serves_mha)
         errors.append(
-            f"The {verify.name} backend serves MLA targets only; pass --attention-backend "
-            "triton (or flashinfer)."
+            f"The {verify.name} backend serves MLA targets only; pass --attention-backend {mha}."
         )
     if kv_dtype is not None and getattr(kv_dtype, "itemsize", 2) != 2:
         errors.append(
