@@ -86,7 +86,28 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
     "sglang_ddtree.srt.ddtree_penalties": f"{SPEC}/ddtree_penalties.py",
     "sglang_ddtree.srt.ddtree_logprobs": f"{SPEC}/ddtree_logprobs.py",
-    "sglang_ddtree.srt.ddtree_attention": f"{SPEC}/ddtree_attention.py",
+    # The verify attention backends: a subpackage, each module named as the file of SGLang's
+    # layers/attention/ whose backend it verifies on (triton_backend.py, flashmla_backend.py,
+    # flashinfer_backend.py), beside the interface and the registry (attention_registry.py).
+    "sglang_ddtree.srt.ddtree_attention": f"{SPEC}/ddtree_attention/__init__.py",
+    "sglang_ddtree.srt.ddtree_attention.verify_backend": (
+        f"{SPEC}/ddtree_attention/verify_backend.py"
+    ),
+    "sglang_ddtree.srt.ddtree_attention.triton_extend_backend": (
+        f"{SPEC}/ddtree_attention/triton_extend_backend.py"
+    ),
+    "sglang_ddtree.srt.ddtree_attention.triton_backend": (
+        f"{SPEC}/ddtree_attention/triton_backend.py"
+    ),
+    "sglang_ddtree.srt.ddtree_attention.flashmla_backend": (
+        f"{SPEC}/ddtree_attention/flashmla_backend.py"
+    ),
+    "sglang_ddtree.srt.ddtree_attention.flashinfer_backend": (
+        f"{SPEC}/ddtree_attention/flashinfer_backend.py"
+    ),
+    "sglang_ddtree.srt.ddtree_attention.attention_registry": (
+        f"{SPEC}/ddtree_attention/attention_registry.py"
+    ),
 }
 
 # Modules that stay out of SGLang (a module or a package prefix). Every module of the package
@@ -303,6 +324,11 @@ _register_ddtree()
         "DDTREE only. Draft candidates per tree depth (default 8), capped by the tree budget and the vocabulary size.",
         NS("spec"),
     ] = None
+    speculative_ddtree_verify_attention: A[
+        Optional[str],
+        "DDTREE only. The target verify's attention, by its name in speculative/ddtree_attention/attention_registry.py. Default: the one named as the verify's attention backend (triton, flashmla: DDTREE's split tree attention; flashinfer: its custom-mask prefill). triton_extend: triton's custom-mask extend kernel, the reference the split is tested against.",
+        NS("spec"),
+    ] = None
 """,
     ),
     # 5. ... which the DDTREE modules read from the server args; they mean nothing without DDTREE.
@@ -313,10 +339,11 @@ _register_ddtree()
         """    if server_args.speculative_algorithm != "DDTREE" and (
         server_args.speculative_ddtree_budget_schedule is not None
         or server_args.speculative_ddtree_topk is not None
+        or server_args.speculative_ddtree_verify_attention is not None
     ):
         raise ValueError(
-            "--speculative-ddtree-budget-schedule and --speculative-ddtree-topk need "
-            "--speculative-algorithm DDTREE."
+            "--speculative-ddtree-budget-schedule, --speculative-ddtree-topk and "
+            "--speculative-ddtree-verify-attention need --speculative-algorithm DDTREE."
         )
 
 """,
@@ -330,9 +357,10 @@ _register_ddtree()
         "python/sglang/srt/layers/attention/triton_backend.py",
         "        super().__init__()\n\n"
         "        self.decode_attention_fwd = torch.compiler.disable(decode_attention_fwd)\n",
-        """        from sglang.srt.speculative.ddtree_attention import takes_ddtree_verify
+        """        from sglang.srt.speculative.ddtree_attention.triton_backend import TritonSplitVerify
+        from sglang.srt.speculative.ddtree_attention.verify_backend import takes_ddtree_verify
 
-        self.ddtree_takes_verify = takes_ddtree_verify(model_runner)
+        self.ddtree_takes_verify = takes_ddtree_verify(model_runner, TritonSplitVerify)
 """,
     ),
     Edit(
@@ -340,9 +368,11 @@ _register_ddtree()
         "python/sglang/srt/layers/attention/triton_backend.py",
         ("        aux_tensors=None,\n    ):\n", "        # TODO: reuse the buffer across layers\n"),
         """        if self.ddtree_takes_verify and forward_batch.forward_mode.is_target_verify():
-            from sglang.srt.speculative.ddtree_attention import tree_verify_attention
+            from sglang.srt.speculative.ddtree_attention.triton_backend import (
+                TritonSplitVerify,
+            )
 
-            out = tree_verify_attention(
+            out = TritonSplitVerify.forward_extend(
                 self, q, k, v, layer, forward_batch, save_kv_cache,
                 sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors,
             )  # fmt: skip
@@ -357,9 +387,12 @@ _register_ddtree()
         "flashmla-verify-init",
         "python/sglang/srt/layers/attention/flashmla_backend.py",
         "        self.is_draft_runner = model_runner.is_draft_worker\n",
-        """        from sglang.srt.speculative.ddtree_attention import takes_ddtree_verify
+        """        from sglang.srt.speculative.ddtree_attention.flashmla_backend import (
+            FlashMLASplitVerify,
+        )
+        from sglang.srt.speculative.ddtree_attention.verify_backend import takes_ddtree_verify
 
-        self.ddtree_takes_verify = takes_ddtree_verify(model_runner)
+        self.ddtree_takes_verify = takes_ddtree_verify(model_runner, FlashMLASplitVerify)
 """,
     ),
     Edit(
@@ -367,11 +400,11 @@ _register_ddtree()
         "python/sglang/srt/layers/attention/flashmla_backend.py",
         "            # target_verify / draft_extend_v2: fixed-q decode-style kernel.\n",
         """            if self.ddtree_takes_verify:
-                from sglang.srt.speculative.ddtree_attention import (
-                    flashmla_tree_verify_attention,
+                from sglang.srt.speculative.ddtree_attention.flashmla_backend import (
+                    FlashMLASplitVerify,
                 )
 
-                out = flashmla_tree_verify_attention(
+                out = FlashMLASplitVerify.forward_extend(
                     self, q, k, v, layer, forward_batch, save_kv_cache
                 )
                 if out is not None:
@@ -386,9 +419,12 @@ _register_ddtree()
             "\n    def init_cuda_graph_state(",
         ),
         """        if self.ddtree_takes_verify:
-            from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
+            from sglang.srt.speculative.ddtree_attention.flashmla_backend import (
+                FlashMLASplitVerify,
+            )
 
-            set_flashmla_verify(self, forward_batch, in_graph=False)  # DDTREE verify only
+            # A no-op but for a DDTREE verify.
+            FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=False)
 """,
     ),
     Edit(
@@ -399,9 +435,12 @@ _register_ddtree()
             "\n    def _eager_block_kv_indices(",
         ),
         """        if self.ddtree_takes_verify:
-            from sglang.srt.speculative.ddtree_attention import set_flashmla_verify
+            from sglang.srt.speculative.ddtree_attention.flashmla_backend import (
+                FlashMLASplitVerify,
+            )
 
-            set_flashmla_verify(self, forward_batch, in_graph=True)  # DDTREE verify only
+            # A no-op but for a DDTREE verify.
+            FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=True)
 """,
     ),
 ]
@@ -483,12 +522,17 @@ SERIES = [
     ),
     Part(
         "tree-verify-attention",
-        "split tree-verify attention on triton and flashmla",
-        "the tree-verify attention split into a prefix part and the ancestor block, called "
-        "from the triton and flashmla backends (inert until a DDTREE worker runs)",
+        "verify attention backends: the split tree attention on triton and flashmla",
+        "the verify attention backend interface and the tree-verify attention split into a "
+        "prefix part and the ancestor block, as triton's and flashmla's verify backends called "
+        "from SGLang's (inert until a DDTREE worker runs)",
         modules=(
             "sglang_ddtree.core.tree_attention",
             "sglang_ddtree.srt.ddtree_attention",
+            "sglang_ddtree.srt.ddtree_attention.verify_backend",
+            "sglang_ddtree.srt.ddtree_attention.triton_extend_backend",
+            "sglang_ddtree.srt.ddtree_attention.triton_backend",
+            "sglang_ddtree.srt.ddtree_attention.flashmla_backend",
         ),
         templates=("test_ddtree_tree_attention.py", "bench_ddtree_tree_attention.py"),
         edits=(
@@ -503,9 +547,12 @@ SERIES = [
     Part(
         "args-budget-graphs",
         "options, adaptive budget and target-verify graphs",
-        "DDTREE's options and startup checks, the adaptive tree budget by batch size, and the "
-        "target-verify CUDA graphs per budget bucket with the tree mask",
+        "the verify backends' registry (with flashinfer's), DDTREE's options and startup "
+        "checks, the adaptive tree budget by batch size, and the target-verify CUDA graphs per "
+        "budget bucket with the tree mask",
         modules=(
+            "sglang_ddtree.srt.ddtree_attention.flashinfer_backend",
+            "sglang_ddtree.srt.ddtree_attention.attention_registry",
             "sglang_ddtree.srt.ddtree_args",
             "sglang_ddtree.srt.ddtree_budget",
             "sglang_ddtree.srt.ddtree_cuda_graph_runner",

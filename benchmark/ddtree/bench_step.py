@@ -35,7 +35,8 @@ Configurations (``--configs``): ``none``; ``dflash`` (chain, ``--speculative-num
 ``ddtree-N`` (fixed budget N: N + 1 tree nodes); ``ddtree`` (the plugin's default adaptive
 budget, i.e. no ``--speculative-num-draft-tokens``). A suffix runs a variant: ``+extendattn``
 runs the target's tree-verify attention through triton's custom-mask extend kernel instead
-of ``core.tree_attention`` (``SGLANG_DDTREE_TREE_ATTENTION=0``); ``+baseline`` runs the
+of ``core.tree_attention`` (``--speculative-ddtree-verify-attention triton_extend``, a DDTREE
+configuration's engine keyword); ``+baseline`` runs the
 engine on the plugin under ``--baseline-python`` (an earlier commit's ``python/``, put
 first on the engine processes' ``PYTHONPATH``; the main process, which checks requests,
 keeps the installed one): two versions side by side in one run
@@ -121,7 +122,7 @@ import sys
 import tempfile
 import time
 
-from sglang_ddtree.srt.ddtree_attention import ENV as TREE_ATTENTION_ENV
+from sglang_ddtree.srt.ddtree_attention.verify_backend import VERIFY_FLAG
 from sglang_ddtree.testing import tiny_models
 from sglang_ddtree.testing.e2e import TP_CHECK_ENGINE  # also installs testing.inject's hooks
 from sglang_ddtree.testing.inject import GRAPH_STATS_ENV
@@ -634,15 +635,13 @@ def flush_timing(eng, spec) -> None:
 VARIANTS = {
     # The target's tree verify through triton's custom-mask extend kernel instead of the default
     # split attention (core/tree_attention.py).
-    "extendattn": {TREE_ATTENTION_ENV: "0"},
+    "extendattn": {VERIFY_FLAG: "triton_extend"},
     # The engine's processes import the plugin from --baseline-python (another checkout's
     # python/, e.g. an earlier commit): two versions side by side in one run.
     "baseline": {},
 }
-# The worker's defaults, set explicitly so a variant changes only what it names.
-DEFAULT_VARIANT_ENV = {
-    TREE_ATTENTION_ENV: "1",
-}
+# The DDTREE engine keywords every variant starts from (none: the worker's defaults).
+DEFAULT_VARIANT_KWARGS: dict[str, str] = {}
 
 
 ATTENTION_BACKENDS = ("triton", "flashmla", "flashinfer")
@@ -658,15 +657,15 @@ def split_backend(config: str, default: str) -> tuple[str, str]:
 
 
 def split_variant(config: str) -> tuple[str, dict[str, str]]:
-    """``"ddtree-64+extendattn"`` -> (``"ddtree-64"``, the env of those variants over
-    the worker's defaults). Unknown suffixes exit with the known ones."""
+    """``"ddtree-64+extendattn"`` -> (``"ddtree-64"``, the DDTREE engine keywords of those
+    variants over the worker's defaults). Unknown suffixes exit with the known ones."""
     base, *variants = config.split("+")
-    env = dict(DEFAULT_VARIANT_ENV)
+    kwargs = dict(DEFAULT_VARIANT_KWARGS)
     for variant in variants:
         if variant not in VARIANTS:
             raise SystemExit(f"unknown variant {variant!r} in {config!r} (known: {list(VARIANTS)})")
-        env.update(VARIANTS[variant])
-    return base, env
+        kwargs.update(VARIANTS[variant])
+    return base, kwargs
 
 
 def engine_pythonpath(config: str, baseline_python: str | None, current: str | None):
@@ -698,8 +697,7 @@ def run_config(spec, config, args, timing_dir) -> dict:
     os.environ[instruments.MEMORY_HISTORY_ENV] = "1" if args.memory_history else "0"
     row = {"config": config, "accept": {}, "step": []}
     config_only, backend = split_backend(config, args.attention_backend)
-    base, variant_env = split_variant(config_only)
-    os.environ.update(variant_env)
+    base, variant_kwargs = split_variant(config_only)
     pythonpath = os.environ.get("PYTHONPATH")
     engine_path = engine_pythonpath(config_only, args.baseline_python, pythonpath)
     if engine_path is not None:  # spawned engine processes read it at their start
@@ -725,6 +723,9 @@ def run_config(spec, config, args, timing_dir) -> dict:
         graphs=not counting,
         plain_all_reduce=args.plain_all_reduce,
     )
+    if variant_kwargs and kw.get("speculative_algorithm") != "DDTREE":
+        raise SystemExit(f"{config!r}: its variant sets DDTREE's {sorted(variant_kwargs)}")
+    kw.update(variant_kwargs)
     kw["attention_backend"] = backend
     if backend == "flashmla":
         kw["page_size"] = 64

@@ -66,10 +66,10 @@ def _register_real() -> None:
     _register_row_headroom()
     _register_server_flags()
     _register_logprob_placeholders()
-    # The split tree-verify attention (SGLANG_DDTREE_TREE_ATTENTION=0 turns it off).
+    # The verify attention backends that replace SGLang's kernel (ddtree_attention).
     from sglang_ddtree.srt import ddtree_attention_hook
 
-    ddtree_attention_hook.register_if_enabled()
+    ddtree_attention_hook.register_verify_hooks()
 
 
 def _register_request_checks() -> None:
@@ -146,13 +146,13 @@ def token_ids_logprobs_with_tensor_placeholders(original_fn, logprobs, *args, **
 
 
 def _register_server_flags() -> None:
-    """``--speculative-ddtree-budget-schedule`` and ``--speculative-ddtree-topk`` on SGLang's
-    command line (``launch_server`` and ``sglang serve`` load plugins before parsing). The
-    plugin API has no server-argument hook, so SGLang's parser gets the flags by an AROUND hook
-    on ``ServerArgs.add_cli_args``, and ``ServerArgs.from_cli_args`` (which keeps only dataclass
-    fields) hands their values on as attributes of the ServerArgs: class attributes while
-    ``__post_init__`` resolves the speculative arguments, instance attributes afterwards (they
-    travel with the pickled args to the scheduler processes). In SGLang's tree they are fields."""
+    """DDTREE's flags (``ddtree_args.FLAG_FIELDS``) on SGLang's command line (``launch_server``
+    and ``sglang serve`` load plugins before parsing) and as ``sgl.Engine(...)`` keywords. The
+    plugin API has no server-argument hook: an AROUND hook on ``ServerArgs.add_cli_args`` adds
+    them to the parser, and ones on ``from_cli_args`` and ``__init__`` (which keep only
+    dataclass fields) hand their values on: class attributes while ``__post_init__`` resolves
+    the speculative arguments, instance attributes after (they travel with the pickled args to
+    the scheduler processes). In SGLang's tree they are fields."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.server_args import ServerArgs
 
@@ -160,13 +160,13 @@ def _register_server_flags() -> None:
 
     for field in FLAG_FIELDS:
         if not hasattr(ServerArgs, field):
-            setattr(ServerArgs, field, None)  # sgl.Engine(...) and old pickles: unset
-    HookRegistry.register(
-        "sglang.srt.server_args.ServerArgs.add_cli_args", _add_cli_args_hook, HookType.AROUND
-    )
-    HookRegistry.register(
-        "sglang.srt.server_args.ServerArgs.from_cli_args", _from_cli_args_hook, HookType.AROUND
-    )
+            setattr(ServerArgs, field, None)  # unset unless given (old pickles too)
+    for method, hook in (
+        ("add_cli_args", _add_cli_args_hook),
+        ("from_cli_args", _from_cli_args_hook),
+        ("__init__", _init_hook),
+    ):
+        HookRegistry.register(f"sglang.srt.server_args.ServerArgs.{method}", hook, HookType.AROUND)
 
 
 def _add_cli_args_hook(original_fn, parser, *args, **kwargs):
@@ -181,12 +181,32 @@ def _from_cli_args_hook(original_fn, cls, namespace, *args, **kwargs):
     from sglang_ddtree.srt.ddtree_args import FLAG_FIELDS
 
     values = {f: getattr(namespace, f, None) for f in FLAG_FIELDS}
+    return _with_flags(cls, values, lambda: original_fn(cls, namespace, *args, **kwargs))
+
+
+def _init_hook(original_fn, server_args, *args, **kwargs):
+    from sglang_ddtree.srt.ddtree_args import FLAG_FIELDS
+
+    values = {f: kwargs.pop(f) for f in FLAG_FIELDS if f in kwargs}  # sgl.Engine's keywords
+    if not values:
+        return original_fn(server_args, *args, **kwargs)
+
+    def build():
+        original_fn(server_args, *args, **kwargs)
+        return server_args
+
+    _with_flags(type(server_args), values, build)
+
+
+def _with_flags(cls, values: dict, build):
+    """``build()``'s ServerArgs, with the flags' ``values`` class attributes of ``cls`` while it
+    runs and attributes of the ServerArgs after; a flag without DDTREE is refused."""
     for field, value in values.items():
         setattr(cls, field, value)
     try:
-        server_args = original_fn(cls, namespace, *args, **kwargs)
+        server_args = build()
     finally:
-        for field in FLAG_FIELDS:
+        for field in values:
             setattr(cls, field, None)
     for field, value in values.items():
         # ServerArgs is read-only once resolved (a bare setattr raises); these are not its fields.

@@ -88,7 +88,7 @@ class FakeDecodeCudaGraphRunner:
 @pytest.fixture
 def cuda_graph_mod(monkeypatch):
     """``sglang_ddtree/srt/ddtree_cuda_graph_runner.py`` loaded against the stand-in (SGLang not needed)."""
-    for name in ("sglang", "sglang.srt", "sglang.srt.model_executor"):
+    for name in ("sglang", "sglang.srt", "sglang.srt.model_executor", "sglang.srt.speculative"):
         if name not in sys.modules:
             monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     base = types.ModuleType("decode_cuda_graph_runner")
@@ -99,6 +99,10 @@ def cuda_graph_mod(monkeypatch):
     monkeypatch.setitem(sys.modules, prefix, types.ModuleType(prefix))
     monkeypatch.setitem(sys.modules, f"{prefix}.decode_cuda_graph_runner", base)
     monkeypatch.setitem(sys.modules, f"{prefix}.shape_key", keys)
+    # SGLang's name of the target's backend, through its wrappers (the verify backend's key).
+    dflash_utils = types.ModuleType("dflash_utils")
+    dflash_utils.resolve_dflash_verify_mask_policy = lambda b: (type(b).__name__, True)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dflash_utils", dflash_utils)
     import sglang_ddtree
 
     path = os.path.join(
@@ -110,16 +114,25 @@ def cuda_graph_mod(monkeypatch):
     return mod
 
 
-def fake_model_runner(w_max: int):
+class TritonAttnBackend:  # stand-ins for the target's attention backend objects, by class
+    pass
+
+
+class FlashMLABackend:
+    pass
+
+
+def fake_model_runner(w_max: int, attn_backend=None):
     mr = SimpleNamespace(
-        num_draft_tokens=w_max, is_draft_worker=False, init_cuda_graph_state_calls=[]
-    )
+        num_draft_tokens=w_max, is_draft_worker=False, init_cuda_graph_state_calls=[],
+        attn_backend=attn_backend or TritonAttnBackend(), server_args=SimpleNamespace(),
+    )  # fmt: skip
     mr.decode_num_tokens_per_req = lambda num_draft_tokens=None: num_draft_tokens
     return mr
 
 
-def build(mod, schedule: BudgetSchedule):
-    mr = fake_model_runner(schedule.max_num_nodes)
+def build(mod, schedule: BudgetSchedule, attn_backend=None):
+    mr = fake_model_runner(schedule.max_num_nodes, attn_backend)
     mod.install_target_graph_runner(mr, schedule)
     runner_cls = mr._decode_cuda_graph_runner_cls()  # what capture_decode_graph calls
     return mr, runner_cls(mr)
@@ -139,6 +152,18 @@ def test_each_bucket_captured_at_its_width(cuda_graph_mod):
     assert sorted(k.size for k in r.graphs) == r.capture_bs
     # Largest token count first (W=33 at bs 31: 1023 tokens), each bucket descending.
     assert r.capture_order[:5] == [(31, 33), (24, 33), (16, 33), (12, 33), (8, 33)]
+
+
+def test_capture_mask_follows_the_verify_backend(cuda_graph_mod):
+    """A verify backend that reads SGLang's FULL_MASK (triton's split, triton's extend kernel)
+    captures with the all-True mask; one that reads the tree's own mask (flashmla's split)
+    keeps SGLang's dummy as it is and fills buffers of its own in its metadata call."""
+    s = BudgetSchedule.parse("1:17")
+    _, flashmla = build(cuda_graph_mod, s, FlashMLABackend())
+    assert {g["spec"].custom_mask for g in flashmla.graphs.values()} == {None}
+    mr, reference = build(cuda_graph_mod, s)
+    mr.server_args.speculative_ddtree_verify_attention = "triton_extend"
+    assert reference.get_spec_info(17).custom_mask == "ALL_TRUE_MASK"
 
 
 def test_replay_picks_the_bucket_width(cuda_graph_mod):

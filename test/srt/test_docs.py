@@ -368,7 +368,7 @@ def test_named_plugin_flags_exist_without_sglang():
 
 def test_named_env_variables_exist():
     known = env_names()
-    assert "SGLANG_DDTREE_TREE_ATTENTION" in known
+    assert "SGLANG_DDTREE_TOPK" in known and "SGLANG_DDTREE_BUDGET_SCHEDULE" in known
     bad = {rel(p): unknown_env(p.read_text(), known) for p in all_docs()}
     assert not {k: v for k, v in bad.items() if v}
 

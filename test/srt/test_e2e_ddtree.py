@@ -15,8 +15,9 @@ e. adaptive budget (schedule 1:33,4:17): greedy == no speculation across both bu
    verify step of both widths replayed a CUDA graph, and so did every glue segment after its
    capture step;
    The run's log shows that the split tree-verify attention (the default) took the verifies;
-f. with triton's custom-mask extend kernel instead (``SGLANG_DDTREE_TREE_ATTENTION=0``): a and b
-   again, and the log shows that the split kernels did not run;
+f. with triton's custom-mask extend kernel instead (the reference verify backend,
+   ``--verify-attention triton_extend``): a and b again, and the log shows that the split
+   kernels did not run;
 g. the split attention on the Kimi-shaped MLA + MoE pair (``--arch mla``): b, through the split
    kernels (MLA's 512-wide values tiled). Greedy is left out there: on that random-router target
    greedy outputs differ from no speculation at expert-routing near-ties with either attention
@@ -33,7 +34,7 @@ import os
 
 import pytest
 
-from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
+from sglang_ddtree.srt.ddtree_attention.verify_backend import SPLIT_LOG_LINE
 
 pytestmark = pytest.mark.gpu
 
@@ -51,11 +52,8 @@ def summary(e2e_out, run_gpu_check):
 def test_a_greedy_equals_no_spec(summary, e2e_out):
     g = summary["greedy"]
     assert g["passed"], json.dumps(g, indent=1)
-    from sglang_ddtree.srt.ddtree_attention import enabled
-
-    if enabled():
-        with open(os.path.join(e2e_out, "e2e_stdout.log")) as f:
-            assert SPLIT_LOG_LINE in f.read()  # the default attention took the verifies
+    with open(os.path.join(e2e_out, "e2e_stdout.log")) as f:
+        assert SPLIT_LOG_LINE in f.read()  # the default attention took the verifies
 
 
 def test_b_sampling_law(summary):
@@ -86,38 +84,32 @@ def test_e_adaptive_budget(summary):
     assert a["passed"], json.dumps(a, indent=1)
 
 
-def _attention_run(tmp_path_factory, run_gpu_check, name: str, args: list[str], switch: str):
-    """(summary, stdout) of the e2e module with ``args`` and the attention switch at ``switch``."""
+def _attention_run(tmp_path_factory, run_gpu_check, name: str, args: list[str]):
+    """(summary, stdout) of the e2e module with ``args``."""
     out = str(tmp_path_factory.mktemp(name))
-    summary = run_gpu_check(
-        out,
-        "sglang_ddtree.testing.e2e",
-        args,
-        "e2e_summary.json",
-        900,
-        env={"SGLANG_DDTREE_TREE_ATTENTION": switch},
-    )
+    summary = run_gpu_check(out, "sglang_ddtree.testing.e2e", args, "e2e_summary.json", 900)
     with open(os.path.join(out, "e2e_stdout.log")) as f:
         return summary, f.read()
 
 
 @pytest.fixture(scope="module")
 def extend_attention(tmp_path_factory, run_gpu_check):
-    args = ["--checks", "greedy,sampling"]
-    return _attention_run(tmp_path_factory, run_gpu_check, "e2e_extend_attention", args, "0")
+    args = ["--checks", "greedy,sampling", "--verify-attention", "triton_extend"]
+    return _attention_run(tmp_path_factory, run_gpu_check, "e2e_extend_attention", args)
 
 
 def test_f_extend_kernel_attention(extend_attention):
     summary, log = extend_attention
-    assert SPLIT_LOG_LINE not in log  # the switch kept the backend's own kernel
+    assert summary["verify_attention"] == "triton_extend"
+    assert SPLIT_LOG_LINE not in log  # the reference kept the backend's own kernel
     assert summary["greedy"]["passed"], json.dumps(summary["greedy"], indent=1)
     assert summary["sampling"]["passed"], json.dumps(summary["sampling"], indent=1)
 
 
 @pytest.fixture(scope="module")
 def split_attention_mla(tmp_path_factory, run_gpu_check):
-    args = ["--arch", "mla", "--checks", "sampling"]
-    return _attention_run(tmp_path_factory, run_gpu_check, "e2e_split_mla", args, "1")
+    args = ["--arch", "mla", "--checks", "sampling"]  # the default verify: the split
+    return _attention_run(tmp_path_factory, run_gpu_check, "e2e_split_mla", args)
 
 
 def test_g_split_tree_attention_mla(split_attention_mla):

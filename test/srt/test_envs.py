@@ -98,10 +98,8 @@ def test_str_is_kept_as_is():
 
 def test_a_knob_s_own_fix_is_named():
     with pytest.raises(ValueError) as e:
-        _get(envs.SGLANG_DDTREE_TREE_ATTENTION, "on")
-    assert str(e.value).endswith(
-        "set it to 0 (the backend's custom-mask kernel) or 1 (the default)."
-    )
+        _get(_knob(bool, True, fix="set it to 0 (off) or 1 (the default)"), "on")
+    assert str(e.value).endswith("set it to 0 (off) or 1 (the default).")
     with pytest.raises(ValueError) as e:
         _get(envs.SGLANG_DDTREE_TOPK, "eight")
     assert str(e.value) == "SGLANG_DDTREE_TOPK='eight' is not an integer; set it to e.g. 8."
@@ -131,7 +129,7 @@ def test_reads_os_environ_by_default(monkeypatch):
 
 def test_table_is_well_formed():
     names = [k.name for k in KNOBS]
-    assert len(names) == len(set(names)) == 3
+    assert len(names) == len(set(names)) == 2
     assert KNOBS == tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
     for knob in KNOBS:
         assert knob.name.startswith("SGLANG_DDTREE_") and getattr(envs, knob.name) is knob
@@ -175,13 +173,10 @@ def test_invalid_settings_lists_each_bad_value_once():
     assert invalid_settings({}) == []
     good = {
         "SGLANG_DDTREE_TOPK": "4",
-        "SGLANG_DDTREE_TREE_ATTENTION": "yes",
+        "SGLANG_DDTREE_BUDGET_SCHEDULE": "1:33,4:17",
     }
     assert invalid_settings(good) == []
-    bad = {
-        "SGLANG_DDTREE_TOPK": "x",
-        "SGLANG_DDTREE_TREE_ATTENTION": "2",
-    }
+    bad = {"SGLANG_DDTREE_TOPK": "x"}  # the schedule's text is its reader's (below)
     errors = invalid_settings({**good, **bad})
     assert len(errors) == len(bad)
     for name, value in bad.items():
@@ -246,14 +241,13 @@ def test_validate_server_args_refuses_every_bad_value_once(spec_module, monkeypa
         monkeypatch.delenv(knob.name, raising=False)
     spec_module.validate_server_args(_server_args())
     monkeypatch.setenv("SGLANG_DDTREE_TOPK", "x")  # also read by check_server_args
-    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "on")  # also by flashmla_switch_error
-    with pytest.raises(ValueError) as e:
-        spec_module.validate_server_args(_server_args())
+    with pytest.raises(ValueError) as e:  # a bad verify attention: no verify backend to ask
+        spec_module.validate_server_args(_server_args(speculative_ddtree_verify_attention="on"))
     lines = str(e.value).splitlines()
     assert lines[0] == "Invalid DDTREE configuration:"
     assert len(lines) == 3, lines
-    for name in ("TOPK='x'", "TREE_ATTENTION='on'"):
-        assert sum(f"SGLANG_DDTREE_{name}" in line for line in lines) == 1, name
+    for name in ("SGLANG_DDTREE_TOPK='x'", "verify-attention 'on' is none"):
+        assert sum(name in line for line in lines) == 1, name
 
 
 def test_validate_server_args_refuses_a_missing_drafter_naming_the_flag(spec_module, monkeypatch):
@@ -270,21 +264,21 @@ def test_validate_server_args_refuses_a_missing_drafter_naming_the_flag(spec_mod
 def test_validate_server_args_refuses_flashmla_where_it_does_not_import(spec_module, monkeypatch):
     """A machine whose SGLang cannot import its flashmla backend: selecting it is refused at
     start, naming the flag and what to pass; another backend never tries the import."""
-    from sglang_ddtree.srt import ddtree_args as dargs
+    from sglang_ddtree.srt.ddtree_attention import flashmla_backend
 
     for knob in KNOBS:
         monkeypatch.delenv(knob.name, raising=False)
-    monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
-    dargs.flashmla_import_error.cache_clear()
+    monkeypatch.setattr(flashmla_backend, "BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
+    flashmla_backend.import_error.cache_clear()
     try:
         spec_module.validate_server_args(_server_args())  # triton
-        assert dargs.flashmla_import_error.cache_info().currsize == 0
+        assert flashmla_backend.import_error.cache_info().currsize == 0
         with pytest.raises(ValueError) as e:
             spec_module.validate_server_args(
                 _server_args(attention_backend="flashmla", page_size=64)
             )
     finally:
-        dargs.flashmla_import_error.cache_clear()
+        flashmla_backend.import_error.cache_clear()
     lines = str(e.value).splitlines()
     assert len(lines) == 2, lines
     assert lines[1] == (

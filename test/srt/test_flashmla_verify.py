@@ -1,6 +1,6 @@
 """The flashmla backend's DDTREE verify: this project's kernels over FlashMLA's 64-slot pages
-(`srt.ddtree_attention.flashmla_tree_verify_attention`), and the tree verify on a prefix part
-computed elsewhere (``core.tree_attention_with_prefix``), as the benchmark times FlashMLA's.
+(`srt.ddtree_attention.flashmla_backend.FlashMLASplitVerify`), and the tree verify on a prefix
+part computed elsewhere (``core.tree_attention_with_prefix``), as the benchmark times FlashMLA's.
 
 CPU: the paged prefix kernel and the hook under Triton's interpreter against the masked
 reference (a wrong block table caught); the per-forward metadata in static buffers; the merge's
@@ -164,13 +164,15 @@ import torch
 from types import SimpleNamespace
 from test_flashmla_verify import paged_case
 from sglang_ddtree.core.tree_attention import tree_attention_reference
-from sglang_ddtree.srt.ddtree_attention import FLASHMLA_PAGE, FlashMLAVerify
-from sglang_ddtree.srt.ddtree_attention_hook import flashmla_forward_extend_hook
+from sglang_ddtree.srt.ddtree_attention.flashmla_backend import (
+    PAGE_SIZE, FlashMLASplitVerify, FlashMLAVerifyMetadata)
+from sglang_ddtree.srt.ddtree_attention_hook import verify_hooks
+flashmla_forward_extend_hook = verify_hooks(FlashMLASplitVerify)["forward_extend"]
 
 g = torch.Generator().manual_seed(1)
 bs, w, hq, d, dv = 3, 4, 2, 40, 32
 prefix = [70, 5, 130]
-table, k_cache, flat, node_loc, mask = paged_case(prefix, w, FLASHMLA_PAGE, d, g)
+table, k_cache, flat, node_loc, mask = paged_case(prefix, w, PAGE_SIZE, d, g)
 nodes_k = k_cache[node_loc].clone()  # this step's nodes' latent, written by the hook
 want_cache = k_cache.clone()
 k_cache[node_loc] = 0.0
@@ -187,8 +189,8 @@ backend = SimpleNamespace(
     ddtree_takes_verify=True, is_fp8_kvcache=False, dcp_world_size=1, kv_lora_rank=dv,
     kv_cache_dim=d, token_to_kv_pool=Pool(),
     forward_metadata=SimpleNamespace(block_kv_indices=table),
-    ddtree_verify=FlashMLAVerify(torch.nn.functional.pad(prefix_lens.long().cumsum(0), (1, 0)),
-                                 mask),
+    ddtree_verify=FlashMLAVerifyMetadata(
+        torch.nn.functional.pad(prefix_lens.long().cumsum(0), (1, 0)), mask),
 )
 layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, head_dim=d, scaling=d ** -0.5)
 fb = SimpleNamespace(batch_size=bs, out_cache_loc=node_loc,
@@ -355,14 +357,15 @@ def _verify_batch(seq_lens, w, tree_mask=None):
     )
 
 
-def test_set_flashmla_verify_fills_static_buffers_for_graphs():
+def test_flashmla_verify_metadata_fills_static_buffers_for_graphs():
     """Graph forwards: the prefix offsets and the tree mask land in buffers whose addresses stay
     put across replays and widths; a capture's dummy (no tree) keeps the all-True mask; a
     replay's padded requests keep their rows; eager forwards carry the step's own tensors."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt import ddtree_attention as attn
+    from sglang_ddtree.srt.ddtree_attention.flashmla_backend import FlashMLASplitVerify
 
+    set_verify = FlashMLASplitVerify.init_forward_metadata  # after each metadata call
     backend = SimpleNamespace(
         ddtree_takes_verify=True,  # built for a DDTREE server's target (`takes_ddtree_verify`)
         req_to_token=torch.zeros(1),
@@ -372,7 +375,7 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs():
         dcp_world_size=1,
     )
     # Capture at bs 4, W 8: no tree yet.
-    attn.set_flashmla_verify(backend, _verify_batch([1, 1, 1, 1], 8), in_graph=True)
+    set_verify(backend, _verify_batch([1, 1, 1, 1], 8), in_graph=True)
     state = backend.ddtree_verify
     assert state.tree_mask.shape == (4, 8, 8) and bool(state.tree_mask.all())
     assert state.prefix_indptr.tolist() == [0, 1, 2, 3, 4]
@@ -380,27 +383,27 @@ def test_set_flashmla_verify_fills_static_buffers_for_graphs():
     assert pointers[0] == backend._ddtree_graph_buffers.prefix_indptr.data_ptr()
     # Replay at padded bs 4 with 3 real requests: their masks copied, the padded row kept.
     masks = torch.rand(3, 8, 8) > 0.5
-    attn.set_flashmla_verify(backend, _verify_batch([70, 5, 129, 1], 8, masks), in_graph=True)
+    set_verify(backend, _verify_batch([70, 5, 129, 1], 8, masks), in_graph=True)
     state = backend.ddtree_verify
     assert (state.prefix_indptr.data_ptr(), state.tree_mask.data_ptr()) == pointers
     assert state.prefix_indptr.tolist() == [0, 70, 75, 204, 205]  # once a forward, static
     assert torch.equal(state.tree_mask[:3], masks) and bool(state.tree_mask[3].all())
     # Another W (16): the same buffers.
-    attn.set_flashmla_verify(backend, _verify_batch([9, 9], 16), in_graph=True)
+    set_verify(backend, _verify_batch([9, 9], 16), in_graph=True)
     state = backend.ddtree_verify
     assert state.prefix_indptr.tolist() == [0, 9, 18]
     assert state.tree_mask.data_ptr() == pointers[1] and state.tree_mask.shape == (2, 16, 16)
     # Eager: the step's own tensors, no buffer; without a tree it refuses.
     masks = torch.rand(2, 8, 8) > 0.5
-    attn.set_flashmla_verify(backend, _verify_batch([300, 2], 8, masks), in_graph=False)
+    set_verify(backend, _verify_batch([300, 2], 8, masks), in_graph=False)
     assert torch.equal(backend.ddtree_verify.tree_mask, masks)
     assert backend.ddtree_verify.prefix_indptr.tolist() == [0, 300, 302]
     with pytest.raises(RuntimeError, match="without the step's tree"):
-        attn.set_flashmla_verify(backend, _verify_batch([3], 8), in_graph=False)
+        set_verify(backend, _verify_batch([3], 8), in_graph=False)
     # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):
         other = SimpleNamespace(**{**vars(backend), **changed})
-        attn.set_flashmla_verify(other, _verify_batch([3], 8, masks[:1]), in_graph=False)
+        set_verify(other, _verify_batch([3], 8, masks[:1]), in_graph=False)
         assert other.ddtree_verify is backend.ddtree_verify
 
 

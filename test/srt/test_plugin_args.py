@@ -422,7 +422,7 @@ def test_tiny_mla_pair_files(tmp_path):
     assert max(dcfg["dflash_config"]["target_layer_ids"]) < tcfg["num_hidden_layers"]
 
 
-def test_server_flags_parse_and_reach_the_server_args():
+def test_server_flags_parse_and_reach_the_server_args(capsys):
     """The plugin's hooks put DDTREE's flags on SGLang's parser and hand their values to the
     ServerArgs, during ``__post_init__`` (where the speculative arguments are resolved) and
     after it; a flag without DDTREE is refused."""
@@ -462,9 +462,49 @@ def test_server_flags_parse_and_reach_the_server_args():
     assert seen["during_post_init"] == ("1:33,4:17", 6)
     assert (sa.speculative_ddtree_budget_schedule, sa.speculative_ddtree_topk) == ("1:33,4:17", 6)
     assert FakeServerArgs.speculative_ddtree_topk is None  # no leak into later ServerArgs
+    assert sa.speculative_ddtree_verify_attention is None  # unset: the backend's own verify
+    argv += ["--speculative-ddtree-verify-attention", "triton_extend"]
+    sa = _from_cli_args_hook(from_cli_args, FakeServerArgs, parser.parse_args(argv))
+    assert sa.speculative_ddtree_verify_attention == "triton_extend"
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv[:-1] + ["on"])
+    error = capsys.readouterr().err  # argparse's refusal names the choices
+    assert "--speculative-ddtree-verify-attention: invalid choice: 'on'" in error
+    assert "triton_extend" in error
     ns = parser.parse_args(["--speculative-algorithm", "DFLASH", "--speculative-ddtree-topk", "6"])
     with pytest.raises(ValueError, match="need --speculative-algorithm DDTREE"):
         _from_cli_args_hook(from_cli_args, FakeServerArgs, ns)
+
+
+def test_server_flags_as_engine_keywords_reach_the_server_args():
+    """``sgl.Engine(**kwargs)`` builds ``ServerArgs(**kwargs)``, whose dataclass init takes no
+    other keyword: the plugin's hook takes DDTREE's flags off and hands them on as
+    ``from_cli_args``'s hook does (visible during ``__post_init__``, kept after, no leak); a
+    flag without DDTREE is refused, and a ServerArgs without them is built as it was."""
+    from sglang_ddtree.plugin import _init_hook
+
+    seen = {}
+
+    class FakeServerArgs:
+        speculative_ddtree_topk = None
+
+        def __init__(self, speculative_algorithm=None):  # a dataclass init: fields only
+            self.speculative_algorithm = speculative_algorithm
+            seen["during_post_init"] = self.speculative_ddtree_topk
+
+    sa = FakeServerArgs.__new__(FakeServerArgs)
+    _init_hook(
+        FakeServerArgs.__init__, sa, speculative_algorithm="DDTREE", speculative_ddtree_topk=6
+    )
+    assert seen["during_post_init"] == 6 and sa.speculative_ddtree_topk == 6
+    assert FakeServerArgs.speculative_ddtree_topk is None  # no leak into later ServerArgs
+    plain = FakeServerArgs.__new__(FakeServerArgs)
+    _init_hook(FakeServerArgs.__init__, plain, speculative_algorithm="EAGLE")
+    assert plain.speculative_algorithm == "EAGLE" and "speculative_ddtree_topk" not in vars(plain)
+    other = FakeServerArgs.__new__(FakeServerArgs)
+    with pytest.raises(ValueError, match="need --speculative-algorithm DDTREE"):
+        _init_hook(FakeServerArgs.__init__, other, speculative_algorithm="DFLASH",
+                   speculative_ddtree_topk=6)  # fmt: skip
 
 
 def test_flags_win_over_nothing_and_refuse_a_disagreeing_env():
@@ -548,10 +588,16 @@ def test_server_args_resolution(tmp_path, monkeypatch):
         ServerArgs(attention_backend="fa3", **kw)
     with pytest.raises(ValueError, match="--speculative-num-draft-tokens 16"):
         ServerArgs(attention_backend="triton", speculative_num_draft_tokens=4, **kw)
-    monkeypatch.setenv("SGLANG_DDTREE_TREE_ATTENTION", "on")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_TREE_ATTENTION='on' is not a boolean"):
-        ServerArgs(attention_backend="triton", **kw)
-    monkeypatch.delenv("SGLANG_DDTREE_TREE_ATTENTION")
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # applies the plugin's hooks: DDTREE's flags are ServerArgs keywords
+    with pytest.raises(ValueError, match="verify-attention 'on' is none of DDTREE's"):
+        ServerArgs(attention_backend="triton", speculative_ddtree_verify_attention="on", **kw)
+    reference = ServerArgs(
+        attention_backend="triton", speculative_ddtree_verify_attention="triton_extend", **kw
+    )
+    assert reference.speculative_ddtree_verify_attention == "triton_extend"  # sgl.Engine's way
+    assert ServerArgs.speculative_ddtree_verify_attention is None  # no leak into later ones
     # A mixture-of-experts target (the Kimi-shaped pair, block 8): W = B at every batch size.
     from sglang_ddtree.testing.tiny_models import make_pair
 
@@ -604,14 +650,25 @@ def test_eight_head_mla_pair_takes_the_gluon_prefix(tmp_path):
 
 
 def test_verify_backend_named_by_the_backend_object():
-    """The worker names the verify backend by SGLang's backend class; a prefill / decode split
-    falls back to the server args' verify side."""
-    assert dargs.verify_backend_name("FlashMLABackend", good_cfg()) == "flashmla"
-    assert dargs.verify_backend_name("TritonAttnBackend", good_cfg(attention_backend="fa3")) == (
+    """The step and the graph runner name the verify backend by SGLang's backend class; a
+    prefill / decode split falls back to the server args' verify side; a named verify
+    attention wins."""
+    from sglang_ddtree.srt.ddtree_attention.attention_registry import (
+        VERIFY_BACKENDS,
+        verify_attention_backend,
+        verify_backend,
+    )
+
+    assert verify_attention_backend("FlashMLABackend", good_cfg()) == "flashmla"
+    assert verify_attention_backend("TritonAttnBackend", good_cfg(attention_backend="fa3")) == (
         "triton"
     )
     split = good_cfg(prefill_attention_backend="flashinfer", decode_attention_backend="flashmla")
-    assert dargs.verify_backend_name("HybridAttnBackend", split) == "flashinfer"
+    assert verify_attention_backend("HybridAttnBackend", split) == "flashinfer"
+    assert verify_backend(split, "HybridAttnBackend") is VERIFY_BACKENDS["flashinfer"]
+    assert not verify_backend(good_cfg(), "FlashMLABackend").reads_full_mask
+    reference = good_cfg(speculative_ddtree_verify_attention="triton_extend")
+    assert verify_backend(reference, "TritonAttnBackend") is VERIFY_BACKENDS["triton_extend"]
     errors = dargs.check_target(good_cfg(), is_mla=True, backend="trtllm_mla")
     assert len(errors) == 1 and "'trtllm_mla'" in errors[0]
 
@@ -666,16 +723,20 @@ def hook_registry(monkeypatch):
 def test_flashmla_hooks_only_where_its_backend_imports(hook_registry, monkeypatch, caplog):
     """SGLang's registry logs a traceback for every hooked class that does not import, on every
     launch: where the flashmla backend does not import, its hooks are not registered and one
-    debug line says why; where it imports, all four are."""
+    debug line says why; where it imports, all four are. Only backends that take the verify
+    are hooked (the custom-mask ones keep SGLang's kernel untouched)."""
     from sglang_ddtree.srt import ddtree_attention_hook as hooks
+    from sglang_ddtree.srt.ddtree_attention import flashmla_backend
+    from sglang_ddtree.srt.ddtree_attention.flashmla_backend import FlashMLASplitVerify
+    from sglang_ddtree.srt.ddtree_attention.triton_backend import TritonSplitVerify
 
-    monkeypatch.delenv("SGLANG_DDTREE_TREE_ATTENTION", raising=False)
-    monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
-    dargs.flashmla_import_error.cache_clear()
+    triton, flashmla = TritonSplitVerify.backend_class, FlashMLASplitVerify.backend_class
+    monkeypatch.setattr(flashmla_backend, "BACKEND_MODULE", "ddtree_test_absent.flashmla_backend")
+    flashmla_backend.import_error.cache_clear()
     caplog.set_level(logging.DEBUG)
     try:
-        assert hooks.register_if_enabled() is True
-        assert hook_registry == [f"{hooks.TRITON}.__init__", hooks.TARGET]
+        assert hooks.register_verify_hooks() == ["triton"]
+        assert hook_registry == [f"{triton}.__init__", f"{triton}.forward_extend"]
         (record,) = [r for r in caplog.records if r.name == hooks.__name__]
         assert record.levelno == logging.DEBUG
         assert "No module named 'ddtree_test_absent'" in record.getMessage()
@@ -683,17 +744,17 @@ def test_flashmla_hooks_only_where_its_backend_imports(hook_registry, monkeypatc
 
         present = types.ModuleType("ddtree_test_flashmla_backend")
         monkeypatch.setitem(sys.modules, present.__name__, present)
-        monkeypatch.setattr(dargs, "FLASHMLA_BACKEND_MODULE", present.__name__)
-        dargs.flashmla_import_error.cache_clear()
+        monkeypatch.setattr(flashmla_backend, "BACKEND_MODULE", present.__name__)
+        flashmla_backend.import_error.cache_clear()
         hook_registry.clear()
-        assert hooks.register_if_enabled() is True
-        flashmla = [t for t in hook_registry if t.startswith(hooks.FLASHMLA + ".")]
-        assert sorted(t.rsplit(".", 1)[1] for t in flashmla) == [
+        assert hooks.register_verify_hooks() == ["triton", "flashmla"]
+        registered = [t for t in hook_registry if t.startswith(flashmla + ".")]
+        assert sorted(t.rsplit(".", 1)[1] for t in registered) == [
             "__init__", "forward_extend", "init_forward_metadata",
             "init_forward_metadata_out_graph",
         ]  # fmt: skip
     finally:
-        dargs.flashmla_import_error.cache_clear()
+        flashmla_backend.import_error.cache_clear()
 
 
 def test_token_ids_logprob_beside_another_logprob_request_keeps_the_scheduler(source):

@@ -80,6 +80,6 @@ def test_the_line_looked_for_is_the_one_the_attention_logs(smoke):
     """The in-tree smoke runs without the plugin, so it names the line itself: the same text
     ``ddtree_attention`` logs when a verify takes the split (that it is logged:
     ``test_tree_attention.test_attention_hook_interpreted``)."""
-    from sglang_ddtree.srt import ddtree_attention
+    from sglang_ddtree.srt.ddtree_attention import verify_backend
 
-    assert smoke.SPLIT_LOG_LINE == ddtree_attention.SPLIT_LOG_LINE
+    assert smoke.SPLIT_LOG_LINE == verify_backend.SPLIT_LOG_LINE

@@ -450,12 +450,14 @@ def test_engine_kwargs_per_configuration(bench, tmp_path):
 
 
 def test_bench_step_variants(bench, tmp_path):
-    attn = "SGLANG_DDTREE_TREE_ATTENTION"
-    default = {attn: "1"}
+    attn = "speculative_ddtree_verify_attention"  # a DDTREE engine keyword
+    default = {}  # the worker's default verify attention: the split
     assert bench.split_variant("ddtree-64") == ("ddtree-64", default)
     both = bench.split_variant("ddtree+extendattn+baseline")
-    assert both == ("ddtree", {**default, attn: "0"})
-    assert bench.split_variant("ddtree-64+extendattn") == ("ddtree-64", {**default, attn: "0"})
+    assert both == ("ddtree", {**default, attn: "triton_extend"})
+    assert bench.split_variant("ddtree-64+extendattn") == (
+        "ddtree-64", {**default, attn: "triton_extend"}
+    )  # fmt: skip
     assert bench.split_variant("dflash") == ("dflash", default)
     # The backend after "@", the variant before it.
     config, backend = bench.split_backend("ddtree-8+baseline@flashmla", "triton")

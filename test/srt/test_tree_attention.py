@@ -450,7 +450,11 @@ from types import SimpleNamespace
 from test_tree_attention import random_case
 from sglang_ddtree.core.layout import flatten_verify_mask
 from sglang_ddtree.core.tree_attention import tree_attention_reference
-from sglang_ddtree.srt.ddtree_attention_hook import backend_init_hook, forward_extend_hook
+from sglang_ddtree.srt.ddtree_attention.triton_backend import TritonSplitVerify
+from sglang_ddtree.srt.ddtree_attention_hook import verify_hooks
+hooks = verify_hooks(TritonSplitVerify)
+backend_init_hook, forward_extend_hook = hooks["__init__"], hooks["forward_extend"]
+assert sorted(hooks) == ["__init__", "forward_extend"]  # it reads SGLang's metadata as it is
 
 # Four query heads a KV head: W x G = 20 rows, the wide MHA tile (`_wide_mha_prefix`).
 from sglang_ddtree.core.tree_attention import launch_settings
@@ -486,12 +490,13 @@ calls = []
 original = lambda *a, **kw: calls.append(a) or "original"
 # The first verify that takes the split logs SPLIT_LOG_LINE (the e2e and in-tree checks read it).
 import logging
-from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
+from sglang_ddtree.srt.ddtree_attention.verify_backend import SPLIT_LOG_LINE
 logged = []
 handler = logging.Handler()
 handler.emit = lambda record: logged.append(record.getMessage())
-logging.getLogger("sglang_ddtree.srt.ddtree_attention").addHandler(handler)
-logging.getLogger("sglang_ddtree.srt.ddtree_attention").setLevel(logging.INFO)  # logged at info
+logger = logging.getLogger("sglang_ddtree.srt.ddtree_attention.verify_backend")
+logger.addHandler(handler)
+logger.setLevel(logging.INFO)  # logged at info
 # Built for a DDTREE server's target: the construction hook decides it takes the verifies.
 runner = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="DDTREE"),
                          is_draft_worker=False)
@@ -542,6 +547,13 @@ backend_init_hook(lambda b, model_runner: None, backend,
                   SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE"),
                                   is_draft_worker=False))
 assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+# A DDTREE server that verifies on triton's own extend kernel (the reference): the same.
+backend_init_hook(lambda b, model_runner: None, backend, SimpleNamespace(
+    server_args=SimpleNamespace(speculative_algorithm="DDTREE",
+                                speculative_ddtree_verify_attention="triton_extend"),
+    is_draft_worker=False))
+assert not backend.ddtree_takes_verify
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
 assert len(logged) == 1  # once per process
 print("interpreted attention hook OK")
 """
@@ -555,28 +567,30 @@ def test_attention_hook_interpreted(run_interpreted):
     run_interpreted(_HOOK_CHECK, "interpreted attention hook OK")
 
 
-def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
-    """``handles``: a target verify on a backend built for a DDTREE server's target (with the
-    switch on), on a layout the kernels read; anything else (switch off, another algorithm,
-    the drafter's backend, another mode, a logit cap, sinks, a pool that is not slot rows)
-    stays with the backend, and ``tree_verify_attention`` returns None for it."""
+def test_tree_verify_attention_takes_only_a_ddtree_verify():
+    """``handles``: a target verify on a backend built for a DDTREE server's target (that did
+    not name another verify attention), on a layout the kernels read; anything else (the
+    reference kernel named, another algorithm, the drafter's backend, another mode, a logit
+    cap, sinks, a pool that is not slot rows) stays with the backend, and ``forward_extend``
+    returns None for it."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt import ddtree_attention as attn
+    from sglang_ddtree.srt.ddtree_attention.triton_backend import TritonSplitVerify as split
+    from sglang_ddtree.srt.ddtree_attention.verify_backend import takes_ddtree_verify
 
-    def runner(algo="DDTREE", draft=False):
-        return SimpleNamespace(
-            server_args=SimpleNamespace(speculative_algorithm=algo), is_draft_worker=draft
-        )
+    def runner(algo="DDTREE", draft=False, verify=None):
+        args = SimpleNamespace(speculative_algorithm=algo)
+        if verify is not None:
+            args.speculative_ddtree_verify_attention = verify
+        return SimpleNamespace(server_args=args, is_draft_worker=draft)
 
-    monkeypatch.setattr(attn, "_switch_on", lambda: True)
-    assert attn.takes_ddtree_verify(runner())
-    assert attn.takes_ddtree_verify(runner("ddtree"))  # SGLang parses the name in any case
-    assert not attn.takes_ddtree_verify(runner("DFLASH"))
-    assert not attn.takes_ddtree_verify(runner(draft=True))
-    assert not attn.takes_ddtree_verify(None)
-    monkeypatch.setattr(attn, "_switch_on", lambda: False)
-    assert not attn.takes_ddtree_verify(runner())
+    assert takes_ddtree_verify(runner(), split)
+    assert takes_ddtree_verify(runner("ddtree"), split)  # SGLang parses the name in any case
+    assert takes_ddtree_verify(runner(verify="triton"), split)
+    assert not takes_ddtree_verify(runner("DFLASH"), split)
+    assert not takes_ddtree_verify(runner(draft=True), split)
+    assert not takes_ddtree_verify(None, split)
+    assert not takes_ddtree_verify(runner(verify="triton_extend"), split)
 
     md = SimpleNamespace(
         custom_mask=torch.ones(1), mask_indptr=torch.zeros(2), swa_out_cache_loc=None
@@ -587,71 +601,98 @@ def test_tree_verify_attention_takes_only_a_ddtree_verify(monkeypatch):
     layer = SimpleNamespace(logit_cap=0, k_scale=None, sliding_window_size=-1)
     fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True))
     k = v = torch.zeros(1)
-    assert attn.handles(backend, k, v, layer, fb, {})
-    assert not attn.handles(backend, k, v, layer, fb, {"sinks": torch.zeros(1)})
-    assert not attn.handles(
+    assert split.handles(backend, k, v, layer, fb, {})
+    assert not split.handles(backend, k, v, layer, fb, {"sinks": torch.zeros(1)})
+    assert not split.handles(
         backend, k, v, SimpleNamespace(**dict(vars(layer), logit_cap=30.0)), fb, {}
     )
     paged = SimpleNamespace(**dict(vars(backend), page_size=16))
-    assert attn.handles(paged, k, v, layer, fb, {})  # pages of slot rows: read by slot
+    assert split.handles(paged, k, v, layer, fb, {})  # pages of slot rows: read by slot
     hnd = SimpleNamespace(**dict(vars(backend), token_to_kv_pool=SimpleNamespace(use_hnd=True)))
-    assert not attn.handles(hnd, k, v, layer, fb, {})  # head-major pages: not slot rows
+    assert not split.handles(hnd, k, v, layer, fb, {})  # head-major pages: not slot rows
     other = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: False))
-    assert not attn.handles(backend, k, v, layer, other, {})
-    assert attn.tree_verify_attention(backend, None, k, v, layer, other) is None
+    assert not split.handles(backend, k, v, layer, other, {})
+    assert split.forward_extend(backend, None, k, v, layer, other) is None
     decided_no = SimpleNamespace(**dict(vars(backend), ddtree_takes_verify=False))
-    assert not attn.handles(decided_no, k, v, layer, fb, {})
+    assert not split.handles(decided_no, k, v, layer, fb, {})
     unhooked = SimpleNamespace(
         **{n: x for n, x in vars(backend).items() if n != "ddtree_takes_verify"}
     )
-    assert not attn.handles(unhooked, k, v, layer, fb, {})  # built before the hooks applied
+    assert not split.handles(unhooked, k, v, layer, fb, {})  # built before the hooks applied
 
 
-def test_a_target_backend_built_without_the_hook_is_refused(monkeypatch):
+def test_a_target_backend_built_without_the_hook_is_refused():
     """At startup: the target's triton or flashmla backend (through SGLang's wrappers) must have
     decided at construction to take DDTREE's verifies; otherwise the worker refuses to start
-    rather than verify without the tree mask. Other backends and the switch off need nothing."""
+    rather than verify without the tree mask. Verify backends that take none (SGLang's own
+    custom-mask kernels) need nothing."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.srt import ddtree_attention as attn
+    from sglang_ddtree.srt.ddtree_attention.attention_registry import (
+        VERIFY_BACKENDS,
+        missing_verify_hook,
+    )
 
-    monkeypatch.setattr(attn, "_switch_on", lambda: True)
     hooked = SimpleNamespace(ddtree_takes_verify=True)
     unhooked = SimpleNamespace()
     hybrid = SimpleNamespace(prefill_backend=unhooked, decode_backend=hooked)
     wrapped = SimpleNamespace(full_attn_backend=hybrid)
     tbo = SimpleNamespace(primary=unhooked, children=[unhooked, hooked])
+    triton, flashmla = VERIFY_BACKENDS["triton"], VERIFY_BACKENDS["flashmla"]
     for backend in (hooked, hybrid, wrapped, tbo):
-        assert attn.missing_verify_hook(backend, "triton") is None
-    error = attn.missing_verify_hook(SimpleNamespace(full_attn_backend=unhooked), "flashmla")
+        assert missing_verify_hook(backend, triton) is None
+    error = missing_verify_hook(SimpleNamespace(full_attn_backend=unhooked), flashmla)
     assert "flashmla" in error and "hook" in error
-    assert attn.missing_verify_hook(unhooked, "flashinfer") is None  # SGLang's mask there
-    monkeypatch.setattr(attn, "_switch_on", lambda: False)
-    assert attn.missing_verify_hook(unhooked, "triton") is None  # the backend's own kernel
+    assert missing_verify_hook(unhooked, VERIFY_BACKENDS["flashinfer"]) is None  # SGLang's mask
+    assert missing_verify_hook(unhooked, VERIFY_BACKENDS["triton_extend"]) is None  # its kernel
+    assert missing_verify_hook(unhooked, None) is None  # refused at start already
 
 
-def test_attention_switch_off_is_refused_on_flashmla():
-    from sglang_ddtree.srt.ddtree_attention import ENV, flashmla_switch_error
+def test_the_reference_verify_is_refused_on_flashmla():
+    """Triton's extend kernel (the reference) verifies on triton only: named on flashmla, whose
+    own verify kernel applies no tree mask, it is refused at start with what to pass."""
+    from types import SimpleNamespace
 
-    assert flashmla_switch_error("flashmla", {}) is None
-    assert flashmla_switch_error("triton", {ENV: "0"}) is None
-    error = flashmla_switch_error("flashmla", {ENV: "0"})
-    assert error is not None and "no tree" in error and "--attention-backend triton" in error
-    assert "set it to 0" in flashmla_switch_error("triton", {ENV: "on"})
+    from sglang_ddtree.srt.ddtree_args import check_server_args
+
+    def cfg(backend, verify):
+        return SimpleNamespace(
+            attention_backend=backend, page_size=64, speculative_draft_model_path="/d",
+            speculative_ddtree_verify_attention=verify,
+        )  # fmt: skip
+
+    assert check_server_args(cfg("flashmla", None)) == []
+    assert check_server_args(cfg("triton", "triton_extend")) == []
+    (error,) = check_server_args(cfg("flashmla", "triton_extend"))
+    assert "triton_extend" in error and "--attention-backend triton" in error
+    (error,) = check_server_args(cfg("triton", "on"))
+    assert "'on' is none of DDTREE's verify attention backends" in error
+    assert "triton_extend" in error
 
 
-def test_attention_switch_is_on_by_default():
-    from sglang_ddtree.srt.ddtree_attention import ENV, enabled, env_error
+def test_the_split_is_each_backends_default_verify():
+    """Unnamed, a server verifies on its attention backend's own entry (triton: the split);
+    --speculative-ddtree-verify-attention names another (triton_extend: the extend kernel);
+    every entry wraps its backend's SGLang class, and only the splits take verifies."""
+    from types import SimpleNamespace
 
-    assert enabled({}) and enabled({ENV: "1"}) and not enabled({ENV: "0"})
-    assert enabled({ENV: "yes"}) and not enabled({ENV: "False"})  # SGLang's booleans
-    assert enabled({ENV: ""}) and env_error({ENV: ""}) is None  # blank: the default
-    assert env_error({}) is None and env_error({ENV: "0"}) is None
-    for bad in ("on", "2", " 1 "):  # SGLang's EnvBool neither trims nor knows on / off
-        assert f"{ENV}={bad!r} is not a boolean" in env_error({ENV: bad})
-        assert "set it to 0 (the backend's custom-mask kernel) or 1" in env_error({ENV: bad})
-        with pytest.raises(ValueError, match=ENV):
-            enabled({ENV: bad})
+    from sglang_ddtree.srt.ddtree_attention.attention_registry import (
+        VERIFY_BACKENDS,
+        verify_backend,
+    )
+
+    triton = SimpleNamespace(attention_backend="triton")
+    assert verify_backend(triton) is VERIFY_BACKENDS["triton"]
+    assert VERIFY_BACKENDS["triton"].takes_verify and VERIFY_BACKENDS["flashmla"].takes_verify
+    reference = SimpleNamespace(**vars(triton), speculative_ddtree_verify_attention="triton_extend")
+    assert verify_backend(reference) is VERIFY_BACKENDS["triton_extend"]
+    assert not VERIFY_BACKENDS["triton_extend"].takes_verify
+    assert not VERIFY_BACKENDS["flashinfer"].takes_verify
+    assert verify_backend(SimpleNamespace(attention_backend="fa3")) is None
+    for name, verify in VERIFY_BACKENDS.items():
+        assert verify.name == name
+        assert verify.backend_class.startswith("sglang.srt.layers.attention.")
+    assert VERIFY_BACKENDS["triton_extend"].backend_class == VERIFY_BACKENDS["triton"].backend_class
 
 
 @pytest.mark.parametrize(

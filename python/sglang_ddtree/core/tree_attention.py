@@ -23,8 +23,8 @@ A custom-mask extend kernel reads the prefix once per query row and masks every 
   Row tiles keep the epilogue small (65 rows in one program spilled) and feed small batches.
 
 ``tree_attention_reference`` is the plain-torch twin over the same inputs. The target verify
-runs ``tree_attention`` through ``srt/ddtree_attention.py`` (by default; the switch
-``SGLANG_DDTREE_TREE_ATTENTION=0`` keeps the backend's custom-mask kernel).
+runs ``tree_attention`` through the split verify backends of ``srt/ddtree_attention/`` (triton's
+and flashmla's).
 """
 
 from __future__ import annotations

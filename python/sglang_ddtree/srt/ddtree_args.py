@@ -22,17 +22,28 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 - The per-depth top-K: `sglang_ddtree.core.topk_triton` where it measured faster, else
   ``torch.topk`` (`draft_topk_backend`).
 - ``--attention-backend triton`` (or ``flashinfer``): the target verify must apply the tree mask.
+- ``--speculative-ddtree-verify-attention``: the verify attention (``ddtree_attention``), by
+  name; default: the attention backend's own (triton's: DDTREE's split). ``triton_extend``:
+  triton's custom-mask extend kernel, the reference the split is tested against.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sglang_ddtree.core.tree import MAX_BUDGET, MAX_DEPTH
+from sglang_ddtree.srt.ddtree_attention.attention_registry import (
+    VERIFY_BACKENDS,
+    default_backends,
+    target_verify_backend,
+    verify_backend,
+)
+from sglang_ddtree.srt.ddtree_attention.verify_backend import (
+    VERIFY_FLAG,
+    VerifyAttentionBackend,
+)
 from sglang_ddtree.srt.ddtree_envs import envs
 
 ALGORITHM_NAME = "DDTREE"
@@ -42,16 +53,6 @@ DEFAULT_TOPK = envs.SGLANG_DDTREE_TOPK.default
 # vocabulary. Small vocabularies and K = 64 keep torch.topk.
 TRITON_TOPK_MAX_K = 32
 TRITON_TOPK_MIN_VOCAB = 65536
-# Backends whose TARGET_VERIFY path (eager and CUDA graph) applies the tree mask: triton's and
-# flashinfer's read SGLang's custom mask; flashmla's verify is DDTREE's own split (MLA only).
-TREE_MASK_BACKENDS = ("triton", "flashinfer", "flashmla")
-# MLA backends whose verify DDTREE serves: triton (the split attention over slot rows) and
-# flashmla (the same split over FlashMLA's pages).
-MLA_BACKENDS = ("triton", "flashmla")
-# Page sizes DDTREE serves per verify backend (None: any); flashmla's is SGLang's own 64.
-PAGE_SIZES = {"flashinfer": (1,), "flashmla": (64,)}
-# KV cache dtypes DDTREE serves: the model's (bfloat16 for every target it was tested on).
-KV_CACHE_DTYPES = (None, "auto", "bfloat16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def default_num_nodes(block_size: int) -> int:
 # Server flags: ServerArgs fields in SGLang's tree; added to SGLang's parser by the plugin.
 BUDGET_FLAG = "speculative_ddtree_budget_schedule"
 TOPK_FLAG = "speculative_ddtree_topk"
-FLAG_FIELDS = (BUDGET_FLAG, TOPK_FLAG)
+FLAG_FIELDS = (BUDGET_FLAG, TOPK_FLAG, VERIFY_FLAG)
 
 
 def add_cli_flags(parser) -> None:
@@ -124,6 +125,14 @@ def add_cli_flags(parser) -> None:
         type=int,
         default=None,
         help=f"DDTREE: draft candidates per depth (default {DEFAULT_TOPK}).",
+    )
+    parser.add_argument(
+        "--speculative-ddtree-verify-attention",
+        dest=VERIFY_FLAG,
+        choices=sorted(VERIFY_BACKENDS),
+        default=None,
+        help="DDTREE: the target verify's attention. Default: the attention backend's own "
+        "(triton: DDTREE's split attention); triton_extend: triton's custom-mask extend kernel.",
     )
 
 
@@ -167,15 +176,6 @@ def _get(cfg: Any, name: str, default: Any = None) -> Any:
     return getattr(cfg, name, default)
 
 
-def target_verify_backend(cfg: Any) -> str | None:
-    """The attention backend SGLang uses for TARGET_VERIFY (prefill side unless
-    ``--speculative-attention-mode decode``), from a resolved config view."""
-    base = _get(cfg, "attention_backend")
-    if _get(cfg, "speculative_attention_mode", "prefill") == "decode":
-        return _get(cfg, "decode_attention_backend") or base
-    return _get(cfg, "prefill_attention_backend") or base
-
-
 def check_server_args(cfg: Any) -> list[str]:
     """Refusals that do not need the drafter block size; each message says what to pass.
 
@@ -193,22 +193,36 @@ def check_server_args(cfg: Any) -> list[str]:
     device = _get(cfg, "device")
     if device is not None and not str(device).startswith("cuda"):
         errors.append(f"DDTREE runs on CUDA only (device={device!r}); pass --device cuda.")
-    backend = target_verify_backend(cfg)
-    if backend not in TREE_MASK_BACKENDS:
+    backend, chosen = target_verify_backend(cfg), _get(cfg, VERIFY_FLAG)
+    verify = verify_backend(cfg)
+    if chosen is not None and verify is None:
+        errors.append(
+            f"--speculative-ddtree-verify-attention {chosen!r} is none of DDTREE's verify "
+            f"attention backends; pass one of {', '.join(sorted(VERIFY_BACKENDS))} (or omit it)."
+        )
+    elif verify is None:
+        first, *others = default_backends()
+        others = ", ".join(b.name + ("" if b.serves_mha else " for MLA targets") for b in others)
         errors.append(
             f"DDTREE needs a target-verify attention backend that applies the tree mask; "
             f"got {backend!r} (fa3 is the Hopper default and ignores it). "
-            "Pass --attention-backend triton (or flashinfer; flashmla for MLA targets)."
+            f"Pass --attention-backend {first.name} (or {others})."
+        )
+    elif verify.attention_backend != backend:
+        errors.append(
+            f"--speculative-ddtree-verify-attention {verify.name} verifies on --attention-backend "
+            f"{verify.attention_backend} (got {backend!r}); pass --attention-backend "
+            f"{verify.attention_backend}, or drop the flag for {backend}'s own verify."
         )
     page_size = _get(cfg, "page_size")
-    sizes = PAGE_SIZES.get(backend)
+    sizes = verify.page_sizes if verify is not None else None
     if page_size is not None and sizes is not None and int(page_size) not in sizes:
         errors.append(
             f"DDTREE on the {backend} backend supports page_size {sizes[0]} (got {page_size}); "
             f"pass --page-size {sizes[0]} (triton serves any page size)."
         )
     kv_dtype = _get(cfg, "kv_cache_dtype")
-    if kv_dtype not in KV_CACHE_DTYPES:
+    if kv_dtype not in (verify or VerifyAttentionBackend).kv_cache_dtypes:
         errors.append(
             f"DDTREE serves bfloat16 KV caches only (got --kv-cache-dtype {kv_dtype}): its "
             "tree-verify kernels read unscaled keys and values. Pass --kv-cache-dtype auto."
@@ -270,76 +284,28 @@ def check_server_args(cfg: Any) -> list[str]:
     return errors
 
 
-# SGLang's flashmla backend; it imports sgl_kernel's FlashMLA kernels, which not every machine's
-# sgl_kernel has.
-FLASHMLA_BACKEND_MODULE = "sglang.srt.layers.attention.flashmla_backend"
-
-
-@functools.cache
-def flashmla_import_error() -> str | None:
-    """Why SGLang's flashmla backend does not import on this machine (``ExcType: message``), or
-    None where it does. Tried once per process."""
-    try:
-        importlib.import_module(FLASHMLA_BACKEND_MODULE)
-    except Exception as e:
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def flashmla_unavailable_error(verify_backend: str | None) -> str | None:
-    """The refusal of a verify on flashmla where SGLang's flashmla backend does not import, at
-    start rather than when the model runner builds the backend; None otherwise (the import is
-    tried only when flashmla is the verify's backend)."""
-    if verify_backend != "flashmla":
-        return None
-    reason = flashmla_import_error()
-    if reason is None:
-        return None
-    return (
-        f"--attention-backend flashmla cannot run on this machine: SGLang's flashmla backend "
-        f"does not import ({reason}); pass --attention-backend triton (DDTREE's split verify "
-        "serves MLA targets there too)."
-    )
-
-
-# SGLang's attention backend classes by the --attention-backend name that builds them.
-BACKEND_CLASSES = {
-    "TritonAttnBackend": "triton",
-    "FlashInferAttnBackend": "flashinfer",
-    "FlashInferMLAAttnBackend": "flashinfer",
-    "FlashMLABackend": "flashmla",
-    "TRTLLMMLABackend": "trtllm_mla",
-    "CutlassMLABackend": "cutlass_mla",
-    "FlashAttentionBackend": "fa3",
-}
-
-
-def verify_backend_name(backend_class: str, cfg: Any) -> str | None:
-    """The backend name of the target's attention backend object (its class name, through
-    SGLang's hybrid wrappers); a prefill / decode split (``HybridAttnBackend``) verifies on the
-    side ``target_verify_backend`` names."""
-    return BACKEND_CLASSES.get(backend_class) or target_verify_backend(cfg)
-
-
 def check_target(cfg: Any, is_mla: bool, kv_dtype: Any = None, backend: str | None = None):
-    """Refusals that need the loaded target: an MLA target verifies on triton or flashmla
-    (`MLA_BACKENDS`; flashinfer's MLA path, trtllm_mla and cutlass_mla apply no per-branch
-    tree mask and return no log-sum-exp DDTREE's split could merge), an MHA target not on
-    flashmla; ``kv_dtype``, the resolved KV cache dtype (a torch dtype), must be bfloat16 or
-    another 16-bit float (a checkpoint may turn ``auto`` into FP8). ``backend``: the verify
-    backend's name where the caller knows it (`verify_backend_name`), else from ``cfg``."""
+    """Refusals that need the loaded target: its verify backend must serve MLA or MHA targets
+    (``serves_mla`` / ``serves_mha``; flashinfer's MLA path, trtllm_mla and cutlass_mla apply
+    no per-branch tree mask and return no log-sum-exp DDTREE's split could merge);
+    ``kv_dtype``, the resolved KV cache dtype (a torch dtype), must be bfloat16 or another
+    16-bit float (a checkpoint may turn ``auto`` into FP8). ``backend``: the attention
+    backend's name where the caller knows it, else from ``cfg``."""
+    verify = VERIFY_BACKENDS.get(backend) if backend else verify_backend(cfg)
     backend = backend or target_verify_backend(cfg)
     errors = []
-    if is_mla and backend not in MLA_BACKENDS:
+    if is_mla and not (verify is not None and verify.serves_mla):
+        mla = [b.name for b in default_backends() if b.serves_mla]
         errors.append(
-            f"DDTREE on an MLA target needs the flashmla or triton attention backend for the "
-            f"tree verify (got {backend!r}); pass --attention-backend flashmla (page size 64) "
-            "or --attention-backend triton."
+            f"DDTREE on an MLA target needs the {' or '.join(mla)} attention backend for the "
+            f"tree verify (got {backend!r}); pass "
+            + " or ".join(f"--attention-backend {name}" for name in mla)
+            + "."
         )
-    if not is_mla and backend == "flashmla":
+    if not is_mla and verify is not None and not verify.serves_mha:
+        mha = " or ".join(b.name for b in default_backends() if b.serves_mha)
         errors.append(
-            "The flashmla backend serves MLA targets only; pass --attention-backend triton "
-            "(or flashinfer)."
+            f"The {verify.name} backend serves MLA targets only; pass --attention-backend {mha}."
         )
     if kv_dtype is not None and getattr(kv_dtype, "itemsize", 2) != 2:
         errors.append(

@@ -2,9 +2,11 @@
 
 Tree mask. SGLang's DFlash-family graph dummy is mask-less on triton/flashinfer (a DFLASH block
 is plain causal), which freezes the captured attention metadata to "no custom mask": a replayed
-tree verify would then silently attend causally. The runner below captures the target's
-TARGET_VERIFY graphs with the runner's static all-True mask buffer, so the backend's replay path
-copies each step's tree mask in. The drafter's graphs are untouched (its block is B wide, fixed).
+tree verify would then silently attend causally. Where the target's verify backend reads the
+FULL_MASK (``reads_full_mask``), the runner below captures the target's TARGET_VERIFY graphs with
+the runner's static all-True mask buffer, so the backend's replay path copies each step's tree
+mask in; one that reads the tree's own mask fills buffers of its own before each capture and
+replay (``init_forward_metadata``). The drafter's graphs are untouched (its block is B wide).
 
 Budget buckets (``sglang_ddtree.srt.ddtree_budget``). The verify width W depends on the batch size: bucket
 i of the schedule captures ITS batch sizes (``BudgetSchedule.buckets``: SGLang's capture sizes
@@ -49,6 +51,7 @@ import logging
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.shape_key import ShapeKey
 
+from sglang_ddtree.srt.ddtree_attention.attention_registry import verify_backend_of
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, capture_union
 
 logger = logging.getLogger(__name__)
@@ -134,8 +137,10 @@ class DDTreeDecodeCudaGraphRunner(DecodeCudaGraphRunner):
         # DFLASH's dummy has draft_token_num = captured_req_width, i.e. this bucket's W.
         spec_info = super().get_spec_info(num_tokens)
         if spec_info is not None and not self.model_runner.is_draft_worker:
-            # [(max_bs * fill + max_tokens) * width] bool, all True: mask mode on at capture.
-            spec_info.custom_mask = self.buffers.custom_mask
+            verify = verify_backend_of(self.model_runner)
+            if verify is None or verify.reads_full_mask:  # else its own buffers (its metadata)
+                # [(max_bs * fill + max_tokens) * width] bool, all True: mask mode on at capture.
+                spec_info.custom_mask = self.buffers.custom_mask
         return spec_info
 
     # --- replay ------------------------------------------------------------------------------

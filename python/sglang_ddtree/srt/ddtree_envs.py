@@ -142,13 +142,6 @@ class DDTreeEnvs:
         "draft candidates per depth K (>= 1); the env form of --speculative-ddtree-topk",
         fix="set it to e.g. 8",
     )
-    SGLANG_DDTREE_TREE_ATTENTION = Knob(
-        bool,
-        True,
-        "the tree-verify attention split into the prefix part and the ancestor block; "
-        "0 keeps the backend's custom-mask kernel (refused on flashmla)",
-        fix="set it to 0 (the backend's custom-mask kernel) or 1 (the default)",
-    )
 
 
 envs = DDTreeEnvs()

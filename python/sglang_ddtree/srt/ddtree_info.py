@@ -27,8 +27,8 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     @classmethod
     def from_tree(cls, tree: TreeStep, mask: torch.Tensor | None) -> DDTreeVerifyInput:
         """``mask``: the tree's FULL_MASK (``ddtree_step.verify_mask``) where the target's
-        backend reads it (triton, flashinfer), None where it reads the tree's own ``[bs, W, W]``
-        mask (flashmla)."""
+        verify backend reads it (``reads_full_mask``), None where it reads the tree's own
+        ``[bs, W, W]`` mask."""
         return cls(
             draft_token=tree.tokens.reshape(-1),
             positions=tree.layout.positions.reshape(-1),

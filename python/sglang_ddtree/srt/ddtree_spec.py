@@ -19,6 +19,7 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_ddtree.srt import ddtree_args as dargs
 from sglang_ddtree.srt import ddtree_budget as budget
+from sglang_ddtree.srt.ddtree_attention.attention_registry import verify_backend
 from sglang_ddtree.srt.ddtree_envs import invalid_settings
 
 logger = logging.getLogger(__name__)
@@ -28,15 +29,12 @@ def validate_server_args(server_args) -> None:
     """Early refusals (called by SGLang before ``handle_server_args``)."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
-    from sglang_ddtree.srt.ddtree_attention import flashmla_switch_error
-
     view = resolved_view(server_args)
     # Every SGLANG_DDTREE_* value first; a reader below may name the same one again.
     errors = invalid_settings()
     checks = dargs.check_server_args(view)
-    verify_backend = dargs.target_verify_backend(view)
-    checks.append(flashmla_switch_error(verify_backend))
-    checks.append(dargs.flashmla_unavailable_error(verify_backend))
+    verify = verify_backend(view)
+    checks.append(verify.unavailable_error() if verify is not None else None)
     errors += [e for e in checks if e is not None and e not in errors]
     if errors:
         raise ValueError(dargs.format_errors(errors))

@@ -39,7 +39,8 @@ from sglang_ddtree.core.padding import leading_rows, pad_rows, padded_tensors
 from sglang_ddtree.core.penalties import apply_tree_penalties
 from sglang_ddtree.core.sampling import draw_coins
 from sglang_ddtree.core.step import TreeStep, make_accept_fn, make_tree_fns
-from sglang_ddtree.srt.ddtree_args import draft_topk_backend, verify_backend_name
+from sglang_ddtree.srt.ddtree_args import draft_topk_backend
+from sglang_ddtree.srt.ddtree_attention.attention_registry import verify_backend_of
 from sglang_ddtree.srt.ddtree_glue_graph import SegmentGraphs, padded_size
 from sglang_ddtree.srt.ddtree_logprobs import write_step_logprobs
 
@@ -285,14 +286,11 @@ class DDTreeStep:
 
     @functools.cached_property
     def verify_full_mask(self) -> bool:
-        """Whether the target's verify reads SGLang's FULL_MASK (triton, flashinfer) or the
-        tree's own ``[bs, W, W]`` mask (flashmla, DDTREE's split). Asked at the first verify:
-        the target's backend object is built after the worker."""
-        from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
-
-        runner = self.dflash.model_runner
-        name, _ = resolve_dflash_verify_mask_policy(runner.attn_backend)
-        return verify_backend_name(name, runner.server_args) != "flashmla"
+        """Whether the target's verify backend reads SGLang's FULL_MASK or the tree's own
+        ``[bs, W, W]`` mask (``reads_full_mask``). Asked at the first verify: the target's
+        backend object is built after the worker."""
+        verify = verify_backend_of(self.dflash.model_runner)
+        return verify is None or verify.reads_full_mask
 
     @functools.cached_property
     def verify_mask_capacity(self) -> int | None:

@@ -31,10 +31,12 @@ from sglang_ddtree.srt.ddtree_args import (
     check_target,
     format_errors,
     read_topk,
-    target_verify_backend,
     top_p_kernel_unavailable,
 )
-from sglang_ddtree.srt.ddtree_attention import missing_verify_hook
+from sglang_ddtree.srt.ddtree_attention.attention_registry import (
+    missing_verify_hook,
+    verify_backend,
+)
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_warmup import GlueReserve, capture_glue_at_startup, draft_kv_rows
@@ -219,7 +221,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         tree mask."""
         super().init_attention_backends()
         error = missing_verify_hook(
-            self.model_runner.attn_backend, target_verify_backend(self.model_runner.server_args)
+            self.model_runner.attn_backend, verify_backend(self.model_runner.server_args)
         )
         if error is not None:
             raise RuntimeError(error)

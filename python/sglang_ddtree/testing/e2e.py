@@ -59,6 +59,8 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 
+from sglang_ddtree.srt.ddtree_attention.attention_registry import VERIFY_BACKENDS
+from sglang_ddtree.srt.ddtree_attention.verify_backend import VERIFY_FLAG
 from sglang_ddtree.srt.ddtree_envs import envs
 from sglang_ddtree.srt.ddtree_glue_warmup import glue_memory_limit
 from sglang_ddtree.testing import grammar_check, inject, tiny_models
@@ -82,6 +84,7 @@ ALL_CHECKS = ("greedy", "sampling", "grammar", "accept", "server", "adaptive")
 OPTIONAL_CHECKS = ("chain", "backend_floor", "defaults", "logprobs")
 CHAIN_EXCESS_P = 0.01
 ENGINE_EXTRA: dict = {}  # set from the command line (--tp) for every engine of a run
+DDTREE_EXTRA: dict = {}  # set from the command line (--verify-attention) for DDTREE's engines
 # Tensor-parallel checks use NCCL's plain all-reduce: they check DDTREE's ranks, not SGLang's
 # custom all-reduce or FlashInfer's all-reduce fusion (why: RESULTS.md, "Kimi K2.6 shape").
 TP_CHECK_ENGINE = {
@@ -136,6 +139,8 @@ def engine_kwargs(target: str, draft: str, algo: str | None, **extra) -> dict:
     if algo is not None:
         kw.update(speculative_algorithm=algo, speculative_draft_model_path=draft)
     kw.update(ENGINE_EXTRA)
+    if algo == "DDTREE":
+        kw.update(DDTREE_EXTRA)
     kw.update(extra)
     return kw
 
@@ -643,6 +648,13 @@ def main() -> int:
     )
     ap.add_argument("--page-size", type=int, default=None, help="every engine's KV page size")
     ap.add_argument(
+        "--verify-attention",
+        default=None,
+        choices=sorted(VERIFY_BACKENDS),
+        help="every DDTREE engine's --speculative-ddtree-verify-attention (default: the "
+        "attention backend's own; triton_extend: triton's custom-mask kernel, the reference)",
+    )
+    ap.add_argument(
         "--draft-attention-backend",
         default=None,
         help="the drafter's attention backend (default: SGLang's choice for the target's)",
@@ -684,6 +696,8 @@ def main() -> int:
     )
     if args.fp32_lm_head:
         ENGINE_EXTRA["enable_fp32_lm_head"] = True
+    if args.verify_attention:
+        DDTREE_EXTRA[VERIFY_FLAG] = args.verify_attention
     summary: dict = {
         "models": models,
         "pair": args.pair,
@@ -693,6 +707,7 @@ def main() -> int:
         "attention_backend": args.attention_backend,
         "page_size": ENGINE_EXTRA.get("page_size", 1),
         "fp32_lm_head": args.fp32_lm_head,
+        "verify_attention": args.verify_attention or args.attention_backend,
     }
     checks = [c for c in args.checks.split(",") if c]
     unknown = set(checks) - set(ALL_CHECKS + OPTIONAL_CHECKS)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from sglang_ddtree.srt.ddtree_attention import SPLIT_LOG_LINE
+from sglang_ddtree.srt.ddtree_attention.verify_backend import SPLIT_LOG_LINE
 from sglang_ddtree.testing.fuzz import PROCESSOR
 from sglang_ddtree.testing.grammar_check import SCHEMA, valid_json
 from sglang_ddtree.testing.http import free_port, http_json, launched_server
