@@ -5,7 +5,7 @@
 - ``ddtree_step``: ``DDTreeStep``, one decode step (draft tree, tree verify, accept, commit).
 - ``ddtree_info``: ``DDTreeVerifyInput``, the tree verify's input.
 - ``ddtree_kv_commit``: the step's KV commit segment (target KV moves, drafter-KV append).
-- ``ddtree_cuda_graph_runner``: the target-verify CUDA graphs, one set per budget bucket.
+- ``ddtree_cuda_graph_runner``: the target-verify CUDA graphs, one set per W of the budget schedule.
 - ``ddtree_glue_graph``: CUDA graphs of the step's pure-tensor glue segments.
 - ``ddtree_glue_warmup``: those graphs captured at startup, their memory held before the KV
   pool is sized.

@@ -4,10 +4,10 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
 - ``--speculative-algorithm DDTREE`` and ``--speculative-draft-model-path <DFlash drafter>``
   (refused at start without a drafter, in DDTREE's words).
-- ``--speculative-num-draft-tokens W``: a FIXED budget: tree nodes verified per request, root
-  included (tree budget = W - 1), at every batch size. Must be >= the drafter block size.
+- ``--speculative-num-draft-tokens W``: a FIXED W: tree nodes verified per request, root
+  included (budget = W - 1), at every batch size. Must be >= the drafter block size.
 - ``--speculative-ddtree-budget-schedule`` (or the env var ``SGLANG_DDTREE_BUDGET_SCHEDULE``,
-  for ``sgl.Engine``): an ADAPTIVE budget, W per running batch size, as
+  for ``sgl.Engine``): an ADAPTIVE W per running batch size, as
   ``min_bs:W`` pairs, e.g. ``1:65,8:33,32:17`` (bs 1..7 -> W=65, 8..31 -> 33, >= 32 -> 17).
   Thresholds start at 1 and increase; every W >= the drafter block size. Setting it together
   with ``--speculative-num-draft-tokens`` is refused (ambiguous). With neither,

@@ -1,5 +1,5 @@
-"""Adaptive tree budget: the number of verified tree nodes per request as a function of the
-running batch size. Pure Python (no torch, no SGLang); unit-tested on CPU.
+"""The budget schedule: the verify width W (tree nodes per request, root included; W = budget
++ 1) as a function of the running batch size. Pure Python (no torch, no SGLang); unit-tested on CPU.
 
 Terms:
 

@@ -1,4 +1,4 @@
-"""Target-verify CUDA graphs that carry the DDTREE tree mask, one verify width per budget bucket.
+"""Target-verify CUDA graphs that carry the DDTREE tree mask, one set per W of the schedule.
 
 Tree mask. SGLang's DFlash-family graph dummy is mask-less on triton/flashinfer (a DFLASH block
 is plain causal), which freezes the captured attention metadata to "no custom mask": a replayed

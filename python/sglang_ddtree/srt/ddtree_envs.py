@@ -133,7 +133,8 @@ class DDTreeEnvs:
     SGLANG_DDTREE_BUDGET_SCHEDULE = Knob(
         str,
         None,
-        "adaptive tree budget, W per running batch size as min_bs:W pairs (e.g. 1:65,8:33,32:17);"
+        "budget schedule: W (budget + 1) per running batch size as min_bs:W pairs"
+        " (e.g. 1:65,8:33,32:17);"
         " the env form of --speculative-ddtree-budget-schedule",
     )
     SGLANG_DDTREE_TOPK = Knob(

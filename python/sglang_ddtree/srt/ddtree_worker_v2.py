@@ -4,8 +4,8 @@ DFLASH's worker with the decode step replaced by DDTREE's (``ddtree_step.DDTreeS
 worker is SGLang's adapter: it builds the step from the server args (the budget schedule's
 shapes, the glue graphs' pool and stream, the penalty state, the KV commit's workspace), hands
 it each decode batch and returns its result as SGLang's ``GenerationBatchResult``. The target
-verify's graphs are one set per budget bucket (``ddtree_cuda_graph_runner``); the glue graphs
-are captured at startup (``ddtree_glue_warmup``).
+verify's graphs are one set per W of the budget schedule (``ddtree_cuda_graph_runner``); the
+glue graphs are captured at startup (``ddtree_glue_warmup``).
 
 Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
 server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block
