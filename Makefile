@@ -83,11 +83,14 @@ bench-serving:  ## serving with SGLang's own client: none / DFLASH / DDTREE serv
 	$(PYTHON) benchmark/ddtree/bench_serving.py --out bench_out
 
 # The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md),
-# whole and as a series of parts that apply in order. Pristine SGLang sources: SGLANG_SRC=DIR, an
-# installed sglang 0.5.17, or pip download (cached).
-upstream-patch:  ## regenerate the SGLang pull request (upstream/sglang-ddtree.patch, upstream/series/)
+# whole and as a series of parts that apply in order; the same for SGLang 0.5.23 (upstream/0.5.23/).
+# Pristine SGLang sources: SGLANG_SRC=DIR (0.5.17's), an installed sglang of the release, or pip
+# download (cached in .upstream-cache/).
+upstream-patch:  ## regenerate the SGLang pull request for 0.5.17 (upstream/) and 0.5.23 (upstream/0.5.23/)
 	$(PYTHON) upstream/generate.py $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
 	$(PYTHON) upstream/generate.py --series $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
+	$(PYTHON) upstream/generate.py --base 0.5.23
+	$(PYTHON) upstream/generate.py --base 0.5.23 --series
 
 demo:  ## the CPU demo on the shipped trained pair
 	$(PYTHON) -m sglang_ddtree.demo
