@@ -63,6 +63,9 @@ PAIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
 MODEL_STAND_INS = {"DEFAULT_TARGET_MODEL_DFLASH": "target", "DEFAULT_DRAFT_MODEL_DFLASH": "drafter"}
 BACKEND_EDITS = "layers/attention/triton_backend.py"
 GENERATE = REPO / "upstream" / "generate.py"
+# An interpreter where a base's SGLang imports (its torch and Python dependencies), for the CPU
+# checks that run this smoke with --cpu (test_upstream_patch.py); unset: the test's own.
+SMOKE_PYTHON_ENV = "SGLANG_DDTREE_SMOKE_PYTHON"
 
 _SERVE_WITHOUT_SPECULATION = """
 import sglang as sgl

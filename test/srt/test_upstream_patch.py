@@ -685,7 +685,7 @@ def test_generator_refuses_a_rewrite_that_no_longer_matches(gen, monkeypatch):
 def _smoke_python() -> str:
     """The interpreter for the CPU smoke: ``$SGLANG_DDTREE_SMOKE_PYTHON`` (one where a base's
     SGLang imports, e.g. a virtual environment with its torch) or this one."""
-    return os.environ.get("SGLANG_DDTREE_SMOKE_PYTHON") or sys.executable
+    return os.environ.get(_smoke_module().SMOKE_PYTHON_ENV) or sys.executable
 
 
 # CUDA extensions that SGLang's edited files import at module level and that cannot load
