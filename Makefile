@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: help install install-plugin install-serve run test test-gpu test-gpu-core lint format bench bench-step bench-serving demo train-pair upstream-patch
+.PHONY: help install install-plugin install-serve run test test-gpu test-gpu-core lint format bench bench-step bench-serving demo train-pair upstream-patch fork
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -61,9 +61,9 @@ test-gpu-core:  ## the gpu tests without the law, fault-and-load, fuzz and senti
 		--ignore test/srt/test_workspace_guard.py
 
 lint:  ## ruff check and format check
-	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py
+	$(PYTHON) -m ruff check python test benchmark upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py upstream/fork.py
 	$(PYTHON) -m ruff format --check python/sglang_ddtree/core python/sglang_ddtree/demo.py benchmark test/srt \
-		upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py
+		upstream/generate.py upstream/smoke_in_tree.py upstream/smoke_series.py upstream/fork.py
 
 format:  ## ruff format and fix
 	$(PYTHON) -m ruff format python test benchmark
@@ -83,11 +83,22 @@ bench-serving:  ## serving with SGLang's own client: none / DFLASH / DDTREE serv
 	$(PYTHON) benchmark/ddtree/bench_serving.py --out bench_out
 
 # The SGLang pull request: DDTREE in-tree as a git patch against SGLang 0.5.17 (upstream/README.md),
-# whole and as a series of parts that apply in order. Pristine SGLang sources: SGLANG_SRC=DIR, an
-# installed sglang 0.5.17, or pip download (cached).
-upstream-patch:  ## regenerate the SGLang pull request (upstream/sglang-ddtree.patch, upstream/series/)
+# whole and as a series of parts that apply in order; the same for SGLang 0.5.23 (upstream/0.5.23/).
+# Pristine SGLang sources: SGLANG_SRC=DIR (0.5.17's), an installed sglang of the release, or pip
+# download (cached in .upstream-cache/).
+upstream-patch:  ## regenerate the SGLang pull request for 0.5.17 (upstream/) and 0.5.23 (upstream/0.5.23/)
 	$(PYTHON) upstream/generate.py $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
 	$(PYTHON) upstream/generate.py --series $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
+	$(PYTHON) upstream/generate.py --base 0.5.23
+	$(PYTHON) upstream/generate.py --base 0.5.23 --series
+
+# The in-tree fork: SGLang BASE's Python package (from its wheel, or an installed copy of that
+# release; not SGLang's full git repository) with the series of that base applied, one commit per
+# part, as a git repository in DIR (a new directory).
+BASE ?= 0.5.17
+fork:  ## pristine SGLang BASE's Python package (not its full git repo) + the series, a commit per part, in DIR
+	@if [ -z "$(DIR)" ]; then echo "make fork: DIR=<new directory> is required, e.g. make fork BASE=$(BASE) DIR=/tmp/sglang-$(BASE)-ddtree" >&2; exit 2; fi
+	$(PYTHON) upstream/fork.py --base $(BASE) --dir $(DIR) $(if $(SGLANG_SRC),--sglang-src $(SGLANG_SRC))
 
 demo:  ## the CPU demo on the shipped trained pair
 	$(PYTHON) -m sglang_ddtree.demo

@@ -6,6 +6,8 @@ of an SGLang checkout of the pinned version).
     python upstream/generate.py --sglang-src DIR     # pristine sources: DIR/sglang or DIR itself
     python upstream/generate.py --apply-check 0.5.23 # does the committed patch apply to 0.5.23?
     python upstream/generate.py --series             # the same tree as parts: upstream/series/
+    python upstream/generate.py --base 0.5.23 [--series]   # the same for SGLang 0.5.23:
+                                                     # upstream/0.5.23/{sglang-ddtree.patch,series/}
 
 Method: the pristine SGLang files the patch edits are committed into a temporary git repository
 at their repository paths (``python/sglang/...``); then the new files (this repository's modules,
@@ -14,9 +16,14 @@ mapped by ``MODULE_MAP`` with their ``sglang_ddtree`` imports rewritten; tests a
 two trees is the patch. The output depends only on the inputs (pinned pristine file hashes, fixed
 git options, sorted paths), so CI regenerates it and compares byte for byte.
 
-Pristine sources, first found: ``--sglang-src``; ``$SGLANG_DDTREE_SGLANG_SRC``; an installed
-``sglang`` of the pinned version; a wheel cached under ``.upstream-cache/``; else
-``pip download sglang==<version> --no-deps`` into that cache.
+Bases (``--base``, ``BASES``): the same modules, templates and edits on each release of SGLang;
+what differs on a base is listed in ``PRISTINE_SHA256`` (the files it edits), ``BASE_EDITS``
+(an edit made otherwise there, or not at all), ``BASE_REWRITES`` (a generated file's line that
+must read otherwise there) and ``BASE_TEXT`` (the part texts' words for what differs).
+
+Pristine sources of the base, first found: ``--sglang-src``; ``$SGLANG_DDTREE_SGLANG_SRC`` (unless
+it holds another release); an installed ``sglang`` of that release; a wheel cached under
+``.upstream-cache/``; else ``pip download sglang==<version> --no-deps`` into that cache.
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ UPSTREAM_DIR = REPO / "upstream"
 TEMPLATES = UPSTREAM_DIR / "templates"
 PATCH_PATH = UPSTREAM_DIR / "sglang-ddtree.patch"
 CACHE_DIR = REPO / ".upstream-cache"
-SGLANG_VERSION = "0.5.17"
+# The releases of SGLang the patch and the series are generated for. The first is the default
+# (the plugin's pin, proven on GPUs); the outputs of another base go into upstream/<base>/.
+BASES = ("0.5.17", "0.5.23")
+SGLANG_VERSION = BASES[0]
 SPEC = "python/sglang/srt/speculative"
 
 # --- the mapping: plugin module -> file in SGLang's tree (one entry per module) ----------------
@@ -170,29 +180,58 @@ KERNEL_FILES = [
     ),
 ]
 
-# sha256 of every pristine SGLang file the patch edits, at SGLANG_VERSION.
+# sha256 of every pristine SGLang file the patch edits, per base (each base lists exactly the
+# files its edits touch).
 PRISTINE_SHA256 = {
-    "python/sglang/srt/layers/attention/triton_backend.py": (
-        "5b60f958359d03d742776c29bbb3cf412661a6b6cf0feec6da4886d922092fbe"
-    ),
-    "python/sglang/srt/layers/attention/flashmla_backend.py": (
-        "1568c9f98ab127a5d40552f235d0389bfc1144ade29568863e7aea80ae8d9ce5"
-    ),
-    "python/sglang/srt/arg_groups/speculative_hook.py": (
-        "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
-    ),
-    "python/sglang/srt/mem_cache/allocation_sizing.py": (
-        "1f3d920a3dca48f0e0598f32b8432f1b6b51db16dcac86fdf35922e0391eb1e3"
-    ),
-    "python/sglang/srt/server_args.py": (
-        "79d9bbb61b429574e31e7a7e319831fcd129a83a475e6ffe2b7e8a5e8eb06b0f"
-    ),
-    "python/sglang/srt/speculative/dflash_utils.py": (
-        "c432efd27a08689cb32008506bc68956cf7689450cb947337f0770dae432e6a5"
-    ),
-    "python/sglang/srt/speculative/spec_info.py": (
-        "1435f9d2ba846f813ca7f50ca2dbb90564b60006ecddfd3a852dc8ac6fb25506"
-    ),
+    "0.5.17": {
+        "python/sglang/srt/layers/attention/triton_backend.py": (
+            "5b60f958359d03d742776c29bbb3cf412661a6b6cf0feec6da4886d922092fbe"
+        ),
+        "python/sglang/srt/layers/attention/flashmla_backend.py": (
+            "1568c9f98ab127a5d40552f235d0389bfc1144ade29568863e7aea80ae8d9ce5"
+        ),
+        "python/sglang/srt/arg_groups/speculative_hook.py": (
+            "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
+        ),
+        "python/sglang/srt/mem_cache/allocation_sizing.py": (
+            "1f3d920a3dca48f0e0598f32b8432f1b6b51db16dcac86fdf35922e0391eb1e3"
+        ),
+        "python/sglang/srt/server_args.py": (
+            "79d9bbb61b429574e31e7a7e319831fcd129a83a475e6ffe2b7e8a5e8eb06b0f"
+        ),
+        "python/sglang/srt/speculative/dflash_utils.py": (
+            "c432efd27a08689cb32008506bc68956cf7689450cb947337f0770dae432e6a5"
+        ),
+        "python/sglang/srt/speculative/spec_info.py": (
+            "1435f9d2ba846f813ca7f50ca2dbb90564b60006ecddfd3a852dc8ac6fb25506"
+        ),
+    },
+    "0.5.23": {
+        "python/sglang/srt/layers/attention/triton_backend.py": (
+            "2e095cfafcd30ad0e720fd1ecd70c92f1a83f47a86a28da0ab739ab5717100aa"
+        ),
+        "python/sglang/srt/layers/attention/flashmla_backend.py": (
+            "bc38c9e9a9b07b0a4257bb7e298dceeff591612a27e0974739887feed73d8424"
+        ),
+        "python/sglang/srt/arg_groups/speculative_hook.py": (
+            "d10577c3b5f333ae560adc467e8ca8864196154da5a26683011328c6765a59f0"
+        ),
+        "python/sglang/srt/arg_groups/fields/spec.py": (
+            "3ff1187434d9fef6ad6d290d90c02be20d9899f851eed5d879f65c4b5b8da5fb"
+        ),
+        "python/sglang/srt/arg_groups/field_order.py": (
+            "b7cabb504246b97c09b49ea69298b42da6c05940e4914adab5dd5720675a62e9"
+        ),
+        "python/sglang/srt/mem_cache/allocation_sizing.py": (
+            "c0a757827ab883850058a517629c98b9cfab69a2a9e0d26a3d5b9b4730f2f484"
+        ),
+        "python/sglang/srt/speculative/dflash_utils.py": (
+            "72270b7d4e01012e4b0d04b283db0f57120be37ea0c94c820056ad9a5a9a0d5a"
+        ),
+        "python/sglang/srt/speculative/spec_info.py": (
+            "11d25b728ea18aeff82bc269c65a6608b5c9638b0ab754f284b2df76bead7910"
+        ),
+    },
 }
 
 
@@ -446,6 +485,198 @@ _register_ddtree()
 ]
 
 
+# --- what differs on another base: every difference between the bases is in these tables --------
+def _edit(name: str) -> Edit:
+    """The edit of ``EDITS`` named ``name`` (the first base's)."""
+    return next(e for e in EDITS if e.name == name)
+
+
+# Edits made otherwise on a base: {base: {edit name: the edits made there instead (none: the
+# edit is not made there)}}. The replacements carry the same name, so the series assigns them to
+# the same part.
+BASE_EDITS = {
+    "0.5.23": {
+        # The speculative fields are declared in arg_groups/fields/spec.py (its Spec namespace
+        # class: no NS marker); a new built-in field is appended to the positional order.
+        "server-flags": (
+            Edit(
+                "server-flags",
+                "python/sglang/srt/arg_groups/fields/spec.py",
+                _edit("server-flags").anchor.replace('        NS("spec"),\n', ""),
+                _edit("server-flags").text.replace('        NS("spec"),\n', ""),
+            ),
+            Edit(
+                "server-flags",
+                "python/sglang/srt/arg_groups/field_order.py",
+                ('    "return_aux_hidden_state_layer_ids",\n', ")\n# fmt: on\n"),
+                '    "speculative_ddtree_budget_schedule",\n    "speculative_ddtree_topk",\n',
+            ),
+        ),
+        # handle_speculative_decoding reads the arguments through a resolving view, ``cfg``.
+        "flag-check": (
+            Edit(
+                "flag-check",
+                "python/sglang/srt/arg_groups/speculative_hook.py",
+                "    algo = None\n    if cfg.speculative_algorithm is not None:\n",
+                _edit("flag-check").text.replace("server_args.", "cfg."),
+                where="before",
+            ),
+        ),
+        # get_req_to_token_extra_context_len takes no server args: it reads the published spec
+        # bag (``spec_algorithm`` is its local).
+        "row-headroom": (
+            Edit(
+                "row-headroom",
+                "python/sglang/srt/mem_cache/allocation_sizing.py",
+                (
+                    "            extra = max(extra, get_alloc_reserve_per_decode() + page_size - 1)\n",
+                    "    return extra\n",
+                ),
+                """    if spec_algorithm == "DDTREE":
+        # 2 W + B + 4 columns past the context; see ddtree_args.req_to_token_headroom.
+        from sglang.srt.speculative.ddtree_args import req_to_token_headroom
+
+        spec = get_spec()
+        block = spec.speculative_dflash_block_size or spec.speculative_num_draft_tokens
+        extra = max(
+            extra,
+            req_to_token_headroom(spec.speculative_num_draft_tokens, block),
+        )
+""",
+            ),
+        ),
+        # DFLASH serves logprobs: there is no refusal of them to step around.
+        "logprobs-admitted": (),
+        # forward_extend first tries its dense FP8 chunked path; DDTREE's verify goes before it.
+        "triton-verify": (
+            Edit(
+                "triton-verify",
+                "python/sglang/srt/layers/attention/triton_backend.py",
+                (
+                    "        aux_tensors=None,\n    ):\n",
+                    "        if (\n            k is not None\n",
+                ),
+                _edit("triton-verify").text + "\n",
+            ),
+        ),
+    },
+}
+
+# Lines of a generated file that read otherwise on a base: {base: ((file, old, new), ...)}, the
+# file a ``MODULE_MAP`` key, a template or a ``KERNEL_FILES`` source; ``old`` occurs exactly once
+# in it. Kept to where SGLang's own names for the same thing moved.
+BASE_REWRITES = {
+    "0.5.23": (
+        # The JIT headers declare their helpers (host::, kDLGPU) in namespace sglang.
+        (
+            "sgl-kernel/csrc/ddtree/top_p_radix.cuh",
+            "#include <cstdint>\n\nnamespace {\n",
+            "#include <cstdint>\n\n// SGLang's JIT helpers (host::, kDLGPU) are declared in namespace "
+            "sglang.\nusing namespace sglang;\n\nnamespace {\n",
+        ),
+        # The tree accept kernels are SGLang's JIT ops (sgl_kernel no longer ships them); the
+        # sampling one and the renorms by their platform-resolved names, as DFLASH imports them.
+        (
+            "sglang_ddtree.core.accept",
+            "        import sgl_kernel  # noqa: F401\n",
+            "        import sglang.kernels.ops.speculative.tree  # noqa: F401\n",
+        ),
+        (
+            "sglang_ddtree.core.accept",
+            "        from sgl_kernel import verify_tree_greedy\n",
+            "        from sglang.kernels.ops.speculative.tree import verify_tree_greedy\n",
+        ),
+        (
+            "sglang_ddtree.core.accept",
+            "    from sgl_kernel import tree_speculative_sampling_target_only\n",
+            "    from sglang.kernels.ops.speculative.verify_sampling import (\n"
+            "        tree_speculative_sampling_target_only,\n    )\n",
+        ),
+        (
+            "sglang_ddtree.core.sampling",
+            "        from sgl_kernel import top_k_renorm_prob\n",
+            "        from sglang.kernels.ops.sampling.renorm import top_k_renorm_prob\n",
+        ),
+        (
+            "bench_ddtree_top_p_radix.py",
+            "from sgl_kernel import top_p_renorm_prob\n",
+            "from sglang.kernels.ops.sampling.renorm import top_p_renorm_prob\n",
+        ),
+        # FlashMLA comes from the sgl-flash-mla wheel, behind sgl_kernel's former signatures.
+        (
+            "bench_ddtree_tree_attention.py",
+            'importlib.util.find_spec("sgl_kernel.flash_mla")',
+            'importlib.util.find_spec("flash_mla")',
+        ),
+        (
+            "bench_ddtree_tree_attention.py",
+            "        from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata\n",
+            "        from sglang.kernels.ops.attention.flash_mla_interface import (\n"
+            "            flash_mla_with_kvcache,\n            get_mla_metadata,\n        )\n",
+        ),
+        # prepare_server_args no longer resolves the arguments (where the flag check runs).
+        (
+            "test_ddtree_refusals.py",
+            '                    "4",\n                ]\n            )\n',
+            '                    "4",\n                ]\n            ).resolve_once()\n',
+        ),
+    ),
+}
+
+# Words of the part texts that read otherwise on a base: {base: ((old, new), ...)}; each ``old``
+# occurs in the series' texts.
+BASE_TEXT = {
+    "0.5.23": (
+        (
+            " and lets logprobs through under DDTREE (served from the verify logits, part 7;\n"
+            "  DFLASH's refusal of them stays for DFLASH)",
+            "; logprobs, which DFLASH serves too, are served from the verify logits (part 7)",
+        ),
+        (
+            "`server_args.py` gains `--speculative-ddtree-budget-schedule` and "
+            "`--speculative-ddtree-topk`,",
+            "`arg_groups/fields/spec.py` gains `--speculative-ddtree-budget-schedule` and\n"
+            "  `--speculative-ddtree-topk` (appended to `field_order.py`'s positional order),",
+        ),
+        ("the request refusals (logprobs served past DFLASH's)", "the request refusals"),
+    ),
+}
+
+
+def edits(base: str) -> list[Edit]:
+    """The edits made on ``base``, in ``EDITS`` order: each named in ``BASE_EDITS[base]``
+    replaced by that entry's."""
+    instead = BASE_EDITS.get(base, {})
+    out = []
+    for e in EDITS:
+        out += list(instead[e.name]) if e.name in instead else [e]
+    return out
+
+
+def check_bases() -> None:
+    """Every base has its pins; the tables name known bases, edits and files only."""
+    names = {e.name for e in EDITS}
+    files = set(MODULE_MAP) | {t for t, _ in TEMPLATE_FILES} | {k for k, _, _ in KERNEL_FILES}
+    problems = [f"  no PRISTINE_SHA256 for base {b}" for b in BASES if b not in PRISTINE_SHA256]
+    for table in (PRISTINE_SHA256, BASE_EDITS, BASE_REWRITES, BASE_TEXT):
+        problems += [f"  unknown base {b}" for b in table if b not in BASES]
+    for base, instead in BASE_EDITS.items():
+        problems += [f"  {base}: unknown edit {n}" for n in instead if n not in names]
+        problems += [f"  {base}: an edit replacing {n} is named {e.name}"
+                     for n, made in instead.items() for e in made if e.name != n]  # fmt: skip
+    for base, rewrites in BASE_REWRITES.items():
+        problems += [f"  {base}: rewrite of unknown file {f}" for f, _, _ in rewrites
+                     if f not in files]  # fmt: skip
+    if problems:
+        raise SystemExit("generate.py: the base tables are out of date:\n" + "\n".join(problems))
+
+
+def output_dir(base: str) -> Path:
+    """Where ``base``'s patch and series go: ``upstream/`` for the first base, else
+    ``upstream/<base>/``."""
+    return UPSTREAM_DIR if base == BASES[0] else UPSTREAM_DIR / base
+
+
 # --- the series: the same tree as a sequence of pull requests, each applying on the last ----
 class Part(NamedTuple):
     """One pull request of the series: what it adds to the tree the parts before it left."""
@@ -614,7 +845,17 @@ SERIES = [
         serves=True,
     ),
 ]
-SERIES_DIR = UPSTREAM_DIR / "series"
+SERIES_DIR = UPSTREAM_DIR / "series"  # the first base's; series_dir(base) for any
+
+
+def patch_path(base: str) -> Path:
+    return output_dir(base) / PATCH_PATH.name
+
+
+def series_dir(base: str) -> Path:
+    return output_dir(base) / SERIES_DIR.name
+
+
 # Lines a part may change (added + deleted, as `git apply --numstat` counts them).
 MAX_PART_LINES = 1500
 # Every in-tree DDTREE module's name starts so (the ddtree package and the ddtree_* modules).
@@ -623,10 +864,11 @@ IN_TREE_PREFIX = "sglang.srt.speculative.ddtree"
 
 # --- pristine sources -----------------------------------------------------------------------
 class Source:
-    """Read-only access to pristine SGLang files by repository path (``python/sglang/...``)."""
+    """Read-only access to pristine SGLang files by repository path (``python/sglang/...``) of
+    release ``base`` (the pins of ``PRISTINE_SHA256[base]`` check the files the patch edits)."""
 
-    def __init__(self, where: Path, label: str):
-        self.where, self.label = Path(where), label
+    def __init__(self, where: Path, label: str, base: str = SGLANG_VERSION):
+        self.where, self.label, self.base = Path(where), label, base
         self._zip = zipfile.ZipFile(self.where) if self.where.suffix == ".whl" else None
 
     def read(self, repo_path: str) -> bytes:
@@ -635,6 +877,16 @@ class Source:
         if self._zip is not None:
             return self._zip.read(rel)
         return (self.where / rel).read_bytes()
+
+    def package_files(self) -> list[str]:
+        """Repository paths of every file of the ``sglang`` package (no ``__pycache__``)."""
+        if self._zip is not None:
+            names = [n for n in self._zip.namelist() if n.startswith("sglang/")]
+            names = [n for n in names if not n.endswith("/")]
+        else:
+            names = [p.relative_to(self.where).as_posix()
+                     for p in (self.where / "sglang").rglob("*") if p.is_file()]  # fmt: skip
+        return sorted(f"python/{n}" for n in names if "__pycache__/" not in n)
 
     def python_files(self, under: str = "python/sglang/srt/") -> list[str]:
         """Repository paths of the ``.py`` files under ``under``, sorted."""
@@ -708,17 +960,21 @@ def find_source(
             continue
         p = Path(cand)
         if p.suffix == ".whl" and p.is_file():
-            return Source(p, f"{label} {p}")
-        root = _as_source_root(p)
-        if root is None:
-            raise SystemExit(f"generate.py: {label} {cand}: no sglang/srt there")
-        return Source(root, f"{label} {root}")
+            src = Source(p, f"{label} {p}", version)
+        else:
+            root = _as_source_root(p)
+            if root is None:
+                raise SystemExit(f"generate.py: {label} {cand}: no sglang/srt there")
+            src = Source(root, f"{label} {root}", version)
+        if label.startswith("$") and src.version() not in (None, version):
+            continue  # another release's sources (another base's run)
+        return src
     try:
         if importlib.metadata.version("sglang") == version:
             spec = importlib.util.find_spec("sglang")
             if spec is not None and spec.submodule_search_locations:
                 root = Path(list(spec.submodule_search_locations)[0]).parent
-                return Source(root, f"installed sglang {version} at {root}")
+                return Source(root, f"installed sglang {version} at {root}", version)
     except importlib.metadata.PackageNotFoundError:
         pass
     wheel = _cached_wheel(version)
@@ -726,7 +982,7 @@ def find_source(
         wheel = download_wheel(version)
     if wheel is None:
         raise RuntimeError(f"no pristine sglang {version} sources found")
-    return Source(wheel, f"wheel {wheel.name}")
+    return Source(wheel, f"wheel {wheel.name}", version)
 
 
 # --- module discovery, import checks and rewriting ------------------------------------------
@@ -856,9 +1112,9 @@ def _algorithm_name() -> str:
     raise SystemExit("generate.py: ALGORITHM_NAME not found in srt/ddtree_args.py")
 
 
-def render_template(name: str) -> str:
+def render_template(name: str, base: str = SGLANG_VERSION) -> str:
     text = (TEMPLATES / name).read_text()
-    subs = {"@@ALGORITHM@@": _algorithm_name(), "@@SGLANG_VERSION@@": SGLANG_VERSION}
+    subs = {"@@ALGORITHM@@": _algorithm_name(), "@@SGLANG_VERSION@@": base}
     for key, value in subs.items():
         text = text.replace(key, value)
     left = sorted(set(re.findall(r"@@\w+@@", text)))
@@ -867,37 +1123,53 @@ def render_template(name: str) -> str:
     return text
 
 
-def new_files() -> dict[str, str]:
-    files = {}
+def new_files(base: str = SGLANG_VERSION) -> dict[str, str]:
+    """``{path: text}`` of every file the patch adds on ``base``."""
+    check_bases()
+    files, targets = {}, {}
     for mod, target in sorted(MODULE_MAP.items()):
         path = _module_file(mod)
         files[target] = rewrite(path.read_text(), str(path.relative_to(REPO)))
+        targets[mod] = target
     for template, target in TEMPLATE_FILES:
-        files[target] = render_template(template)
+        files[target] = render_template(template, base)
+        targets[template] = target
     for source, target, _ in KERNEL_FILES:
         files[target] = (REPO / source).read_text()
+        targets[source] = target
+    for name, old, new in BASE_REWRITES.get(base, ()):
+        text = files[targets[name]]
+        if text.count(old) != 1:
+            raise SystemExit(
+                f"generate.py: BASE_REWRITES[{base}]: {name} holds {text.count(old)} times "
+                f"(need exactly 1):\n{old}"
+            )
+        files[targets[name]] = text.replace(old, new)
     return files
 
 
 def edited_files(
     src: Source, check_hashes: bool = True, edit_names: set[str] | None = None
 ) -> dict[str, tuple[bytes, str]]:
-    """``{path: (pristine bytes, edited text)}`` for the files the patch edits; with
-    ``edit_names``, only those edits are made (in ``EDITS`` order)."""
-    paths = sorted({e.path for e in EDITS})
-    if check_hashes and sorted(PRISTINE_SHA256) != paths:
-        raise SystemExit(f"generate.py: PRISTINE_SHA256 must list exactly {paths}")
+    """``{path: (pristine bytes, edited text)}`` for the files the patch edits on ``src.base``;
+    with ``edit_names``, only those edits are made (in ``EDITS`` order)."""
+    base = src.base
+    made = edits(base)
+    paths = sorted({e.path for e in made})
+    pins = PRISTINE_SHA256.get(base, {})
+    if check_hashes and sorted(pins) != paths:
+        raise SystemExit(f"generate.py: PRISTINE_SHA256[{base!r}] must list exactly {paths}")
     out = {}
     for path in paths:
         data = src.read(path)
         digest = hashlib.sha256(data).hexdigest()
-        if check_hashes and digest != PRISTINE_SHA256[path]:
+        if check_hashes and digest != pins[path]:
             raise SystemExit(
-                f"generate.py: {path} from {src.label} is not pristine SGLang {SGLANG_VERSION} "
-                f"(sha256 {digest}, want {PRISTINE_SHA256[path]})."
+                f"generate.py: {path} from {src.label} is not pristine SGLang {base} "
+                f"(sha256 {digest}, want {pins[path]})."
             )
         text = data.decode()
-        for e in EDITS:
+        for e in made:
             if e.path == path and (edit_names is None or e.name in edit_names):
                 text = e.apply(text)
         out[path] = (data, text)
@@ -946,13 +1218,13 @@ def final_tree(src: Source) -> tuple[dict[str, bytes], dict[str, bytes]]:
     edited files only) and after it."""
     check_coverage()
     check_imports()
-    edits = edited_files(src)
-    added = new_files()
-    clash = sorted(set(added) & set(edits))
+    edited = edited_files(src)
+    added = new_files(src.base)
+    clash = sorted(set(added) & set(edited))
     if clash:
         raise SystemExit(f"generate.py: paths both added and edited: {clash}")
-    pristine = {path: data for path, (data, _) in edits.items()}
-    patched = {path: text.encode() for path, (_, text) in edits.items()}
+    pristine = {path: data for path, (data, _) in edited.items()}
+    patched = {path: text.encode() for path, (_, text) in edited.items()}
     patched.update((path, text.encode()) for path, text in added.items())
     return pristine, patched
 
@@ -970,7 +1242,7 @@ def diffs(
         for path, data in sorted(pristine.items()):
             _write(root, path, data)
         git(root, "add", "-A")
-        git(root, *DIFF_ARGS, "commit", "-q", "-m", f"pristine sglang {SGLANG_VERSION}")
+        git(root, *DIFF_ARGS, "commit", "-q", "-m", "pristine sglang")
         for i, state in enumerate(states):
             for path, data in sorted(state.items()):
                 _write(root, path, data)
@@ -1123,21 +1395,24 @@ def part_file_name(index: int, part: Part) -> str:
     return f"{index:02d}-{part.name}"
 
 
-def part_text(index: int, part: Part, numstat: list[tuple[int, int, str]]) -> str:
+def part_text(
+    index: int, part: Part, numstat: list[tuple[int, int, str]], base: str = SGLANG_VERSION
+) -> str:
     """The pull request's text: a generated head (place in the series, base), the body from
-    ``templates/series/<name>.md``, the files with their line counts, and the next part."""
-    total, version = len(SERIES), SGLANG_VERSION
+    ``templates/series/<name>.md``, the files with their line counts, and the next part; the
+    words of ``BASE_TEXT[base]`` replaced (`series_files` checks each is used)."""
+    total, version = len(SERIES), base
     first_serving = next(i for i, p in enumerate(SERIES, 1) if p.serves)
     if index == 1:
-        base = f"pristine SGLang {version}"
+        applies_on = f"pristine SGLang {version}"
     else:
         before = "part 1" if index == 2 else f"parts 1-{index - 1}"
-        base = f"SGLang {version} with {before} of the series applied"
+        applies_on = f"SGLang {version} with {before} of the series applied"
     head = [
         f"# [Spec] DDTREE {index}/{total}: {part.title}",
         "",
         f"Part {index} of {total} of DDTREE, tree verification over the DFLASH drafter. It "
-        f"applies with `git apply` on {base}, and adds {part.summary}.",
+        f"applies with `git apply` on {applies_on}, and adds {part.summary}.",
     ]
     if index < first_serving:
         head += ["", f"No server runs it before part {first_serving} registers DDTREE."]
@@ -1152,21 +1427,28 @@ def part_text(index: int, part: Part, numstat: list[tuple[int, int, str]]) -> st
         nxt = f"Part {index + 1}, {after.title}: {after.summary}."
     else:
         nxt = "None: this is the last part."
-    body = render_template(f"series/{part.name}.md").strip()
-    return "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(files) + f"\n\n## Next\n\n{nxt}\n"
+    body = render_template(f"series/{part.name}.md", base).strip()
+    text = "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(files) + f"\n\n## Next\n\n{nxt}\n"
+    for old, new in BASE_TEXT.get(base, ()):
+        text = text.replace(old, new)
+    return text
 
 
 def series_files(src: Source) -> dict[str, bytes]:
     """``{file name: bytes}`` of ``upstream/series/``: each part's patch and text. Fails when a
     part changes more than ``MAX_PART_LINES`` lines."""
-    out, big = {}, []
+    out, big, texts = {}, [], []
     for i, (part, patch, numstat) in enumerate(build_series(src), 1):
         lines = sum(a + d for a, d, _ in numstat)
         if lines > MAX_PART_LINES:
             big.append(f"  part {i} ({part.name}): {lines} lines")
         name = part_file_name(i, part)
         out[f"{name}.patch"] = patch
-        out[f"{name}.md"] = part_text(i, part, numstat).encode()
+        out[f"{name}.md"] = part_text(i, part, numstat, src.base).encode()
+        texts.append(part_text(i, part, numstat))
+    unused = [old for old, _ in BASE_TEXT.get(src.base, ()) if not any(old in t for t in texts)]
+    if unused:
+        raise SystemExit(f"generate.py: BASE_TEXT[{src.base!r}] words no part text holds: {unused}")
     if big:
         raise SystemExit(
             f"generate.py: parts over {MAX_PART_LINES} changed lines (split them):\n"
@@ -1175,9 +1457,11 @@ def series_files(src: Source) -> dict[str, bytes]:
     return out
 
 
-def write_series(src: Source, out_dir: Path = SERIES_DIR) -> dict[str, bytes]:
-    """Write `series_files` into ``out_dir``, removing part files of an earlier series."""
+def write_series(src: Source, out_dir: Path | None = None) -> dict[str, bytes]:
+    """Write `series_files` into ``out_dir`` (default: ``series_dir(src.base)``), removing part
+    files of an earlier series."""
     files = series_files(src)
+    out_dir = series_dir(src.base) if out_dir is None else out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in sorted(out_dir.glob("[0-9][0-9]-*")):
         if old.name not in files and old.suffix in (".patch", ".md"):
@@ -1217,37 +1501,48 @@ def apply_check(patch: Path, src: Source) -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=PATCH_PATH)
+    ap.add_argument(
+        "--base",
+        choices=BASES,
+        default=SGLANG_VERSION,
+        help="the SGLang release to generate for (outputs of another than the first go into "
+        "upstream/<base>/)",
+    )
+    ap.add_argument("--out", type=Path, default=None, help="the single patch (default: its place)")
     ap.add_argument("--sglang-src", help="pristine SGLang: DIR/sglang, the sglang dir, or a .whl")
     ap.add_argument("--no-download", action="store_true", help="never run pip download")
     ap.add_argument(
         "--apply-check",
         metavar="VERSION",
-        help="instead of generating: git apply --check the committed patch against that version",
+        help="instead of generating: git apply --check the committed patch of --base against "
+        "that version",
     )
     ap.add_argument("--print-hashes", action="store_true", help="sha256 of the pristine files")
     ap.add_argument(
         "--series",
         action="store_true",
-        help=f"instead of the single patch: the series of parts into {SERIES_DIR.name}/",
+        help="instead of the single patch: the series of parts into series/ beside it",
     )
     args = ap.parse_args(argv)
+    base = args.base
 
     if args.apply_check:
         src = find_source(args.sglang_src, version=args.apply_check, download=not args.no_download)
-        ok, report = apply_check(PATCH_PATH, src)
-        print(f"{PATCH_PATH.name} against sglang {args.apply_check} ({src.label}):")
+        ok, report = apply_check(patch_path(base), src)
+        print(f"{patch_path(base).relative_to(REPO)} against sglang {args.apply_check} "
+              f"({src.label}):")  # fmt: skip
         print(report)
         print("APPLIES" if ok else "DOES NOT APPLY")
         return 0 if ok else 1
 
-    src = find_source(args.sglang_src, download=not args.no_download)
+    src = find_source(args.sglang_src, version=base, download=not args.no_download)
     if args.print_hashes:
-        for path in sorted({e.path for e in EDITS}):
+        for path in sorted({e.path for e in edits(base)}):
             print(f'    "{path}": "{hashlib.sha256(src.read(path)).hexdigest()}",')
         return 0
     if args.series:
         files = write_series(src)
+        where = series_dir(base).relative_to(REPO)
         for name, data in files.items():
             if name.endswith(".patch"):
                 counts = subprocess.run(
@@ -1256,13 +1551,14 @@ def main(argv: list[str] | None = None) -> int:
                 lines = sum(
                     int(a) + int(d) for a, d, _ in (r.split("\t", 2) for r in counts.splitlines())
                 )
-                print(f"{lines:6d} lines  {SERIES_DIR.name}/{name}", file=sys.stderr)
-        print(f"wrote {len(files)} files into {SERIES_DIR} from {src.label}", file=sys.stderr)
+                print(f"{lines:6d} lines  {where}/{name}", file=sys.stderr)
+        print(f"wrote {len(files)} files into {where} from {src.label}", file=sys.stderr)
         return 0
     patch = build_patch(src)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(patch)
-    print(f"wrote {args.out} ({len(patch)} bytes) from {src.label}", file=sys.stderr)
+    out = args.out or patch_path(base)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(patch)
+    print(f"wrote {out} ({len(patch)} bytes) from {src.label}", file=sys.stderr)
     return 0
 
 

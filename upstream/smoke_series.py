@@ -1,9 +1,10 @@
 """GPU smoke of the series, part by part: ``python upstream/smoke_series.py --site DIR``.
 
 ``DIR`` holds an installed, pristine SGLang 0.5.17 (``DIR/sglang``, with sgl_kernel and the
-rest of its stack beside it). Its ``sglang`` package is copied to a scratch tree laid out as
-SGLang's repository (``python/sglang``), and the committed parts (``upstream/series/*.patch``)
-are applied there in order with ``git apply``. After each part:
+rest of its stack beside it; ``--base 0.5.23``: SGLang 0.5.23 and ``upstream/0.5.23/series/``).
+Its ``sglang`` package is copied to a scratch tree laid out as SGLang's repository
+(``python/sglang``), and the committed parts (``upstream/series/*.patch``) are applied there in
+order with ``git apply``. After each part:
 
 - the in-tree tests the part adds (``test/registered/spec/ddtree/test_ddtree_*.py``) run with
   SGLang's own test harness, the patched tree first on the path; the two that launch servers
@@ -23,6 +24,13 @@ server's included, is kept in ``--logs DIR``); exit status 0 when every step pas
 ``--parts N``: stop after part N. ``--from N``: apply the parts before N without running their
 checks (a smoke split over several calls). ``--only A.py,B.py``: of the checked parts' tests and
 benchmarks, run only those. ``--apply-only``: apply and list, run nothing (any machine).
+``--cpu``: after each part, import every module the series has added or edited so far (new
+modules, edited SGLang files, tests and benchmarks, in a fresh interpreter) and run the unit
+tests the part adds (not the server tests), their CUDA cases skipping; no benchmark, engine or
+in-tree smoke, so it runs on a CPU machine where that SGLang imports, beside the plugin too.
+``--stand-in NAME`` (with ``--cpu``): module ``NAME`` (a CUDA extension that cannot load here)
+imports as a stand-in whose attributes are placeholders, in the import check only; the summary
+names it.
 Servers are launched as ``sglang serve`` (SGLang's test utilities), so a ``sglang`` command for
 this interpreter is put first on PATH (an unpacked site has no console scripts).
 Run it where the plugin is not installed: its entry point would register DDTREE as well.
@@ -46,7 +54,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SERIES = REPO / "upstream" / "series"
+SERIES = REPO / "upstream" / "series"  # the first base's; series_dir(base) for any
 TESTS = "test/registered/spec/ddtree"
 BENCHMARKS = "benchmark/kernels/ddtree"
 SERVER_TESTS = {"test_ddtree.py", "test_ddtree_refusals.py"}  # name SGLang's hub models
@@ -54,6 +62,10 @@ PAIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
 # SGLang's test constants the server tests launch, and the shipped pair's model standing in.
 MODEL_STAND_INS = {"DEFAULT_TARGET_MODEL_DFLASH": "target", "DEFAULT_DRAFT_MODEL_DFLASH": "drafter"}
 BACKEND_EDITS = "layers/attention/triton_backend.py"
+GENERATE = REPO / "upstream" / "generate.py"
+# An interpreter where a base's SGLang imports (its torch and Python dependencies), for the CPU
+# checks that run this smoke with --cpu (test_upstream_patch.py); unset: the test's own.
+SMOKE_PYTHON_ENV = "SGLANG_DDTREE_SMOKE_PYTHON"
 
 _SERVE_WITHOUT_SPECULATION = """
 import sglang as sgl
@@ -69,8 +81,116 @@ print("served without speculation")
 """
 
 
-def parts() -> list[Path]:
-    return sorted(SERIES.glob("[0-9][0-9]-*.patch"))
+def generator():
+    """``upstream/generate.py`` as a module (its bases and where their series are)."""
+    spec = importlib.util.spec_from_file_location("ddtree_upstream_generate", GENERATE)
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, gen)
+    spec.loader.exec_module(gen)
+    return gen
+
+
+def parts(series: Path = SERIES) -> list[Path]:
+    return sorted(series.glob("[0-9][0-9]-*.patch"))
+
+
+def touched_files(patch: Path) -> list[str]:
+    """Paths the part creates or edits (its ``+++ b/PATH`` lines)."""
+    return [line[len("+++ b/") :] for line in patch.read_text().splitlines()
+            if line.startswith("+++ b/")]  # fmt: skip
+
+
+# One fresh interpreter per part: import each (module name or file path), a stand-in for every
+# module named in argv[2]; print {name: "ExcType: message"} of the failures as JSON.
+_IMPORT_CHECK = """
+import importlib, importlib.abc, importlib.machinery, importlib.util, json, sys, traceback, types
+
+class _Placeholder:
+    def __init__(self, *args, **kwargs):
+        pass
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("a stand-in of smoke_series --stand-in")
+    def __getattr__(self, name):
+        return _Placeholder()
+
+class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, names):
+        self.names = names
+    def find_spec(self, name, path=None, target=None):
+        if any(name == n or name.startswith(n + ".") for n in self.names):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = lambda attr: _Placeholder
+        return module
+    def exec_module(self, module):
+        pass
+
+items, stand_ins = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+if stand_ins:
+    sys.meta_path.insert(0, _StandIns(stand_ins))
+failed = {}
+for name in items:
+    try:
+        if name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location("smoke_" + name.replace("/", "_")[:-3], name)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        else:
+            importlib.import_module(name)
+    except BaseException as e:
+        failed[name] = (type(e).__name__ + ": " + str(e)).strip()[-500:]
+print(json.dumps(failed))
+"""
+
+
+# From the part that registers DDTREE on (``--cpu``): the registered algorithm is the in-tree
+# spec class, and SGLang's parser has the two flags (derived from the fields the edit adds).
+_REGISTERED_CHECK = """
+import argparse
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+algo = SpeculativeAlgorithm.from_string("DDTREE")
+assert type(algo).__module__ == "sglang.srt.speculative.ddtree_spec", type(algo)
+assert algo.is_dflash_family() and not algo.is_dflash()
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+ns = parser.parse_args(["--model-path", "m", "--speculative-algorithm", "DDTREE",
+                        "--speculative-ddtree-topk", "4",
+                        "--speculative-ddtree-budget-schedule", "1:32,4:16"])
+assert (ns.speculative_ddtree_topk, ns.speculative_ddtree_budget_schedule) == (4, "1:32,4:16")
+print("DDTREE registered in-tree; its server flags parse")
+"""
+
+
+def import_targets(files: list[str]) -> list[str]:
+    """What the import check imports of ``files`` (repository paths): the Python modules
+    under ``python/`` by module name, the tests and benchmarks by path, sorted."""
+    out = []
+    for path in sorted(set(files)):
+        if not path.endswith(".py"):
+            continue
+        if path.startswith("python/"):
+            name = path[len("python/") : -len(".py")].replace("/", ".")
+            out.append(name[: -len(".__init__")] if name.endswith(".__init__") else name)
+        else:
+            out.append(path)
+    return out
+
+
+def import_check(targets: list[str], env: dict, root: Path, stand_in: list[str]) -> dict:
+    """``{"imported": n, "failed": {name: error}}`` of importing ``targets`` in one fresh
+    interpreter run from ``root`` (the scratch tree)."""
+    r = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CHECK, json.dumps(targets), json.dumps(stand_in)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        return {"imported": 0, "failed": {"<import check>": (r.stderr or r.stdout)[-1500:]}}
+    failed = json.loads(lines[-1])
+    return {"imported": len(targets) - len(failed), "failed": failed}
 
 
 def added_files(patch: Path) -> list[str]:
@@ -183,7 +303,9 @@ def run(cmd: list[str], env: dict, cwd: Path, timeout: float, log: Path) -> dict
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--site", required=True, help="directory holding pristine sglang 0.5.17")
+    gen = generator()
+    ap.add_argument("--site", required=True, help="directory holding pristine sglang of --base")
+    ap.add_argument("--base", choices=gen.BASES, default=gen.BASES[0], help="the SGLang release")
     ap.add_argument("--parts", type=int, default=None, help="stop after this part")
     ap.add_argument(
         "--from",
@@ -193,6 +315,18 @@ def main() -> int:
         help="check from this part on (earlier: applied)",
     )
     ap.add_argument("--apply-only", action="store_true")
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="after each part: the import check and the unit tests the part adds (a CPU machine)",
+    )
+    ap.add_argument(
+        "--stand-in",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="with --cpu: a module that cannot load here imports as a stand-in (repeatable)",
+    )
     ap.add_argument(
         "--only",
         default=None,
@@ -209,6 +343,9 @@ def main() -> int:
         "--logs", default=None, help="directory for each check's whole output (default: scratch)"
     )
     args = ap.parse_args()
+    if args.stand_in and not args.cpu:
+        ap.error("--stand-in goes with --cpu")
+    series = parts(gen.series_dir(args.base))
     site = Path(args.site).resolve()
     if not (site / "sglang" / "srt").is_dir():
         raise SystemExit(f"smoke_series: no sglang package under {site}")
@@ -227,7 +364,9 @@ def main() -> int:
         "PYTHONUNBUFFERED": "1",
         "PATH": os.pathsep.join([str(sglang_command(root)), os.environ.get("PATH", "")]),
     }
-    checks_any = not args.apply_only and (args.parts is None or args.parts >= args.first)
+    checks_any = not (args.apply_only or args.cpu) and (
+        args.parts is None or args.parts >= args.first
+    )
     if checks_any and "ddtree" in visible_plugins(env):
         raise SystemExit(
             "smoke_series: the sglang-ddtree plugin is installed here (its entry point would "
@@ -240,8 +379,8 @@ def main() -> int:
     models_dir.mkdir(exist_ok=True)
     server_env = env if args.hub_models else {**env, "HF_HUB_OFFLINE": "1"}
     stood_in_models: dict[str, str] = {}
-    results, ok = [], True
-    for i, patch in enumerate(parts(), 1):
+    results, ok, touched, serving = [], True, [], False
+    for i, patch in enumerate(series, 1):
         if args.parts is not None and i > args.parts:
             break
         applied = subprocess.run(
@@ -253,9 +392,24 @@ def main() -> int:
         if applied.returncode != 0:
             step["why"] = applied.stderr[-600:]
         new = added_files(patch)
+        touched += touched_files(patch)
+        serving = serving or any(p.endswith("ddtree_worker_v2.py") for p in new)
         tests = [p for p in new if p.startswith(TESTS) and p.endswith(".py")]
         benchmarks = [p for p in new if p.startswith(BENCHMARKS) and p.endswith(".py")]
-        if applied.returncode == 0 and checked:
+        if applied.returncode == 0 and checked and args.cpu:
+            step["imports"] = import_check(import_targets(touched), env, root, args.stand_in)
+            for test in tests:
+                if Path(test).name in SERVER_TESTS:
+                    continue
+                cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
+                log = logs / f"{patch.stem}.{Path(test).stem}.log"
+                step["checks"].append(run(cmd, env, root / Path(test).parent, 900, log))
+            if serving:
+                log = logs / f"{patch.stem}.registered.log"
+                script = root / "registered_check.py"
+                script.write_text(_REGISTERED_CHECK.lstrip())
+                step["checks"].append(run([sys.executable, str(script)], env, root, 600, log))
+        elif applied.returncode == 0 and checked:
             for test in filter(picked, tests):
                 cmd = [sys.executable, "-m", "unittest", "-v", Path(test).stem]
                 log = logs / f"{patch.stem}.{Path(test).stem}.log"
@@ -272,7 +426,7 @@ def main() -> int:
                 step["checks"].append(run([sys.executable, bench, "--quick"], env, root, 600, log))
             edits_backends = any(BACKEND_EDITS in line for line in patch.read_text().splitlines()
                                  if line.startswith("+++ b/"))  # fmt: skip
-            last = i == len(parts()) or i == args.parts
+            last = i == len(series) or i == args.parts
             if (edits_backends or last) and only is None:
                 log = logs / f"{patch.stem}.serve_without_speculation.log"
                 step["checks"].append(
@@ -284,15 +438,21 @@ def main() -> int:
                 step["checks"].append(run(smoke, env, root, 900, log))
         step["tests_added"] = tests
         step["benchmarks_added"] = benchmarks
-        step["ok"] = step["applied"] and all(c["ok"] for c in step["checks"])
+        step["ok"] = (
+            step["applied"]
+            and all(c["ok"] for c in step["checks"])
+            and not step.get("imports", {}).get("failed")
+        )
         ok = ok and step["ok"]
         results.append(step)
         print(json.dumps(step), flush=True)
         if not step["applied"]:
             break
-    stood_in = (["datasets"] if shims else []) + [
-        f"model {name}: {path}" for name, path in stood_in_models.items()
-    ]
+    stood_in = (
+        (["datasets"] if shims else [])
+        + [f"model {name}: {path}" for name, path in stood_in_models.items()]
+        + [f"module {name} (import check)" for name in args.stand_in]
+    )
     print(json.dumps({"series": [r["part"] for r in results], "ok": ok, "tree": str(root),
                       "stand_ins": stood_in}))  # fmt: skip
     return 0 if ok else 1

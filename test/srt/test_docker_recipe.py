@@ -211,6 +211,58 @@ def test_dockerfile_build_check():
     assert "sglang-ddtree: DDTREE registered" in out.stdout
 
 
+IN_TREE = DOCKER / "in-tree" / "Dockerfile"
+
+
+def in_tree_lines() -> list[str]:
+    """The in-tree image's Dockerfile as Docker reads it (continuations joined), no comments."""
+    text = IN_TREE.read_text().replace("\\\n", "")
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_in_tree_dockerfile_forks_the_pinned_release_and_installs_no_plugin(gen):
+    """The in-tree image: the official image of a base of the generator (pyproject.toml's pin by
+    default), the committed series of that base applied by ``upstream/fork.py`` and installed
+    over the image's SGLang, no plugin; what it copies exists here."""
+    lines = in_tree_lines()
+    pin = re.search(r'"sglang==([0-9][0-9.]*)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert lines[:4] == [
+        f"ARG SGLANG_VERSION={pin}",
+        "ARG BASE=lmsysorg/sglang:v${SGLANG_VERSION}",
+        "FROM ${BASE}",
+        "ARG SGLANG_VERSION",
+    ]
+    assert pin == gen.BASES[0]
+    for base in gen.BASES:  # --build-arg SGLANG_VERSION=<any base> finds its series
+        assert sorted(gen.series_dir(base).glob("[0-9][0-9]-*.patch")), base
+    copies = [ln.split()[1:] for ln in lines if ln.startswith("COPY")]
+    assert copies == [["upstream", "./upstream"]]
+    assert all((ROOT / src).exists() for src, _ in copies)
+    workdir = next(ln.split()[1] for ln in lines if ln.startswith("WORKDIR"))
+    run = next(ln for ln in lines if ln.startswith("RUN"))
+    fork = re.search(r"python3 (upstream/fork\.py [^&]*?)\s*&&", run).group(1).split()
+    assert fork == ["upstream/fork.py", "--base", "${SGLANG_VERSION}", "--dir", "/opt/sglang-fork",
+                    "--install-over"]  # fmt: skip
+    assert (ROOT / fork[0]).is_file() and workdir == "/opt/sglang-ddtree-in-tree"
+    helped = subprocess.run([sys.executable, str(ROOT / fork[0]), "--help"], capture_output=True,
+                            text=True, timeout=120).stdout  # fmt: skip
+    assert all(flag in helped for flag in ("--base", "--dir", "--install-over"))
+    # No plugin: nothing pip-installs this repository, nor copies its package in.
+    assert not any("pip install" in ln or ln.startswith("COPY python") for ln in lines)
+    health = [ln for ln in lines if ln.startswith("HEALTHCHECK")]
+    assert health == [ln for ln in dockerfile_text().splitlines() if ln.startswith("HEALTHCHECK")]
+    assert "docker build -f docker/in-tree/Dockerfile" in IN_TREE.read_text()
+
+
+def test_in_tree_dockerfile_build_check():
+    """The build-time check: no plugin entry point, DDTREE resolves to the in-tree spec class
+    (run on a patched tree by ``smoke_series.py --cpu``'s registered check)."""
+    code = re.search(r'python3 -c "([^"]*)"', "\n".join(in_tree_lines())).group(1)
+    compile(code, "in-tree Dockerfile build check", "exec")
+    assert "entry_points(group='sglang.srt.plugins')" in code and "assert not" in code
+    assert "'sglang.srt.speculative.ddtree_spec'" in code and "from_string('DDTREE')" in code
+
+
 def test_client_compiles():
     py_compile.compile(str(CLIENT), doraise=True, cfile=None)
 

@@ -7,8 +7,8 @@ SGLang installed: the patched functions are compiled from the patched files (as
 
 Pristine sources as ``upstream/generate.py`` finds them, without downloading: ``--sglang-src`` /
 ``$SGLANG_DDTREE_SGLANG_SRC``, an installed sglang, or a wheel cached in
-``.upstream-cache/sglang-<version>/`` (``make upstream-patch`` caches 0.5.17's,
-``python upstream/generate.py --apply-check 0.5.23`` 0.5.23's). Without them the tests skip.
+``.upstream-cache/sglang-<version>/`` (``make upstream-patch`` caches both releases', and so
+do the 0.5.23 tests of ``test_upstream_patch.py``). Without them the tests skip.
 """
 
 from __future__ import annotations

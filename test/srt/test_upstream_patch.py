@@ -2,12 +2,13 @@
 ``upstream/generate.py`` makes from this tree, and it applies to pristine SGLang 0.5.17; the
 committed series (``upstream/series/NN-<name>.patch``) is regenerated too, applies part by part
 in order, ends at the single patch's tree, keeps every part small, and no part's tree imports a
-DDTREE module that only a later part adds.
+DDTREE module that only a later part adds. The same for every other base of the generator
+(``upstream/0.5.23/``: the patch and the series for SGLang 0.5.23), each test once per base.
 
-Pristine sources come as in the generator (``$SGLANG_DDTREE_SGLANG_SRC``, an installed sglang
-0.5.17, the ``.upstream-cache/`` wheel, else ``pip download``); without them (no network) the
-tests that need them skip and say why. CPU only; about 5-15 s with a download, a few seconds
-cached.
+Pristine sources come as in the generator (``$SGLANG_DDTREE_SGLANG_SRC`` when it holds that
+release, an installed sglang of it, the ``.upstream-cache/sglang-<version>/`` wheel, else ``pip
+download`` into that cache); without them (no network, nothing cached) the tests of that base
+skip and say why. CPU only; about 5-15 s a base with a download, a few seconds cached.
 """
 
 from __future__ import annotations
@@ -29,25 +30,57 @@ REPO = Path(__file__).resolve().parents[2]
 PATCH = REPO / "upstream" / "sglang-ddtree.patch"
 SERIES_DIR = REPO / "upstream" / "series"
 PR_OVERVIEW = REPO / "upstream" / "PR.md"
+UPSTREAM_README = REPO / "upstream" / "README.md"
+# The generator's bases (``generate.BASES``; `test_bases_are_the_generators` keeps them equal).
+BASES = ("0.5.17", "0.5.23")
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
 
-def test_committed_patch_is_regenerated_byte_for_byte(gen, source, tmp_path):
-    fresh = gen.build_patch(source)
-    committed = PATCH.read_bytes()
+def test_bases_are_the_generators(gen):
+    assert gen.BASES == BASES and gen.SGLANG_VERSION == BASES[0]
+    assert gen.patch_path(BASES[0]) == PATCH and gen.series_dir(BASES[0]) == SERIES_DIR
+    for base in BASES[1:]:
+        assert gen.series_dir(base) == REPO / "upstream" / base / "series"
+
+
+@pytest.fixture(scope="module", params=BASES)
+def base(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def src(gen, base):
+    """Pristine SGLang ``base``'s sources as the generator finds them (downloaded into
+    ``.upstream-cache/`` where there is network), or a skip naming why not."""
+    try:
+        return gen.find_source(version=base)
+    except (Exception, SystemExit) as e:  # no network, no cache, no installed copy
+        pytest.skip(
+            f"pristine SGLang {base} sources unavailable (no installed sglang {base}, no wheel "
+            f"in .upstream-cache/sglang-{base}/, pip download failed): {e}"
+        )
+
+
+def _patch(gen, base: str) -> Path:
+    return gen.patch_path(base)
+
+
+def test_committed_patch_is_regenerated_byte_for_byte(gen, src, tmp_path):
+    fresh = gen.build_patch(src)
+    committed = _patch(gen, src.base).read_bytes()
     if fresh != committed:
         out = tmp_path / "fresh.patch"
         out.write_bytes(fresh)
         pytest.fail(
-            f"upstream/sglang-ddtree.patch is stale (fresh copy: {out}); "
+            f"{_patch(gen, src.base).relative_to(REPO)} is stale (fresh copy: {out}); "
             "run `make upstream-patch` and commit the result."
         )
 
 
-def test_committed_patch_applies_to_pristine_sglang(gen, source):
-    ok, report = gen.apply_check(PATCH, source)
-    assert ok, f"git apply --check against SGLang {gen.SGLANG_VERSION} failed:\n{report}"
+def test_committed_patch_applies_to_pristine_sglang(gen, src):
+    ok, report = gen.apply_check(_patch(gen, src.base), src)
+    assert ok, f"git apply --check against SGLang {src.base} failed:\n{report}"
 
 
 def test_generator_refuses_unmapped_imports(gen, tmp_path, monkeypatch):
@@ -74,13 +107,13 @@ def _sampling_param_fields(source) -> set[str]:
 
 
 @pytest.mark.parametrize("template", ["test_ddtree.py", "test_ddtree_refusals.py"])
-def test_templates_send_only_sampling_params_sglang_knows(gen, source, template):
+def test_templates_send_only_sampling_params_sglang_knows(gen, src, template):
     """SGLang builds ``SamplingParams(**sampling_params)``, which rejects an unknown key: every
     flat dict literal of a test template (values neither dicts nor tuples: not a table of
     cases) with a sampling-parameter key has only such keys."""
-    fields = _sampling_param_fields(source)
+    fields = _sampling_param_fields(src)
     assert {"temperature", "top_p", "sampling_seed"} <= fields and "seed" not in fields
-    tree = ast.parse(gen.render_template(template))
+    tree = ast.parse(gen.new_files(src.base)[dict(gen.TEMPLATE_FILES)[template]])
     unknown = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Dict) or any(
@@ -124,8 +157,8 @@ def test_in_tree_greedy_check_passes_near_ties_only(near_tie):
 
 
 # --- the series ---------------------------------------------------------------------------------
-def _committed_parts() -> list[Path]:
-    return sorted(SERIES_DIR.glob("[0-9][0-9]-*.patch"))
+def _committed_parts(series: Path = SERIES_DIR) -> list[Path]:
+    return sorted(series.glob("[0-9][0-9]-*.patch"))
 
 
 def _git_apply(gen, root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -138,30 +171,31 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_committed_series_is_regenerated_byte_for_byte(gen, source, tmp_path):
-    fresh = gen.series_files(source)
-    committed = {p.name: p.read_bytes() for p in SERIES_DIR.iterdir() if p.is_file()}
+def test_committed_series_is_regenerated_byte_for_byte(gen, src, tmp_path):
+    fresh = gen.series_files(src)
+    series = gen.series_dir(src.base)
+    committed = {p.name: p.read_bytes() for p in series.iterdir() if p.is_file()}
     stale = sorted(n for n in set(fresh) | set(committed) if fresh.get(n) != committed.get(n))
     if stale:
         for name, data in fresh.items():
             (tmp_path / name).write_bytes(data)
         pytest.fail(
-            f"upstream/series/ is stale in {stale} (fresh copies: {tmp_path}); run "
+            f"{series.relative_to(REPO)}/ is stale in {stale} (fresh copies: {tmp_path}); run "
             "`make upstream-patch` and commit the result."
         )
 
 
 @pytest.fixture(scope="module")
-def applied_series(gen, source, tmp_path_factory):
+def applied_series(gen, src, tmp_path_factory):
     """Pristine SGLang's files that the patch edits with the committed parts applied one by one:
     ``[(part file, git apply --check report or None when it applied, tree after it)]`` up to the
     first part that does not apply, and the tree of the single patch applied the same way."""
-    pristine = {path: source.read(path) for path in gen.PRISTINE_SHA256}
+    pristine = {path: src.read(path) for path in gen.PRISTINE_SHA256[src.base]}
     root = tmp_path_factory.mktemp("series")
     for path, data in pristine.items():
         gen._write(root, path, data)
     steps = []
-    for patch in _committed_parts():
+    for patch in _committed_parts(gen.series_dir(src.base)):
         check = _git_apply(gen, root, "--check", "-v", str(patch))
         if check.returncode != 0:
             steps.append((patch.name, (check.stdout + check.stderr).strip(), None))
@@ -171,21 +205,21 @@ def applied_series(gen, source, tmp_path_factory):
     single = tmp_path_factory.mktemp("single")
     for path, data in pristine.items():
         gen._write(single, path, data)
-    assert _git_apply(gen, single, str(PATCH)).returncode == 0
+    assert _git_apply(gen, single, str(_patch(gen, src.base))).returncode == 0
     return steps, _tree(single)
 
 
-def test_series_is_the_defined_parts(gen):
-    names = [p.name for p in _committed_parts()]
+def test_series_is_the_defined_parts(gen, base):
+    names = [p.name for p in _committed_parts(gen.series_dir(base))]
     assert names == [f"{gen.part_file_name(i, p)}.patch" for i, p in enumerate(gen.SERIES, 1)]
     assert len(names) >= 2
 
 
-def test_series_applies_in_order_to_pristine_sglang(applied_series):
+def test_series_applies_in_order_to_pristine_sglang(gen, src, applied_series):
     steps, _ = applied_series
     failed = [(name, report) for name, report, _ in steps if report is not None]
-    assert failed == [], f"git apply --check in order on pristine SGLang 0.5.17: {failed}"
-    assert len(steps) == len(_committed_parts())
+    assert failed == [], f"git apply --check in order on pristine SGLang {src.base}: {failed}"
+    assert len(steps) == len(_committed_parts(gen.series_dir(src.base)))
 
 
 def test_series_ends_at_the_single_patch(applied_series):
@@ -196,11 +230,11 @@ def test_series_ends_at_the_single_patch(applied_series):
     assert differ == [], f"the series' tree differs from the single patch's in {differ}"
 
 
-def _part_sizes(gen, root: Path) -> dict[str, int]:
-    """Changed lines (added + deleted) of each committed part, as ``git apply --numstat``
-    counts them."""
+def _part_sizes(gen, root: Path, base: str = BASES[0]) -> dict[str, int]:
+    """Changed lines (added + deleted) of each committed part of ``base``, as ``git apply
+    --numstat`` counts them."""
     sizes = {}
-    for patch in _committed_parts():
+    for patch in _committed_parts(gen.series_dir(base)):
         counts = _git_apply(gen, root, "--numstat", str(patch))
         assert counts.returncode == 0, counts.stderr
         rows = [line.split("\t", 2) for line in counts.stdout.splitlines()]
@@ -208,8 +242,8 @@ def _part_sizes(gen, root: Path) -> dict[str, int]:
     return sizes
 
 
-def test_series_parts_are_small(gen, tmp_path):
-    sizes = _part_sizes(gen, tmp_path)
+def test_series_parts_are_small(gen, base, tmp_path):
+    sizes = _part_sizes(gen, tmp_path, base)
     print(sizes)
     big = {name: n for name, n in sizes.items() if n > gen.MAX_PART_LINES}
     assert big == {}, f"parts over {gen.MAX_PART_LINES} changed lines: {big}"
@@ -321,7 +355,7 @@ def test_series_parts_import_and_run_without_sglang(gen, applied_series, tmp_pat
     print(r.stdout)
 
 
-def test_generator_refuses_a_part_before_what_it_imports(gen, source, monkeypatch):
+def test_generator_refuses_a_part_before_what_it_imports(gen, src, monkeypatch):
     """The accept part before the top-p kernel it imports lazily: the generator fails loudly."""
     by_name = {p.name: p for p in gen.SERIES}
     order = [p.name for p in gen.SERIES]
@@ -331,7 +365,7 @@ def test_generator_refuses_a_part_before_what_it_imports(gen, source, monkeypatc
     with pytest.raises(
         SystemExit, match=r"sampling\.py:\d+ imports sglang\.srt\.speculative\.ddtree\.topp_radix"
     ):
-        gen.series_states(source)
+        gen.series_states(src)
 
 
 def test_generator_refuses_an_incomplete_series(gen, monkeypatch):
@@ -343,13 +377,16 @@ def test_generator_refuses_an_incomplete_series(gen, monkeypatch):
 
 
 def test_pr_overview_lists_every_part_with_its_size(gen, tmp_path):
-    """upstream/PR.md's table of the series: a row per part, ``| `NN-name` | ... | lines |``."""
+    """upstream/PR.md's table of the series: a row per part, ``| `NN-name` | adds | lines on
+    the first base | ... |``, a lines column per base in ``BASES`` order."""
     rows = {}
     for line in PR_OVERVIEW.read_text().splitlines():
-        if line.startswith("| `") and line.count("|") == 4:
-            rows[line.split("`")[1]] = line.rstrip(" |").rsplit("|", 1)[1].strip()
-    sizes = {name: str(n) for name, n in _part_sizes(gen, tmp_path).items()}
-    assert rows == sizes, "upstream/PR.md's table of parts is out of date"
+        if line.startswith("| `") and line.count("|") == 3 + len(BASES):
+            cells = [c.strip() for c in line.strip(" |").split("|")]
+            rows[line.split("`")[1]] = tuple(cells[-len(BASES) :])
+    sizes = [_part_sizes(gen, tmp_path, base) for base in BASES]
+    want = {name: tuple(str(s[name]) for s in sizes) for name in sizes[0]}
+    assert rows == want, "upstream/PR.md's table of parts is out of date"
 
 
 # SGLang's test harness, stubbed for the series' unit tests on a tree without the rest of SGLang
@@ -419,20 +456,20 @@ def _pristine_site(source, tmp_path) -> Path:
     return site
 
 
-def test_series_smoke_applies_every_part_to_a_copy_of_sglang(source, tmp_path):
+def test_series_smoke_applies_every_part_to_a_copy_of_sglang(gen, src, tmp_path):
     """``upstream/smoke_series.py --apply-only`` (the GPU smoke's first half, which runs
     anywhere): every committed part applies in order to a copy of pristine SGLang's package,
     and the unit tests each part adds are found for it to run."""
-    site = _pristine_site(source, tmp_path)
+    site = _pristine_site(src, tmp_path)
     r = subprocess.run(
         [sys.executable, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site),
-         "--apply-only", "--keep", str(tmp_path / "tree")],
+         "--base", src.base, "--apply-only", "--keep", str(tmp_path / "tree")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     steps = [json.loads(line) for line in r.stdout.splitlines()]
     parts, summary = steps[:-1], steps[-1]
-    assert summary["ok"] and len(parts) == len(_committed_parts())
+    assert summary["ok"] and len(parts) == len(_committed_parts(gen.series_dir(src.base)))
     assert all(p["applied"] for p in parts)
     with_tests = [p["part"] for p in parts if p["tests_added"]]
     assert len(with_tests) == len(parts), with_tests  # every part adds its tests
@@ -611,3 +648,170 @@ def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
                 assert not missing, (name, path, node.module, missing)
                 checked += 1
     assert checked >= 8  # the four benchmarks' imports of DDTREE modules
+
+
+# --- the bases ----------------------------------------------------------------------------------
+def test_bases_differ_only_where_the_tables_say(gen):
+    """Every file the patch adds is the same on every base but the ones ``BASE_REWRITES``
+    names for that base; an edit differs only where ``BASE_EDITS`` names it; every difference
+    is in upstream/README.md's table of base differences."""
+    first = gen.new_files(BASES[0])
+    targets = {**gen.MODULE_MAP, **dict(gen.TEMPLATE_FILES)}
+    targets.update((k, t) for k, t, _ in gen.KERNEL_FILES)
+    readme = UPSTREAM_README.read_text()
+    table = readme[readme.index("## What differs between the bases") :]
+    for base in BASES[1:]:
+        files = gen.new_files(base)
+        assert set(files) == set(first)
+        rewritten = {targets[f] for f, _, _ in gen.BASE_REWRITES[base]}
+        assert {p for p in files if files[p] != first[p]} == rewritten, base
+        same = [e.name for e in gen.edits(base) if e.name not in gen.BASE_EDITS[base]]
+        assert same == [e.name for e in gen.EDITS if e.name not in gen.BASE_EDITS[base]]
+        for name in gen.BASE_EDITS[base]:
+            assert f"`{name}`" in table, f"README's table of base differences lacks edit {name}"
+        for path in rewritten:
+            assert f"`{Path(path).name}`" in table, f"README's table lacks {Path(path).name}"
+
+
+def test_generator_refuses_a_rewrite_that_no_longer_matches(gen, monkeypatch):
+    """A base's rewrite whose line the module no longer holds fails the generator loudly."""
+    file, old, new = gen.BASE_REWRITES["0.5.23"][0]
+    bad = (file, old + "# not there\n", new)
+    monkeypatch.setitem(gen.BASE_REWRITES, "0.5.23", (bad, *gen.BASE_REWRITES["0.5.23"][1:]))
+    with pytest.raises(SystemExit, match="BASE_REWRITES.*0 times"):
+        gen.new_files("0.5.23")
+
+
+def _smoke_python() -> str:
+    """The interpreter for the CPU smoke: ``$SGLANG_DDTREE_SMOKE_PYTHON`` (one where a base's
+    SGLang imports, e.g. a virtual environment with its torch) or this one."""
+    return os.environ.get(_smoke_module().SMOKE_PYTHON_ENV) or sys.executable
+
+
+# CUDA extensions that SGLang's edited files import at module level and that cannot load
+# without a GPU driver: the CPU smoke stands them in where they do not import.
+CUDA_EXTENSIONS = ("flash_mla",)
+
+
+def test_smoke_import_check_reports_failures_and_stands_in(tmp_path):
+    smoke = _smoke_module()
+    (tmp_path / "broken_mod.py").write_text("raise ImportError('broken here')\n")
+    (tmp_path / "uses_ext.py").write_text(
+        "import ext_standin\nfrom ext_standin.sub import Meta\nx = ext_standin.anything\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    targets = smoke.import_targets(
+        ["python/sglang/srt/x/__init__.py", "python/sglang/srt/y.py", "a.cuh", "test/t.py"]
+    )
+    assert targets == ["sglang.srt.x", "sglang.srt.y", "test/t.py"]
+    res = smoke.import_check(["json", "broken_mod", "uses_ext"], env, tmp_path, [])
+    assert res["imported"] == 1 and set(res["failed"]) == {"broken_mod", "uses_ext"}
+    assert "broken here" in res["failed"]["broken_mod"]
+    res = smoke.import_check(["json", "uses_ext"], env, tmp_path, ["ext_standin"])
+    assert res == {"imported": 2, "failed": {}}
+
+
+def _torch_pin(src) -> str:
+    """The torch requirement of ``src``'s wheel (``torch==...``), or "its torch"."""
+    if src.where.suffix == ".whl":
+        import zipfile
+
+        with zipfile.ZipFile(src.where) as whl:
+            meta = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+            text = whl.read(meta[0]).decode() if meta else ""
+        pin = re.search(r"^Requires-Dist: (torch==[^;\s]+)", text, re.M)
+        if pin:
+            return pin.group(1)
+    return "its torch"
+
+
+def _imports_pristine(python: str, site: Path) -> str | None:
+    """None where ``python`` imports the pristine SGLang in ``site`` (its server args and the
+    DFLASH worker), else why not (the last line of the error and that interpreter's torch)."""
+    probe = (
+        "import torch; print(torch.__version__); "
+        "import sglang.srt.server_args, sglang.srt.speculative.dflash_worker_v2"
+    )
+    r = subprocess.run([python, "-c", probe], env={**os.environ, "PYTHONPATH": str(site)},
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    if r.returncode == 0:
+        return None
+    torch_version = (r.stdout.strip().splitlines() or ["no torch"])[0]
+    last = (r.stderr.strip().splitlines() or ["?"])[-1]
+    return f"{python} (torch {torch_version}) does not import it: {last}"
+
+
+def test_series_cpu_smoke_imports_and_unit_tests_at_every_part(gen, src, tmp_path):
+    """``smoke_series.py --cpu`` on a copy of pristine SGLang's package: after every part each
+    module the series has added or edited so far (new modules, SGLang's edited files, the
+    tests and benchmarks) imports with the real SGLang of that base around it, the unit tests
+    the part adds pass (CUDA cases skip), and from the part that registers DDTREE on, DDTREE
+    resolves to the in-tree spec class and SGLang's parser takes the two flags. It needs an
+    interpreter where that SGLang imports (SGLang 0.5.23 needs torch 2.14):
+    ``$SGLANG_DDTREE_SMOKE_PYTHON``, else this one; a skip names why not."""
+    site = _pristine_site(src, tmp_path)
+    python = _smoke_python()
+    why_not = _imports_pristine(python, site)
+    if why_not is not None:
+        pytest.skip(
+            f"pristine SGLang {src.base} (which pins {_torch_pin(src)}) does not import here: "
+            f"{why_not}; set SGLANG_DDTREE_SMOKE_PYTHON to an interpreter where it does"
+        )
+    stand_ins = []
+    for ext in CUDA_EXTENSIONS:
+        r = subprocess.run([python, "-c", f"import {ext}"], capture_output=True, timeout=300)
+        stand_ins += [] if r.returncode == 0 else ["--stand-in", ext]
+    r = subprocess.run(
+        [python, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site), "--base",
+         src.base, "--cpu", *stand_ins, "--keep", str(tmp_path / "tree")],
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    steps = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert steps, r.stderr[-3000:]
+    parts, summary = steps[:-1], steps[-1]
+    failed = {p["part"]: (p.get("imports"), [c for c in p["checks"] if not c["ok"]])
+              for p in parts if not p["ok"]}  # fmt: skip
+    assert failed == {} and r.returncode == 0, failed
+    assert len(parts) == len(_committed_parts(gen.series_dir(src.base)))
+    assert all(p["imports"]["imported"] >= 10 for p in parts)
+    serving = [p for p in parts if any("registered" in c["log"] for c in p["checks"])]
+    assert serving and serving[0]["part"].endswith("worker.patch")
+    print(summary, [(p["part"], p["imports"]["imported"], len(p["checks"])) for p in parts])
+
+
+def _tvm_ffi_include(python: str) -> str | None:
+    r = subprocess.run([python, "-c", "import tvm_ffi.libinfo as l; print(l.find_include_path())"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    return (r.stdout.strip() or None) if r.returncode == 0 else None
+
+
+def test_kernel_sources_compile_against_each_bases_jit_headers(gen, src, tmp_path):
+    """Every CUDA source the patch adds, as the base's patch carries it, compiles with nvcc
+    against that base's JIT headers (``sglang/kernels/jit/include``) and tvm-ffi's, exported
+    as SGLang's JIT loader exports it (inside ``namespace sglang``). Needs nvcc and tvm-ffi's
+    headers (``$SGLANG_DDTREE_SMOKE_PYTHON`` or this interpreter); no GPU."""
+    nvcc = shutil.which("nvcc")
+    include = _tvm_ffi_include(_smoke_python())
+    if nvcc is None or include is None:
+        pytest.skip(f"needs nvcc ({nvcc}) and tvm-ffi's headers ({include}) to compile CUDA")
+    site = _pristine_site(src, tmp_path)
+    added = gen.new_files(src.base)
+    exports = {"python/sglang/kernels/jit/csrc/ddtree/top_p_radix.cuh": (
+        "TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_p_radix, (TopPRadix<4>::run));\n"
+        "TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_p_softmax_radix, (TopPSoftmaxRadix<4>::run));\n")}  # fmt: skip
+    assert sorted(exports) == sorted(target for _, target, _ in gen.KERNEL_FILES)
+    for target, export in exports.items():
+        kernel = tmp_path / Path(target).name
+        kernel.write_text(added[target])
+        unit = tmp_path / f"{kernel.stem}_wrapper.cu"
+        unit.write_text(
+            "#include <tvm/ffi/container/tensor.h>\n#include <tvm/ffi/function.h>\n"
+            f'#include "{kernel}"\nnamespace sglang {{\n{export}}}  // namespace sglang\n'
+        )
+        r = subprocess.run(
+            [nvcc, "-std=c++20", "-O0", "-arch=sm_90", "-DSGL_CUDA_ARCH=900",
+             "--expt-relaxed-constexpr", "-c", str(unit), "-o", str(tmp_path / "k.o"),
+             "-I", str(site / "sglang" / "kernels" / "jit" / "include"), "-I", include],
+            capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert r.returncode == 0, f"{target} on SGLang {src.base}:\n{r.stderr[-3000:]}"
