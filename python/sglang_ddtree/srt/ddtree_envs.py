@@ -5,14 +5,11 @@ through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead o
 ``docs/configuration.md``, is kept equal to this one by a CPU test.
 
 SGLang reads its own variables through ``sglang.srt.environ.envs``, whose fields are
-``EnvBool``, ``EnvInt``, ``EnvFloat`` and ``EnvStr``. The plugin cannot add fields to that
-class, and SGLang does not import on the CPU machines the tests run on, so this module mirrors
-its parsing rules (the type of a knob is the field it would be in SGLang's ``Envs``):
+``EnvInt``, ``EnvStr`` and others. The plugin cannot add fields to that class, and SGLang does
+not import on the CPU machines the tests run on, so this module mirrors the parsing rules of
+the two types its knobs have (the field each would be in SGLang's ``Envs``):
 
-- ``bool`` (``EnvBool``): ``true`` / ``1`` / ``yes`` / ``y`` or ``false`` / ``0`` / ``no`` /
-  ``n``, in any case; nothing else, and no surrounding whitespace.
 - ``int`` (``EnvInt``): what Python's ``int()`` reads (surrounding whitespace included).
-- ``float`` (``EnvFloat``): what ``float()`` reads.
 - ``str`` (``EnvStr``): the value as it is; a knob with ``parse`` (a stricter form) is read by
   that function.
 
@@ -34,14 +31,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-BOOL_TRUE = ("true", "1", "yes", "y")
-BOOL_FALSE = ("false", "0", "no", "n")
-BOOL_RULE = "true, 1, yes, y or false, 0, no, n; any case"
-TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+TYPE_NAMES = {int: "an integer", str: "a string"}
 
 
 class Knob:
-    """One environment variable: its type (``bool``, ``int``, ``float`` or ``str``), default
+    """One environment variable: its type (``int`` or ``str``), default
     (unset or blank), one-line meaning, ``parse``: a stricter form of a ``str`` knob (raises
     ``ValueError`` saying what it expects), ``fix``: what a refusal tells the user to set (a
     default per type otherwise). The name is the attribute's in ``DDTreeEnvs``."""
@@ -71,15 +65,8 @@ class Knob:
 
     @property
     def default_text(self) -> str:
-        """The default as the docs' table writes it: ``1`` / ``0`` for booleans, ``unset``
-        for no default."""
-        if self.default is None:
-            return "unset"
-        if self.type is bool:
-            return "1" if self.default else "0"
-        if self.type is float:
-            return format(self.default, "g")
-        return str(self.default)
+        """The default as the docs' table writes it, ``unset`` for no default."""
+        return "unset" if self.default is None else str(self.default)
 
     def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The value as set, or None when unset or blank."""
@@ -96,16 +83,9 @@ class Knob:
         return self.default if value is None else self.parse(value)
 
     def parse(self, value: str) -> Any:
-        if self.type is bool:
-            lowered = value.lower()
-            if lowered in BOOL_TRUE:
-                return True
-            if lowered in BOOL_FALSE:
-                return False
-            raise self._refusal(value, f"is not a boolean ({BOOL_RULE})")
-        if self.type is int or self.type is float:
+        if self.type is int:
             try:
-                return self.type(value)
+                return int(value)
             except ValueError:
                 raise self._refusal(value, f"is not {TYPE_NAMES[self.type]}") from None
         if self._parse is not None:
@@ -120,11 +100,7 @@ class Knob:
 
     @property
     def fix(self) -> str:
-        if self._fix is not None:
-            return self._fix
-        if self.type is bool:
-            return f"set it to 1 or 0, or unset it (default {self.default_text})"
-        return f"set it to {TYPE_NAMES[self.type]} or unset it"
+        return self._fix or f"set it to {TYPE_NAMES[self.type]} or unset it"
 
 
 class DDTreeEnvs:
