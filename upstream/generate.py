@@ -509,7 +509,10 @@ BASE_EDITS = {
                 "server-flags",
                 "python/sglang/srt/arg_groups/field_order.py",
                 ('    "return_aux_hidden_state_layer_ids",\n', ")\n# fmt: on\n"),
-                '    "speculative_ddtree_budget_schedule",\n    "speculative_ddtree_topk",\n',
+                "".join(
+                    f'    "{field}",\n'
+                    for field in re.findall(r"^    (\w+): A\[$", _edit("server-flags").text, re.M)
+                ),
             ),
         ),
         # handle_speculative_decoding reads the arguments through a resolving view, ``cfg``.
@@ -633,10 +636,8 @@ BASE_TEXT = {
             "; logprobs, which DFLASH serves too, are served from the verify logits (part 7)",
         ),
         (
-            "`server_args.py` gains `--speculative-ddtree-budget-schedule` and "
-            "`--speculative-ddtree-topk`,",
-            "`arg_groups/fields/spec.py` gains `--speculative-ddtree-budget-schedule` and\n"
-            "  `--speculative-ddtree-topk` (appended to `field_order.py`'s positional order),",
+            "`server_args.py` gains",
+            "`arg_groups/fields/spec.py` (and `field_order.py`'s positional order) gains",
         ),
         ("the request refusals (logprobs served past DFLASH's)", "the request refusals"),
     ),
