@@ -53,6 +53,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fork import generator  # noqa: E402  (upstream/generate.py as a module)
+
 REPO = Path(__file__).resolve().parents[1]
 SERIES = REPO / "upstream" / "series"  # the first base's; series_dir(base) for any
 TESTS = "test/registered/spec/ddtree"
@@ -62,7 +65,6 @@ PAIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
 # SGLang's test constants the server tests launch, and the shipped pair's model standing in.
 MODEL_STAND_INS = {"DEFAULT_TARGET_MODEL_DFLASH": "target", "DEFAULT_DRAFT_MODEL_DFLASH": "drafter"}
 BACKEND_EDITS = "layers/attention/triton_backend.py"
-GENERATE = REPO / "upstream" / "generate.py"
 # An interpreter where a base's SGLang imports (its torch and Python dependencies), for the CPU
 # checks that run this smoke with --cpu (test_upstream_patch.py); unset: the test's own.
 SMOKE_PYTHON_ENV = "SGLANG_DDTREE_SMOKE_PYTHON"
@@ -79,15 +81,6 @@ eng.shutdown()
 assert len(out[0]["output_ids"] if isinstance(out, list) else out["output_ids"]) == 8
 print("served without speculation")
 """
-
-
-def generator():
-    """``upstream/generate.py`` as a module (its bases and where their series are)."""
-    spec = importlib.util.spec_from_file_location("ddtree_upstream_generate", GENERATE)
-    gen = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, gen)
-    spec.loader.exec_module(gen)
-    return gen
 
 
 def parts(series: Path = SERIES) -> list[Path]:
