@@ -166,6 +166,47 @@ IN_TREE_REWRITES = (
         '        str(getattr(server_args, "speculative_algorithm", None)).upper() == "DDTREE"\n',
         "        model_runner.spec_algorithm.is_ddtree()\n",
     ),
+    # What only the plugin has (its hooks, its install, this repository's docs) is not named.
+    (
+        "sglang_ddtree.srt.ddtree_spec",
+        " (every\nSGLang branch on either, audited: docs/integration.md).",
+        ".",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_envs",
+        " The table for users,\n``docs/configuration.md``, is kept equal to this one by a CPU test.\n",
+        "\n",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_envs",
+        "The plugin cannot add fields to that\nclass, and",
+        "These variables are not fields of\nthat class yet, and",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_attention.verify_backend",
+        " (in\nSGLang's tree a line in each, in the plugin ``ddtree_attention_hook``).",
+        " (a line\nin each).",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_attention.attention_registry",
+        "(were DDTREE's plugin hooks applied in this process before the ",
+        "(was ``ddtree_takes_verify`` set when the ",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_args",
+        "# Server flags: ServerArgs fields in SGLang's tree; added to SGLang's parser by the plugin.",
+        "# Server flags: ServerArgs fields.",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_args",
+        "multiple tokenizer workers (they do not load plugins); ",
+        "multiple tokenizer workers; ",
+    ),
+    (
+        "sglang_ddtree.core.topp_radix",
+        "install sglang-ddtree from a checkout (pip install -e .)",
+        "reinstall SGLang with its JIT sources",
+    ),
 )
 # The tail of a mapped module that stays out of SGLang: {module: the line it starts at}.
 IN_TREE_CUTS = {

@@ -1,5 +1,5 @@
 """Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default and a
-one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader in the plugin goes
+one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader goes
 through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
 ``os.environ``, for tests), spelled as SGLang's own ``envs.<NAME>.get()``. The table for users,
 ``docs/configuration.md``, is kept equal to this one by a CPU test.
