@@ -144,6 +144,75 @@ TEXT_REWRITES = {
     "sglang_ddtree.srt": "sglang.srt.speculative",  # ``from sglang_ddtree.srt import ddtree_x``
 }
 
+# Where a mapped module reads otherwise in-tree, on every base: (module, old, new), ``old``
+# occurring exactly once. Kept to what the plugin must do through SGLang's registry and
+# in-tree is SGLang's own: DDTREE is a member of ``SpeculativeAlgorithm`` (the ``spec_info.py``
+# edits), not a ``CustomSpecAlgo`` registered at runtime.
+IN_TREE_REWRITES = (
+    (
+        "sglang_ddtree.srt.ddtree_spec",
+        "from sglang.srt.speculative.spec_registry import CustomSpecAlgo\n\n",
+        "",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_spec",
+        "\n``DDTreeSpecAlgo`` (at the end) answers the same for SGLang 0.5.17's registry of speculative\n"
+        "algorithms: the predicates, and the three methods the runtime calls but ``CustomSpecAlgo`` lacks\n"
+        "(``carries_draft_hidden_states``, ``create_future_map``, ``need_topk``).\n",
+        "",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_attention.verify_backend",
+        '        str(getattr(server_args, "speculative_algorithm", None)).upper() == "DDTREE"\n',
+        "        model_runner.spec_algorithm.is_ddtree()\n",
+    ),
+    # What only the plugin has (its hooks, its install, this repository's docs) is not named.
+    (
+        "sglang_ddtree.srt.ddtree_spec",
+        " (every\nSGLang branch on either, audited: docs/integration.md).",
+        ".",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_envs",
+        " The table for users,\n``docs/configuration.md``, is kept equal to this one by a CPU test.\n",
+        "\n",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_envs",
+        "The plugin cannot add fields to that\nclass, and",
+        "These variables are not fields of\nthat class yet, and",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_attention.verify_backend",
+        " (in\nSGLang's tree a line in each, in the plugin ``ddtree_attention_hook``).",
+        " (a line\nin each).",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_attention.attention_registry",
+        "(were DDTREE's plugin hooks applied in this process before the ",
+        "(was ``ddtree_takes_verify`` set when the ",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_args",
+        "# Server flags: ServerArgs fields in SGLang's tree; added to SGLang's parser by the plugin.",
+        "# Server flags: ServerArgs fields.",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_args",
+        "multiple tokenizer workers (they do not load plugins); ",
+        "multiple tokenizer workers; ",
+    ),
+    (
+        "sglang_ddtree.core.topp_radix",
+        "install sglang-ddtree from a checkout (pip install -e .)",
+        "reinstall SGLang with its JIT sources",
+    ),
+)
+# The tail of a mapped module that stays out of SGLang: {module: the line it starts at}.
+IN_TREE_CUTS = {
+    "sglang_ddtree.srt.ddtree_spec": "# --- the plugin's registration: in-tree, DDTREE is a member",
+}
+
 # New files that are not modules: (template, path in SGLang's tree).
 TEMPLATE_FILES = [
     ("test_ddtree_tree.py", "test/registered/spec/ddtree/test_ddtree_tree.py"),
@@ -263,39 +332,56 @@ class Edit:
         return source[:j] + self.text + source[j:]
 
 
+SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
+
 EDITS = [
-    # 1. Registration, next to the built-ins (after the SpeculativeAlgorithm enum).
+    # 1. DDTREE, a member of the SpeculativeAlgorithm enum beside DFLASH: its predicate, the
+    #    DFLASH family's, its argument handling, the drafter's width and its worker.
+    Edit("register", SPEC_INFO, "    DFLASH = auto()\n", "    DDTREE = auto()\n", where="before"),
     Edit(
-        "register",
-        "python/sglang/srt/speculative/spec_info.py",
-        "class SpecInputType(IntEnum):\n",
-        '''def _ddtree_worker_factory(server_args: ServerArgs):
-    from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
+        "register-predicate",
+        SPEC_INFO,
+        "    def is_dflash(self) -> bool:\n        return self == SpeculativeAlgorithm.DFLASH\n",
+        "\n    def is_ddtree(self) -> bool:\n        return self == SpeculativeAlgorithm.DDTREE\n",
+    ),
+    Edit(
+        "register-family",
+        SPEC_INFO,
+        ("        return self.is_dflash() or self.is_dspark()", "\n"),
+        " or self.is_ddtree()",
+    ),
+    Edit(
+        "register-args",
+        SPEC_INFO,
+        "        if self.is_dflash():\n            _handle_dflash(server_args)\n",
+        """        elif self.is_ddtree():
+            from sglang.srt.speculative.ddtree_spec import handle_ddtree
 
-    return DDTreeWorkerV2
+            handle_ddtree(server_args)
+""",
+    ),
+    Edit(
+        "register-widths",
+        SPEC_INFO,
+        "        if self.is_dspark() and is_draft_worker:\n",
+        """        if self.is_ddtree() and is_draft_worker:
+            # The target verifies W tokens per request, the drafter its block of B.
+            from sglang.srt.speculative.ddtree_spec import draft_block_size
 
+            return draft_block_size()
+""",
+        where="before",
+    ),
+    Edit(
+        "register-worker",
+        SPEC_INFO,
+        "        if self.is_dflash():\n            # V2 worker drives both overlap and non-overlap",
+        """        if self.is_ddtree():
+            from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
-def _register_ddtree() -> None:
-    """DDTREE: tree verification over a DFLASH drafter. A DFLASH-family algorithm whose
-    predicates live in a ``CustomSpecAlgo`` subclass (``ddtree_spec.DDTreeSpecAlgo``), so it
-    is registered through the same registry as plugin algorithms."""
-    from sglang.srt.speculative.ddtree_args import ALGORITHM_NAME
-    from sglang.srt.speculative.ddtree_spec import DDTreeSpecAlgo, validate_server_args
+            return DDTreeWorkerV2
 
-    if _get_registered_spec(ALGORITHM_NAME) is not None:
-        return
-    SpeculativeAlgorithm.register(
-        ALGORITHM_NAME,
-        supports_overlap=True,
-        validate_server_args=validate_server_args,
-        spec_class=DDTreeSpecAlgo,
-    )(_ddtree_worker_factory)
-
-
-_register_ddtree()
-
-
-''',
+""",
         where="before",
     ),
     # 2. Per-request refusals (HTTP 400), where the scheduler checks DFLASH-family requests.
@@ -496,6 +582,23 @@ def _edit(name: str) -> Edit:
 # the same part.
 BASE_EDITS = {
     "0.5.23": {
+        # The in-tree handlers declare their field writes (declare_resolution); DDTREE's
+        # assigns them, so they are recorded and declared as a registered algorithm's are.
+        "register-args": (
+            Edit(
+                "register-args",
+                SPEC_INFO,
+                _edit("register-args").anchor,
+                """        elif self.is_ddtree():
+            from sglang.srt.arg_groups.overrides import record_foreign_defaults
+            from sglang.srt.speculative.ddtree_spec import handle_ddtree
+
+            record_foreign_defaults(
+                server_args, "handle_speculative_decoding.ddtree", handle_ddtree
+            )
+""",
+            ),
+        ),
         # The speculative fields are declared in arg_groups/fields/spec.py (its Spec namespace
         # class: no NS marker); a new built-in field is appended to the positional order.
         "server-flags": (
@@ -668,6 +771,9 @@ def check_bases() -> None:
     for base, rewrites in BASE_REWRITES.items():
         problems += [f"  {base}: rewrite of unknown file {f}" for f, _, _ in rewrites
                      if f not in files]  # fmt: skip
+    problems += [f"  in-tree rewrite of unknown module {m}"
+                 for m in [m for m, _, _ in IN_TREE_REWRITES] + list(IN_TREE_CUTS)
+                 if m not in MODULE_MAP]  # fmt: skip
     if problems:
         raise SystemExit("generate.py: the base tables are out of date:\n" + "\n".join(problems))
 
@@ -837,6 +943,11 @@ SERIES = [
         templates=("test_ddtree.py", "test_ddtree_refusals.py", "ddtree.md"),
         edits=(
             "register",
+            "register-predicate",
+            "register-family",
+            "register-args",
+            "register-widths",
+            "register-worker",
             "request-refusals",
             "logprobs-admitted",
             "row-headroom",
@@ -1130,7 +1241,21 @@ def new_files(base: str = SGLANG_VERSION) -> dict[str, str]:
     files, targets = {}, {}
     for mod, target in sorted(MODULE_MAP.items()):
         path = _module_file(mod)
-        files[target] = rewrite(path.read_text(), str(path.relative_to(REPO)))
+        text = path.read_text()
+        if mod in IN_TREE_CUTS:
+            at = text.find("\n\n\n" + IN_TREE_CUTS[mod])
+            if at < 0:
+                raise SystemExit(f"generate.py: IN_TREE_CUTS: {mod} has no {IN_TREE_CUTS[mod]!r}")
+            text = text[: at + 1]
+        for name, old, new in IN_TREE_REWRITES:
+            if name == mod:
+                if text.count(old) != 1:
+                    raise SystemExit(
+                        f"generate.py: IN_TREE_REWRITES: {mod} holds {text.count(old)} times "
+                        f"(need exactly 1):\n{old}"
+                    )
+                text = text.replace(old, new)
+        files[target] = rewrite(text, str(path.relative_to(REPO)))
         targets[mod] = target
     for template, target in TEMPLATE_FILES:
         files[target] = render_template(template, base)

@@ -76,14 +76,13 @@ def smoke() -> int:
     import sglang as sgl
     import sglang.srt.speculative.spec_info as spec_info
     from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
-    from sglang.srt.speculative.spec_registry import get_spec
 
     from sglang_ddtree.testing.e2e import engine_kwargs, law_test, sample_completions
     from sglang_ddtree.testing.tiny_models import make_tiny_pair
 
     plugins = [e.name for e in importlib.metadata.entry_points(group="sglang.srt.plugins")]
     summary = {"plugins": plugins, "spec_info": spec_info.__file__}
-    summary["registered"] = type(get_spec("DDTREE")).__name__
+    summary["registered"] = str(spec_info.SpeculativeAlgorithm.from_string("DDTREE"))
     tmp = tempfile.mkdtemp()
     target, draft = make_tiny_pair(tmp)
     rng = random.Random(0)
@@ -154,7 +153,7 @@ def smoke() -> int:
         os.environ.pop(inject.WRONG_COINS_ENV, None)
     ok = (
         "ddtree" not in plugins
-        and summary["registered"] == "DDTreeSpecAlgo"
+        and summary["registered"] == "SpeculativeAlgorithm.DDTREE"
         and summary["greedy_mismatches_batched"] == 0
         and summary["greedy_mismatches_single"] == 0
         and summary["accept_length"] > 1.0

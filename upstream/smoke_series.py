@@ -138,15 +138,16 @@ print(json.dumps(failed))
 """
 
 
-# From the part that registers DDTREE on (``--cpu``): the registered algorithm is the in-tree
-# spec class, and SGLang's parser has the two flags (derived from the fields the edit adds).
+# From the part that registers DDTREE on (``--cpu``): DDTREE is a member of the enum, with its
+# predicate and the DFLASH family's, and SGLang's parser has the two flags (derived from the fields the edit adds).
 _REGISTERED_CHECK = """
 import argparse
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 algo = SpeculativeAlgorithm.from_string("DDTREE")
-assert type(algo).__module__ == "sglang.srt.speculative.ddtree_spec", type(algo)
+assert algo is SpeculativeAlgorithm.DDTREE and algo.is_ddtree(), algo
 assert algo.is_dflash_family() and not algo.is_dflash()
+assert SpeculativeAlgorithm.from_string("DFLASH").is_ddtree() is False
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
 ns = parser.parse_args(["--model-path", "m", "--speculative-algorithm", "DDTREE",

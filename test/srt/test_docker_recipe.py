@@ -255,12 +255,12 @@ def test_in_tree_dockerfile_forks_the_pinned_release_and_installs_no_plugin(gen)
 
 
 def test_in_tree_dockerfile_build_check():
-    """The build-time check: no plugin entry point, DDTREE resolves to the in-tree spec class
+    """The build-time check: no plugin entry point, DDTREE resolves to the enum member
     (run on a patched tree by ``smoke_series.py --cpu``'s registered check)."""
     code = re.search(r'python3 -c "([^"]*)"', "\n".join(in_tree_lines())).group(1)
     compile(code, "in-tree Dockerfile build check", "exec")
     assert "entry_points(group='sglang.srt.plugins')" in code and "assert not" in code
-    assert "'sglang.srt.speculative.ddtree_spec'" in code and "from_string('DDTREE')" in code
+    assert "SpeculativeAlgorithm.DDTREE" in code and "from_string('DDTREE')" in code
 
 
 def test_client_compiles():

@@ -815,3 +815,39 @@ def test_kernel_sources_compile_against_each_bases_jit_headers(gen, src, tmp_pat
             capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
         assert r.returncode == 0, f"{target} on SGLang {src.base}:\n{r.stderr[-3000:]}"
+
+
+# What the in-tree text must not name: the plugin (its hooks, its registration), this
+# repository by name or package, or this repository's docs.
+NOT_IN_TREE = (
+    re.compile(r"\bplugins?\b", re.I),
+    re.compile(r"sglang-ddtree|sglang_ddtree"),
+    re.compile(r"\bdocs/(?!advanced_features/)[\w./-]+\.md\b"),
+)
+
+
+def not_in_tree_lines(patch_text: str) -> list[str]:
+    """The lines a patch adds that name what ``NOT_IN_TREE`` lists."""
+    return [
+        line
+        for line in patch_text.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+        and any(p.search(line) for p in NOT_IN_TREE)
+    ]  # fmt: skip
+
+
+def test_in_tree_text_names_no_plugin_repository_or_its_docs():
+    patches = [PATCH, REPO / "upstream" / "0.5.23" / "sglang-ddtree.patch"]
+    patches += sorted(SERIES_DIR.glob("*.patch"))
+    patches += sorted((REPO / "upstream" / "0.5.23" / "series").glob("*.patch"))
+    found = {
+        str(p.relative_to(REPO)): lines
+        for p in patches
+        if (lines := not_in_tree_lines(p.read_text()))
+    }
+    assert found == {}, "the in-tree text names the plugin, this repository or its docs"
+    # The check itself sees each kind.
+    assert len(not_in_tree_lines(
+        "+# the plugin's hook\n+see docs/integration.md\n+pip install sglang-ddtree\n"
+        "+++ b/x.py\n+SGLANG_DDTREE_TOPK = 8\n+docs/advanced_features/ddtree.md\n"
+    )) == 3  # fmt: skip

@@ -7,8 +7,6 @@ CUDA-graph replays.
 
     python3 benchmark/kernels/ddtree/bench_ddtree_accept.py
     python3 benchmark/kernels/ddtree/bench_ddtree_accept.py --vocab 163840 --layers 61
-
-Generated from sglang-ddtree's upstream/templates/bench_ddtree_accept.py.
 """
 
 import argparse

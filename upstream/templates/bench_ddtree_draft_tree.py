@@ -7,8 +7,6 @@ positions and the ancestor mask). Microseconds per call from CUDA-graph replays.
 
     python3 benchmark/kernels/ddtree/bench_ddtree_draft_tree.py
     python3 benchmark/kernels/ddtree/bench_ddtree_draft_tree.py --vocab 163840 --depth 7
-
-Generated from sglang-ddtree's upstream/templates/bench_ddtree_draft_tree.py.
 """
 
 import argparse

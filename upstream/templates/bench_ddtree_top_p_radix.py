@@ -9,8 +9,6 @@ differ only at ties and float32 rounding at the edge).
 
     python3 benchmark/kernels/ddtree/bench_ddtree_top_p_radix.py
     python3 benchmark/kernels/ddtree/bench_ddtree_top_p_radix.py --rows 33 136 --vocab 163840
-
-Generated from sglang-ddtree's upstream/templates/bench_ddtree_top_p_radix.py.
 """
 
 import argparse

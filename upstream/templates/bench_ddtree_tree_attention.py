@@ -5,8 +5,6 @@ kernel, custom mask); ``split``: ``tree_attention`` as that backend launches it;
 FlashMLA: its decode kernel over the prefixes merged with the ancestor block, and the flashmla
 backend's verify with its own prefix kernel (``split on pages``). Heads: ``mha`` Qwen3-8B's;
 ``mla`` one TP-8 rank of Kimi K2.6 (8 heads over one latent head, keys 576, values 512).
-
-Generated from sglang-ddtree's upstream/templates/bench_ddtree_tree_attention.py.
 """
 
 import argparse

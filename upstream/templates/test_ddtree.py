@@ -5,8 +5,6 @@ nodes; the batches differ) may pick different greedy tokens where the reference'
 best tokens are nearly tied. So outputs need not be equal, but an output that differs
 must differ first at a near-tie of the reference (``near_tie``). A wrong accept rule
 or a corrupted KV mapping changes the distribution itself, far beyond that margin.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree.py.
 """
 
 import unittest

@@ -6,8 +6,6 @@ The sampled law is checked without randomness: the coins run over a regular grid
 frequency of each first emitted token is the target probability to within the grid's spacing
 (every accept bucket and every inverse-CDF interval is an interval of coins). The same grid
 with the coins halved (a wrong accept rule) is far off.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_accept.py.
 """
 
 import unittest

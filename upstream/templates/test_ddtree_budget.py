@@ -1,7 +1,5 @@
 """@@ALGORITHM@@'s tree budget by batch size: the schedule's buckets, the defaults for dense
 and mixture-of-experts targets, and the messages of a malformed or contradictory setting.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_budget.py.
 """
 
 import unittest

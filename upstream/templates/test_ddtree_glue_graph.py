@@ -3,8 +3,6 @@ inputs and gives what the eager function gives; bound inputs that move force a r
 to a limit, after which the key runs eagerly; a segment that cannot be captured (a host sync)
 runs eagerly with the right result. Off CUDA every call is eager. Keyed by a padded batch
 size, one graph serves every batch padded to it, over the padded rows of a static buffer.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_glue_graph.py.
 """
 
 import unittest

@@ -2,8 +2,6 @@
 latent cache (CPU), and (on Hopper) every share of each request's prefix, read from 64-slot
 pages through a block table, equal to attention written out in float32 over that share's keys
 (output and log-sum-exp), with one share and several, ragged prefixes over page boundaries.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_latent_prefix_gluon.py.
 """
 
 import itertools

@@ -1,8 +1,6 @@
 """@@ALGORITHM@@ refuses the request options whose exact law over a tree it does not implement
 (custom logit processors): HTTP 400 naming @@ALGORITHM@@, and the server keeps serving; it
 serves the others, logprobs included.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_refusals.py.
 """
 
 import unittest

@@ -2,8 +2,6 @@
 and min_new_tokens count the request's emitted tokens plus the tokens on the node's path (the
 non-speculative sampler's law after the same generated tokens), and committed-token logprobs
 are the log-softmax of each predicting node's processed logits.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_request_laws.py.
 """
 
 import unittest

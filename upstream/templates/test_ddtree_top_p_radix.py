@@ -1,8 +1,6 @@
 """@@ALGORITHM@@'s radix top-p: its CUDA source sits with SGLang's JIT kernels, and (on CUDA)
 each row keeps exactly the tokens whose strictly-more-probable mass is below top_p, ties at the
 edge included, renormalized; the fused softmax form equals the two steps apart.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_top_p_radix.py.
 """
 
 import unittest

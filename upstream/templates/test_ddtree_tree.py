@@ -1,8 +1,6 @@
 """@@ALGORITHM@@'s draft tree: the batched best-first builder equals the paper's heap algorithm,
 the verify layout (first child, next sibling, positions, ancestor mask) matches the tree, and
 the draft top-K over a vocabulary-sharded LM head (tensor parallelism) equals the full one.
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_tree.py.
 """
 
 import heapq

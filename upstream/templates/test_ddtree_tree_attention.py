@@ -2,8 +2,6 @@
 log-sum-exp equal attention over the union of their keys, and the Triton kernels (CUDA) equal
 the masked reference on random trees, ragged prefixes, grouped heads and MLA's latent layout
 (also the prefix kernel's latent variant).
-
-Generated from sglang-ddtree's upstream/templates/test_ddtree_tree_attention.py.
 """
 
 import unittest

@@ -1,13 +1,14 @@
 """Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default and a
-one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader in the plugin goes
+one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader goes
 through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
 ``os.environ``, for tests), spelled as SGLang's own ``envs.<NAME>.get()``. The table for users,
 ``docs/configuration.md``, is kept equal to this one by a CPU test.
 
 SGLang reads its own variables through ``sglang.srt.environ.envs``, whose fields are
-``EnvInt``, ``EnvStr`` and others. The plugin cannot add fields to that class, and SGLang does
-not import on the CPU machines the tests run on, so this module mirrors the parsing rules of
-the two types its knobs have (the field each would be in SGLang's ``Envs``):
+``EnvInt``, ``EnvStr`` and others. The plugin cannot add fields to that
+class, and SGLang does not import on the CPU machines the tests run on, so this module mirrors
+the parsing rules of the two types its knobs have (the field each would be in SGLang's
+``Envs``):
 
 - ``int`` (``EnvInt``): what Python's ``int()`` reads (surrounding whitespace included).
 - ``str`` (``EnvStr``): the value as it is; a knob with ``parse`` (a stricter form) is read by

@@ -1,13 +1,17 @@
-"""``DDTreeSpecAlgo``: what the SGLang 0.5.17 scheduler, model runners and graph runners ask of
-a speculative algorithm, answered for DDTREE.
+"""DDTREE's server arguments and widths: what SGLang asks of a speculative algorithm, answered
+for DDTREE.
 
 DDTREE is a member of the DFlash family (same drafter, same aux-hidden capture, same draft KV
 pool), so ``is_dflash_family()`` is True; it is not DFLASH, so ``is_dflash()`` is False (every
-SGLang branch on either, audited: docs/integration.md). It adds the three methods the runtime
-calls but ``CustomSpecAlgo`` lacks (``carries_draft_hidden_states``, ``create_future_map``,
-``need_topk``), resolves DFLASH's server-arg defaults by calling SGLang's ``_handle_dflash``,
-resolves the tree budget schedule (``sglang_ddtree.srt.ddtree_budget``), and gives the target verify the
-schedule's largest W tokens per request and the drafter B.
+SGLang branch on either, audited: docs/integration.md). ``handle_ddtree`` is its argument
+handling (as ``_handle_dflash`` is DFLASH's): the early refusals, DFLASH's server-arg defaults
+(SGLang's ``_handle_dflash``), and the tree budget schedule (``sglang_ddtree.srt.ddtree_budget``);
+``draft_block_size`` gives the drafter's B tokens per request in the target verify's mode, where
+the target verifies the schedule's largest W.
+
+``DDTreeSpecAlgo`` (at the end) answers the same for SGLang 0.5.17's registry of speculative
+algorithms: the predicates, and the three methods the runtime calls but ``CustomSpecAlgo`` lacks
+(``carries_draft_hidden_states``, ``create_future_map``, ``need_topk``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 def validate_server_args(server_args) -> None:
-    """Early refusals (called by SGLang before ``handle_server_args``)."""
+    """Early refusals, before any default is resolved (``handle_ddtree``)."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
@@ -40,10 +44,79 @@ def validate_server_args(server_args) -> None:
         raise ValueError(dargs.format_errors(errors))
 
 
+def handle_ddtree(server_args) -> None:
+    """DDTREE's server arguments, as ``_handle_dflash`` is DFLASH's: the refusals
+    (``validate_server_args``), then the defaults (``resolve_server_args``)."""
+    validate_server_args(server_args)
+    resolve_server_args(server_args)
+
+
+def draft_block_size() -> int:
+    """B, the drafter's tokens per request in TARGET_VERIFY mode (its block graphs); the
+    target verifies W, the scheduler's ``speculative_num_draft_tokens``, which both runners
+    are handed, so B is read from the published spec bag."""
+    from sglang.srt.runtime_context import get_spec
+
+    block = get_spec().speculative_dflash_block_size
+    if block is None:
+        raise RuntimeError(
+            "DDTREE: speculative_dflash_block_size is not resolved in this process; "
+            "were DDTREE's server arguments (resolve_server_args) skipped?"
+        )
+    return int(block)
+
+
+def resolve_server_args(server_args) -> None:
+    """Resolve DFLASH defaults for the drafter, then the budget schedule, W and B.
+
+    ``_handle_dflash`` sets the block size into ``speculative_num_draft_tokens``; DDTREE
+    keeps the schedule's largest W there (the verify width every generic sizing path reads:
+    KV reservation, verify buffers, ``out_cache_loc``) and B in
+    ``speculative_dflash_block_size``. The schedule itself travels to the scheduler
+    processes as the private attribute ``_ddtree_budget_schedule`` of the pickled args.
+    """
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    user_nodes = server_args.speculative_num_draft_tokens  # None unless passed explicitly
+    server_args.speculative_num_draft_tokens = None
+    try:
+        _handle_dflash(server_args)
+    except Exception:
+        server_args.speculative_num_draft_tokens = user_nodes
+        raise
+    block = int(server_args.speculative_num_draft_tokens)
+    flag = getattr(server_args, dargs.BUDGET_FLAG, None)
+    moe = budget.is_moe_target(server_args.get_model_config().hf_config)
+    schedule = budget.resolve_schedule(os.environ, user_nodes, block, flag, moe)
+    nodes = schedule.max_num_nodes
+    server_args.speculative_dflash_block_size = block
+    server_args.speculative_num_draft_tokens = nodes
+    server_args._ddtree_budget_schedule = str(schedule)
+    topk = dargs.read_topk(flag=getattr(server_args, dargs.TOPK_FLAG, None))
+    shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=topk)
+    errors = dargs.check_shape(shape)
+    if errors:
+        raise ValueError(dargs.format_errors(errors))
+    logger.info(
+        "DDTREE: budget schedule %s (bs:W, W = nodes per request incl. root; %s), "
+        "drafter block %d, top-K %d, S=%d",
+        schedule,
+        "fixed" if schedule.is_fixed else "adaptive",
+        shape.block_size,
+        shape.topk,
+        shape.accept_width,
+    )
+
+
+# --- the plugin's registration: in-tree, DDTREE is a member of ``SpeculativeAlgorithm`` whose
+# predicates, worker and argument handling are written there beside DFLASH's.
 class DDTreeSpecAlgo(CustomSpecAlgo):
     """Spec class registered for ``DDTREE`` (see ``sglang_ddtree.plugin``)."""
 
     # --- predicates -------------------------------------------------------------------------
+    def is_ddtree(self) -> bool:
+        return True
+
     def is_dflash(self) -> bool:
         # SGLang reads it for DFLASH's own argument handling and worker, which this class
         # replaces, and for Ascend graphs; every drafter branch keys on the family.
@@ -93,61 +166,9 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
     def get_num_tokens_per_req_for_target_verify(
         self, num_draft_tokens: int, is_draft_worker: bool
     ) -> int:
-        """W for the target verify graphs, B for the drafter's block graphs.
-
-        Both runners are handed W (the scheduler's ``speculative_num_draft_tokens``), so B is
-        read from the published spec bag.
-        """
-        if not is_draft_worker:
-            return int(num_draft_tokens)
-        from sglang.srt.runtime_context import get_spec
-
-        block = get_spec().speculative_dflash_block_size
-        if block is None:
-            raise RuntimeError(
-                "DDTREE: speculative_dflash_block_size is not resolved in this process; "
-                "was DDTreeSpecAlgo.handle_server_args skipped?"
-            )
-        return int(block)
+        """W for the target verify graphs, B for the drafter's block graphs."""
+        return draft_block_size() if is_draft_worker else int(num_draft_tokens)
 
     # --- server args ------------------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
-        """Resolve DFLASH defaults for the drafter, then the budget schedule, W and B.
-
-        ``_handle_dflash`` sets the block size into ``speculative_num_draft_tokens``; DDTREE
-        keeps the schedule's largest W there (the verify width every generic sizing path reads:
-        KV reservation, verify buffers, ``out_cache_loc``) and B in
-        ``speculative_dflash_block_size``. The schedule itself travels to the scheduler
-        processes as the private attribute ``_ddtree_budget_schedule`` of the pickled args.
-        """
-        from sglang.srt.arg_groups.speculative_hook import _handle_dflash
-
-        user_nodes = server_args.speculative_num_draft_tokens  # None unless passed explicitly
-        server_args.speculative_num_draft_tokens = None
-        try:
-            _handle_dflash(server_args)
-        except Exception:
-            server_args.speculative_num_draft_tokens = user_nodes
-            raise
-        block = int(server_args.speculative_num_draft_tokens)
-        flag = getattr(server_args, dargs.BUDGET_FLAG, None)
-        moe = budget.is_moe_target(server_args.get_model_config().hf_config)
-        schedule = budget.resolve_schedule(os.environ, user_nodes, block, flag, moe)
-        nodes = schedule.max_num_nodes
-        server_args.speculative_dflash_block_size = block
-        server_args.speculative_num_draft_tokens = nodes
-        server_args._ddtree_budget_schedule = str(schedule)
-        topk = dargs.read_topk(flag=getattr(server_args, dargs.TOPK_FLAG, None))
-        shape = dargs.DDTreeShape(num_nodes=nodes, block_size=block, topk=topk)
-        errors = dargs.check_shape(shape)
-        if errors:
-            raise ValueError(dargs.format_errors(errors))
-        logger.info(
-            "DDTREE: budget schedule %s (bs:W, W = nodes per request incl. root; %s), "
-            "drafter block %d, top-K %d, S=%d",
-            schedule,
-            "fixed" if schedule.is_fixed else "adaptive",
-            shape.block_size,
-            shape.topk,
-            shape.accept_width,
-        )
+        resolve_server_args(server_args)
