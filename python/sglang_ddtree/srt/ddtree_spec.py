@@ -45,16 +45,14 @@ def validate_server_args(server_args) -> None:
 
 
 def handle_ddtree(server_args) -> None:
-    """DDTREE's server arguments, as ``_handle_dflash`` is DFLASH's: the refusals
-    (``validate_server_args``), then the defaults (``resolve_server_args``)."""
+    """DDTREE's server arguments, as ``_handle_dflash`` is DFLASH's: refusals, then defaults."""
     validate_server_args(server_args)
     resolve_server_args(server_args)
 
 
 def draft_block_size() -> int:
-    """B, the drafter's tokens per request in TARGET_VERIFY mode (its block graphs); the
-    target verifies W, the scheduler's ``speculative_num_draft_tokens``, which both runners
-    are handed, so B is read from the published spec bag."""
+    """B, the drafter's tokens per request in TARGET_VERIFY mode, from the published spec bag
+    (both runners are handed W, the scheduler's ``speculative_num_draft_tokens``)."""
     from sglang.srt.runtime_context import get_spec
 
     block = get_spec().speculative_dflash_block_size
@@ -69,11 +67,10 @@ def draft_block_size() -> int:
 def resolve_server_args(server_args) -> None:
     """Resolve DFLASH defaults for the drafter, then the budget schedule, W and B.
 
-    ``_handle_dflash`` sets the block size into ``speculative_num_draft_tokens``; DDTREE
-    keeps the schedule's largest W there (the verify width every generic sizing path reads:
-    KV reservation, verify buffers, ``out_cache_loc``) and B in
-    ``speculative_dflash_block_size``. The schedule itself travels to the scheduler
-    processes as the private attribute ``_ddtree_budget_schedule`` of the pickled args.
+    ``_handle_dflash`` sets B into ``speculative_num_draft_tokens``; DDTREE keeps the
+    schedule's largest W there (what every generic sizing path reads) and B in
+    ``speculative_dflash_block_size``. The schedule travels to the scheduler processes as
+    ``_ddtree_budget_schedule`` of the pickled args.
     """
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash
 
