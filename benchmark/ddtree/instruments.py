@@ -83,6 +83,13 @@ def _cprofile_setting(value: str) -> str | int:
         raise ValueError(f"is neither {WINDOW!r} nor an integer") from None
 
 
+def _switch(value: str) -> bool:
+    """``1`` (on) or ``0`` (off)."""
+    if value not in ("0", "1"):
+        raise ValueError("is not 0 or 1")
+    return value == "1"
+
+
 class InstrumentEnvs:
     """The instruments' variables (see the module's docstring)."""
 
@@ -101,13 +108,19 @@ class InstrumentEnvs:
         int, None, "torch-profile decode steps after this many decode batches of one size"
     )
     SGLANG_DDTREE_SYNC_TRACE = Knob(
-        bool, False, "record the Python stack of every host-device sync in a decode batch"
+        str,
+        None,
+        "1: record the Python stack of every host-device sync in a decode batch",
+        parse=_switch,
+        fix="set it to 1 or 0",
     )
     SGLANG_DDTREE_MEMORY_HISTORY = Knob(
-        bool,
-        False,
-        "record allocation stacks during the startup glue capture; its summary names the code "
+        str,
+        None,
+        "1: record allocation stacks during the startup glue capture; its summary names the code "
         "that allocated the largest live blocks outside the graphs' pool",
+        parse=_switch,
+        fix="set it to 1 or 0",
     )
     SGLANG_DDTREE_EXPERT_COUNT = Knob(
         int, None, "count the distinct routed experts (ids below this) of every MoE top-k call"
