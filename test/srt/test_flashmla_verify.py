@@ -197,7 +197,8 @@ fb = SimpleNamespace(batch_size=bs, out_cache_loc=node_loc,
                      forward_mode=SimpleNamespace(is_target_verify=lambda: True))
 calls = []
 out = flashmla_forward_extend_hook(lambda *a, **k: calls.append(a), backend,
-                                   q.reshape(bs * w, -1), nodes_k, nodes_k[..., :dv], layer, fb)
+                                   q.reshape(bs * w, -1), nodes_k, nodes_k[..., :dv], layer, fb,
+                                   save_kv_cache=True)  # by keyword, as SGLang passes it
 assert not calls and out.shape == (bs * w, hq * dv)
 kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), prefix_lens.long().cumsum(0)])
 want = tree_attention_reference(q, want_cache, want_cache[..., :dv], kv_indptr, flat, node_loc,

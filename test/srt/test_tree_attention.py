@@ -502,7 +502,9 @@ runner = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="DDTR
                          is_draft_worker=False)
 backend_init_hook(lambda b, model_runner: None, backend, runner)
 assert backend.ddtree_takes_verify
-out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_v, layer, fb)
+# Called as SGLang's AttentionBackend.forward calls forward_extend: save_kv_cache by keyword.
+out = forward_extend_hook(original, backend, q.reshape(10, -1), new_k, new_v, layer, fb,
+                          save_kv_cache=True)
 assert len(logged) == 1 and SPLIT_LOG_LINE in logged[0], logged
 want = tree_attention_reference(q, want_k, want_v, indptr, indices, loc, mask, scale)
 assert not calls and out.shape == (10, 64)
@@ -510,7 +512,7 @@ assert (out.view(10, 4, 16) - want).abs().max() < 1e-4
 assert torch.equal(k_buf, want_k)  # the nodes' KV was saved first
 # Not a DDTREE verify: the backend's own kernel runs.
 layer.logit_cap = 30.0
-assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb, save_kv_cache=True) == "original"
 layer.logit_cap = 0
 # MLA as SGLang's triton backend gets it (absorbed): one KV head, keys the latent plus rope,
 # values the latent; the pool stores the keys only, its value buffer their latent slice.
@@ -546,14 +548,14 @@ assert torch.equal(k_buf, want_k)
 backend_init_hook(lambda b, model_runner: None, backend,
                   SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="EAGLE"),
                                   is_draft_worker=False))
-assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb, save_kv_cache=True) == "original"
 # A DDTREE server that verifies on triton's own extend kernel (the reference): the same.
 backend_init_hook(lambda b, model_runner: None, backend, SimpleNamespace(
     server_args=SimpleNamespace(speculative_algorithm="DDTREE",
                                 speculative_ddtree_verify_attention="triton_extend"),
     is_draft_worker=False))
 assert not backend.ddtree_takes_verify
-assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb) == "original"
+assert forward_extend_hook(original, backend, q, new_k, new_v, layer, fb, save_kv_cache=True) == "original"
 assert len(logged) == 1  # once per process
 print("interpreted attention hook OK")
 """

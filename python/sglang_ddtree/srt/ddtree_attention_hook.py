@@ -45,10 +45,10 @@ def verify_hooks(verify) -> dict:
         model_runner = args[0] if args else kwargs.get("model_runner")
         backend.ddtree_takes_verify = takes_ddtree_verify(model_runner, verify)
 
-    def forward_extend_hook(original_fn, backend, q, k, v, layer, fb, save=True, *args, **kw):
-        out = None if args else verify.forward_extend(backend, q, k, v, layer, fb, save, **kw)
+    def forward_extend_hook(original_fn, backend, q, k, v, layer, fb, save_kv_cache=True, *a, **kw):
+        out = None if a else verify.forward_extend(backend, q, k, v, layer, fb, save_kv_cache, **kw)
         if out is None:
-            return original_fn(backend, q, k, v, layer, fb, save, *args, **kw)
+            return original_fn(backend, q, k, v, layer, fb, save_kv_cache, *a, **kw)
         return out
 
     def metadata_hook(in_graph: bool):
