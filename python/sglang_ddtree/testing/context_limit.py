@@ -37,6 +37,7 @@ def engine_kwargs(target: str, draft: str) -> dict:
         max_running_requests=GRAPH_BS,
         context_length=CONTEXT,
         mem_fraction_static=0.25,
+        max_total_tokens=2 * GRAPH_BS * CONTEXT,  # fixed, so that engines can share a GPU
         log_level="warning",
         random_seed=0,
     )

@@ -142,6 +142,10 @@ def engine_kwargs(target: str, draft: str, algo: str | None, **extra) -> dict:
     if algo == "DDTREE":
         kw.update(DDTREE_EXTRA)
     kw.update(extra)
+    # A fixed KV pool rather than a share of the free memory: SGLang sizes its pool from the
+    # memory free when the engine starts, so engines starting side by side on one GPU would
+    # each count the others' memory as theirs.
+    kw.setdefault("max_total_tokens", 2 * kw["max_running_requests"] * kw["context_length"])
     return kw
 
 

@@ -50,6 +50,7 @@ def launch_cmd(target: str, draft: str, port: int) -> list[str]:
         None,
         [
             "--mem-fraction-static", "0.25",
+            "--max-total-tokens", "16384",  # fixed, so that servers can share a GPU
             "--cuda-graph-max-bs-decode", "8",
             "--max-running-requests", "8",
             "--context-length", "1024",

@@ -73,6 +73,7 @@ def launch_cmd(
             "--max-running-requests", str(EAGER + GRAPH_BS),
             "--cuda-graph-max-bs-decode", str(GRAPH_BS),
             "--mem-fraction-static", "0.3",
+            "--max-total-tokens", str(2 * (EAGER + GRAPH_BS) * CONTEXT),  # fixed: a shared GPU
             "--port", str(port),
             "--host", "127.0.0.1",
             *(["--dtype", dtype] if dtype else []),
