@@ -22,7 +22,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        n = int(req["sampling_params"].get("max_new_tokens", 8))
+        sp = req["sampling_params"]
+        n = int(sp.get("max_new_tokens", 8))
+        held_back = sp.get("min_new_tokens") and len(sp.get("stop_token_ids", [])) >= VOCAB
+        if held_back and _Handler.refuses:
+            return self._answer(
+                400, {"error": {"message": "min_new_tokens 8 holds back every token"}}
+            )
+        if req.get("token_ids_logprob") and _Handler.breaks_on_token_ids:
+            return self._answer(500, {"error": {"message": "Internal server error"}})
         fail = req["input_ids"][:1] == [999]
         if req["input_ids"] == [10, 11, 12] and not req["sampling_params"].get("ignore_eos"):
             n = 1  # a random tiny target whose greedy answer to the liveness prompt is EOS
@@ -43,6 +51,17 @@ class _Handler(BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 return
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def _answer(self, code: int, body: dict):
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    refuses = True  # DDTREE's refusal of a request that holds back every token
+    breaks_on_token_ids = False  # a server that fails token_ids_logprob requests
+
+
+VOCAB = 128
 
 
 class _Server(ThreadingHTTPServer):
@@ -208,3 +227,20 @@ def test_backend_flags_of_the_checks():
     cmd = faults.launch_cmd("/t", "/d", 1234, backend=mla)
     assert cmd.count("--attention-backend") == 1  # the launcher adds triton only when unnamed
     assert dict(zip(cmd[3::2], cmd[4::2]))["--page-size"] == "64"
+
+
+def test_every_token_held_back_passes_the_refusal_and_catches_a_server_that_serves(
+    base, monkeypatch
+):
+    res = faults.case_every_token_held_back(base, random.Random(0), VOCAB)
+    assert res["ok"] and res["plain_served"] == 12 and res["refusals"][0][0] == 400, res
+    monkeypatch.setattr(_Handler, "refuses", False)  # the request served, not refused: caught
+    assert not faults.case_every_token_held_back(base, random.Random(0), VOCAB)["ok"]
+
+
+def test_logprob_mix_passes_served_requests_and_catches_a_failed_one(base, monkeypatch):
+    res = faults.case_logprob_mix(base, random.Random(0), VOCAB)
+    assert res["ok"] and res["served"] == res["requests"] == 24, res
+    monkeypatch.setattr(_Handler, "breaks_on_token_ids", True)
+    res = faults.case_logprob_mix(base, random.Random(0), VOCAB)
+    assert not res["ok"] and res["served"] == 16 and res["errors"], res

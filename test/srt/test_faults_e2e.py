@@ -20,7 +20,16 @@ def summary(tmp_path_factory, run_gpu_check):
 
 @pytest.mark.parametrize(
     "case",
-    ["context_limit", "aborts", "retraction", "chunked_prefill", "radix", "load", "request_edges"],
+    [
+        "context_limit",
+        "aborts",
+        "retraction",
+        "chunked_prefill",
+        "radix",
+        "load",
+        "logprob_mix",
+        "every_token_held_back",
+    ],
 )
 def test_fault_case(summary, case):
     assert summary[case]["passed"], json.dumps(summary[case])

@@ -17,9 +17,10 @@ seconds, then runs each case over HTTP and writes ``DIR/faults_summary.json``:
   alone (greedy).
 - ``load``: ``LOAD_REQUESTS`` streaming requests with mixed sampling parameters, ``LOAD_CONCURRENCY``
   at a time, a quarter dropped mid-stream: no error in the rest.
-- ``request_edges``: requests that once ended a scheduler, in batches with plain ones:
-  ``token_ids_logprob`` beside other logprob requests is served; min_new_tokens with stop ids
-  covering the vocabulary gets DDTREE's HTTP 400.
+- ``logprob_mix``: ``token_ids_logprob`` beside other logprob requests and plain ones, once a
+  scheduler death: every one is served.
+- ``every_token_held_back``: min_new_tokens with stop ids covering the vocabulary, beside plain
+  requests, once a scheduler death: DDTREE's HTTP 400, the plain ones served.
 
 A greedy request that differs from its lone output is a fault unless the difference is a
 near-tie: at the first differing position the two tokens are the non-speculative server's top
@@ -326,32 +327,44 @@ def case_load(base, rng, vocab) -> dict:
             "ok": not bad and not short}  # fmt: skip
 
 
-def case_request_edges(base, rng, vocab) -> dict:
-    """Requests that once ended a scheduler, each beside plain sampled requests (so that they
-    share batches without top-k / top-p / min-p): ``token_ids_logprob`` next to a request asking
-    top logprobs only (SGLang 0.5.17's placeholder, mended by the plugin) must be served, and a
-    min_new_tokens request whose stop ids cover the vocabulary must get HTTP 400 with DDTREE's
-    message; then the server still serves."""
+def case_logprob_mix(base, rng, vocab) -> dict:
+    """``token_ids_logprob`` requests beside requests asking top logprobs only and plain sampled
+    ones (so that they share batches): once a scheduler death (SGLang 0.5.17's placeholder,
+    mended by the plugin); every one must be served."""
     plain = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
-    items = []
+    bodies = []
     for i, p in enumerate(prompts(rng, 24, 5, 40, vocab)):
         body = {"input_ids": p, "sampling_params": dict(plain)}
         if i % 3 == 0:
             body.update(return_logprob=True, token_ids_logprob=[1, 2])
         elif i % 3 == 1:
             body.update(return_logprob=True, top_logprobs_num=2)
-        items.append(("logprob", body))
+        bodies.append(body)
+    got = _pool(lambda b: http_json(base + "/generate", b, timeout=300), bodies, len(bodies))
+    codes = [code for code, _ in got]
+    errors = [str(b)[:300] for code, b in got if code != 200][:2]
+    return {"requests": len(bodies), "served": codes.count(200), "errors": errors,
+            "alive": alive(base), "ok": codes.count(200) == len(bodies) and alive(base)}  # fmt: skip
+
+
+def case_every_token_held_back(base, rng, vocab) -> dict:
+    """min_new_tokens requests whose stop ids cover the vocabulary, beside plain sampled ones:
+    once a scheduler death (SGLang's sampler asserts on a row with every token banned); each
+    must get HTTP 400 with DDTREE's message, the plain ones 200."""
+    plain = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+    items = [("plain", {"input_ids": p, "sampling_params": dict(plain)})
+             for p in prompts(rng, 12, 5, 40, vocab)]  # fmt: skip
     for p in prompts(rng, 4, 5, 40, vocab):
         sp = dict(plain, min_new_tokens=8, stop_token_ids=list(range(vocab)))
         items.append(("held_back", {"input_ids": p, "sampling_params": sp}))
     got = _pool(lambda it: http_json(base + "/generate", it[1], timeout=300), items, len(items))
-    served = [code for (kind, _), (code, _) in zip(items, got) if kind == "logprob"]
+    plain_codes = [code for (kind, _), (code, _) in zip(items, got) if kind == "plain"]
     refused = [(code, str(b)[:300]) for (kind, _), (code, b) in zip(items, got)
                if kind == "held_back"]  # fmt: skip
     ok_refusals = all(c == 400 and "holds back every token" in m for c, m in refused)
-    return {"requests": len(items), "logprob_served": served.count(200), "logprob": len(served),
+    return {"requests": len(items), "plain_served": plain_codes.count(200),
             "refusals": refused[:2], "alive": alive(base),
-            "ok": all(c == 200 for c in served) and ok_refusals and alive(base)}  # fmt: skip
+            "ok": plain_codes.count(200) == len(plain_codes) and ok_refusals and alive(base)}  # fmt: skip
 
 
 CASES = {
@@ -361,7 +374,8 @@ CASES = {
     "chunked_prefill": case_chunked_prefill,
     "radix": case_radix,
     "load": case_load,
-    "request_edges": case_request_edges,
+    "logprob_mix": case_logprob_mix,
+    "every_token_held_back": case_every_token_held_back,
 }
 GREEDY_CASES = ("context_limit", "chunked_prefill", "radix")  # alone against together
 
