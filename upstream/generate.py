@@ -734,13 +734,13 @@ BASE_REWRITES = {
 BASE_TEXT = {
     "0.5.23": (
         (
-            " and lets logprobs through under DDTREE (served from the verify logits, part 7;\n"
-            "  DFLASH's refusal of them stays for DFLASH)",
-            "; logprobs, which DFLASH serves too, are served from the verify logits (part 7)",
+            " and lets logprobs through under DDTREE\n"
+            "  (served from the verify logits, part 7; DFLASH's refusal stays for DFLASH)",
+            "; logprobs, which DFLASH\n  serves too, are served from the verify logits (part 7)",
         ),
         (
             "`server_args.py` gains",
-            "`arg_groups/fields/spec.py` (and `field_order.py`'s positional order) gains",
+            "`arg_groups/fields/spec.py` (and `field_order.py`'s positional order)\n  gains",
         ),
         ("the request refusals (logprobs served past DFLASH's)", "the request refusals"),
     ),
@@ -1521,12 +1521,80 @@ def part_file_name(index: int, part: Part) -> str:
     return f"{index:02d}-{part.name}"
 
 
+# SGLang's pull-request template (``.github/pull_request_template.md`` on its main branch): its
+# sections, in order. A part's template (``templates/series/<name>.md``) holds the first four;
+# the generator puts the part's place in the series at the top of Motivation and its files at
+# the end of Modifications, and writes the checklist (the template's items, ``CHECKLIST``) and
+# the merge order. ``upstream/fixes/*.md`` and ``upstream/PR.md`` use the same sections (checked
+# by the tests).
+PR_SECTIONS = (
+    "## Motivation",
+    "## Modifications",
+    "## Accuracy Tests",
+    "## Speed Tests and Profiling",
+    "## Checklist",
+    "## Review and Merge Process",
+)
+MAX_PART_TEXT_LINES = 150  # a part's pull-request text, head to end
+_GUIDE = "https://docs.sglang.io/developer_guide/contribution_guide.html"
+# The template's checklist items: (text, the part's note when it holds, when it does not).
+CHECKLIST = (
+    (
+        f"Format your code according to the [Format code with pre-commit]({_GUIDE}"
+        "#format-code-with-pre-commit).",
+        None,
+        "Not yet run on the applied tree (the modules are wrapped at 100 columns).",
+    ),
+    (
+        f"Add unit tests according to the [Run and add unit tests]({_GUIDE}"
+        "#run-and-add-unit-tests).",
+        "Under `test/registered/spec/ddtree/` (above).",
+        None,
+    ),
+    (
+        f"Update documentation according to [Write documentations]({_GUIDE}#write-documentations).",
+        "`docs/advanced_features/ddtree.md`.",
+        "The user docs come with part 9, where DDTREE serves.",
+    ),
+    (
+        f"Provide accuracy and speed benchmark results according to [Test the accuracy]({_GUIDE}"
+        f"#test-the-accuracy) and [Benchmark the speed]({_GUIDE}#benchmark-the-speed).",
+        "Above, on the hardware each names: these modules measured as a plugin of SGLang 0.5.17.",
+        None,
+    ),
+    (
+        f"Follow the SGLang code style [guidance]({_GUIDE}#code-style-guidance).",
+        None,
+        "For review.",
+    ),
+)
+
+
+def _split_sections(text: str, name: str) -> dict[str, str]:
+    """``{heading: body}`` of a part template whose ``## `` headings are exactly the template's
+    first four sections in order (and nothing before the first)."""
+    want = list(PR_SECTIONS[:4])
+    found = [line for line in text.splitlines() if line.startswith("## ")]
+    if found != want or not text.startswith(want[0]):
+        raise SystemExit(
+            f"generate.py: template {name}: sections {found}, want exactly {want} in order"
+        )
+    out = {}
+    for heading, after in zip(want, [*want[1:], None]):
+        start = text.index(heading) + len(heading)
+        end = text.index(after) if after else len(text)
+        out[heading] = text[start:end].strip()
+    return out
+
+
 def part_text(
     index: int, part: Part, numstat: list[tuple[int, int, str]], base: str = SGLANG_VERSION
 ) -> str:
-    """The pull request's text: a generated head (place in the series, base), the body from
-    ``templates/series/<name>.md``, the files with their line counts, and the next part; the
-    words of ``BASE_TEXT[base]`` replaced (`series_files` checks each is used)."""
+    """The pull request's text in the sections of SGLang's template (``PR_SECTIONS``): the title
+    and the part's place in the series (base, what it adds, whether a server runs it), the
+    sections of ``templates/series/<name>.md`` with the part's files and their line counts at the
+    end of Modifications, and the merge order; the words of ``BASE_TEXT[base]`` replaced
+    (`series_files` checks each is used)."""
     total, version = len(SERIES), base
     first_serving = next(i for i, p in enumerate(SERIES, 1) if p.serves)
     if index == 1:
@@ -1534,27 +1602,64 @@ def part_text(
     else:
         before = "part 1" if index == 2 else f"parts 1-{index - 1}"
         applies_on = f"SGLang {version} with {before} of the series applied"
-    head = [
-        f"# [Spec] DDTREE {index}/{total}: {part.title}",
-        "",
+    place = (
         f"Part {index} of {total} of DDTREE, tree verification over the DFLASH drafter. It "
-        f"applies with `git apply` on {applies_on}, and adds {part.summary}.",
-    ]
+        f"applies with `git apply` on {applies_on}, and adds {part.summary}."
+    )
     if index < first_serving:
-        head += ["", f"No server runs it before part {first_serving} registers DDTREE."]
+        place += (
+            f" The series is cut in import order: parts 1-{first_serving - 1} add code that "
+            f"no server runs until part {first_serving} registers DDTREE; until then only "
+            "this part's own tests exercise it, and nothing existing changes behaviour."
+        )
+    elif index == first_serving and base == BASES[0]:
+        place += " With this part `--speculative-algorithm DDTREE` serves."
     elif index == first_serving:
-        head += ["", "With this part `--speculative-algorithm DDTREE` serves."]
+        place += (
+            " With this part DDTREE registers and SGLang's parser takes its flags; on SGLang "
+            f"{base} it does not serve yet (the port it needs is listed in the cover text)."
+        )
+    if base != BASES[0]:
+        place += (
+            f" On SGLang {base} the series is checked on the CPU only (each part applies, "
+            "imports and passes its unit tests; nothing of it has run on a GPU): every "
+            f"measurement below was made on SGLang {BASES[0]}."
+        )
+    sections = _split_sections(render_template(f"series/{part.name}.md", base), part.name)
     added, deleted = sum(a for a, _, _ in numstat), sum(d for _, d, _ in numstat)
-    files = ["## Files", "", "| file | added | deleted |", "|---|---:|---:|"]
+    files = ["Files (`git diff --numstat`):", "", "| file | added | deleted |", "|---|---:|---:|"]
     files += [f"| `{path}` | {a} | {d} |" for a, d, path in numstat]
     files.append(f"| total | {added} | {deleted} |")
+    after_parts = "part 1" if index == 2 else f"parts 1-{index - 1}"
+    order = [
+        ("The first part. " if index == 1 else f"Merge after {after_parts}. ")
+        + "SGLang's three fixes go first as their own pull requests (the series does not "
+        "depend on them); then the parts merge in order, each one a tree that imports cleanly "
+        "and passes its own tests."
+    ]
     if index < total:
         after = SERIES[index]
-        nxt = f"Part {index + 1}, {after.title}: {after.summary}."
+        order += ["", f"Next: part {index + 1}, {after.title}: {after.summary}."]
     else:
-        nxt = "None: this is the last part."
-    body = render_template(f"series/{part.name}.md", base).strip()
-    text = "\n".join(head) + "\n\n" + body + "\n\n" + "\n".join(files) + f"\n\n## Next\n\n{nxt}\n"
+        order += ["", "The last part: after it the tree equals the single patch's."]
+    holds = (
+        False,
+        any(t.startswith("test_") for t in part.templates),
+        "ddtree.md" in part.templates,
+        True,
+        False,
+    )
+    checklist = []
+    for (item, yes, no), held in zip(CHECKLIST, holds):
+        note = yes if held else no
+        checklist.append(f"- [{'x' if held else ' '}] {item}" + (f" {note}" if note else ""))
+    sections[PR_SECTIONS[4]] = "\n".join(checklist)
+    sections[PR_SECTIONS[0]] = place + "\n\n" + sections[PR_SECTIONS[0]]
+    sections[PR_SECTIONS[1]] += "\n\n" + "\n".join(files)
+    sections[PR_SECTIONS[-1]] = "\n".join(order)
+    text = f"# [Spec] DDTREE {index}/{total}: {part.title}\n"
+    for heading in PR_SECTIONS:
+        text += f"\n{heading}\n\n{sections[heading]}\n"
     for old, new in BASE_TEXT.get(base, ()):
         text = text.replace(old, new)
     return text
@@ -1562,7 +1667,8 @@ def part_text(
 
 def series_files(src: Source) -> dict[str, bytes]:
     """``{file name: bytes}`` of ``upstream/series/``: each part's patch and text. Fails when a
-    part changes more than ``MAX_PART_LINES`` lines."""
+    part changes more than ``MAX_PART_LINES`` lines or its text has more than
+    ``MAX_PART_TEXT_LINES``."""
     out, big, texts = {}, [], []
     for i, (part, patch, numstat) in enumerate(build_series(src), 1):
         lines = sum(a + d for a, d, _ in numstat)
@@ -1570,15 +1676,18 @@ def series_files(src: Source) -> dict[str, bytes]:
             big.append(f"  part {i} ({part.name}): {lines} lines")
         name = part_file_name(i, part)
         out[f"{name}.patch"] = patch
-        out[f"{name}.md"] = part_text(i, part, numstat, src.base).encode()
+        text = part_text(i, part, numstat, src.base)
+        out[f"{name}.md"] = text.encode()
         texts.append(part_text(i, part, numstat))
+        if (n := len(text.splitlines())) > MAX_PART_TEXT_LINES:
+            big.append(f"  part {i} ({part.name}): its text has {n} lines")
     unused = [old for old, _ in BASE_TEXT.get(src.base, ()) if not any(old in t for t in texts)]
     if unused:
         raise SystemExit(f"generate.py: BASE_TEXT[{src.base!r}] words no part text holds: {unused}")
     if big:
         raise SystemExit(
-            f"generate.py: parts over {MAX_PART_LINES} changed lines (split them):\n"
-            + "\n".join(big)
+            f"generate.py: parts over {MAX_PART_LINES} changed lines or texts over "
+            f"{MAX_PART_TEXT_LINES} lines (split or shorten them):\n" + "\n".join(big)
         )
     return out
 

@@ -1,9 +1,9 @@
 """The fixes to SGLang's own code (``upstream/fixes/``): every patch applies with ``git apply``
 to the pristine release it names (``NN-name.patch``: 0.5.17 and 0.5.23;
-``NN-name-<version>.patch``: that one), every fix has its pull-request text in the template's
-sections, and on pristine 0.5.17 each bug shows and each fix removes it, on the CPU without
-SGLang installed: the patched functions are compiled from the patched files (as
-``conftest.pristine_functions`` does).
+``NN-name-<version>.patch``: that one), every fix has its pull-request text in the sections of
+SGLang's pull-request template (``generate.PR_SECTIONS``), and on pristine 0.5.17 each bug
+shows and each fix removes it, on the CPU without SGLang installed: the patched functions are
+compiled from the patched files (as ``conftest.pristine_functions`` does).
 
 Pristine sources as ``upstream/generate.py`` finds them, without downloading: ``--sglang-src`` /
 ``$SGLANG_DDTREE_SGLANG_SRC``, an installed sglang, or a wheel cached in
@@ -30,12 +30,6 @@ from conftest import interpreter_bounds_loops_by_loads, pristine_functions
 REPO = Path(__file__).resolve().parents[2]
 FIXES = REPO / "upstream" / "fixes"
 VERSIONS = ("0.5.17", "0.5.23")
-TEMPLATE_SECTIONS = [
-    "## Motivation",
-    "## Modifications",
-    "## Benchmark & Profiling",
-    "## Checklist",
-]
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -104,7 +98,7 @@ def _before_after(gen, src, name, tmp_path, path, functions):
 
 
 # --- the files -----------------------------------------------------------------------------
-def test_every_fix_has_its_patches_and_its_text():
+def test_every_fix_has_its_patches_and_its_text(gen):
     names = sorted(
         {re.sub(r"(-\d+\.\d+\.\d+)?\.patch$", "", p.name) for p in FIXES.glob("*.patch")}
     )
@@ -114,8 +108,9 @@ def test_every_fix_has_its_patches_and_its_text():
         _patch(name, "0.5.17")  # the series' base; 0.5.23 where the bug is still there
         text = (FIXES / f"{name}.md").read_text()
         assert text.startswith("# "), name  # the pull request's title
-        assert [s for s in TEMPLATE_SECTIONS if s in text] == TEMPLATE_SECTIONS, name
-        positions = [text.index(s) for s in TEMPLATE_SECTIONS]
+        headings = [line for line in text.splitlines() if line.startswith("## ")]
+        assert headings == list(gen.PR_SECTIONS), f"{name}.md: the template's sections, in order"
+        positions = [text.index(s) for s in gen.PR_SECTIONS]
         assert positions == sorted(positions), f"{name}.md: the template's order"
         assert len(text.splitlines()) <= 90, f"{name}.md is long"
         assert f"`{name}" in readme, f"README.md does not list {name}"

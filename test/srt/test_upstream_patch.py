@@ -389,6 +389,65 @@ def test_pr_overview_lists_every_part_with_its_size(gen, tmp_path):
     assert rows == want, "upstream/PR.md's table of parts is out of date"
 
 
+# --- the pull-request texts -------------------------------------------------------------------
+# What a text for SGLang must not carry: this project's run numbers, result folders, issue
+# numbers or internal notebook; a ``#123`` only as one of the SGLang pull requests the cover
+# text compares against.
+FOREIGN_PULL_REQUESTS = {"#29907", "#31069", "#36196"}
+NOT_IN_PR_TEXT = (
+    re.compile(r"\bruns? \d+", re.I),
+    re.compile(r"\bresults/run"),
+    re.compile(r"\bissues? #?\d+", re.I),
+    re.compile(r"\bNOTEBOOK\b"),
+)
+
+
+def pr_texts() -> list[Path]:
+    """Every pull-request text: the cover, the fixes' and each base's parts'."""
+    texts = [PR_OVERVIEW, *sorted((REPO / "upstream" / "fixes").glob("[0-9][0-9]-*.md"))]
+    for base in BASES:
+        series = SERIES_DIR if base == BASES[0] else REPO / "upstream" / base / "series"
+        texts += sorted(series.glob("[0-9][0-9]-*.md"))
+    return texts
+
+
+def pr_text_problems(text: str) -> list[str]:
+    """What ``text`` holds that a pull-request text must not (``NOT_IN_PR_TEXT``)."""
+    found = [m.group(0) for pat in NOT_IN_PR_TEXT for m in pat.finditer(text)]
+    return found + [n for n in re.findall(r"#\d+\b", text) if n not in FOREIGN_PULL_REQUESTS]
+
+
+def test_pr_texts_name_no_run_issue_or_internal_tool():
+    assert len(pr_texts()) == 1 + 3 + 9 * len(BASES)
+    bad = {
+        str(p.relative_to(REPO)): found
+        for p in pr_texts()
+        if (found := pr_text_problems(p.read_text()))
+    }
+    assert bad == {}
+    assert pr_text_problems("run 123; runs 26-29; results/run5/; issue #7; #12; NOTEBOOK") == [
+        "run 123", "runs 26", "results/run", "issue #7", "NOTEBOOK", "#7", "#12"
+    ]  # fmt: skip
+    assert pr_text_problems("see #31069; pre-commit#format; a run of 3") == []
+
+
+def test_pr_texts_are_in_the_templates_sections(gen):
+    """The cover and every part's text: a title, then exactly the sections of SGLang's template
+    in order (subsections allowed), at most about 150 lines."""
+    for path in [PR_OVERVIEW, *(p for p in pr_texts() if "series" in p.parts)]:
+        text = path.read_text()
+        headings = [line for line in text.splitlines() if line.startswith("## ")]
+        assert text.startswith("# "), path
+        assert headings == list(gen.PR_SECTIONS), path
+        assert len(text.splitlines()) <= gen.MAX_PART_TEXT_LINES, path
+
+
+def test_generator_refuses_a_part_template_out_of_the_sections(gen, monkeypatch):
+    monkeypatch.setattr(gen, "render_template", lambda name, base=None: "## Motivation\n\nx\n")
+    with pytest.raises(SystemExit, match="sections"):
+        gen.part_text(1, gen.SERIES[0], [(1, 0, "x.py")])
+
+
 # SGLang's test harness, stubbed for the series' unit tests on a tree without the rest of SGLang
 # (in SGLang, `register_cuda_ci` is an AST marker and `CustomTestCase` a `unittest.TestCase`).
 _HARNESS_STUBS = {
