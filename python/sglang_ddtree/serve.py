@@ -1,11 +1,11 @@
 """Launch an OpenAI-compatible SGLang server with DDTREE: ``python -m sglang_ddtree.serve``.
 
-Without ``--model-path`` it serves the shipped trained pair (``sglang_ddtree.pair``: a small
-Qwen3 code model trained on Python's standard library, and its DFlash drafter) under the model
-name ``sglang-ddtree-pair``, so the whole path can be tried without any checkpoint;
-``--pair tiny`` serves the tiny random-weight pair of `sglang_ddtree.testing.tiny_models`
-instead (the pair the end-to-end checks run on). Any other target goes with its drafter, named
-as in SGLang; every other argument goes to ``sglang.launch_server`` unchanged, e.g.::
+Without ``--model-path`` it serves the shipped trained pair (``sglang_ddtree.pair``: a small Qwen3
+code model trained on Python's standard library, and its DFlash drafter) under the model name
+``sglang-ddtree-pair``, so the whole path can be tried without any checkpoint; ``--pair tiny``
+serves the tiny random-weight pair of `sglang_ddtree.testing.tiny_models` instead (the pair the
+end-to-end checks run on). Any other target goes with its drafter, named as in SGLang; every
+other argument goes to ``sglang.launch_server`` unchanged, e.g.::
 
     python -m sglang_ddtree.serve --model-path /models/target \\
         --speculative-draft-model-path /models/dflash-drafter --port 30000

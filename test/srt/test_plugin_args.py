@@ -181,9 +181,14 @@ def test_a_request_that_holds_back_every_token_is_refused(monkeypatch):
             tokenizer=SimpleNamespace(additional_stop_token_ids=None, eos_token_id=eos),
         )
 
-    msg = dreq.refuse_request(req(4, range(1, vocab)))  # with EOS 0: all eight
+    refused = req(4, range(1, vocab))  # with EOS 0: all eight
+    msg = dreq.refuse_request(refused)
     assert msg and "min_tokens / min_new_tokens 4" in msg and "vocabulary of 8" in msg
-    assert dreq.refuse_request(req(4, range(2, vocab))) is None  # token 1 can be emitted
+    # SGLang runs a refused request's one-token prefill under its sampling parameters: with
+    # every token held back there, its sampler would draw from NaN and end the scheduler.
+    assert refused.sampling_params.min_new_tokens == 0
+    served = req(4, range(2, vocab))
+    assert dreq.refuse_request(served) is None and served.sampling_params.min_new_tokens == 4
     assert dreq.refuse_request(req(0, range(vocab))) is None  # nothing held back
     assert dreq.refuse_request(req(4, [-1, vocab, 2**63] + list(range(2, vocab)))) is None
     monkeypatch.setattr(dreq, "_vocab", None)  # no DDTREE worker in this process

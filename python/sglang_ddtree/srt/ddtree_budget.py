@@ -97,9 +97,8 @@ def _field(cfg, name: str):
 
 
 def is_moe_target(hf_config) -> bool:
-    """Whether a target's Hugging Face config (or its ``text_config``, as multimodal wrappers
-    such as Kimi K2.5 / K2.6 hold the language model's, an object or a plain dict) has routed
-    experts."""
+    """Whether a target's Hugging Face config (or its ``text_config``, where multimodal wrappers
+    such as Kimi K2.5 / K2.6 hold the language model's; an object or a dict) has routed experts."""
     for cfg in (hf_config, _field(hf_config, "text_config")):
         if cfg is None:
             continue
