@@ -365,6 +365,7 @@ def test_flashmla_verify_metadata_fills_static_buffers_for_graphs():
     from types import SimpleNamespace
 
     from sglang_ddtree.srt.ddtree_attention.flashmla_backend import FlashMLASplitVerify
+    from sglang_ddtree.srt.ddtree_attention_hook import verify_hooks
 
     set_verify = FlashMLASplitVerify.init_forward_metadata  # after each metadata call
     backend = SimpleNamespace(
@@ -401,6 +402,17 @@ def test_flashmla_verify_metadata_fills_static_buffers_for_graphs():
     assert backend.ddtree_verify.prefix_indptr.tolist() == [0, 300, 302]
     with pytest.raises(RuntimeError, match="without the step's tree"):
         set_verify(backend, _verify_batch([3], 8), in_graph=False)
+    # SGLang's own eager warm-up forward (FlashInfer's autotune) carries DFLASH's dummy verify
+    # input, which has no tree at all: left to FlashMLA's kernel, not refused.
+    warmup = _verify_batch([3], 8)
+    del warmup.spec_info.tree
+    set_verify(backend, warmup, in_graph=False)
+    assert not backend.ddtree_verify
+    hook = verify_hooks(FlashMLASplitVerify)["forward_extend"]
+    q = torch.zeros(8, 4 * 576)
+    out = hook(lambda *a, **k: "flashmla's own", backend, q, None, None, None, warmup,
+               save_kv_cache=True)  # fmt: skip
+    assert out == "flashmla's own"
     # Not a DDTREE verify (a backend not built for DDTREE's target, an FP8 cache): untouched.
     for changed in (dict(ddtree_takes_verify=False), dict(is_fp8_kvcache=True)):
         other = SimpleNamespace(**{**vars(backend), **changed})

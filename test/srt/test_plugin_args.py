@@ -189,6 +189,10 @@ def test_a_request_that_holds_back_every_token_is_refused(monkeypatch):
     assert refused.sampling_params.min_new_tokens == 0
     served = req(4, range(2, vocab))
     assert dreq.refuse_request(served) is None and served.sampling_params.min_new_tokens == 4
+    both = req(4, range(1, vocab))  # refused for its processor: defused all the same
+    both.custom_logit_processor = "a processor"
+    assert "custom logit" in dreq.refuse_request(both)
+    assert both.sampling_params.min_new_tokens == 0
     assert dreq.refuse_request(req(0, range(vocab))) is None  # nothing held back
     assert dreq.refuse_request(req(4, [-1, vocab, 2**63] + list(range(2, vocab)))) is None
     monkeypatch.setattr(dreq, "_vocab", None)  # no DDTREE worker in this process

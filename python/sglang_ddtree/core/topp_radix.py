@@ -7,16 +7,14 @@ mass of the tokens strictly more probable than it is below ``top_p`` (every toke
 edge stays); the kept tokens are renormalized, the rest are 0; a row with ``top_p >= 1`` keeps
 every token.
 
-How (the kernel's header has the details): float32 bit patterns of probabilities order like
-their values, so the smallest kept key is found digit by digit (10 + 10 + 10 bits) from
-1,024-bin histograms of the mass, one read of each row per digit, each row split over programs
-that run in parallel; then one more read writes ``p / Z``. Rows are read four floats at a time
-where they are 16-byte aligned (``V % 4 == 0``), one at a time otherwise. Masses are summed in
-62-bit fixed point by integer atomics, so the result does not depend on scheduling
-(tensor-parallel ranks agree) and a row's sums are off by at most ``V * 2^-63``. Four reads of
-the rows in all, whatever the rows' shape (FlashInfer's per-row search slows down on flat
-rows).
-"""
+How (the kernel's header has the details): float32 bit patterns of probabilities order like their
+values, so the smallest kept key is found digit by digit (10 + 10 + 10 bits) from 1,024-bin
+histograms of the mass, one read of each row per digit, each row split over programs that run in
+parallel; then one more read writes ``p / Z``. Rows are read four floats at a time where they are
+16-byte aligned (``V % 4 == 0``), one at a time otherwise. Masses are summed in 62-bit fixed point
+by integer atomics, so the result does not depend on scheduling (tensor-parallel ranks agree) and a
+row's sums are off by at most ``V * 2^-63``. Four reads of the rows in all, whatever the rows' shape
+(FlashInfer's per-row search slows down on flat rows)."""
 
 from __future__ import annotations
 

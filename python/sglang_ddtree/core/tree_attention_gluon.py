@@ -16,19 +16,18 @@ read from the request's first page and masked). Each warpgroup holds half of the
    ``P1 = exp2(S1 - m1)`` into shared memory; its half rescaled to ``m1``, ``+= P1 V1``.
 3. warpgroup 0: its half rescaled to ``m1``, ``+= P1 V1`` (``P1`` from shared memory).
 
-Each warpgroup keeps the sum of its own tiles' ``P`` at the same running max; the two are added
-at the end. A key tile arrives in two copies of ``DV / 2`` latent columns, each with its
-mbarrier, the rope columns with the second, so the score product starts on the first half
-while the second arrives (copies of FlashMLA's 64 columns, each with its barrier, were no
-faster). Each half of a tile (left: latent columns ``[0, DV / 2)``; right: the rest and the
-rope) is refilled with the tile two ahead by the warpgroup that reads it last, as soon as its
-value product is done (warpgroup 0 the left halves, warpgroup 1 the right halves and the rope,
-where ``P0`` sat); ``P1`` has its own buffer, since warpgroup 0 reads it after warpgroup 1 is
-done with its tile. Warpgroup 1 reads its own ``P1`` from shared memory too (from registers,
-the converted copy spilled more); warpgroup 0 its ``P0`` from registers, since warpgroup 1
-refills the buffer that holds it without waiting for warpgroup 0. Rounding: ``P`` in bfloat16
-relative to the running max of its tile, float32 accumulators and sums, the output float32 for
-the merge.
+Each warpgroup keeps the sum of its own tiles' ``P`` at the same running max; the two are added at
+the end. A key tile arrives in two copies of ``DV / 2`` latent columns, each with its mbarrier, the
+rope columns with the second, so the score product starts on the first half while the second arrives
+(copies of FlashMLA's 64 columns, each with its barrier, were no faster). Each half of a tile (left:
+latent columns ``[0, DV / 2)``; right: the rest and the rope) is refilled with the tile two ahead by
+the warpgroup that reads it last, as soon as its value product is done (warpgroup 0 the left halves,
+warpgroup 1 the right halves and the rope, where ``P0`` sat); ``P1`` has its own buffer, since
+warpgroup 0 reads it after warpgroup 1 is done with its tile. Warpgroup 1 reads its own ``P1`` from
+shared memory too (from registers, the converted copy spilled more); warpgroup 0 its ``P0`` from
+registers, since warpgroup 1 refills the buffer that holds it without waiting for warpgroup 0.
+Rounding: ``P`` in bfloat16 relative to the running max of its tile, float32 accumulators and sums,
+the output float32 for the merge.
 
 Gluon's API moves between Triton releases: the TMA copy and the CTA barrier are looked up under
 both names (3.6's ``async_copy_global_to_shared`` / ``thread_barrier``, later ``async_load`` /

@@ -35,10 +35,11 @@ def ddtree_active() -> bool:
 
 
 def refuse_request(req) -> str | None:
+    held_back = _refuse_if_every_token_held_back(req)  # first: it defuses the request
     if getattr(req, "custom_logit_processor", None):
         # Refused here (HTTP 400) rather than in the worker, where raising would stop the server.
         return "DDTREE speculative decoding does not support custom logit processors."
-    return _refuse_if_every_token_held_back(req)
+    return held_back
 
 
 def _refuse_if_every_token_held_back(req) -> str | None:

@@ -20,6 +20,8 @@ import os
 
 import torch
 from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.cuda_graph_config import Backend
+from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import is_dflash_sampling_verify_available
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -177,7 +179,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # One memory pool and one capture stream for every glue graph: they replay one at a
         # time on one stream. On exactly when SGLang's graphs are: their outputs are the glue
         # graphs' bound inputs.
-        glue_on = not server_args.disable_cuda_graph
+        glue_on = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
         self._glue_on = glue_on
         share = (
             {"pool": torch.cuda.graph_pool_handle(), "stream": torch.cuda.Stream()}

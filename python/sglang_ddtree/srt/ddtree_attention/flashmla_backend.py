@@ -1,12 +1,10 @@
 """DDTREE's split tree verify on SGLang's flashmla backend (MLA targets, page size 64): the whole
 verify attention is ``core.tree_attention`` reading FlashMLA's pages through the backend's block
-table, its prefix shares float32 until the merge. FlashMLA's own verify is a causal block with
-no tree mask, and its prefix part comes back rounded to the cache dtype, which in bfloat16 moved
-the sampled law off the non-speculative server's. The prefix offsets and the step's tree mask
-are set once per forward by the backend's metadata calls (`init_forward_metadata`), into static
-buffers where a CUDA graph replays (refreshed before each replay), so every layer reads them as
-they are.
-"""
+table, its prefix shares float32 until the merge. FlashMLA's own verify is a causal block with no
+tree mask, and its prefix part comes back rounded to the cache dtype, which in bfloat16 moved the
+sampled law off the non-speculative server's. The prefix offsets and the step's tree mask are set
+once per forward by the backend's metadata calls (`init_forward_metadata`), into static buffers
+where a CUDA graph replays (refreshed before each replay), so every layer reads them as they are."""
 
 from __future__ import annotations
 
@@ -105,9 +103,12 @@ class FlashMLASplitVerify(VerifyAttentionBackend):
         tree = getattr(spec_info, "tree", None)  # None in the capture dummy
         tree_mask = None if tree is None else tree.layout.tree_mask
         if not in_graph:
-            if tree_mask is None:
+            if tree_mask is None and hasattr(spec_info, "tree"):  # DDTREE's own input
                 raise RuntimeError("DDTREE: an eager FlashMLA verify without the step's tree.")
-            backend.ddtree_verify = FlashMLAVerifyMetadata(prefix_indptr, tree_mask.contiguous())
+            # No tree: a SGLang warm-up forward on DFLASH's dummy input, left to FlashMLA.
+            backend.ddtree_verify = tree_mask is not None and FlashMLAVerifyMetadata(
+                prefix_indptr, tree_mask.contiguous()
+            )
             return
         buffers = getattr(backend, "_ddtree_graph_buffers", None)
         if buffers is None:
@@ -124,7 +125,7 @@ class FlashMLASplitVerify(VerifyAttentionBackend):
         """The prefix kernel reads the request's pages through the backend's block table. q:
         ``[n, Hq * 576]`` (absorbed MLA: latent 512 + rope 64); k: ``[n, 1, 576]``, v: ``[n,
         1, 512]``, the nodes' latent."""
-        if kwargs or not cls.handles(backend, forward_batch):
+        if kwargs or not cls.handles(backend, forward_batch) or not backend.ddtree_verify:
             return None
         from sglang_ddtree.core.tree_attention import gluon_prefix_runs, tree_attention
 
