@@ -38,6 +38,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
@@ -91,7 +92,6 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_glue_warmup": f"{SPEC}/ddtree_glue_warmup.py",
     "sglang_ddtree.srt.ddtree_spec": f"{SPEC}/ddtree_spec.py",
     "sglang_ddtree.srt.ddtree_args": f"{SPEC}/ddtree_args.py",
-    "sglang_ddtree.srt.ddtree_envs": f"{SPEC}/ddtree_envs.py",
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
     "sglang_ddtree.srt.ddtree_penalties": f"{SPEC}/ddtree_penalties.py",
@@ -134,8 +134,23 @@ NOT_UPSTREAM = {
     "sglang_ddtree.srt.ddtree_attention_hook": (
         "plugin hooks; in-tree the triton_backend.py and flashmla_backend.py edits"
     ),
+    "sglang_ddtree.srt.ddtree_envs": (
+        "the table of DDTREE's environment variables; in-tree fields of SGLang's Envs (the "
+        "environ.py edit envs-fields), which its imports become (STAND_INS)"
+    ),
     "sglang_ddtree.pair": "the shipped trained model pair and its training",
     "sglang_ddtree.testing": "this repository's GPU checks",
+}
+
+# Modules that do not go upstream but stand in for a module of SGLang's own, which in-tree holds
+# what they hold (an edit adds it there): {module: (SGLang's module, the names a mapped module
+# may import from it)}. Their imports are rewritten to SGLang's module (`rewrite`); importing any
+# other name of them fails the generator (`check_imports`).
+STAND_INS = {
+    # ``envs``: in the plugin the table of the SGLANG_DDTREE_* variables (``DDTreeEnvs``), read
+    # as SGLang reads its own (``envs.<NAME>.get()``); in-tree SGLang's ``envs``, whose ``Envs``
+    # gains the same variables as fields (edit ``envs-fields``, written from the table).
+    "sglang_ddtree.srt.ddtree_envs": ("sglang.srt.environ", ("envs",)),
 }
 
 # Mentions (in docstrings and comments) of modules that do not go upstream, and what they become.
@@ -171,16 +186,6 @@ IN_TREE_REWRITES = (
         "sglang_ddtree.srt.ddtree_spec",
         " (every\nSGLang branch on either, audited: docs/integration.md).",
         ".",
-    ),
-    (
-        "sglang_ddtree.srt.ddtree_envs",
-        " The table for users,\n``docs/configuration.md``, is kept equal to this one by a CPU test.\n",
-        "\n",
-    ),
-    (
-        "sglang_ddtree.srt.ddtree_envs",
-        "The plugin cannot add fields to that\nclass, and",
-        "These variables are not fields of\nthat class yet, and",
     ),
     (
         "sglang_ddtree.srt.ddtree_attention.verify_backend",
@@ -262,6 +267,9 @@ PRISTINE_SHA256 = {
         "python/sglang/srt/arg_groups/speculative_hook.py": (
             "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
         ),
+        "python/sglang/srt/environ.py": (
+            "85f728eef50c73d660a8466f91c774adfb6d5abdca268c0ed02ff97c44ccac80"
+        ),
         "python/sglang/srt/mem_cache/allocation_sizing.py": (
             "1f3d920a3dca48f0e0598f32b8432f1b6b51db16dcac86fdf35922e0391eb1e3"
         ),
@@ -290,6 +298,9 @@ PRISTINE_SHA256 = {
         ),
         "python/sglang/srt/arg_groups/field_order.py": (
             "b7cabb504246b97c09b49ea69298b42da6c05940e4914adab5dd5720675a62e9"
+        ),
+        "python/sglang/srt/environ.py": (
+            "967ede87488967cf87a95f8c38ccd72a3a0055a03cbdac303b38c2322b987c55"
         ),
         "python/sglang/srt/mem_cache/allocation_sizing.py": (
             "c0a757827ab883850058a517629c98b9cfab69a2a9e0d26a3d5b9b4730f2f484"
@@ -333,6 +344,38 @@ class Edit:
 
 
 SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
+ENVIRON = "python/sglang/srt/environ.py"
+# SGLang's field class for each type of the table's knobs (``Knob(int, ...)``: ``EnvInt``).
+ENV_FIELD_TYPES = {"int": "EnvInt", "str": "EnvStr"}
+
+
+def envs_fields() -> str:
+    """DDTREE's fields of SGLang's ``Envs``, written from the table the plugin reads instead
+    (``DDTreeEnvs`` in ``srt/ddtree_envs.py``, parsed, not imported): per knob, in the table's
+    order, its meaning as a comment and ``NAME = EnvInt(default)`` (or ``EnvStr``)."""
+    path = PKG_DIR / "srt" / "ddtree_envs.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    table = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DDTreeEnvs")
+    lines = []
+    for node in table.body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        (target,) = node.targets
+        kind, default, meaning = node.value.args[:3]
+        if getattr(node.value.func, "id", None) != "Knob" or kind.id not in ENV_FIELD_TYPES:
+            raise SystemExit(f"generate.py: {target.id} in DDTreeEnvs is no Knob of int or str")
+        default = ast.literal_eval(default)
+        comment = textwrap.wrap(
+            f"DDTREE {ast.literal_eval(meaning)}.", width=88 - len("    # "),
+            break_long_words=False, break_on_hyphens=False,
+        )  # fmt: skip
+        lines += [f"    # {line}" for line in comment]
+        value = f'"{default}"' if isinstance(default, str) else repr(default)
+        lines.append(f"    {target.id} = {ENV_FIELD_TYPES[kind.id]}({value})")
+    if not lines:
+        raise SystemExit(f"generate.py: no knob in DDTreeEnvs ({path})")
+    return "\n".join(lines) + "\n"
+
 
 EDITS = [
     # 1. DDTREE, a member of the SpeculativeAlgorithm enum beside DFLASH: its predicate, the
@@ -568,6 +611,14 @@ EDITS = [
             FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=True)
 """,
     ),
+    # 8. DDTREE's environment variables: fields of SGLang's ``Envs`` beside DFLASH's, read as
+    #    SGLang reads its own (``envs.<NAME>.get()``); written from the plugin's table.
+    Edit(
+        "envs-fields",
+        ENVIRON,
+        "    SGLANG_DFLASH_EAGER_DRAFT_SAMPLER = EnvBool(False)\n",
+        envs_fields(),
+    ),
 ]
 
 
@@ -774,6 +825,9 @@ def check_bases() -> None:
     problems += [f"  in-tree rewrite of unknown module {m}"
                  for m in [m for m, _, _ in IN_TREE_REWRITES] + list(IN_TREE_CUTS)
                  if m not in MODULE_MAP]  # fmt: skip
+    problems += [
+        f"  stand-in {m} is not in NOT_UPSTREAM" for m in STAND_INS if m not in NOT_UPSTREAM
+    ]
     if problems:
         raise SystemExit("generate.py: the base tables are out of date:\n" + "\n".join(problems))
 
@@ -808,10 +862,8 @@ SERIES = [
         "draft-tree",
         "the draft tree and its verify layout",
         "the draft tree (best-first top prefixes of the drafter's per-depth distributions), its "
-        "verify layout and ancestor mask, the vocabulary-sharded top-K, their Triton paths, and "
-        "DDTREE's knobs (declared as SGLang's envs are, read by the later parts)",
+        "verify layout and ancestor mask, the vocabulary-sharded top-K and their Triton paths",
         modules=(
-            "sglang_ddtree.srt.ddtree_envs",
             "sglang_ddtree.core",
             "sglang_ddtree.core.tree",
             "sglang_ddtree.core.topk_triton",
@@ -885,9 +937,9 @@ SERIES = [
     Part(
         "args-budget-graphs",
         "options, adaptive budget and target-verify graphs",
-        "the verify backends' registry (with flashinfer's), DDTREE's options and startup "
-        "checks, the adaptive tree budget by batch size, and the target-verify CUDA graphs per "
-        "budget bucket with the tree mask",
+        "the verify backends' registry (with flashinfer's), DDTREE's options (its environment "
+        "variables as fields of SGLang's Envs) and startup checks, the adaptive tree budget by "
+        "batch size, and the target-verify CUDA graphs per budget bucket with the tree mask",
         modules=(
             "sglang_ddtree.srt.ddtree_attention.flashinfer_backend",
             "sglang_ddtree.srt.ddtree_attention.attention_registry",
@@ -896,6 +948,7 @@ SERIES = [
             "sglang_ddtree.srt.ddtree_cuda_graph_runner",
         ),
         templates=("test_ddtree_budget.py",),
+        edits=("envs-fields",),
     ),
     Part(
         "request-parameter-laws",
@@ -1163,16 +1216,40 @@ def ddtree_imports(path: Path) -> list[tuple[int, str]]:
     return sorted(set(out))
 
 
+def stand_in_imports(path: Path) -> list[tuple[int, str, tuple[str, ...] | None]]:
+    """``(line, module, names)`` of every import of a ``STAND_INS`` module in a file (nested
+    ones too): the names imported from it, None where the module itself is imported."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, None) for a in node.names if a.name in STAND_INS]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module in STAND_INS:
+                out.append((node.lineno, node.module, tuple(a.name for a in node.names)))
+            out += [(node.lineno, f"{node.module}.{a.name}", None) for a in node.names
+                    if f"{node.module}.{a.name}" in STAND_INS]  # fmt: skip
+    return sorted(out, key=lambda row: row[:2])
+
+
 def check_imports() -> None:
-    """Fail loudly, listing them, when a mapped module imports an unmapped module."""
+    """Fail loudly, listing them, when a mapped module imports an unmapped module, or from a
+    stand-in (``STAND_INS``) anything but the names SGLang's module has."""
     bad = []
     for mod in sorted(MODULE_MAP):
         path = _module_file(mod)
+        rel = path.relative_to(REPO)
         for line, imported in ddtree_imports(path):
-            if imported not in MODULE_MAP:
+            if imported not in MODULE_MAP and imported not in STAND_INS:
                 why = NOT_UPSTREAM.get(imported, "not in MODULE_MAP")
-                rel = path.relative_to(REPO)
                 bad.append(f"  {rel}:{line}: imports {imported} ({why})")
+        for line, imported, names in stand_in_imports(path):
+            sglang_module, allowed = STAND_INS[imported]
+            if names is None or not set(names) <= set(allowed):
+                what = "the module" if names is None else ", ".join(names)
+                bad.append(
+                    f"  {rel}:{line}: imports {what} from {imported}, which stands in for "
+                    f"{sglang_module}: import only {', '.join(allowed)} from it"
+                )
     if bad:
         raise SystemExit(
             "generate.py: mapped modules import modules that do not go upstream:\n" + "\n".join(bad)
@@ -1190,6 +1267,8 @@ def _rewrite_dotted(m: re.Match) -> str:
         rest = parts[n:]
         if prefix in MODULE_MAP:
             return ".".join([in_tree_name(MODULE_MAP[prefix]), *rest])
+        if prefix in STAND_INS:
+            return ".".join([STAND_INS[prefix][0], *rest])
         if prefix in TEXT_REWRITES:
             return ".".join([TEXT_REWRITES[prefix], *rest])
     return m.group(0)  # left for the final check to report
@@ -1472,16 +1551,32 @@ def module_path(name: str, files) -> str | None:
     return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in files), None)
 
 
+def envs_reads(text: str, origin: str = "<text>") -> list[tuple[int, str]]:
+    """``(line, name)`` of every read of a DDTREE field of SGLang's ``envs``
+    (``envs.SGLANG_DDTREE_<NAME>``) in Python source ``text``."""
+    return sorted({
+        (node.lineno, node.attr)
+        for node in ast.walk(ast.parse(text, filename=origin))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id == "envs" and node.attr.startswith("SGLANG_DDTREE_")
+    })  # fmt: skip
+
+
 def missing_imports(files: dict[str, bytes]) -> list[str]:
     """What a tree of ``files`` lacks: every in-tree DDTREE module imported by one of its Python
-    files (its packages too) but absent, and every kernel source whose loading module is present
-    but which is absent; one line each."""
+    files (its packages too) but absent, every kernel source whose loading module is present
+    but which is absent, and every DDTREE field of ``envs`` read but not declared in its
+    ``environ.py``; one line each."""
     modules = {in_tree_name(target) for target in MODULE_MAP.values()}
+    environ = files.get(ENVIRON, b"").decode()
+    declared = set(re.findall(r"^    (SGLANG_DDTREE_\w+) = Env\w+\(", environ, re.M))
     out = []
     for path in sorted(p for p in files if p.endswith(".py")):
         text = files[path].decode()
         if "ddtree" not in text:  # pristine SGLang files the series has not edited yet
             continue
+        out += [(path, line, f"reads envs.{name}, which {ENVIRON} does not declare")
+                for line, name in envs_reads(text, path) if name not in declared]  # fmt: skip
         for line, name in in_tree_imports(text, path):
             parts = name.split(".")
             needed = [".".join(parts[:k]) for k in range(1, len(parts) + 1)]

@@ -95,6 +95,84 @@ def test_generator_refuses_unmapped_imports(gen, tmp_path, monkeypatch):
         gen.check_imports()
 
 
+def test_generator_refuses_from_a_stand_in_what_sglang_lacks(gen, tmp_path, monkeypatch):
+    """A mapped module importing from the plugin's table of variables anything but ``envs``
+    (SGLang's ``environ`` has no ``Knob``) fails the generator loudly."""
+    pkg = tmp_path / "python" / "sglang_ddtree"
+    shutil.copytree(gen.PKG_DIR, pkg, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    budget = pkg / "srt" / "ddtree_budget.py"
+    budget.write_text(
+        budget.read_text() + "\nfrom sglang_ddtree.srt.ddtree_envs import Knob  # noqa\n"
+    )
+    monkeypatch.setattr(gen, "PKG_DIR", pkg)
+    monkeypatch.setattr(gen, "REPO", tmp_path)
+    with pytest.raises(SystemExit, match=r"ddtree_budget\.py:\d+: imports Knob from .*ddtree_envs"):
+        gen.check_imports()
+
+
+def _added_lines(patch_text: str) -> str:
+    return "\n".join(
+        line[1:] for line in patch_text.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    )  # fmt: skip
+
+
+def test_in_tree_envs_are_fields_of_sglangs_envs(gen, src):
+    """In SGLang's tree, DDTREE's environment variables are fields of SGLang's ``Envs``
+    (``environ.py``): one per knob of the plugin's table, of SGLang's type for it (``EnvInt``,
+    ``EnvStr``) with the same default; every in-tree module that reads one imports SGLang's
+    ``envs`` and reads declared fields only; no file the patch adds defines a ``Knob`` class or
+    names the plugin's table, and no committed patch (single or series, either base) adds one."""
+    from sglang_ddtree.srt.ddtree_envs import KNOBS
+
+    pristine, patched = gen.final_tree(src)
+    environ = ast.parse(patched[gen.ENVIRON].decode())
+    envs_class = next(n for n in environ.body if isinstance(n, ast.ClassDef) and n.name == "Envs")
+    fields = {
+        n.targets[0].id: (n.value.func.id, ast.literal_eval(n.value.args[0]))
+        for n in envs_class.body
+        if isinstance(n, ast.Assign) and n.targets[0].id.startswith("SGLANG_DDTREE_")
+    }
+    kinds = {int: "EnvInt", str: "EnvStr"}
+    assert fields == {k.name: (kinds[k.type], k.default) for k in KNOBS}
+    assert not [
+        p for p in pristine if p != gen.ENVIRON and "SGLANG_DDTREE_" in pristine[p].decode()
+    ]
+    added = {path: data.decode() for path, data in patched.items() if path not in pristine}
+    readers = []
+    for path, text in sorted(added.items()):
+        if not path.endswith(".py"):
+            continue
+        tree = ast.parse(text)
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Knob"]
+        assert not re.search(r"\bKnob\(|DDTreeEnvs|ddtree_envs|\bKNOBS\b", text), path
+        reads = gen.envs_reads(text, path)
+        if reads and path.startswith("python/"):
+            readers.append(path)
+            assert "from sglang.srt.environ import envs" in text, path
+            assert {name for _, name in reads} <= set(fields), path
+    assert len(readers) >= 2, readers  # ddtree_args, ddtree_budget
+    patches = [PATCH, REPO / "upstream" / "0.5.23" / "sglang-ddtree.patch"]
+    patches += sorted(SERIES_DIR.glob("*.patch"))
+    patches += sorted((REPO / "upstream" / "0.5.23" / "series").glob("*.patch"))
+    for patch in patches:
+        added_text = _added_lines(patch.read_text())
+        assert not re.search(r"^\s*class Knob\b|DDTreeEnvs|ddtree_envs", added_text, re.M), patch
+
+
+def test_generator_refuses_a_read_of_an_undeclared_env_field(gen, src):
+    """A tree where a DDTREE module reads ``envs.SGLANG_DDTREE_*`` but ``environ.py`` lacks the
+    field (the edit left out, or a part before it) fails the import check, naming both."""
+    pristine, patched = gen.final_tree(src)
+    assert gen.missing_imports(patched) == []
+    without = {**patched, gen.ENVIRON: pristine[gen.ENVIRON]}
+    missing = gen.missing_imports(without)
+    assert any(
+        "ddtree_args.py" in m and "reads envs.SGLANG_DDTREE_TOPK" in m and gen.ENVIRON in m
+        for m in missing
+    ), missing
+
+
 def _sampling_param_fields(source) -> set[str]:
     """The request-facing fields of SGLang's ``SamplingParams`` (its annotated class body)."""
     text = source.read("python/sglang/srt/sampling/sampling_params.py").decode()
@@ -390,12 +468,16 @@ def test_pr_overview_lists_every_part_with_its_size(gen, tmp_path):
 
 
 # SGLang's test harness, stubbed for the series' unit tests on a tree without the rest of SGLang
-# (in SGLang, `register_cuda_ci` is an AST marker and `CustomTestCase` a `unittest.TestCase`).
+# (in SGLang, `register_cuda_ci` is an AST marker and `CustomTestCase` a `unittest.TestCase`),
+# and the one SGLang module the edited ``environ.py`` imports (0.5.17, at its end: the CUDA
+# coredump helper, which sets CUDA variables when asked to).
 _HARNESS_STUBS = {
     "python/sglang/test/__init__.py": b"",
     "python/sglang/test/ci/__init__.py": b"",
     "python/sglang/test/ci/ci_register.py": b"def register_cuda_ci(*args, **kwargs):\n    pass\n",
     "python/sglang/test/test_utils.py": b"from unittest import TestCase as CustomTestCase\n",
+    "python/sglang/srt/debug_utils/__init__.py": b"",
+    "python/sglang/srt/debug_utils/cuda_coredump.py": b"",
 }
 
 
