@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -525,8 +527,12 @@ EDITS = [
         "python/sglang/srt/layers/attention/triton_backend.py",
         "        super().__init__()\n\n"
         "        self.decode_attention_fwd = torch.compiler.disable(decode_attention_fwd)\n",
-        """        from sglang.srt.speculative.ddtree_attention.triton_backend import TritonSplitVerify
-        from sglang.srt.speculative.ddtree_attention.verify_backend import takes_ddtree_verify
+        """        from sglang.srt.speculative.ddtree_attention.triton_backend import (
+            TritonSplitVerify,
+        )
+        from sglang.srt.speculative.ddtree_attention.verify_backend import (
+            takes_ddtree_verify,
+        )
 
         self.ddtree_takes_verify = takes_ddtree_verify(model_runner, TritonSplitVerify)
 """,
@@ -558,9 +564,13 @@ EDITS = [
         """        from sglang.srt.speculative.ddtree_attention.flashmla_backend import (
             FlashMLASplitVerify,
         )
-        from sglang.srt.speculative.ddtree_attention.verify_backend import takes_ddtree_verify
+        from sglang.srt.speculative.ddtree_attention.verify_backend import (
+            takes_ddtree_verify,
+        )
 
-        self.ddtree_takes_verify = takes_ddtree_verify(model_runner, FlashMLASplitVerify)
+        self.ddtree_takes_verify = takes_ddtree_verify(
+            model_runner, FlashMLASplitVerify
+        )
 """,
     ),
     Edit(
@@ -592,7 +602,9 @@ EDITS = [
             )
 
             # A no-op but for a DDTREE verify.
-            FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=False)
+            FlashMLASplitVerify.init_forward_metadata(
+                self, forward_batch, in_graph=False
+            )
 """,
     ),
     Edit(
@@ -608,7 +620,9 @@ EDITS = [
             )
 
             # A no-op but for a DDTREE verify.
-            FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=True)
+            FlashMLASplitVerify.init_forward_metadata(
+                self, forward_batch, in_graph=True
+            )
 """,
     ),
     # 8. DDTREE's environment variables: fields of SGLang's ``Envs`` beside DFLASH's, read as
@@ -1021,8 +1035,10 @@ def series_dir(base: str) -> Path:
     return output_dir(base) / SERIES_DIR.name
 
 
-# Lines a part may change (added + deleted, as `git apply --numstat` counts them).
-MAX_PART_LINES = 1500
+# Lines a part may change (added + deleted, as `git apply --numstat` counts them), formatted as
+# SGLang formats its code (`format_python`: 88 columns wrap about one line in ten of this
+# repository's 100-column modules).
+MAX_PART_LINES = 1750
 # Every in-tree DDTREE module's name starts so (the ddtree package and the ddtree_* modules).
 IN_TREE_PREFIX = "sglang.srt.speculative.ddtree"
 
@@ -1314,8 +1330,179 @@ def render_template(name: str, base: str = SGLANG_VERSION) -> str:
     return text
 
 
-def new_files(base: str = SGLANG_VERSION) -> dict[str, str]:
-    """``{path: text}`` of every file the patch adds on ``base``."""
+# --- SGLang's formatters: the Python files the patch adds are written as SGLang's pre-commit
+# hooks leave them on each base -----------------------------------------------------------------
+# SGLang's pre-commit configuration sorts imports with isort (``.isort.cfg``: profile black,
+# known_first_party sglang) and formats with black; by 0.5.23 with ruff's formatter instead.
+# Neither at its defaults (line length 88) leaves this repository's 100-column modules as they are,
+# and their rewritten imports join SGLang's. The versions are the ones SGLang's own files of each
+# release pass (its configuration at those tags was not at hand; the one stored for its repository
+# is older): every Python file of pristine 0.5.17 passes black 24.10.0 (that configuration's pin),
+# and of 0.5.23 (vendored kernels and the generated _version.py aside) ruff format 0.15.0-0.17.6,
+# which black 24-26 would change (asserts, right-hand sides); both bases' files pass isort 6.0.1's
+# black profile, which keeps a wrapped import that ends in a comma (the stored configuration's
+# isort 5.13.2 joins them: it would re-sort 381 of 0.5.17's files). Imports are first sorted the
+# 5.13.2 way (``split_on_trailing_comma`` off: what fits on a line is joined), which isort 6 then
+# keeps, so a generated file is clean under either isort. Codespell as the configuration pins it,
+# with its words (``CODESPELL_ARGS``): a misspelling in a generated file fails the generator.
+FORMATTERS = {
+    "0.5.17": {"isort": "6.0.1", "black": "24.10.0", "codespell": "2.4.1"},
+    "0.5.23": {"isort": "6.0.1", "ruff": "0.15.0", "codespell": "2.4.1"},
+}
+# SGLang's codespell hook: its ``-L`` words and those of python/pyproject.toml's [tool.codespell].
+CODESPELL_ARGS = (
+    "-L", "cann,thi,makro,wil,rouge,PRIS",
+    "--ignore-words-list", "ans,als,hel,boostrap,childs,te,vas,hsa,ment",
+)  # fmt: skip
+# An interpreter with a base's tools (tried first), else this one if it has them, else a virtual
+# environment per base under .upstream-cache/, made with pip on first use.
+FORMAT_PYTHON_ENV = "SGLANG_DDTREE_FORMAT_PYTHON"
+# Whether a missing formatter environment may be made with pip (``--no-download``: not).
+FORMAT_DOWNLOAD = True
+
+# Run by the formatters' interpreter: argv[1] the pins, stdin {key: text}, stdout {key: text}.
+_FORMAT_SCRIPT = r"""
+import json, subprocess, sys
+import isort
+
+want = json.loads(sys.argv[1])
+texts = json.load(sys.stdin)
+settings = dict(profile="black", known_first_party={"sglang"})
+join = isort.Config(**settings, split_on_trailing_comma=False)  # isort 5.13.2's black profile
+keep = isort.Config(**settings)  # isort 6's
+
+
+def formatted(text):
+    if "black" in want:
+        import black
+
+        try:
+            return black.format_file_contents(text, fast=False, mode=black.Mode())
+        except black.NothingChanged:
+            return text
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--isolated", "--no-cache",
+         "--stdin-filename", "generated.py", "-"],
+        input=text, capture_output=True, text=True, check=True,
+    )
+    return r.stdout
+
+
+out, unstable = {}, []
+for key, text in texts.items():
+    text = formatted(isort.code(isort.code(text, config=join), config=keep))
+    if formatted(text) != text or isort.code(text, config=join) != text:
+        unstable.append(key)
+    out[key] = text
+if unstable:
+    sys.exit(f"isort and the formatter disagree on {len(unstable)} texts")
+json.dump(out, sys.stdout)
+"""
+_VERSIONS_SCRIPT = r"""
+import importlib.metadata, json, sys
+out = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+print(json.dumps(out))
+"""
+
+
+@functools.cache
+def _formatter_versions(python: str, names: tuple[str, ...]) -> dict | None:
+    r = subprocess.run([python, "-c", _VERSIONS_SCRIPT, json.dumps(names)],
+                       capture_output=True, text=True)  # fmt: skip
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def format_venv(base: str) -> Path:
+    return CACHE_DIR / ("formatters-" + "-".join(f"{k}{v}" for k, v in FORMATTERS[base].items()))
+
+
+@functools.cache
+def formatter_python(base: str) -> str:
+    """An interpreter with ``FORMATTERS[base]``: ``$SGLANG_DDTREE_FORMAT_PYTHON``, this one, or
+    the virtual environment `format_venv` (made with pip where it is missing, unless
+    ``FORMAT_DOWNLOAD`` is off)."""
+    pins = FORMATTERS[base]
+    venv, names = format_venv(base), tuple(sorted(pins))
+    venv_python = venv / "bin" / "python"
+    for python in (os.environ.get(FORMAT_PYTHON_ENV), sys.executable, str(venv_python)):
+        if python and Path(python).exists() and _formatter_versions(python, names) == pins:
+            return python
+    if not FORMAT_DOWNLOAD:
+        raise RuntimeError(
+            f"no interpreter with {pins} for SGLang {base}'s formatting (set "
+            f"${FORMAT_PYTHON_ENV}, or allow the download into {venv})"
+        )
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True,
+                   capture_output=True)  # fmt: skip
+    reqs = [f"{name}=={version}" for name, version in pins.items()]
+    r = subprocess.run([str(venv_python), "-m", "pip", "install", "-q", *reqs],
+                       capture_output=True, text=True)  # fmt: skip
+    _formatter_versions.cache_clear()
+    if r.returncode != 0 or _formatter_versions(str(venv_python), names) != pins:
+        raise RuntimeError(f"could not install {reqs} into {venv}:\n{r.stderr[-2000:]}")
+    return str(venv_python)
+
+
+_FORMATTED: dict[str, str] = {}  # key of a text (`_format_key`) -> the text formatted
+FORMAT_CACHE = CACHE_DIR / "formatted"  # the same, across runs: <key>.py
+
+
+def _format_key(base: str, text: str) -> str:
+    return hashlib.sha256(json.dumps([FORMATTERS[base], _FORMAT_SCRIPT, text]).encode()).hexdigest()
+
+
+def format_python(files: dict[str, str], base: str = SGLANG_VERSION) -> dict[str, str]:
+    """``files`` ({path: Python source}) as SGLang ``base``'s isort and formatter leave them
+    (``FORMATTERS[base]``); one run of the formatters for the texts not formatted before (in
+    this process, or cached under ``FORMAT_CACHE``)."""
+    keys = {path: _format_key(base, text) for path, text in files.items()}
+    for key in set(keys.values()) - set(_FORMATTED):
+        cached = FORMAT_CACHE / f"{key}.py"
+        if cached.is_file():
+            _FORMATTED[key] = cached.read_text()
+    todo = {keys[path]: text for path, text in files.items() if keys[path] not in _FORMATTED}
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="ddtree-format-") as tmp:  # no src paths
+            r = subprocess.run(
+                [formatter_python(base), "-c", _FORMAT_SCRIPT, json.dumps(FORMATTERS[base])],
+                input=json.dumps(todo), capture_output=True, text=True, cwd=tmp,
+            )  # fmt: skip
+        if r.returncode != 0:
+            raise SystemExit(f"generate.py: formatting for {base} failed:\n{r.stderr[-3000:]}")
+        done = json.loads(r.stdout)
+        FORMAT_CACHE.mkdir(parents=True, exist_ok=True)
+        for key, text in done.items():
+            tmp = FORMAT_CACHE / f"{key}.py.{os.getpid()}"
+            tmp.write_text(text)
+            tmp.replace(FORMAT_CACHE / f"{key}.py")
+        _FORMATTED.update(done)
+    return {path: _FORMATTED[keys[path]] for path in files}
+
+
+def misspellings(files: dict[str, str], base: str = SGLANG_VERSION) -> list[str]:
+    """What SGLang ``base``'s codespell hook reports in ``files`` ({path: text}; JSON and text
+    files are skipped as its configuration skips them), one ``path:line: word ==> fix`` each."""
+    files = {p: t for p, t in files.items() if not p.endswith((".json", ".jsonl", ".txt"))}
+    with tempfile.TemporaryDirectory(prefix="ddtree-codespell-") as tmp:
+        for path, text in files.items():
+            _write(Path(tmp), path, text.encode())
+        r = subprocess.run(
+            [formatter_python(base), "-m", "codespell_lib", *CODESPELL_ARGS, *sorted(files)],
+            cwd=tmp, capture_output=True, text=True,
+        )  # fmt: skip
+    if r.returncode not in (0, 65):  # 65: misspellings found
+        raise SystemExit(f"generate.py: codespell failed:\n{r.stderr[-2000:]}")
+    return r.stdout.splitlines()
+
+
+def new_files(base: str = SGLANG_VERSION, formatted: bool = True) -> dict[str, str]:
+    """``{path: text}`` of every file the patch adds on ``base``, its Python files formatted as
+    SGLang ``base`` formats its own (`format_python`; ``formatted=False``: as rewritten)."""
     check_bases()
     files, targets = {}, {}
     for mod, target in sorted(MODULE_MAP.items()):
@@ -1350,6 +1537,14 @@ def new_files(base: str = SGLANG_VERSION) -> dict[str, str]:
                 f"(need exactly 1):\n{old}"
             )
         files[targets[name]] = text.replace(old, new)
+    if formatted:
+        python = {path: text for path, text in files.items() if path.endswith(".py")}
+        files.update(format_python(python, base))
+        typos = misspellings(files, base)
+        if typos:
+            raise SystemExit(
+                "generate.py: misspellings (SGLang's codespell hook):\n" + "\n".join(typos)
+            )
     return files
 
 
@@ -1746,6 +1941,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     base = args.base
+    global FORMAT_DOWNLOAD
+    FORMAT_DOWNLOAD = not args.no_download
 
     if args.apply_check:
         src = find_source(args.sglang_src, version=args.apply_check, download=not args.no_download)

@@ -14,6 +14,8 @@ skip and say why. CPU only; about 5-15 s a base with a download, a few seconds c
 from __future__ import annotations
 
 import ast
+import collections
+import difflib
 import importlib.util
 import json
 import os
@@ -52,14 +54,26 @@ def base(request) -> str:
 @pytest.fixture(scope="module")
 def src(gen, base):
     """Pristine SGLang ``base``'s sources as the generator finds them (downloaded into
-    ``.upstream-cache/`` where there is network), or a skip naming why not."""
+    ``.upstream-cache/`` where there is network), with the formatters it writes SGLang's code
+    with (made with pip into ``.upstream-cache/`` where missing), or a skip naming why not."""
     try:
-        return gen.find_source(version=base)
+        source = gen.find_source(version=base)
     except (Exception, SystemExit) as e:  # no network, no cache, no installed copy
         pytest.skip(
             f"pristine SGLang {base} sources unavailable (no installed sglang {base}, no wheel "
             f"in .upstream-cache/sglang-{base}/, pip download failed): {e}"
         )
+    formatters(gen, base)
+    return source
+
+
+def formatters(gen, base: str) -> str:
+    """The interpreter with SGLang ``base``'s formatters (``gen.formatter_python``), or a skip
+    naming why there is none."""
+    try:
+        return gen.formatter_python(base)
+    except (Exception, SystemExit) as e:  # no network, nothing cached
+        pytest.skip(f"SGLang {base}'s formatters unavailable ({gen.FORMATTERS[base]}): {e}")
 
 
 def _patch(gen, base: str) -> Path:
@@ -158,6 +172,54 @@ def test_in_tree_envs_are_fields_of_sglangs_envs(gen, src):
     for patch in patches:
         added_text = _added_lines(patch.read_text())
         assert not re.search(r"^\s*class Knob\b|DDTreeEnvs|ddtree_envs", added_text, re.M), patch
+
+
+def _removed_lines(before: str, after: str) -> collections.Counter:
+    """The lines of ``before`` that ``after`` no longer has, as ``difflib.ndiff`` finds them."""
+    diff = difflib.ndiff(before.splitlines(), after.splitlines())
+    return collections.Counter(line[2:] for line in diff if line.startswith("- "))
+
+
+def test_in_tree_files_are_as_sglangs_hooks_leave_them(gen, src):
+    """The files the patch adds are as SGLang's pre-commit hooks of that base leave them: the
+    Python ones unchanged when its isort and formatter run on them again (``gen.FORMATTERS``),
+    none with a misspelling its codespell finds, trailing whitespace or no final newline; and
+    in the files the patch edits the hooks change no line the edits add, only lines they would
+    change in pristine SGLang too (its own files predate some of the pins)."""
+    pristine, patched = gen.final_tree(src)
+    added = {path: data.decode() for path, data in patched.items() if path not in pristine}
+    python = {path: text for path, text in added.items() if path.endswith(".py")}
+    assert len(python) >= 50
+    again = gen.format_python(python, src.base)
+    assert [path for path in python if again[path] != python[path]] == []
+    assert gen.misspellings(added, src.base) == []
+    for path, text in added.items():
+        assert text.endswith("\n") and not text.endswith("\n\n"), path
+        assert not [n for n, line in enumerate(text.splitlines(), 1) if line != line.rstrip()], path
+    edited = sorted(path for path in pristine if path.endswith(".py"))
+    before = {path: pristine[path].decode() for path in edited}
+    after = {path: patched[path].decode() for path in edited}
+    fixed = gen.format_python({f"a/{p}": t for p, t in before.items()}, src.base)
+    fixed.update(gen.format_python({f"b/{p}": t for p, t in after.items()}, src.base))
+    ours = {
+        path: sorted(
+            _removed_lines(after[path], fixed[f"b/{path}"])
+            - _removed_lines(before[path], fixed[f"a/{path}"])
+        )
+        for path in edited
+    }
+    assert {path: lines for path, lines in ours.items() if lines} == {}
+    # The check sees an added line the formatter would wrap.
+    long_line = "        self.ddtree_takes_verify = takes_ddtree_verify(model_runner, FlashMLASplitVerify)\n"
+    path = "python/sglang/srt/layers/attention/flashmla_backend.py"
+    bad = after[path].replace(
+        "        self.is_draft_runner = model_runner.is_draft_worker\n",
+        "        self.is_draft_runner = model_runner.is_draft_worker\n" + long_line,
+    )
+    bad_fixed = gen.format_python({"c": bad}, src.base)["c"]
+    assert long_line.rstrip("\n") in _removed_lines(bad, bad_fixed) - _removed_lines(
+        before[path], fixed[f"a/{path}"]
+    )
 
 
 def test_generator_refuses_a_read_of_an_undeclared_env_field(gen, src):
@@ -735,15 +797,16 @@ def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
 # --- the bases ----------------------------------------------------------------------------------
 def test_bases_differ_only_where_the_tables_say(gen):
     """Every file the patch adds is the same on every base but the ones ``BASE_REWRITES``
-    names for that base; an edit differs only where ``BASE_EDITS`` names it; every difference
-    is in upstream/README.md's table of base differences."""
-    first = gen.new_files(BASES[0])
+    names for that base (before each base's formatting, ``FORMATTERS``); an edit differs only
+    where ``BASE_EDITS`` names it; every difference is in upstream/README.md's table of base
+    differences."""
+    first = gen.new_files(BASES[0], formatted=False)
     targets = {**gen.MODULE_MAP, **dict(gen.TEMPLATE_FILES)}
     targets.update((k, t) for k, t, _ in gen.KERNEL_FILES)
     readme = UPSTREAM_README.read_text()
     table = readme[readme.index("## What differs between the bases") :]
     for base in BASES[1:]:
-        files = gen.new_files(base)
+        files = gen.new_files(base, formatted=False)
         assert set(files) == set(first)
         rewritten = {targets[f] for f, _, _ in gen.BASE_REWRITES[base]}
         assert {p for p in files if files[p] != first[p]} == rewritten, base
@@ -753,6 +816,8 @@ def test_bases_differ_only_where_the_tables_say(gen):
             assert f"`{name}`" in table, f"README's table of base differences lacks edit {name}"
         for path in rewritten:
             assert f"`{Path(path).name}`" in table, f"README's table lacks {Path(path).name}"
+        for tool, version in gen.FORMATTERS[base].items():
+            assert f"{tool} {version}" in table, f"README's table lacks {tool} {version}"
 
 
 def test_generator_refuses_a_rewrite_that_no_longer_matches(gen, monkeypatch):
