@@ -30,14 +30,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
@@ -91,7 +94,6 @@ MODULE_MAP = {
     "sglang_ddtree.srt.ddtree_glue_warmup": f"{SPEC}/ddtree_glue_warmup.py",
     "sglang_ddtree.srt.ddtree_spec": f"{SPEC}/ddtree_spec.py",
     "sglang_ddtree.srt.ddtree_args": f"{SPEC}/ddtree_args.py",
-    "sglang_ddtree.srt.ddtree_envs": f"{SPEC}/ddtree_envs.py",
     "sglang_ddtree.srt.ddtree_budget": f"{SPEC}/ddtree_budget.py",
     "sglang_ddtree.srt.ddtree_requests": f"{SPEC}/ddtree_requests.py",
     "sglang_ddtree.srt.ddtree_penalties": f"{SPEC}/ddtree_penalties.py",
@@ -134,8 +136,23 @@ NOT_UPSTREAM = {
     "sglang_ddtree.srt.ddtree_attention_hook": (
         "plugin hooks; in-tree the triton_backend.py and flashmla_backend.py edits"
     ),
+    "sglang_ddtree.srt.ddtree_envs": (
+        "the table of DDTREE's environment variables; in-tree fields of SGLang's Envs (the "
+        "environ.py edit envs-fields), which its imports become (STAND_INS)"
+    ),
     "sglang_ddtree.pair": "the shipped trained model pair and its training",
     "sglang_ddtree.testing": "this repository's GPU checks",
+}
+
+# Modules that do not go upstream but stand in for a module of SGLang's own, which in-tree holds
+# what they hold (an edit adds it there): {module: (SGLang's module, the names a mapped module
+# may import from it)}. Their imports are rewritten to SGLang's module (`rewrite`); importing any
+# other name of them fails the generator (`check_imports`).
+STAND_INS = {
+    # ``envs``: in the plugin the table of the SGLANG_DDTREE_* variables (``DDTreeEnvs``), read
+    # as SGLang reads its own (``envs.<NAME>.get()``); in-tree SGLang's ``envs``, whose ``Envs``
+    # gains the same variables as fields (edit ``envs-fields``, written from the table).
+    "sglang_ddtree.srt.ddtree_envs": ("sglang.srt.environ", ("envs",)),
 }
 
 # Mentions (in docstrings and comments) of modules that do not go upstream, and what they become.
@@ -171,16 +188,6 @@ IN_TREE_REWRITES = (
         "sglang_ddtree.srt.ddtree_spec",
         " (every\nSGLang branch on either, audited: docs/integration.md).",
         ".",
-    ),
-    (
-        "sglang_ddtree.srt.ddtree_envs",
-        " The table for users,\n``docs/configuration.md``, is kept equal to this one by a CPU test.\n",
-        "\n",
-    ),
-    (
-        "sglang_ddtree.srt.ddtree_envs",
-        "The plugin cannot add fields to that\nclass, and",
-        "These variables are not fields of\nthat class yet, and",
     ),
     (
         "sglang_ddtree.srt.ddtree_attention.verify_backend",
@@ -262,6 +269,9 @@ PRISTINE_SHA256 = {
         "python/sglang/srt/arg_groups/speculative_hook.py": (
             "6ffb0b4066e92257ac88c03627df28f7e226fef25eae63a5d2771a74f656bac1"
         ),
+        "python/sglang/srt/environ.py": (
+            "85f728eef50c73d660a8466f91c774adfb6d5abdca268c0ed02ff97c44ccac80"
+        ),
         "python/sglang/srt/mem_cache/allocation_sizing.py": (
             "1f3d920a3dca48f0e0598f32b8432f1b6b51db16dcac86fdf35922e0391eb1e3"
         ),
@@ -290,6 +300,9 @@ PRISTINE_SHA256 = {
         ),
         "python/sglang/srt/arg_groups/field_order.py": (
             "b7cabb504246b97c09b49ea69298b42da6c05940e4914adab5dd5720675a62e9"
+        ),
+        "python/sglang/srt/environ.py": (
+            "967ede87488967cf87a95f8c38ccd72a3a0055a03cbdac303b38c2322b987c55"
         ),
         "python/sglang/srt/mem_cache/allocation_sizing.py": (
             "c0a757827ab883850058a517629c98b9cfab69a2a9e0d26a3d5b9b4730f2f484"
@@ -333,6 +346,38 @@ class Edit:
 
 
 SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
+ENVIRON = "python/sglang/srt/environ.py"
+# SGLang's field class for each type of the table's knobs (``Knob(int, ...)``: ``EnvInt``).
+ENV_FIELD_TYPES = {"int": "EnvInt", "str": "EnvStr"}
+
+
+def envs_fields() -> str:
+    """DDTREE's fields of SGLang's ``Envs``, written from the table the plugin reads instead
+    (``DDTreeEnvs`` in ``srt/ddtree_envs.py``, parsed, not imported): per knob, in the table's
+    order, its meaning as a comment and ``NAME = EnvInt(default)`` (or ``EnvStr``)."""
+    path = PKG_DIR / "srt" / "ddtree_envs.py"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    table = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DDTreeEnvs")
+    lines = []
+    for node in table.body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        (target,) = node.targets
+        kind, default, meaning = node.value.args[:3]
+        if getattr(node.value.func, "id", None) != "Knob" or kind.id not in ENV_FIELD_TYPES:
+            raise SystemExit(f"generate.py: {target.id} in DDTreeEnvs is no Knob of int or str")
+        default = ast.literal_eval(default)
+        comment = textwrap.wrap(
+            f"DDTREE {ast.literal_eval(meaning)}.", width=88 - len("    # "),
+            break_long_words=False, break_on_hyphens=False,
+        )  # fmt: skip
+        lines += [f"    # {line}" for line in comment]
+        value = f'"{default}"' if isinstance(default, str) else repr(default)
+        lines.append(f"    {target.id} = {ENV_FIELD_TYPES[kind.id]}({value})")
+    if not lines:
+        raise SystemExit(f"generate.py: no knob in DDTreeEnvs ({path})")
+    return "\n".join(lines) + "\n"
+
 
 EDITS = [
     # 1. DDTREE, a member of the SpeculativeAlgorithm enum beside DFLASH: its predicate, the
@@ -482,8 +527,12 @@ EDITS = [
         "python/sglang/srt/layers/attention/triton_backend.py",
         "        super().__init__()\n\n"
         "        self.decode_attention_fwd = torch.compiler.disable(decode_attention_fwd)\n",
-        """        from sglang.srt.speculative.ddtree_attention.triton_backend import TritonSplitVerify
-        from sglang.srt.speculative.ddtree_attention.verify_backend import takes_ddtree_verify
+        """        from sglang.srt.speculative.ddtree_attention.triton_backend import (
+            TritonSplitVerify,
+        )
+        from sglang.srt.speculative.ddtree_attention.verify_backend import (
+            takes_ddtree_verify,
+        )
 
         self.ddtree_takes_verify = takes_ddtree_verify(model_runner, TritonSplitVerify)
 """,
@@ -515,9 +564,13 @@ EDITS = [
         """        from sglang.srt.speculative.ddtree_attention.flashmla_backend import (
             FlashMLASplitVerify,
         )
-        from sglang.srt.speculative.ddtree_attention.verify_backend import takes_ddtree_verify
+        from sglang.srt.speculative.ddtree_attention.verify_backend import (
+            takes_ddtree_verify,
+        )
 
-        self.ddtree_takes_verify = takes_ddtree_verify(model_runner, FlashMLASplitVerify)
+        self.ddtree_takes_verify = takes_ddtree_verify(
+            model_runner, FlashMLASplitVerify
+        )
 """,
     ),
     Edit(
@@ -549,7 +602,9 @@ EDITS = [
             )
 
             # A no-op but for a DDTREE verify.
-            FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=False)
+            FlashMLASplitVerify.init_forward_metadata(
+                self, forward_batch, in_graph=False
+            )
 """,
     ),
     Edit(
@@ -565,8 +620,18 @@ EDITS = [
             )
 
             # A no-op but for a DDTREE verify.
-            FlashMLASplitVerify.init_forward_metadata(self, forward_batch, in_graph=True)
+            FlashMLASplitVerify.init_forward_metadata(
+                self, forward_batch, in_graph=True
+            )
 """,
+    ),
+    # 8. DDTREE's environment variables: fields of SGLang's ``Envs`` beside DFLASH's, read as
+    #    SGLang reads its own (``envs.<NAME>.get()``); written from the plugin's table.
+    Edit(
+        "envs-fields",
+        ENVIRON,
+        "    SGLANG_DFLASH_EAGER_DRAFT_SAMPLER = EnvBool(False)\n",
+        envs_fields(),
     ),
 ]
 
@@ -774,6 +839,9 @@ def check_bases() -> None:
     problems += [f"  in-tree rewrite of unknown module {m}"
                  for m in [m for m, _, _ in IN_TREE_REWRITES] + list(IN_TREE_CUTS)
                  if m not in MODULE_MAP]  # fmt: skip
+    problems += [
+        f"  stand-in {m} is not in NOT_UPSTREAM" for m in STAND_INS if m not in NOT_UPSTREAM
+    ]
     if problems:
         raise SystemExit("generate.py: the base tables are out of date:\n" + "\n".join(problems))
 
@@ -808,10 +876,8 @@ SERIES = [
         "draft-tree",
         "the draft tree and its verify layout",
         "the draft tree (best-first top prefixes of the drafter's per-depth distributions), its "
-        "verify layout and ancestor mask, the vocabulary-sharded top-K, their Triton paths, and "
-        "DDTREE's knobs (declared as SGLang's envs are, read by the later parts)",
+        "verify layout and ancestor mask, the vocabulary-sharded top-K and their Triton paths",
         modules=(
-            "sglang_ddtree.srt.ddtree_envs",
             "sglang_ddtree.core",
             "sglang_ddtree.core.tree",
             "sglang_ddtree.core.topk_triton",
@@ -885,9 +951,9 @@ SERIES = [
     Part(
         "args-budget-graphs",
         "options, adaptive budget and target-verify graphs",
-        "the verify backends' registry (with flashinfer's), DDTREE's options and startup "
-        "checks, the adaptive tree budget by batch size, and the target-verify CUDA graphs per "
-        "budget bucket with the tree mask",
+        "the verify backends' registry (with flashinfer's), DDTREE's options (its environment "
+        "variables as fields of SGLang's Envs) and startup checks, the adaptive tree budget by "
+        "batch size, and the target-verify CUDA graphs per budget bucket with the tree mask",
         modules=(
             "sglang_ddtree.srt.ddtree_attention.flashinfer_backend",
             "sglang_ddtree.srt.ddtree_attention.attention_registry",
@@ -896,6 +962,7 @@ SERIES = [
             "sglang_ddtree.srt.ddtree_cuda_graph_runner",
         ),
         templates=("test_ddtree_budget.py",),
+        edits=("envs-fields",),
     ),
     Part(
         "request-parameter-laws",
@@ -968,8 +1035,10 @@ def series_dir(base: str) -> Path:
     return output_dir(base) / SERIES_DIR.name
 
 
-# Lines a part may change (added + deleted, as `git apply --numstat` counts them).
-MAX_PART_LINES = 1500
+# Lines a part may change (added + deleted, as `git apply --numstat` counts them), formatted as
+# SGLang formats its code (`format_python`: 88 columns wrap about one line in ten of this
+# repository's 100-column modules).
+MAX_PART_LINES = 1750
 # Every in-tree DDTREE module's name starts so (the ddtree package and the ddtree_* modules).
 IN_TREE_PREFIX = "sglang.srt.speculative.ddtree"
 
@@ -1163,16 +1232,40 @@ def ddtree_imports(path: Path) -> list[tuple[int, str]]:
     return sorted(set(out))
 
 
+def stand_in_imports(path: Path) -> list[tuple[int, str, tuple[str, ...] | None]]:
+    """``(line, module, names)`` of every import of a ``STAND_INS`` module in a file (nested
+    ones too): the names imported from it, None where the module itself is imported."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, None) for a in node.names if a.name in STAND_INS]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module in STAND_INS:
+                out.append((node.lineno, node.module, tuple(a.name for a in node.names)))
+            out += [(node.lineno, f"{node.module}.{a.name}", None) for a in node.names
+                    if f"{node.module}.{a.name}" in STAND_INS]  # fmt: skip
+    return sorted(out, key=lambda row: row[:2])
+
+
 def check_imports() -> None:
-    """Fail loudly, listing them, when a mapped module imports an unmapped module."""
+    """Fail loudly, listing them, when a mapped module imports an unmapped module, or from a
+    stand-in (``STAND_INS``) anything but the names SGLang's module has."""
     bad = []
     for mod in sorted(MODULE_MAP):
         path = _module_file(mod)
+        rel = path.relative_to(REPO)
         for line, imported in ddtree_imports(path):
-            if imported not in MODULE_MAP:
+            if imported not in MODULE_MAP and imported not in STAND_INS:
                 why = NOT_UPSTREAM.get(imported, "not in MODULE_MAP")
-                rel = path.relative_to(REPO)
                 bad.append(f"  {rel}:{line}: imports {imported} ({why})")
+        for line, imported, names in stand_in_imports(path):
+            sglang_module, allowed = STAND_INS[imported]
+            if names is None or not set(names) <= set(allowed):
+                what = "the module" if names is None else ", ".join(names)
+                bad.append(
+                    f"  {rel}:{line}: imports {what} from {imported}, which stands in for "
+                    f"{sglang_module}: import only {', '.join(allowed)} from it"
+                )
     if bad:
         raise SystemExit(
             "generate.py: mapped modules import modules that do not go upstream:\n" + "\n".join(bad)
@@ -1190,6 +1283,8 @@ def _rewrite_dotted(m: re.Match) -> str:
         rest = parts[n:]
         if prefix in MODULE_MAP:
             return ".".join([in_tree_name(MODULE_MAP[prefix]), *rest])
+        if prefix in STAND_INS:
+            return ".".join([STAND_INS[prefix][0], *rest])
         if prefix in TEXT_REWRITES:
             return ".".join([TEXT_REWRITES[prefix], *rest])
     return m.group(0)  # left for the final check to report
@@ -1235,8 +1330,179 @@ def render_template(name: str, base: str = SGLANG_VERSION) -> str:
     return text
 
 
-def new_files(base: str = SGLANG_VERSION) -> dict[str, str]:
-    """``{path: text}`` of every file the patch adds on ``base``."""
+# --- SGLang's formatters: the Python files the patch adds are written as SGLang's pre-commit
+# hooks leave them on each base -----------------------------------------------------------------
+# SGLang's pre-commit configuration sorts imports with isort (``.isort.cfg``: profile black,
+# known_first_party sglang) and formats with black; by 0.5.23 with ruff's formatter instead.
+# Neither at its defaults (line length 88) leaves this repository's 100-column modules as they are,
+# and their rewritten imports join SGLang's. The versions are the ones SGLang's own files of each
+# release pass (its configuration at those tags was not at hand; the one stored for its repository
+# is older): every Python file of pristine 0.5.17 passes black 24.10.0 (that configuration's pin),
+# and of 0.5.23 (vendored kernels and the generated _version.py aside) ruff format 0.15.0-0.17.6,
+# which black 24-26 would change (asserts, right-hand sides); both bases' files pass isort 6.0.1's
+# black profile, which keeps a wrapped import that ends in a comma (the stored configuration's
+# isort 5.13.2 joins them: it would re-sort 381 of 0.5.17's files). Imports are first sorted the
+# 5.13.2 way (``split_on_trailing_comma`` off: what fits on a line is joined), which isort 6 then
+# keeps, so a generated file is clean under either isort. Codespell as the configuration pins it,
+# with its words (``CODESPELL_ARGS``): a misspelling in a generated file fails the generator.
+FORMATTERS = {
+    "0.5.17": {"isort": "6.0.1", "black": "24.10.0", "codespell": "2.4.1"},
+    "0.5.23": {"isort": "6.0.1", "ruff": "0.15.0", "codespell": "2.4.1"},
+}
+# SGLang's codespell hook: its ``-L`` words and those of python/pyproject.toml's [tool.codespell].
+CODESPELL_ARGS = (
+    "-L", "cann,thi,makro,wil,rouge,PRIS",
+    "--ignore-words-list", "ans,als,hel,boostrap,childs,te,vas,hsa,ment",
+)  # fmt: skip
+# An interpreter with a base's tools (tried first), else this one if it has them, else a virtual
+# environment per base under .upstream-cache/, made with pip on first use.
+FORMAT_PYTHON_ENV = "SGLANG_DDTREE_FORMAT_PYTHON"
+# Whether a missing formatter environment may be made with pip (``--no-download``: not).
+FORMAT_DOWNLOAD = True
+
+# Run by the formatters' interpreter: argv[1] the pins, stdin {key: text}, stdout {key: text}.
+_FORMAT_SCRIPT = r"""
+import json, subprocess, sys
+import isort
+
+want = json.loads(sys.argv[1])
+texts = json.load(sys.stdin)
+settings = dict(profile="black", known_first_party={"sglang"})
+join = isort.Config(**settings, split_on_trailing_comma=False)  # isort 5.13.2's black profile
+keep = isort.Config(**settings)  # isort 6's
+
+
+def formatted(text):
+    if "black" in want:
+        import black
+
+        try:
+            return black.format_file_contents(text, fast=False, mode=black.Mode())
+        except black.NothingChanged:
+            return text
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--isolated", "--no-cache",
+         "--stdin-filename", "generated.py", "-"],
+        input=text, capture_output=True, text=True, check=True,
+    )
+    return r.stdout
+
+
+out, unstable = {}, []
+for key, text in texts.items():
+    text = formatted(isort.code(isort.code(text, config=join), config=keep))
+    if formatted(text) != text or isort.code(text, config=join) != text:
+        unstable.append(key)
+    out[key] = text
+if unstable:
+    sys.exit(f"isort and the formatter disagree on {len(unstable)} texts")
+json.dump(out, sys.stdout)
+"""
+_VERSIONS_SCRIPT = r"""
+import importlib.metadata, json, sys
+out = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+print(json.dumps(out))
+"""
+
+
+@functools.cache
+def _formatter_versions(python: str, names: tuple[str, ...]) -> dict | None:
+    r = subprocess.run([python, "-c", _VERSIONS_SCRIPT, json.dumps(names)],
+                       capture_output=True, text=True)  # fmt: skip
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def format_venv(base: str) -> Path:
+    return CACHE_DIR / ("formatters-" + "-".join(f"{k}{v}" for k, v in FORMATTERS[base].items()))
+
+
+@functools.cache
+def formatter_python(base: str) -> str:
+    """An interpreter with ``FORMATTERS[base]``: ``$SGLANG_DDTREE_FORMAT_PYTHON``, this one, or
+    the virtual environment `format_venv` (made with pip where it is missing, unless
+    ``FORMAT_DOWNLOAD`` is off)."""
+    pins = FORMATTERS[base]
+    venv, names = format_venv(base), tuple(sorted(pins))
+    venv_python = venv / "bin" / "python"
+    for python in (os.environ.get(FORMAT_PYTHON_ENV), sys.executable, str(venv_python)):
+        if python and Path(python).exists() and _formatter_versions(python, names) == pins:
+            return python
+    if not FORMAT_DOWNLOAD:
+        raise RuntimeError(
+            f"no interpreter with {pins} for SGLang {base}'s formatting (set "
+            f"${FORMAT_PYTHON_ENV}, or allow the download into {venv})"
+        )
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True,
+                   capture_output=True)  # fmt: skip
+    reqs = [f"{name}=={version}" for name, version in pins.items()]
+    r = subprocess.run([str(venv_python), "-m", "pip", "install", "-q", *reqs],
+                       capture_output=True, text=True)  # fmt: skip
+    _formatter_versions.cache_clear()
+    if r.returncode != 0 or _formatter_versions(str(venv_python), names) != pins:
+        raise RuntimeError(f"could not install {reqs} into {venv}:\n{r.stderr[-2000:]}")
+    return str(venv_python)
+
+
+_FORMATTED: dict[str, str] = {}  # key of a text (`_format_key`) -> the text formatted
+FORMAT_CACHE = CACHE_DIR / "formatted"  # the same, across runs: <key>.py
+
+
+def _format_key(base: str, text: str) -> str:
+    return hashlib.sha256(json.dumps([FORMATTERS[base], _FORMAT_SCRIPT, text]).encode()).hexdigest()
+
+
+def format_python(files: dict[str, str], base: str = SGLANG_VERSION) -> dict[str, str]:
+    """``files`` ({path: Python source}) as SGLang ``base``'s isort and formatter leave them
+    (``FORMATTERS[base]``); one run of the formatters for the texts not formatted before (in
+    this process, or cached under ``FORMAT_CACHE``)."""
+    keys = {path: _format_key(base, text) for path, text in files.items()}
+    for key in set(keys.values()) - set(_FORMATTED):
+        cached = FORMAT_CACHE / f"{key}.py"
+        if cached.is_file():
+            _FORMATTED[key] = cached.read_text()
+    todo = {keys[path]: text for path, text in files.items() if keys[path] not in _FORMATTED}
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="ddtree-format-") as tmp:  # no src paths
+            r = subprocess.run(
+                [formatter_python(base), "-c", _FORMAT_SCRIPT, json.dumps(FORMATTERS[base])],
+                input=json.dumps(todo), capture_output=True, text=True, cwd=tmp,
+            )  # fmt: skip
+        if r.returncode != 0:
+            raise SystemExit(f"generate.py: formatting for {base} failed:\n{r.stderr[-3000:]}")
+        done = json.loads(r.stdout)
+        FORMAT_CACHE.mkdir(parents=True, exist_ok=True)
+        for key, text in done.items():
+            tmp = FORMAT_CACHE / f"{key}.py.{os.getpid()}"
+            tmp.write_text(text)
+            tmp.replace(FORMAT_CACHE / f"{key}.py")
+        _FORMATTED.update(done)
+    return {path: _FORMATTED[keys[path]] for path in files}
+
+
+def misspellings(files: dict[str, str], base: str = SGLANG_VERSION) -> list[str]:
+    """What SGLang ``base``'s codespell hook reports in ``files`` ({path: text}; JSON and text
+    files are skipped as its configuration skips them), one ``path:line: word ==> fix`` each."""
+    files = {p: t for p, t in files.items() if not p.endswith((".json", ".jsonl", ".txt"))}
+    with tempfile.TemporaryDirectory(prefix="ddtree-codespell-") as tmp:
+        for path, text in files.items():
+            _write(Path(tmp), path, text.encode())
+        r = subprocess.run(
+            [formatter_python(base), "-m", "codespell_lib", *CODESPELL_ARGS, *sorted(files)],
+            cwd=tmp, capture_output=True, text=True,
+        )  # fmt: skip
+    if r.returncode not in (0, 65):  # 65: misspellings found
+        raise SystemExit(f"generate.py: codespell failed:\n{r.stderr[-2000:]}")
+    return r.stdout.splitlines()
+
+
+def new_files(base: str = SGLANG_VERSION, formatted: bool = True) -> dict[str, str]:
+    """``{path: text}`` of every file the patch adds on ``base``, its Python files formatted as
+    SGLang ``base`` formats its own (`format_python`; ``formatted=False``: as rewritten)."""
     check_bases()
     files, targets = {}, {}
     for mod, target in sorted(MODULE_MAP.items()):
@@ -1271,6 +1537,14 @@ def new_files(base: str = SGLANG_VERSION) -> dict[str, str]:
                 f"(need exactly 1):\n{old}"
             )
         files[targets[name]] = text.replace(old, new)
+    if formatted:
+        python = {path: text for path, text in files.items() if path.endswith(".py")}
+        files.update(format_python(python, base))
+        typos = misspellings(files, base)
+        if typos:
+            raise SystemExit(
+                "generate.py: misspellings (SGLang's codespell hook):\n" + "\n".join(typos)
+            )
     return files
 
 
@@ -1472,16 +1746,32 @@ def module_path(name: str, files) -> str | None:
     return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in files), None)
 
 
+def envs_reads(text: str, origin: str = "<text>") -> list[tuple[int, str]]:
+    """``(line, name)`` of every read of a DDTREE field of SGLang's ``envs``
+    (``envs.SGLANG_DDTREE_<NAME>``) in Python source ``text``."""
+    return sorted({
+        (node.lineno, node.attr)
+        for node in ast.walk(ast.parse(text, filename=origin))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id == "envs" and node.attr.startswith("SGLANG_DDTREE_")
+    })  # fmt: skip
+
+
 def missing_imports(files: dict[str, bytes]) -> list[str]:
     """What a tree of ``files`` lacks: every in-tree DDTREE module imported by one of its Python
-    files (its packages too) but absent, and every kernel source whose loading module is present
-    but which is absent; one line each."""
+    files (its packages too) but absent, every kernel source whose loading module is present
+    but which is absent, and every DDTREE field of ``envs`` read but not declared in its
+    ``environ.py``; one line each."""
     modules = {in_tree_name(target) for target in MODULE_MAP.values()}
+    environ = files.get(ENVIRON, b"").decode()
+    declared = set(re.findall(r"^    (SGLANG_DDTREE_\w+) = Env\w+\(", environ, re.M))
     out = []
     for path in sorted(p for p in files if p.endswith(".py")):
         text = files[path].decode()
         if "ddtree" not in text:  # pristine SGLang files the series has not edited yet
             continue
+        out += [(path, line, f"reads envs.{name}, which {ENVIRON} does not declare")
+                for line, name in envs_reads(text, path) if name not in declared]  # fmt: skip
         for line, name in in_tree_imports(text, path):
             parts = name.split(".")
             needed = [".".join(parts[:k]) for k in range(1, len(parts) + 1)]
@@ -1760,6 +2050,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     base = args.base
+    global FORMAT_DOWNLOAD
+    FORMAT_DOWNLOAD = not args.no_download
 
     if args.apply_check:
         src = find_source(args.sglang_src, version=args.apply_check, download=not args.no_download)

@@ -45,11 +45,18 @@ def gen():
 @pytest.fixture(scope="session")
 def source(gen):
     """Pristine SGLang 0.5.17's sources as ``upstream/generate.py`` finds them (an installed
-    copy, the ``.upstream-cache/`` wheel, else ``pip download``), or a skip without them."""
+    copy, the ``.upstream-cache/`` wheel, else ``pip download``), or a skip without them or
+    without the formatters the generator writes SGLang's code with (``gen.formatter_python``:
+    ``$SGLANG_DDTREE_FORMAT_PYTHON``, this interpreter, or an environment it makes with pip)."""
     try:
-        return gen.find_source()
+        src = gen.find_source()
     except Exception as e:  # no network, no cache, no installed sglang 0.5.17
         pytest.skip(f"pristine SGLang {gen.SGLANG_VERSION} sources unavailable: {e}")
+    try:
+        gen.formatter_python(src.base)
+    except Exception as e:  # no network, nothing cached
+        pytest.skip(f"SGLang {src.base}'s formatters unavailable ({gen.FORMATTERS[src.base]}): {e}")
+    return src
 
 
 def pristine_functions(source, path: str, names: list[str]) -> dict:

@@ -24,6 +24,13 @@ from sglang_ddtree.srt.ddtree_budget import (
 SGLANG_BS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48]
 
 
+@pytest.fixture(autouse=True)
+def no_schedule_env(monkeypatch):
+    """``SGLANG_DDTREE_BUDGET_SCHEDULE`` unset unless a test sets it (the readers read
+    ``os.environ`` through ``envs``, as SGLang's own do)."""
+    monkeypatch.delenv(SCHEDULE_ENV, raising=False)
+
+
 def test_parse_and_lookup():
     s = BudgetSchedule.parse(" 1:65, 8:33 ,32:17 ")
     assert (s.thresholds, s.num_nodes) == ((1, 8, 32), (65, 33, 17))
@@ -86,16 +93,17 @@ def test_default_schedule():
         assert all(w % b == 0 for w in s.num_nodes)  # multiples of the block, never one over
 
 
-def test_default_schedule_of_moe_targets():
+def test_default_schedule_of_moe_targets(monkeypatch):
     """Mixture-of-experts targets verify the chain's width, B, at every batch size."""
     for b in (2, 8, 16):
         s = default_schedule(b, moe=True)
         assert str(s) == f"1:{b}" and s.check(b) == [] and s.max_num_nodes == b
         assert s.num_nodes_for(1) == s.num_nodes_for(512) == b
-    assert resolve_schedule({}, None, 8, moe=True) == default_schedule(8, moe=True)
+    assert resolve_schedule(None, 8, moe=True) == default_schedule(8, moe=True)
+    assert str(resolve_schedule(24, 8, moe=True)) == "1:24"
     # What is given wins over the default, for MoE targets as for dense ones.
-    assert str(resolve_schedule({SCHEDULE_ENV: "1:16,4:8"}, None, 8, moe=True)) == "1:16,4:8"
-    assert str(resolve_schedule({}, 24, 8, moe=True)) == "1:24"
+    monkeypatch.setenv(SCHEDULE_ENV, "1:16,4:8")
+    assert str(resolve_schedule(None, 8, moe=True)) == "1:16,4:8"
 
 
 def test_is_moe_target():
@@ -163,31 +171,32 @@ def test_str_roundtrip(s):
     assert BudgetSchedule.parse(str(s)) == s
 
 
-def test_resolve_sources():
-    env = {SCHEDULE_ENV: "1:33,4:17"}
-    assert str(resolve_schedule(env, None, 8)) == "1:33,4:17"
-    assert resolve_schedule({}, 17, 8) == BudgetSchedule.fixed(17)
-    assert resolve_schedule({SCHEDULE_ENV: "  "}, 17, 8) == BudgetSchedule.fixed(17)
-    assert resolve_schedule({}, None, 8) == default_schedule(8)
+def test_resolve_sources(monkeypatch):
+    assert resolve_schedule(17, 8) == BudgetSchedule.fixed(17)
+    assert resolve_schedule(None, 8) == default_schedule(8)
+    monkeypatch.setenv(SCHEDULE_ENV, "  ")  # blank: unset
+    assert resolve_schedule(17, 8) == BudgetSchedule.fixed(17)
+    monkeypatch.setenv(SCHEDULE_ENV, "1:33,4:17")
+    assert str(resolve_schedule(None, 8)) == "1:33,4:17"
     with pytest.raises(ValueError, match="ambiguous") as e:
-        resolve_schedule(env, 17, 8)
+        resolve_schedule(17, 8)
     assert "drop --speculative-num-draft-tokens" in str(e.value) and SCHEDULE_ENV in str(e.value)
     with pytest.raises(ValueError, match="below the drafter block size 20"):
-        resolve_schedule(env, None, 20)
+        resolve_schedule(None, 20)
 
 
 def test_fixed_w_below_block_keeps_the_flag_message():
     # A fixed W is checked by args.check_shape (the existing rule and message).
-    s = resolve_schedule({}, 4, 8)
+    s = resolve_schedule(4, 8)
     shape = dargs.DDTreeShape(num_nodes=s.max_num_nodes, block_size=8, topk=8)
     assert "--speculative-num-draft-tokens 16" in dargs.check_shape(shape)[0]
 
 
-def test_a_bad_flag_value_names_the_flag_and_what_to_pass():
+def test_a_bad_flag_value_names_the_flag_and_what_to_pass(monkeypatch):
     """A schedule given on the command line is refused in the flag's words (the env var is not
     what the user typed); one from the env var keeps naming the env var."""
     with pytest.raises(ValueError) as e:
-        resolve_schedule({}, None, 8, flag="garbage")
+        resolve_schedule(None, 8, flag="garbage")
     assert str(e.value) == (
         "--speculative-ddtree-budget-schedule: 'garbage' is not 'min_batch_size:num_nodes' "
         "(two integers); pass e.g. --speculative-ddtree-budget-schedule 1:65,8:33,32:17."
@@ -195,21 +204,22 @@ def test_a_bad_flag_value_names_the_flag_and_what_to_pass():
     for flag, problem in (("2:16", "first budget-schedule threshold must be 1"),
                           ("1:16,1:8", "must increase"), ("1:0", ">= 1")):  # fmt: skip
         with pytest.raises(ValueError, match=problem) as e:
-            resolve_schedule({}, None, 8, flag=flag)
+            resolve_schedule(None, 8, flag=flag)
         assert str(e.value).startswith(f"{SCHEDULE_FLAG}: ")
         assert f"pass e.g. {SCHEDULE_FLAG} " in str(e.value) and SCHEDULE_ENV not in str(e.value)
     with pytest.raises(ValueError) as e:
-        resolve_schedule({}, None, 8, flag="1:4")  # W < B
+        resolve_schedule(None, 8, flag="1:4")  # W < B
     assert str(e.value).endswith(
         f"{SCHEDULE_FLAG}: W=4 for bs >= 1 is below the drafter block size 8; every W must be "
         f">= 8: pass e.g. {SCHEDULE_FLAG} 1:16,4:8."
     )
     with pytest.raises(ValueError, match="ambiguous") as e:
-        resolve_schedule({}, 17, 8, flag="1:33")
+        resolve_schedule(17, 8, flag="1:33")
     assert f"drop {SCHEDULE_FLAG}" in str(e.value) and SCHEDULE_ENV not in str(e.value)
     # From the env var: its name and the env form of the fix.
+    monkeypatch.setenv(SCHEDULE_ENV, "garbage")
     with pytest.raises(ValueError) as e:
-        resolve_schedule({SCHEDULE_ENV: "garbage"}, None, 8)
+        resolve_schedule(None, 8)
     assert str(e.value).startswith(f"{SCHEDULE_ENV}: 'garbage' is not")
     assert f"set e.g. {SCHEDULE_ENV}='1:65,8:33,32:17'" in str(e.value)
     assert SCHEDULE_FLAG not in str(e.value)

@@ -1,5 +1,6 @@
 """CPU tests of ``srt/ddtree_envs.py``: SGLang's parsing rules per type, blank values, refusals
-and their messages, the launch check, and the docs' table of variables against the module."""
+and their messages, the launch check (``ddtree_args.invalid_env_settings``), and the docs' table
+of variables against the module."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_ddtree.srt.ddtree_envs import KNOBS, DDTreeEnvs, Knob, envs, invalid_settings
+from sglang_ddtree.srt.ddtree_envs import KNOBS, DDTreeEnvs, Knob, envs
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "sglang_ddtree"
@@ -101,9 +102,10 @@ def test_table_is_well_formed():
 
 
 def _reads_a_variable(line: str) -> bool:
-    """Whether ``line`` reads an ``SGLANG_DDTREE_*`` variable (its name or an ``*_ENV`` constant)
-    from the environment itself; setting one (``os.environ[X] = ...``) is not a read."""
-    variable = re.compile(r"SGLANG_DDTREE_|\b[A-Z_]*ENV\b")
+    """Whether ``line`` reads an ``SGLANG_DDTREE_*`` variable (its name, an ``*_ENV`` constant or
+    a field's ``.name``) from the environment itself; setting one (``os.environ[X] = ...``) is
+    not a read."""
+    variable = re.compile(r"SGLANG_DDTREE_|\b[A-Z_]*ENV\b|\.name\b")
     call = re.search(r"(\benv\.get|environ\.get|getenv|\)\.get)\(([^)]*)\)", line)
     if call and variable.search(call.group(2)):
         return True
@@ -114,55 +116,82 @@ def _reads_a_variable(line: str) -> bool:
 def test_every_name_in_the_package_is_a_knob():
     """Source and docstrings of the package name no variable the table lacks, and no module but
     ddtree_envs reads one from the environment itself (testing.inject reads the tests' own
-    variables, which no server reads)."""
+    variables, which no server reads), but for the start check's one read of a set variable's
+    text, which it parses by the field's rules (``ddtree_args.invalid_env_settings``)."""
     known = {k.name for k in KNOBS}
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()
         assert set(NAME.findall(text)) <= known, path
         if path.name not in ("ddtree_envs.py", "inject.py"):
-            reads = [line for line in text.splitlines() if _reads_a_variable(line)]
-            assert not reads, (path, reads)
+            reads = [line.strip() for line in text.splitlines() if _reads_a_variable(line)]
+            start_check = ["value = os.environ.get(field.name)"]
+            assert reads == (start_check if path.name == "ddtree_args.py" else []), (path, reads)
     assert _reads_a_variable('x = os.environ.get("SGLANG_DDTREE_TOPK", "")')
     assert _reads_a_variable("if os.environ.get(CPROFILE_ENV) == WINDOW:")
     assert _reads_a_variable("out_dir = os.environ[ENV]")
     assert _reads_a_variable('raw = env.get(TOPK_ENV, "").strip()')
     assert _reads_a_variable('(os.environ if environ is None else environ).get(ENV, "1")')
     assert not _reads_a_variable("os.environ[RANK_SKEW_ENV] = '1'")
+    assert _reads_a_variable("value = os.environ.get(knob.name)")
     assert not _reads_a_variable('os.environ.get("OUT", ".")')
 
 
-def test_invalid_settings_lists_each_bad_value_once():
-    assert invalid_settings({}) == []
-    good = {
-        "SGLANG_DDTREE_TOPK": "4",
-        "SGLANG_DDTREE_BUDGET_SCHEDULE": "1:33,4:17",
-    }
-    assert invalid_settings(good) == []
-    bad = {"SGLANG_DDTREE_TOPK": "x"}  # the schedule's text is its reader's (below)
-    errors = invalid_settings({**good, **bad})
-    assert len(errors) == len(bad)
-    for name, value in bad.items():
-        assert any(e.startswith(f"{name}={value!r}") for e in errors), name
+@pytest.fixture
+def unset(monkeypatch):
+    """Every knob unset; ``monkeypatch`` to set some."""
+    for knob in KNOBS:
+        monkeypatch.delenv(knob.name, raising=False)
+    return monkeypatch
 
 
-def test_schedule_text_is_parsed_by_its_reader():
+def test_start_check_refuses_each_bad_value_once_in_the_knob_s_words(unset):
+    """``invalid_env_settings`` (the start check, the same text in SGLang's tree) refuses every
+    knob that can fail to parse, each once, in the words its own ``get()`` refuses it with."""
+    from sglang_ddtree.srt.ddtree_args import invalid_env_settings
+
+    assert invalid_env_settings() == []
+    unset.setenv("SGLANG_DDTREE_TOPK", "4")
+    unset.setenv("SGLANG_DDTREE_BUDGET_SCHEDULE", "1:33,4:17")
+    assert invalid_env_settings() == []
+    unset.setenv("SGLANG_DDTREE_TOPK", " ")  # blank: unset here (SGLang's EnvInt: refused)
+    assert invalid_env_settings() == []
+    # A str knob's text is its reader's to check (the schedule's: below); one with a stricter
+    # form (``parse``) would need its own check there.
+    assert all(knob._parse is None for knob in KNOBS if knob.type is str)
+    refusable = [knob for knob in KNOBS if knob.type is int]
+    for knob in refusable:
+        unset.setenv(knob.name, "x")
+    want = []
+    for knob in refusable:
+        with pytest.raises(ValueError) as e:
+            knob.get()
+        want.append(str(e.value))
+    assert invalid_env_settings() == want
+
+
+def test_schedule_text_is_parsed_by_its_reader(unset):
     from sglang_ddtree.srt.ddtree_budget import read_schedule_env
 
-    assert read_schedule_env({}) is None
-    assert read_schedule_env({"SGLANG_DDTREE_BUDGET_SCHEDULE": " 1:33,4:17 "}).num_nodes == (33, 17)
+    assert read_schedule_env() is None
+    unset.setenv("SGLANG_DDTREE_BUDGET_SCHEDULE", " 1:33,4:17 ")
+    assert read_schedule_env().num_nodes == (33, 17)
+    unset.setenv("SGLANG_DDTREE_BUDGET_SCHEDULE", "33")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_BUDGET_SCHEDULE"):
-        read_schedule_env({"SGLANG_DDTREE_BUDGET_SCHEDULE": "33"})
+        read_schedule_env()
 
 
-def test_topk_flag_and_env_compared_as_integers():
+def test_topk_flag_and_env_compared_as_integers(unset):
     from sglang_ddtree.srt.ddtree_args import read_topk
 
-    assert read_topk({"SGLANG_DDTREE_TOPK": "08"}, flag=8) == 8
-    assert read_topk({"SGLANG_DDTREE_TOPK": " "}, flag=5) == 5  # blank: unset
+    for value, flag in (("08", 8), (" ", 5)):  # blank: unset
+        unset.setenv("SGLANG_DDTREE_TOPK", value)
+        assert read_topk(flag=flag) == flag
+    unset.setenv("SGLANG_DDTREE_TOPK", "4")
     with pytest.raises(ValueError, match="disagree"):
-        read_topk({"SGLANG_DDTREE_TOPK": "4"}, flag=5)
+        read_topk(flag=5)
+    unset.setenv("SGLANG_DDTREE_TOPK", "x")
     with pytest.raises(ValueError, match="is not an integer"):
-        read_topk({"SGLANG_DDTREE_TOPK": "x"}, flag=5)
+        read_topk(flag=5)
 
 
 # --- refused at launch --------------------------------------------------------------------------

@@ -118,11 +118,14 @@ def test_shape_and_topk(monkeypatch):
     bad = dargs.check_shape(dargs.DDTreeShape(num_nodes=4, block_size=8, topk=8))
     assert bad and "--speculative-num-draft-tokens 16" in bad[0]
     assert dargs.default_num_nodes(16) == 32 == budget.default_schedule(16).max_num_nodes
-    assert dargs.read_topk({}) == dargs.DEFAULT_TOPK
-    assert dargs.read_topk({dargs.TOPK_ENV: "3"}) == 3
+    monkeypatch.delenv(dargs.TOPK_ENV, raising=False)
+    assert dargs.read_topk() == dargs.DEFAULT_TOPK
+    monkeypatch.setenv(dargs.TOPK_ENV, "3")
+    assert dargs.read_topk() == 3
     for bad_val in ("0", "x", "-2"):
+        monkeypatch.setenv(dargs.TOPK_ENV, bad_val)
         with pytest.raises(ValueError, match=dargs.TOPK_ENV):
-            dargs.read_topk({dargs.TOPK_ENV: bad_val})
+            dargs.read_topk()
     monkeypatch.setenv(dargs.TOPK_ENV, "zero")
     assert any(dargs.TOPK_ENV in e for e in dargs.check_server_args(good_cfg()))
 
@@ -516,21 +519,26 @@ def test_server_flags_as_engine_keywords_reach_the_server_args():
                    speculative_ddtree_topk=6)  # fmt: skip
 
 
-def test_flags_win_over_nothing_and_refuse_a_disagreeing_env():
-    assert dargs.read_topk({}, flag=5) == 5
-    assert dargs.read_topk({dargs.TOPK_ENV: "5"}, flag=5) == 5
-    with pytest.raises(ValueError, match="disagree"):
-        dargs.read_topk({dargs.TOPK_ENV: "4"}, flag=5)
+def test_flags_win_over_nothing_and_refuse_a_disagreeing_env(monkeypatch):
+    monkeypatch.delenv(dargs.TOPK_ENV, raising=False)
+    monkeypatch.delenv(budget.SCHEDULE_ENV, raising=False)
+    assert dargs.read_topk(flag=5) == 5
     with pytest.raises(ValueError, match=">= 1"):
-        dargs.read_topk({}, flag=0)
-    got = budget.resolve_schedule({}, None, 8, flag="1:33,4:17")
+        dargs.read_topk(flag=0)
+    got = budget.resolve_schedule(None, 8, flag="1:33,4:17")
     assert str(got) == str(budget.BudgetSchedule.parse("1:33,4:17"))
-    with pytest.raises(ValueError, match="disagree"):
-        budget.resolve_schedule({budget.SCHEDULE_ENV: "1:17"}, None, 8, flag="1:33")
     with pytest.raises(ValueError, match="ambiguous"):
-        budget.resolve_schedule({}, 17, 8, flag="1:33")
+        budget.resolve_schedule(17, 8, flag="1:33")
     with pytest.raises(ValueError):
-        budget.resolve_schedule({}, None, 8, flag="1:4")  # W < B
+        budget.resolve_schedule(None, 8, flag="1:4")  # W < B
+    monkeypatch.setenv(dargs.TOPK_ENV, "5")
+    assert dargs.read_topk(flag=5) == 5
+    monkeypatch.setenv(dargs.TOPK_ENV, "4")
+    with pytest.raises(ValueError, match="disagree"):
+        dargs.read_topk(flag=5)
+    monkeypatch.setenv(budget.SCHEDULE_ENV, "1:17")
+    with pytest.raises(ValueError, match="disagree"):
+        budget.resolve_schedule(None, 8, flag="1:33")
 
 
 def _sglang_or_skip():

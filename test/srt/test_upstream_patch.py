@@ -14,6 +14,8 @@ skip and say why. CPU only; about 5-15 s a base with a download, a few seconds c
 from __future__ import annotations
 
 import ast
+import collections
+import difflib
 import importlib.util
 import json
 import os
@@ -52,14 +54,26 @@ def base(request) -> str:
 @pytest.fixture(scope="module")
 def src(gen, base):
     """Pristine SGLang ``base``'s sources as the generator finds them (downloaded into
-    ``.upstream-cache/`` where there is network), or a skip naming why not."""
+    ``.upstream-cache/`` where there is network), with the formatters it writes SGLang's code
+    with (made with pip into ``.upstream-cache/`` where missing), or a skip naming why not."""
     try:
-        return gen.find_source(version=base)
+        source = gen.find_source(version=base)
     except (Exception, SystemExit) as e:  # no network, no cache, no installed copy
         pytest.skip(
             f"pristine SGLang {base} sources unavailable (no installed sglang {base}, no wheel "
             f"in .upstream-cache/sglang-{base}/, pip download failed): {e}"
         )
+    formatters(gen, base)
+    return source
+
+
+def formatters(gen, base: str) -> str:
+    """The interpreter with SGLang ``base``'s formatters (``gen.formatter_python``), or a skip
+    naming why there is none."""
+    try:
+        return gen.formatter_python(base)
+    except (Exception, SystemExit) as e:  # no network, nothing cached
+        pytest.skip(f"SGLang {base}'s formatters unavailable ({gen.FORMATTERS[base]}): {e}")
 
 
 def _patch(gen, base: str) -> Path:
@@ -93,6 +107,132 @@ def test_generator_refuses_unmapped_imports(gen, tmp_path, monkeypatch):
     monkeypatch.setattr(gen, "REPO", tmp_path)
     with pytest.raises(SystemExit, match=r"ddtree_budget\.py:\d+: imports sglang_ddtree\.serve"):
         gen.check_imports()
+
+
+def test_generator_refuses_from_a_stand_in_what_sglang_lacks(gen, tmp_path, monkeypatch):
+    """A mapped module importing from the plugin's table of variables anything but ``envs``
+    (SGLang's ``environ`` has no ``Knob``) fails the generator loudly."""
+    pkg = tmp_path / "python" / "sglang_ddtree"
+    shutil.copytree(gen.PKG_DIR, pkg, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    budget = pkg / "srt" / "ddtree_budget.py"
+    budget.write_text(
+        budget.read_text() + "\nfrom sglang_ddtree.srt.ddtree_envs import Knob  # noqa\n"
+    )
+    monkeypatch.setattr(gen, "PKG_DIR", pkg)
+    monkeypatch.setattr(gen, "REPO", tmp_path)
+    with pytest.raises(SystemExit, match=r"ddtree_budget\.py:\d+: imports Knob from .*ddtree_envs"):
+        gen.check_imports()
+
+
+def _added_lines(patch_text: str) -> str:
+    return "\n".join(
+        line[1:] for line in patch_text.splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    )  # fmt: skip
+
+
+def test_in_tree_envs_are_fields_of_sglangs_envs(gen, src):
+    """In SGLang's tree, DDTREE's environment variables are fields of SGLang's ``Envs``
+    (``environ.py``): one per knob of the plugin's table, of SGLang's type for it (``EnvInt``,
+    ``EnvStr``) with the same default; every in-tree module that reads one imports SGLang's
+    ``envs`` and reads declared fields only; no file the patch adds defines a ``Knob`` class or
+    names the plugin's table, and no committed patch (single or series, either base) adds one."""
+    from sglang_ddtree.srt.ddtree_envs import KNOBS
+
+    pristine, patched = gen.final_tree(src)
+    environ = ast.parse(patched[gen.ENVIRON].decode())
+    envs_class = next(n for n in environ.body if isinstance(n, ast.ClassDef) and n.name == "Envs")
+    fields = {
+        n.targets[0].id: (n.value.func.id, ast.literal_eval(n.value.args[0]))
+        for n in envs_class.body
+        if isinstance(n, ast.Assign) and n.targets[0].id.startswith("SGLANG_DDTREE_")
+    }
+    kinds = {int: "EnvInt", str: "EnvStr"}
+    assert fields == {k.name: (kinds[k.type], k.default) for k in KNOBS}
+    assert not [
+        p for p in pristine if p != gen.ENVIRON and "SGLANG_DDTREE_" in pristine[p].decode()
+    ]
+    added = {path: data.decode() for path, data in patched.items() if path not in pristine}
+    readers = []
+    for path, text in sorted(added.items()):
+        if not path.endswith(".py"):
+            continue
+        tree = ast.parse(text)
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Knob"]
+        assert not re.search(r"\bKnob\(|DDTreeEnvs|ddtree_envs|\bKNOBS\b", text), path
+        reads = gen.envs_reads(text, path)
+        if reads and path.startswith("python/"):
+            readers.append(path)
+            assert "from sglang.srt.environ import envs" in text, path
+            assert {name for _, name in reads} <= set(fields), path
+    assert len(readers) >= 2, readers  # ddtree_args, ddtree_budget
+    patches = [PATCH, REPO / "upstream" / "0.5.23" / "sglang-ddtree.patch"]
+    patches += sorted(SERIES_DIR.glob("*.patch"))
+    patches += sorted((REPO / "upstream" / "0.5.23" / "series").glob("*.patch"))
+    for patch in patches:
+        added_text = _added_lines(patch.read_text())
+        assert not re.search(r"^\s*class Knob\b|DDTreeEnvs|ddtree_envs", added_text, re.M), patch
+
+
+def _removed_lines(before: str, after: str) -> collections.Counter:
+    """The lines of ``before`` that ``after`` no longer has, as ``difflib.ndiff`` finds them."""
+    diff = difflib.ndiff(before.splitlines(), after.splitlines())
+    return collections.Counter(line[2:] for line in diff if line.startswith("- "))
+
+
+def test_in_tree_files_are_as_sglangs_hooks_leave_them(gen, src):
+    """The files the patch adds are as SGLang's pre-commit hooks of that base leave them: the
+    Python ones unchanged when its isort and formatter run on them again (``gen.FORMATTERS``),
+    none with a misspelling its codespell finds, trailing whitespace or no final newline; and
+    in the files the patch edits the hooks change no line the edits add, only lines they would
+    change in pristine SGLang too (its own files predate some of the pins)."""
+    pristine, patched = gen.final_tree(src)
+    added = {path: data.decode() for path, data in patched.items() if path not in pristine}
+    python = {path: text for path, text in added.items() if path.endswith(".py")}
+    assert len(python) >= 50
+    again = gen.format_python(python, src.base)
+    assert [path for path in python if again[path] != python[path]] == []
+    assert gen.misspellings(added, src.base) == []
+    for path, text in added.items():
+        assert text.endswith("\n") and not text.endswith("\n\n"), path
+        assert not [n for n, line in enumerate(text.splitlines(), 1) if line != line.rstrip()], path
+    edited = sorted(path for path in pristine if path.endswith(".py"))
+    before = {path: pristine[path].decode() for path in edited}
+    after = {path: patched[path].decode() for path in edited}
+    fixed = gen.format_python({f"a/{p}": t for p, t in before.items()}, src.base)
+    fixed.update(gen.format_python({f"b/{p}": t for p, t in after.items()}, src.base))
+    ours = {
+        path: sorted(
+            _removed_lines(after[path], fixed[f"b/{path}"])
+            - _removed_lines(before[path], fixed[f"a/{path}"])
+        )
+        for path in edited
+    }
+    assert {path: lines for path, lines in ours.items() if lines} == {}
+    # The check sees an added line the formatter would wrap.
+    long_line = "        self.ddtree_takes_verify = takes_ddtree_verify(model_runner, FlashMLASplitVerify)\n"
+    path = "python/sglang/srt/layers/attention/flashmla_backend.py"
+    bad = after[path].replace(
+        "        self.is_draft_runner = model_runner.is_draft_worker\n",
+        "        self.is_draft_runner = model_runner.is_draft_worker\n" + long_line,
+    )
+    bad_fixed = gen.format_python({"c": bad}, src.base)["c"]
+    assert long_line.rstrip("\n") in _removed_lines(bad, bad_fixed) - _removed_lines(
+        before[path], fixed[f"a/{path}"]
+    )
+
+
+def test_generator_refuses_a_read_of_an_undeclared_env_field(gen, src):
+    """A tree where a DDTREE module reads ``envs.SGLANG_DDTREE_*`` but ``environ.py`` lacks the
+    field (the edit left out, or a part before it) fails the import check, naming both."""
+    pristine, patched = gen.final_tree(src)
+    assert gen.missing_imports(patched) == []
+    without = {**patched, gen.ENVIRON: pristine[gen.ENVIRON]}
+    missing = gen.missing_imports(without)
+    assert any(
+        "ddtree_args.py" in m and "reads envs.SGLANG_DDTREE_TOPK" in m and gen.ENVIRON in m
+        for m in missing
+    ), missing
 
 
 def _sampling_param_fields(source) -> set[str]:
@@ -449,12 +589,16 @@ def test_generator_refuses_a_part_template_out_of_the_sections(gen, monkeypatch)
 
 
 # SGLang's test harness, stubbed for the series' unit tests on a tree without the rest of SGLang
-# (in SGLang, `register_cuda_ci` is an AST marker and `CustomTestCase` a `unittest.TestCase`).
+# (in SGLang, `register_cuda_ci` is an AST marker and `CustomTestCase` a `unittest.TestCase`),
+# and the one SGLang module the edited ``environ.py`` imports (0.5.17, at its end: the CUDA
+# coredump helper, which sets CUDA variables when asked to).
 _HARNESS_STUBS = {
     "python/sglang/test/__init__.py": b"",
     "python/sglang/test/ci/__init__.py": b"",
     "python/sglang/test/ci/ci_register.py": b"def register_cuda_ci(*args, **kwargs):\n    pass\n",
     "python/sglang/test/test_utils.py": b"from unittest import TestCase as CustomTestCase\n",
+    "python/sglang/srt/debug_utils/__init__.py": b"",
+    "python/sglang/srt/debug_utils/cuda_coredump.py": b"",
 }
 
 
@@ -712,15 +856,16 @@ def test_series_benchmarks_import_what_their_parts_define(gen, applied_series):
 # --- the bases ----------------------------------------------------------------------------------
 def test_bases_differ_only_where_the_tables_say(gen):
     """Every file the patch adds is the same on every base but the ones ``BASE_REWRITES``
-    names for that base; an edit differs only where ``BASE_EDITS`` names it; every difference
-    is in upstream/README.md's table of base differences."""
-    first = gen.new_files(BASES[0])
+    names for that base (before each base's formatting, ``FORMATTERS``); an edit differs only
+    where ``BASE_EDITS`` names it; every difference is in upstream/README.md's table of base
+    differences."""
+    first = gen.new_files(BASES[0], formatted=False)
     targets = {**gen.MODULE_MAP, **dict(gen.TEMPLATE_FILES)}
     targets.update((k, t) for k, t, _ in gen.KERNEL_FILES)
     readme = UPSTREAM_README.read_text()
     table = readme[readme.index("## What differs between the bases") :]
     for base in BASES[1:]:
-        files = gen.new_files(base)
+        files = gen.new_files(base, formatted=False)
         assert set(files) == set(first)
         rewritten = {targets[f] for f, _, _ in gen.BASE_REWRITES[base]}
         assert {p for p in files if files[p] != first[p]} == rewritten, base
@@ -730,6 +875,8 @@ def test_bases_differ_only_where_the_tables_say(gen):
             assert f"`{name}`" in table, f"README's table of base differences lacks edit {name}"
         for path in rewritten:
             assert f"`{Path(path).name}`" in table, f"README's table lacks {Path(path).name}"
+        for tool, version in gen.FORMATTERS[base].items():
+            assert f"{tool} {version}" in table, f"README's table lacks {tool} {version}"
 
 
 def test_generator_refuses_a_rewrite_that_no_longer_matches(gen, monkeypatch):

@@ -68,17 +68,17 @@ def _layout_kernel(
 
     # Ancestor-or-self bitsets: all rows walk their parent chains together.
     wcol = tl.arange(0, W_PAD)[None, :]
-    anc = tl.zeros([N_PAD, W_PAD], tl.int64)
+    ancestors = tl.zeros([N_PAD, W_PAD], tl.int64)
     cur = tl.where(m, o, -1).to(tl.int64)
     for _ in range(STEPS):
         bit = tl.full([N_PAD], 1, tl.int64) << (tl.maximum(cur, 0) % 64)
-        anc |= tl.where((wcol == (cur // 64)[:, None]) & (cur >= 0)[:, None], bit[:, None], 0)
+        ancestors |= tl.where((wcol == (cur // 64)[:, None]) & (cur >= 0)[:, None], bit[:, None], 0)
         cur = tl.load(parents_ptr + b * N + cur, mask=cur >= 0, other=-1)
 
     # Expand the bitsets into the bool mask, ROWS rows at a time (via scratch memory).
     rows = o[:, None]
     wbase = words_ptr + b * N * W_PAD
-    tl.store(wbase + rows * W_PAD + wcol, anc, mask=rows < N)
+    tl.store(wbase + rows * W_PAD + wcol, ancestors, mask=rows < N)
     tl.debug_barrier()
     j = tl.arange(0, 64)
     for r0 in tl.static_range(0, N_PAD, ROWS):

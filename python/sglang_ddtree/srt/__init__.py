@@ -13,5 +13,5 @@
 - ``ddtree_args``, ``ddtree_budget``, ``ddtree_requests``: options and startup checks, the
   adaptive budget schedule, per-request refusals (plain Python).
 - ``ddtree_envs``: every ``SGLANG_DDTREE_*`` environment variable, declared once and parsed by
-  SGLang's rules (plain Python).
+  SGLang's rules (plain Python); in SGLang's tree, fields of its ``Envs`` (``environ.py``).
 """

@@ -1,4 +1,5 @@
-"""DDTREE options and startup checks, in plain Python (no SGLang import; unit-testable on CPU).
+"""DDTREE options and startup checks, in plain Python (no torch; of SGLang only ``envs``, the
+environment variables; unit-testable on CPU).
 
 How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
@@ -29,7 +30,7 @@ How DDTREE is configured (CLI and ``sgl.Engine(...)`` alike):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,20 +137,37 @@ def add_cli_flags(parser) -> None:
     )
 
 
-def read_topk(environ: Mapping[str, str] | None = None, flag: int | None = None) -> int:
+def invalid_env_settings() -> list[str]:
+    """One refusal per DDTREE environment variable whose text its field does not parse (empty
+    when every one does), naming the variable, its value and what to set. ``envs.<NAME>.get()``
+    would warn and use the default; a DDTREE server refuses to start instead (`check_server_args`,
+    before anything reads them). ``SGLANG_DDTREE_BUDGET_SCHEDULE``, a string, is checked by its
+    reader (``ddtree_budget.resolve_schedule``)."""
+    field = envs.SGLANG_DDTREE_TOPK
+    if not field.is_set():
+        return []
+    value = os.environ.get(field.name)
+    try:
+        field.parse(value)
+    except ValueError:
+        return [f"{field.name}={value!r} is not an integer; set it to e.g. {DEFAULT_TOPK}."]
+    return []
+
+
+def read_topk(flag: int | None = None) -> int:
     """K from ``--speculative-ddtree-topk`` (``flag``) or ``SGLANG_DDTREE_TOPK``; ValueError with
     the fix on a bad value or on both set differently."""
-    knob = envs.SGLANG_DDTREE_TOPK
+    field = envs.SGLANG_DDTREE_TOPK
     if flag is not None:
         if int(flag) < 1:
             raise ValueError(f"--speculative-ddtree-topk {flag} must be >= 1; pass e.g. 8.")
-        if knob.is_set(environ) and knob.get(environ) != int(flag):
+        if field.is_set() and field.get() != int(flag):
             raise ValueError(
-                f"--speculative-ddtree-topk {flag} and {TOPK_ENV}={knob.raw(environ)!r} "
-                f"disagree; unset {TOPK_ENV}."
+                f"--speculative-ddtree-topk {flag} and {TOPK_ENV}={field.get()} disagree; "
+                f"unset {TOPK_ENV}."
             )
         return int(flag)
-    k = knob.get(environ)
+    k = field.get()
     if k < 1:
         raise ValueError(f"{TOPK_ENV}={k} must be >= 1; set it to e.g. 8.")
     return k
@@ -182,7 +200,9 @@ def check_server_args(cfg: Any) -> list[str]:
     ``cfg`` is any object with ServerArgs field names (a ServerArgs, SGLang's resolved view,
     or a SimpleNamespace in tests). Returns the list of problems (empty when fine).
     """
-    errors = []
+    # The environment variables first: the readers below take their values as given.
+    env_errors = invalid_env_settings()
+    errors = list(env_errors)
     # Refused here, before SGLang's DFLASH handling would refuse it in DFLASH's name.
     if not _get(cfg, "speculative_draft_model_path"):
         errors.append(
@@ -277,10 +297,11 @@ def check_server_args(cfg: Any) -> list[str]:
             f"--speculative-eagle-topk {topk} has no meaning for DDTREE; omit it and set "
             f"{TOPK_ENV} for candidates per depth."
         )
-    try:
-        read_topk(flag=_get(cfg, TOPK_FLAG))
-    except ValueError as e:
-        errors.append(str(e))
+    if not env_errors:  # else SGLANG_DDTREE_TOPK is refused above
+        try:
+            read_topk(flag=_get(cfg, TOPK_FLAG))
+        except ValueError as e:
+            errors.append(str(e))
     return errors
 
 

@@ -1,5 +1,6 @@
 """The budget schedule: the verify width W (tree nodes per request, root included; W = budget
-+ 1) as a function of the running batch size. Pure Python (no torch, no SGLang); unit-tested on CPU.
++ 1) as a function of the running batch size. Pure Python (no torch; of SGLang only ``envs``,
+the environment variables); unit-tested on CPU.
 
 Terms:
 
@@ -25,7 +26,7 @@ KV reservation, the verify buffers and ``out_cache_loc`` are sized from it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sglang_ddtree.srt.ddtree_envs import envs
@@ -223,14 +224,13 @@ class BudgetSchedule:
         return errors
 
 
-def read_schedule_env(environ: Mapping[str, str]) -> BudgetSchedule | None:
-    """The schedule set by ``SGLANG_DDTREE_BUDGET_SCHEDULE``, or None when unset / blank."""
-    raw = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.get(environ)
-    return BudgetSchedule.parse(raw.strip()) if raw is not None else None
+def read_schedule_env() -> BudgetSchedule | None:
+    """The schedule set by ``SGLANG_DDTREE_BUDGET_SCHEDULE``, or None when unset or blank."""
+    raw = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.get()
+    return BudgetSchedule.parse(raw.strip()) if raw and raw.strip() else None
 
 
 def resolve_schedule(
-    environ: Mapping[str, str],
     explicit_num_nodes: int | None,
     block_size: int,
     flag: str | None = None,
@@ -244,7 +244,7 @@ def resolve_schedule(
     The W >= B check of a fixed W is ``ddtree_args.check_shape``'s (the caller runs it); this function
     checks given and default schedules.
     """
-    env_schedule = read_schedule_env(environ)
+    env_schedule = read_schedule_env()
     given, source = env_schedule, SCHEDULE_ENV
     given_as, undo = f"{SCHEDULE_ENV}={str(given)!r}", f"unset {SCHEDULE_ENV}"
     if flag is not None and flag.strip():

@@ -1,27 +1,28 @@
 """Every ``SGLANG_DDTREE_*`` environment variable, declared once: name, type, default and a
-one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader goes
-through ``envs.<NAME>.get(environ=None)`` (``environ``: a mapping read instead of
-``os.environ``, for tests), spelled as SGLang's own ``envs.<NAME>.get()``. The table for users,
-``docs/configuration.md``, is kept equal to this one by a CPU test.
+one-line meaning (``DDTreeEnvs``; ``KNOBS`` lists them). Every reader goes through
+``envs.<NAME>.get()`` (and ``.is_set()``, ``.parse(value)``, ``.name``, ``.default``), as SGLang
+reads its own, so that the readers' text is the same in SGLang's tree, where this table is
+fields of SGLang's ``Envs`` (``upstream/generate.py`` writes them from it) and this module does
+not go. The table for users, ``docs/configuration.md``, is kept equal to this one by a CPU test.
 
 SGLang reads its own variables through ``sglang.srt.environ.envs``, whose fields are
 ``EnvInt``, ``EnvStr`` and others. The plugin cannot add fields to that
 class, and SGLang does not import on the CPU machines the tests run on, so this module mirrors
-the parsing rules of the two types its knobs have (the field each would be in SGLang's
-``Envs``):
+the parsing rules of the two types its knobs have (the field each is in SGLang's ``Envs``):
 
 - ``int`` (``EnvInt``): what Python's ``int()`` reads (surrounding whitespace included).
 - ``str`` (``EnvStr``): the value as it is; a knob with ``parse`` (a stricter form) is read by
   that function.
 
-Two rules differ from SGLang's ``EnvField.get``, both because every knob is checked when a
-DDTREE server starts (``invalid_settings``, raised by ``ddtree_spec.validate_server_args``):
+Two rules differ from SGLang's ``EnvField.get``:
 
-- A blank value (empty or whitespace only) reads as unset: the default. SGLang ends with the
-  default too (``EnvStr`` keeps ``""``, the other types warn and fall back).
-- A value that does not parse is refused, with a ``ValueError`` naming the variable, the value
-  and what to set, where SGLang would warn and serve with the default: a typo stops the start
-  instead of changing what is served.
+- A blank value (empty or whitespace only) reads as unset: the default (``is_set()`` is False).
+  SGLang ends with the default too (``EnvStr`` keeps ``""``, which the readers take as unset;
+  the other types warn and fall back), but counts the variable as set.
+- ``get()`` refuses a value that does not parse, with a ``ValueError`` naming the variable, the
+  value and what to set, where SGLang would warn and serve with the default. A DDTREE server
+  refuses such a value at start on either (``ddtree_args.invalid_env_settings``, by the
+  field's ``parse``): a typo stops the start instead of changing what is served.
 
 Pure Python (no torch, no SGLang).
 """
@@ -124,14 +125,3 @@ class DDTreeEnvs:
 
 envs = DDTreeEnvs()
 KNOBS: tuple[Knob, ...] = tuple(v for v in vars(DDTreeEnvs).values() if isinstance(v, Knob))
-
-
-def invalid_settings(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One refusal per knob whose value does not parse (empty when every one does)."""
-    errors = []
-    for knob in KNOBS:
-        try:
-            knob.get(environ)
-        except ValueError as e:
-            errors.append(str(e))
-    return errors

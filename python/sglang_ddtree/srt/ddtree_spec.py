@@ -17,14 +17,12 @@ algorithms: the predicates, and the three methods the runtime calls but ``Custom
 from __future__ import annotations
 
 import logging
-import os
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_ddtree.srt import ddtree_args as dargs
 from sglang_ddtree.srt import ddtree_budget as budget
 from sglang_ddtree.srt.ddtree_attention.attention_registry import verify_backend
-from sglang_ddtree.srt.ddtree_envs import invalid_settings
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +32,11 @@ def validate_server_args(server_args) -> None:
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
-    # Every SGLANG_DDTREE_* value first; a reader below may name the same one again.
-    errors = invalid_settings()
-    checks = dargs.check_server_args(view)
+    errors = dargs.check_server_args(view)  # the SGLANG_DDTREE_* values first
     verify = verify_backend(view)
-    checks.append(verify.unavailable_error() if verify is not None else None)
-    errors += [e for e in checks if e is not None and e not in errors]
+    unavailable = verify.unavailable_error() if verify is not None else None
+    if unavailable is not None and unavailable not in errors:
+        errors.append(unavailable)
     if errors:
         raise ValueError(dargs.format_errors(errors))
 
@@ -84,7 +81,7 @@ def resolve_server_args(server_args) -> None:
     block = int(server_args.speculative_num_draft_tokens)
     flag = getattr(server_args, dargs.BUDGET_FLAG, None)
     moe = budget.is_moe_target(server_args.get_model_config().hf_config)
-    schedule = budget.resolve_schedule(os.environ, user_nodes, block, flag, moe)
+    schedule = budget.resolve_schedule(user_nodes, block, flag, moe)
     nodes = schedule.max_num_nodes
     server_args.speculative_dflash_block_size = block
     server_args.speculative_num_draft_tokens = nodes

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 
 import torch
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -61,7 +60,7 @@ def schedule_from_args(server_args) -> BudgetSchedule:
     if text:
         schedule = BudgetSchedule.parse(text)
     else:
-        schedule = read_schedule_env(os.environ) or BudgetSchedule.fixed(nodes)
+        schedule = read_schedule_env() or BudgetSchedule.fixed(nodes)
         logger.warning("DDTREE: no resolved budget schedule on the server args; using %s", schedule)
     if schedule.max_num_nodes != nodes:
         raise RuntimeError(

@@ -34,8 +34,9 @@
 // and the nucleus apart take seven reads and three writes.
 
 #include <sgl_kernel/tensor.h>
-#include <sgl_kernel/utils.cuh>
 #include <sgl_kernel/utils.h>
+
+#include <sgl_kernel/utils.cuh>
 
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/container/tensor.h>
@@ -52,12 +53,12 @@ constexpr double kFixedOne = 4611686018427387904.0;  // 2^62: p = 1 in fixed poi
 
 // Per-row workspace (int64, zeroed before the call): the histograms, then the state.
 constexpr int kState = kPasses * kBins;
-constexpr int kPrefix = kState + 0;  // t*'s digits found so far
-constexpr int kAbove = kState + 1;   // mass of the keys above that prefix
-constexpr int kAt = kState + 2;      // after the last pass: mass of the keys equal to t*
-constexpr int kTotal = kState + 3;   // the row's mass (pass 0)
-constexpr int kKeepAll = kState + 4;  // 1: every token stays (the row sums below top_p)
-constexpr int kDone = kState + 5;     // + pass: programs of that pass finished
+constexpr int kPrefix = kState + 0;           // t*'s digits found so far
+constexpr int kAbove = kState + 1;            // mass of the keys above that prefix
+constexpr int kAt = kState + 2;               // after the last pass: mass of the keys equal to t*
+constexpr int kTotal = kState + 3;            // the row's mass (pass 0)
+constexpr int kKeepAll = kState + 4;          // 1: every token stays (the row sums below top_p)
+constexpr int kDone = kState + 5;             // + pass: programs of that pass finished
 constexpr int kRowSoftmax = kDone + kPasses;  // from logits: the row's RowSoftmax (two slots)
 constexpr int kStatsDone = kRowSoftmax + 2;   // from logits: programs of the stats kernel finished
 constexpr int kWork = kStatsDone + 1;
@@ -139,7 +140,8 @@ static_assert(sizeof(RowSoftmax) <= 2 * sizeof(uint64_t), "RowSoftmax takes two 
 __device__ RowSoftmax combine_row_softmax(const SoftmaxArgs& a, int row) {
   const float2* st = a.stats + static_cast<int64_t>(row) * a.chunks;
   float m = -INFINITY;
-  for (int c = 0; c < a.chunks; ++c) m = fmaxf(m, __ldcg(st + c).x);
+  for (int c = 0; c < a.chunks; ++c)
+    m = fmaxf(m, __ldcg(st + c).x);
   float s = 0.0f;
   for (int c = 0; c < a.chunks; ++c) {
     const float2 p = __ldcg(st + c);
@@ -160,7 +162,9 @@ __device__ __forceinline__ void to_probs(const RowSoftmax& r, float4 (&vals)[kLo
 #pragma unroll
     for (int k = 0; k < kLoads; ++k) {
       vals[k] = make_float4(
-          softmax_entry(vals[k].x, r), softmax_entry(vals[k].y, r), softmax_entry(vals[k].z, r),
+          softmax_entry(vals[k].x, r),
+          softmax_entry(vals[k].y, r),
+          softmax_entry(vals[k].z, r),
           softmax_entry(vals[k].w, r));
     }
   }
@@ -179,7 +183,8 @@ __device__ float block_reduce(float v) {
   __syncthreads();
   float r = part[0];
 #pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) r = kMax ? fmaxf(r, part[w]) : __fadd_rn(r, part[w]);
+  for (int w = 1; w < kThreads / 32; ++w)
+    r = kMax ? fmaxf(r, part[w]) : __fadd_rn(r, part[w]);
   __syncthreads();  // part is free for the next reduction
   return r;
 }
@@ -198,8 +203,11 @@ __global__ void softmax_stats_kernel(
   float m = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kLoads; ++k) {
-    m = fmaxf(m, fmaxf(fmaxf(__fmul_rn(vals[k].x, k2), __fmul_rn(vals[k].y, k2)),
-                       fmaxf(__fmul_rn(vals[k].z, k2), __fmul_rn(vals[k].w, k2))));
+    m = fmaxf(
+        m,
+        fmaxf(
+            fmaxf(__fmul_rn(vals[k].x, k2), __fmul_rn(vals[k].y, k2)),
+            fmaxf(__fmul_rn(vals[k].z, k2), __fmul_rn(vals[k].w, k2))));
   }
   m = block_reduce<true>(m);
   float s = 0.0f;
@@ -208,7 +216,8 @@ __global__ void softmax_stats_kernel(
     for (int k = 0; k < kLoads; ++k) {
       const float xs[4] = {vals[k].x, vals[k].y, vals[k].z, vals[k].w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) s = __fadd_rn(s, exp2_shifted(xs[j], k2, m));
+      for (int j = 0; j < 4; ++j)
+        s = __fadd_rn(s, exp2_shifted(xs[j], k2, m));
     }
   }
   s = block_reduce<false>(s);
@@ -254,7 +263,8 @@ __device__ void pick_digit(uint64_t* w, int pass, float top_p, uint64_t* s, uint
   }
   const uint64_t after = t + 1 < kThreads ? tail[t + 1] : 0;  // the mass of the later threads' bins
 #pragma unroll
-  for (int i = 0; i < kBinsPerThread; ++i) s[first + i] = mine[i] + after;
+  for (int i = 0; i < kBinsPerThread; ++i)
+    s[first + i] = mine[i] + after;
   const uint64_t above = __ldcg(w + kAbove);
   const uint64_t target = to_fixed(top_p);
 #pragma unroll
@@ -374,7 +384,8 @@ __global__ void top_p_radix_finish_kernel(
   for (int k = 0; k < kLoads; ++k) {
     float v[4] = {vals[k].x, vals[k].y, vals[k].z, vals[k].w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = __float_as_uint(v[j]) >= cut ? v[j] / z : 0.0f;
+    for (int j = 0; j < 4; ++j)
+      v[j] = __float_as_uint(v[j]) >= cut ? v[j] / z : 0.0f;
     if constexpr (kVec4) {
       const int i = entry<true>(start, k, 0);
       if (i < V) *reinterpret_cast<float4*>(dst + i) = make_float4(v[0], v[1], v[2], v[3]);
@@ -396,8 +407,15 @@ inline bool rows_aligned(int V, const void* in, const void* out) {
 
 template <int kLoads, bool kVec4, bool kLogits>
 void launch_radix_kernels(
-    const float* in, const float* top_p, uint64_t* work, float* out, float2* stats, const float* temperature,
-    int M, int V, DLDevice device) {
+    const float* in,
+    const float* top_p,
+    uint64_t* work,
+    float* out,
+    float2* stats,
+    const float* temperature,
+    int M,
+    int V,
+    DLDevice device) {
   using namespace host;
   constexpr int kChunk = kThreads * kLoads * 4;
   const int chunks = static_cast<int>(div_ceil(V, kChunk));
@@ -417,8 +435,15 @@ void launch_radix_kernels(
 // The kernels with four-float reads where every row is 16-byte aligned, one-float reads otherwise.
 template <int kLoads, bool kLogits>
 void launch_radix(
-    const float* in, const float* top_p, uint64_t* work, float* out, float2* stats, const float* temperature,
-    int M, int V, DLDevice device) {
+    const float* in,
+    const float* top_p,
+    uint64_t* work,
+    float* out,
+    float2* stats,
+    const float* temperature,
+    int M,
+    int V,
+    DLDevice device) {
   if (rows_aligned(V, in, out)) {
     launch_radix_kernels<kLoads, true, kLogits>(in, top_p, work, out, stats, temperature, M, V, device);
   } else {
@@ -429,8 +454,8 @@ void launch_radix(
 template <int kLoads>
 struct TopPRadix {
   // probs [M, V] float32, top_p [M] float32, work [M, kWork] int64 zeroed, out [M, V] float32.
-  static void run(
-      tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p, tvm::ffi::TensorView work, tvm::ffi::TensorView out) {
+  static void
+  run(tvm::ffi::TensorView probs, tvm::ffi::TensorView top_p, tvm::ffi::TensorView work, tvm::ffi::TensorView out) {
     using namespace host;
     auto device_ = SymbolicDevice{};
     auto m_ = SymbolicSize{"rows"};
@@ -473,7 +498,8 @@ struct TopPSoftmaxRadix {
     TensorMatcher({m_, kWork}).with_dtype<int64_t>().with_device<kDLGPU>(device_).verify(work);
     const int M = static_cast<int>(m_.unwrap());
     const int V = static_cast<int>(v_.unwrap());
-    RuntimeCheck(static_cast<int64_t>(c_.unwrap()) == div_ceil(V, kChunk), "stats must be [M, ceil(V / ", kChunk, "), 2]");
+    RuntimeCheck(
+        static_cast<int64_t>(c_.unwrap()) == div_ceil(V, kChunk), "stats must be [M, ceil(V / ", kChunk, "), 2]");
     if (M == 0) return;
     const auto* in = static_cast<const float*>(logits.data_ptr());
     const auto* t = static_cast<const float*>(temperature.data_ptr());
