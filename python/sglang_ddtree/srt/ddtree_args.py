@@ -91,9 +91,9 @@ def req_to_token_headroom(max_num_nodes: int, block_size: int) -> int:
 
     Each decode step reserves KV up to ``committed + 2 * W`` (DFLASH v2's double buffer for the
     overlap lag) and the verify writes W nodes after a prefix that may lead the host's committed
-    length by one accepted path; a running request's committed length is below the context
-    length. SGLang's default headroom (``4 + W``) is smaller, so near the context limit the
-    reservation would land in the next request's row. A block of slack covers the lag.
+    length by one accepted path; a running request's committed length is below the context length.
+    SGLang's default headroom (``4 + W``) is smaller, so near the context limit the reservation
+    would land in the next request's row. A block of slack covers the lag.
     """
     return 2 * int(max_num_nodes) + int(block_size) + 4
 
@@ -138,17 +138,13 @@ def add_cli_flags(parser) -> None:
 
 
 def invalid_env_settings() -> list[str]:
-    """One refusal per DDTREE environment variable whose text its field does not parse (empty
-    when every one does), naming the variable, its value and what to set. ``envs.<NAME>.get()``
-    would warn and use the default; a DDTREE server refuses to start instead (`check_server_args`,
-    before anything reads them). ``SGLANG_DDTREE_BUDGET_SCHEDULE``, a string, is checked by its
-    reader (``ddtree_budget.resolve_schedule``)."""
+    """A refusal per DDTREE environment variable its field does not parse, naming it and what to
+    set: where ``envs.<NAME>.get()`` would warn and use the default, a DDTREE server does not
+    start. The schedule, a string, is checked by its reader (``ddtree_budget.resolve_schedule``)."""
     field = envs.SGLANG_DDTREE_TOPK
-    if not field.is_set():
-        return []
     value = os.environ.get(field.name)
     try:
-        field.parse(value)
+        field.parse(value) if field.is_set() else None
     except ValueError:
         return [f"{field.name}={value!r} is not an integer; set it to e.g. {DEFAULT_TOPK}."]
     return []

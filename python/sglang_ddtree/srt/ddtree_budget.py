@@ -1,6 +1,5 @@
 """The budget schedule: the verify width W (tree nodes per request, root included; W = budget
-+ 1) as a function of the running batch size. Pure Python (no torch; of SGLang only ``envs``,
-the environment variables); unit-tested on CPU.
++ 1) as a function of the running batch size. No torch; unit-tested on CPU.
 
 Terms:
 
@@ -76,12 +75,12 @@ def default_schedule(block_size: int, moe: bool = False) -> BudgetSchedule:
     bs x (W + 1) rows, which costs more step time than the last node of a best-first tree adds
     in accept length (measured on an H200 with the Qwen3-8B shape and the trained pair).
 
-    Mixture-of-experts targets (``moe``): B at every batch size. There every verified token
-    routes to its own experts, so W = 2B touches up to twice the experts of the chain's step
-    even at bs 1, where a dense target's wider verify is nearly free; and on FlashMLA the
-    prefix part of a TP-8 rank of an MLA target (8 query heads) is one 64-row tile at W = 8 and
-    two at W = 16, each reading the whole latent prefix (measured on one TP-8 rank of
-    Kimi K2.6 on an H200: W = 16 costs 1.12-1.17x the chain's step at bs 1, W = 8 0.98-1.08x).
+    Mixture-of-experts targets (``moe``): B at every batch size. There every verified token routes
+    to its own experts, so W = 2B touches up to twice the experts of the chain's step even at bs 1,
+    where a dense target's wider verify is nearly free; and on FlashMLA the prefix part of a TP-8
+    rank of an MLA target (8 query heads) is one 64-row tile at W = 8 and two at W = 16, each
+    reading the whole latent prefix (measured on one TP-8 rank of Kimi K2.6 on an H200: W = 16 costs
+    1.12-1.17x the chain's step at bs 1, W = 8 0.98-1.08x).
     """
     b = int(block_size)
     if moe:

@@ -24,8 +24,7 @@ Two rules differ from SGLang's ``EnvField.get``:
   refuses such a value at start on either (``ddtree_args.invalid_env_settings``, by the
   field's ``parse``): a typo stops the start instead of changing what is served.
 
-Pure Python (no torch, no SGLang).
-"""
+Pure Python (no torch, no SGLang)."""
 
 from __future__ import annotations
 

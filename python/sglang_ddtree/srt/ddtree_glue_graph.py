@@ -1,10 +1,9 @@
 """CUDA graphs for the tensor glue of a DDTREE decode step.
 
-A DDTREE step runs two SGLang forwards (the drafter block and the target tree verify), both
-replayed from SGLang's CUDA graphs. Around them sit about a hundred small kernels (top-K, tree
-build, layout, accept, commit, KV moves, drafter-KV append); launched one by one from Python
-they made the step host-bound. `SegmentGraphs` captures such a run of kernels once per key
-and replays it.
+A DDTREE step runs two SGLang forwards (the drafter block and the target tree verify), both replayed
+from SGLang's CUDA graphs. Around them sit about a hundred small kernels (top-K, tree build, layout,
+accept, commit, KV moves, drafter-KV append); launched one by one from Python they made the step
+host-bound. `SegmentGraphs` captures such a run of kernels once per key and replays it.
 
 Terms:
 

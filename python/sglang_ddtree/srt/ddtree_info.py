@@ -1,9 +1,9 @@
 """``DDTreeVerifyInput``: the data of one DDTREE step's target verify.
 
-The verify forward is DFLASH's (``DFlashVerifyInput.prepare_for_verify``, TARGET_VERIFY mode)
-with W tree nodes per request and the ancestor-only custom mask in place of DFLASH's causal
-block. The step builds it (``ddtree_step.DDTreeStep.verify_input``) and takes the accept
-decision over the verify's logits.
+The verify forward is DFLASH's (``DFlashVerifyInput.prepare_for_verify``, TARGET_VERIFY mode) with W
+tree nodes per request and the ancestor-only custom mask in place of DFLASH's causal block. The step
+builds it (``ddtree_step.DDTreeStep.verify_input``) and takes the accept decision over the verify's
+logits.
 """
 
 from __future__ import annotations

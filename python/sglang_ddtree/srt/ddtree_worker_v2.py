@@ -8,8 +8,8 @@ verify's graphs are one set per W of the budget schedule (``ddtree_cuda_graph_ru
 glue graphs are captured at startup (``ddtree_glue_warmup``).
 
 Prefill and idle batches are DFLASH's, unchanged. The parent class is built with a copy of the
-server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block
-buffers, draft spec info, KV helper bounds) sees the drafter block.
+server args whose ``speculative_num_draft_tokens`` is B, so every DFLASH internal (block buffers,
+draft spec info, KV helper bounds) sees the drafter block.
 """
 
 from __future__ import annotations
