@@ -38,6 +38,20 @@ def test_no_graph_writes_into_a_replaced_workspace(tmp_path, run_gpu_check, dtyp
         assert not summary["log_traceback"] and not summary["log_leak"], json.dumps(summary)
 
 
+def test_bfloat16_greedy_on_the_trained_pair(tmp_path, run_gpu_check):
+    """bfloat16 with the whole verdict, greedy outputs included, on the trained pair (held-out
+    snippets as prompts), whose logits do not tie the way the random pair's do."""
+    summary = run_gpu_check(
+        str(tmp_path),
+        "sglang_ddtree.testing.workspace_guard",
+        ["--dtype", "bfloat16", "--pair", "trained"],
+        "workspace_summary.json",
+        900,
+    )
+    assert summary["sentinels"]["replaced"] > 0, json.dumps(summary)
+    assert summary["passed"], json.dumps(summary)
+
+
 def test_the_known_error_is_caught(tmp_path, run_gpu_check):
     summary = run_gpu_check(
         str(tmp_path),

@@ -1,7 +1,8 @@
-"""No captured graph binds memory that moves: a launched DDTREE server (tiny pair, CUDA graphs and
-overlap on) serves a prefill chunk longer than the KV segment's presized drafter-KV rows and
-decode steps above the largest captured batch size, with every workspace DFLASH's fused
-materializer replaces kept as a sentinel (`inject.KV_SENTINEL_ENV`).
+"""No captured graph binds memory that moves: a launched DDTREE server (the tiny pair, or with
+``--pair trained`` the shipped trained pair; CUDA graphs and overlap on) serves a prefill chunk
+longer than the KV segment's presized drafter-KV rows and decode steps above the largest
+captured batch size, with every workspace DFLASH's fused materializer replaces kept as a
+sentinel (`inject.KV_SENTINEL_ENV`).
 
 ``python -m sglang_ddtree.testing.workspace_guard --out DIR`` writes ``DIR/workspace_summary.json``
 and passes when:
@@ -9,7 +10,8 @@ and passes when:
 - DFLASH's helper did replace its workspace (else nothing was exercised) and every sentinel is
   intact after every forward: no graph replay wrote into a replaced workspace;
 - every greedy output equals the non-speculative server's for the same requests sent the same
-  way, or differs at a near-tie (`near_tie`);
+  way, or differs at a near-tie (`near_tie`); the random pair ties at many positions in
+  bfloat16, the trained pair's logits rarely do (its prompts: the held-out snippets);
 - the server still serves after an idle period (SGLang's KV-leak check) with no traceback.
 
 The phases: a prefill of ``LONG`` tokens in one chunk (``CHUNK``) beside short requests, decode
@@ -37,21 +39,45 @@ from sglang_ddtree.testing.near_tie import first_difference, judge
 CONTEXT = 4096
 CHUNK = 2048
 LONG = 2000  # > GRAPH_BS x S, the KV segment's rows: DFLASH's helper grows past them
+TRAINED_CONTEXT = 2048  # the trained pair's positions
+TRAINED_LONG = 1900
 GRAPH_BS = 4
 EAGER = 12
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
-def phases(vocab: int) -> list[list[tuple[list[int], dict]]]:
-    """Groups of (prompt, sampling params), each sent at once, in order."""
+def random_prompts(vocab: int):
+    """``draw(rng, n, lo, hi)``: n prompts of lo-hi random ids below ``vocab``."""
+    return lambda rng, n, lo, hi: prompts(rng, n, lo, hi, vocab)
+
+
+def snippet_prompts(snippets: list[list[int]]):
+    """``draw(rng, n, lo, hi)``: n prompts of lo-hi ids cut from the concatenated ``snippets``
+    at random offsets (a long prompt reads many snippets in a row)."""
+    text = [t for ids in snippets for t in ids]
+
+    def draw(rng, n, lo, hi):
+        out = []
+        for _ in range(n):
+            length = rng.randint(lo, hi)
+            start = rng.randrange(len(text) - length)
+            out.append(text[start : start + length])
+        return out
+
+    return draw
+
+
+def phases(draw, long: int = LONG) -> list[list[tuple[list[int], dict]]]:
+    """Groups of (prompt, sampling params), each sent at once, in order; ``draw`` makes the
+    prompts (`random_prompts`, `snippet_prompts`)."""
     rng = random.Random("workspace_guard")
 
     def group(n: int, lo: int, hi: int, tokens: int) -> list:
-        return [(p, {**GREEDY, "max_new_tokens": tokens}) for p in prompts(rng, n, lo, hi, vocab)]
+        return [(p, {**GREEDY, "max_new_tokens": tokens}) for p in draw(rng, n, lo, hi)]
 
     return [
         group(GRAPH_BS, 10, 40, 24),  # graphs captured and replayed
-        group(1, LONG, LONG, 48) + group(GRAPH_BS - 1, 10, 40, 48),  # the long prefill chunk
+        group(1, long, long, 48) + group(GRAPH_BS - 1, 10, 40, 48),  # the long prefill chunk
         group(GRAPH_BS, 10, 40, 64),  # replays after it
         group(EAGER, 20, 200, 48),  # eager steps above the captured sizes
         group(GRAPH_BS, 10, 40, 64),  # replays after them
@@ -59,7 +85,12 @@ def phases(vocab: int) -> list[list[tuple[list[int], dict]]]:
 
 
 def launch_cmd(
-    target: str, draft: str, port: int, algorithm: str | None, dtype: str | None = None
+    target: str,
+    draft: str,
+    port: int,
+    algorithm: str | None,
+    dtype: str | None = None,
+    context: int = CONTEXT,
 ) -> list[str]:
     from sglang_ddtree.serve import launch_command
 
@@ -68,12 +99,12 @@ def launch_cmd(
         draft,
         None,
         [
-            "--context-length", str(CONTEXT),
+            "--context-length", str(context),
             "--chunked-prefill-size", str(CHUNK),
             "--max-running-requests", str(EAGER + GRAPH_BS),
             "--cuda-graph-max-bs-decode", str(GRAPH_BS),
             "--mem-fraction-static", "0.3",
-            "--max-total-tokens", str(2 * (EAGER + GRAPH_BS) * CONTEXT),  # fixed: a shared GPU
+            "--max-total-tokens", str(2 * (EAGER + GRAPH_BS) * context),  # fixed: a shared GPU
             "--port", str(port),
             "--host", "127.0.0.1",
             *(["--dtype", dtype] if dtype else []),
@@ -107,16 +138,36 @@ def main(argv: list[str] | None = None) -> int:
         help="bind the KV segment to DFLASH's workspace: the check must fail",
     )
     ap.add_argument("--dtype", default=None, help="both servers' dtype (default: SGLang's auto)")
+    ap.add_argument(
+        "--pair",
+        choices=("tiny", "trained"),
+        default="tiny",
+        help="the tiny random pair, or the shipped trained pair on its held-out snippets",
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    target, draft, cfg = tiny_models.make_pair("qwen3", tempfile.mkdtemp(prefix="ddtree_ws_"))
-    groups = phases(cfg.vocab_size)
+    if args.pair == "trained":
+        from sglang_ddtree.pair import DRAFTER_DIR, TARGET_DIR
+        from sglang_ddtree.testing.law import tokenized_prompts
+
+        target, draft, context, long = (
+            str(TARGET_DIR),
+            str(DRAFTER_DIR),
+            TRAINED_CONTEXT,
+            TRAINED_LONG,
+        )
+        groups = phases(snippet_prompts(tokenized_prompts()[:64]), long)
+    else:
+        target, draft, cfg = tiny_models.make_pair("qwen3", tempfile.mkdtemp(prefix="ddtree_ws_"))
+        context, long = CONTEXT, LONG
+        groups = phases(random_prompts(cfg.vocab_size), long)
     sentinel_path = os.path.join(args.out, "workspace_sentinels.json")
     env = {inject.KV_SENTINEL_ENV: sentinel_path}
     if args.known_error:
         env[inject.BIND_DFLASH_WORKSPACE_ENV] = "1"
-    summary: dict = {"known_error": args.known_error, "dtype": args.dtype, "long_prompt": LONG,
-                     "chunk": CHUNK, "graph_bs": GRAPH_BS, "eager_requests": EAGER}  # fmt: skip
+    summary: dict = {"known_error": args.known_error, "dtype": args.dtype, "pair": args.pair,
+                     "long_prompt": long, "chunk": CHUNK, "graph_bs": GRAPH_BS,
+                     "eager_requests": EAGER}  # fmt: skip
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -124,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(env)  # the launched scheduler processes inherit them
     try:
         with launched_server(
-            launch_cmd(target, draft, port, "DDTREE", args.dtype), base, log_path, alive
+            launch_cmd(target, draft, port, "DDTREE", args.dtype, context), base, log_path, alive
         ):
             ddtree = serve_phases(base, groups)
             time.sleep(10)  # idle: SGLang's scheduler runs its KV-leak check
@@ -145,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = f"http://127.0.0.1:{port}"
         ref_log = os.path.join(args.out, "nospec_server.log")
         with launched_server(
-            launch_cmd(target, draft, port, None, args.dtype), ref, ref_log, alive
+            launch_cmd(target, draft, port, None, args.dtype, context), ref, ref_log, alive
         ):
             nospec = serve_phases(ref, groups)
             reqs = [r for g in groups for r in g]
