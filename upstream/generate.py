@@ -1500,6 +1500,48 @@ def misspellings(files: dict[str, str], base: str = SGLANG_VERSION) -> list[str]
     return r.stdout.splitlines()
 
 
+# SGLang's clang-format hook (``--style=file``): the CUDA sources the patch adds are as that
+# version leaves them under the nearest ``.clang-format`` of the base, its JIT kernels' one.
+CLANG_FORMAT = "18.1.8"
+CLANG_FORMAT_STYLE = "python/sglang/kernels/jit/.clang-format"
+
+
+@functools.cache
+def clang_format_binary() -> str:
+    """``clang-format`` ``CLANG_FORMAT`` from a virtual environment under ``.upstream-cache/``
+    (made with pip on first use, unless ``FORMAT_DOWNLOAD`` is off)."""
+    venv = CACHE_DIR / f"clang-format-{CLANG_FORMAT}"
+    exe = venv / "bin" / "clang-format"
+    if not exe.exists():
+        if not FORMAT_DOWNLOAD:
+            raise RuntimeError(f"no clang-format {CLANG_FORMAT} in {venv}")
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True,
+                       capture_output=True)  # fmt: skip
+        r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                            f"clang-format=={CLANG_FORMAT}"], capture_output=True, text=True)  # fmt: skip
+        if r.returncode != 0 or not exe.exists():
+            raise RuntimeError(f"could not install clang-format into {venv}:\n{r.stderr[-2000:]}")
+    version = subprocess.run([str(exe), "--version"], capture_output=True, text=True).stdout
+    if f"version {CLANG_FORMAT}" not in version:
+        raise RuntimeError(f"{exe} is not clang-format {CLANG_FORMAT}: {version}")
+    return str(exe)
+
+
+def clang_formatted(files: dict[str, str], src: Source) -> dict[str, str]:
+    """``files`` ({repository path: CUDA source}) as SGLang's clang-format hook leaves them on
+    ``src``'s base: each file at its path in a tree holding the base's ``CLANG_FORMAT_STYLE``."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="ddtree-clang-format-") as tmp:
+        _write(Path(tmp), CLANG_FORMAT_STYLE, src.read(CLANG_FORMAT_STYLE))
+        for path, text in files.items():
+            assert path.startswith(str(Path(CLANG_FORMAT_STYLE).parent) + "/"), path
+            _write(Path(tmp), path, text.encode())
+            r = subprocess.run([clang_format_binary(), "--style=file", path], cwd=tmp,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+            out[path] = r.stdout
+    return out
+
+
 def new_files(base: str = SGLANG_VERSION, formatted: bool = True) -> dict[str, str]:
     """``{path: text}`` of every file the patch adds on ``base``, its Python files formatted as
     SGLang ``base`` formats its own (`format_python`; ``formatted=False``: as rewritten)."""

@@ -222,6 +222,28 @@ def test_in_tree_files_are_as_sglangs_hooks_leave_them(gen, src):
     )
 
 
+def test_in_tree_kernels_are_as_sglangs_clang_format_leaves_them(gen, src):
+    """The CUDA sources the patch adds are unchanged by SGLang's clang-format hook
+    (``gen.CLANG_FORMAT``, ``--style=file`` under the base's JIT ``.clang-format``); a line
+    indented off its block is caught."""
+    try:
+        gen.clang_format_binary()
+    except (Exception, SystemExit) as e:  # no network, nothing cached
+        pytest.skip(f"clang-format {gen.CLANG_FORMAT} unavailable: {e}")
+    pristine, patched = gen.final_tree(src)
+    kernels = {
+        path: data.decode()
+        for path, data in patched.items()
+        if path not in pristine and path.endswith((".cu", ".cuh"))
+    }
+    assert kernels, "the patch adds no CUDA source"
+    assert gen.clang_formatted(kernels, src) == kernels
+    path, text = next(iter(kernels.items()))
+    line = next(ln for ln in text.splitlines() if ln.startswith("  ") and ln.strip().endswith(";"))
+    bad = text.replace(line + "\n", " " + line + "\n", 1)
+    assert gen.clang_formatted({path: bad}, src)[path] != bad
+
+
 def test_generator_refuses_a_read_of_an_undeclared_env_field(gen, src):
     """A tree where a DDTREE module reads ``envs.SGLANG_DDTREE_*`` but ``environ.py`` lacks the
     field (the edit left out, or a part before it) fails the import check, naming both."""
