@@ -215,6 +215,80 @@ IN_TREE_REWRITES = (
         "reinstall SGLang with its JIT sources",
     ),
 )
+# Where the in-tree DDTREE modules call DFLASH's public methods (the `DFLASH_EDITS` of
+# part 00) instead of reading its privates as the plugin must on 0.5.17, on every base:
+# (module, old, new, why); ``old`` occurs exactly once, or is a (first, next) pair of lines, the
+# text from ``first`` up to ``next`` replaced.
+IN_TREE_DFLASH_CALLS = (
+    (
+        "sglang_ddtree.srt.ddtree_step",
+        (
+            "        As DFLASH's decode runs it (in-tree its methods, which a plugin cannot add",
+            "        hidden = draft_out.logits_output.hidden_states\n",
+        ),
+        '        DFLASH\'s draft block and drafter forward, as DFLASH\'s decode runs them."""\n'
+        "        dflash, draft_input = self.dflash, batch.spec_info\n"
+        "        block_ids, positions_2d, cache_loc_2d = dflash.prepare_draft_block(batch, draft_input)\n"
+        "        draft_out = dflash.forward_draft_block(\n"
+        "            batch, draft_input, block_ids, positions_2d, cache_loc_2d\n"
+        "        )\n",
+        "the draft block and the drafter's forward are DFLASH's methods, not a copy of its decode",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_kv_commit",
+        "(`own_draft_kv_workspace`; in-tree\nDFLASH's methods)",
+        "(DFLASH's\n`new_fused_kv_helper`)",
+        "the workspace is DFLASH's to make",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_kv_commit",
+        "import contextlib\nimport copy\n",
+        "",
+        "what the plugin's stand-ins below import",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_kv_commit",
+        ("def own_draft_kv_workspace(", "class KVCommit:"),
+        "",
+        "the plugin's stand-ins for new_fused_kv_helper and use_fused_kv_helper",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_kv_commit",
+        'own_draft_kv_workspace(getattr(dflash, "_fused_kv_helper", None), rows)',
+        "dflash.new_fused_kv_helper(rows)",
+        "DFLASH's helper, with a workspace of the segment's own",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_kv_commit",
+        "kv_commit_workspace(self.dflash, self.helper, self.rows, bs * s)",
+        "self.dflash.use_fused_kv_helper(self.helper if bs * s <= self.rows else None)",
+        "the own workspace where the rows fit it (every captured key), else DFLASH's",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_kv_commit",
+        "self.dflash._append_target_hidden_to_draft_kv_by_loc(",
+        "self.dflash.append_target_hidden_to_draft_kv_by_loc(",
+        "DFLASH's drafter-KV append by its public name",
+    ),
+)
+
+
+def dflash_calls(mod: str, text: str) -> str:
+    """``text`` of module ``mod`` with its `IN_TREE_DFLASH_CALLS` made."""
+    for name, old, new, _ in IN_TREE_DFLASH_CALLS:
+        if name != mod:
+            continue
+        first, nxt = old if isinstance(old, tuple) else (old, None)
+        if text.count(first) != 1 or (nxt is not None and text.count(nxt) != 1):
+            raise SystemExit(f"generate.py: IN_TREE_DFLASH_CALLS: {mod} lacks, once:\n{old}")
+        i = text.index(first)
+        j = i + len(first) if nxt is None else text.index(nxt)
+        if j < i:
+            raise SystemExit(f"generate.py: IN_TREE_DFLASH_CALLS: {mod}: {nxt!r} before {first!r}")
+        text = text[:i] + new + text[j:]
+    return text
+
+
 # The tail of a mapped module that stays out of SGLang: {module: the line it starts at}.
 IN_TREE_CUTS = {
     "sglang_ddtree.srt.ddtree_spec": "# --- the plugin's registration: in-tree, DDTREE is a member",
@@ -281,6 +355,9 @@ PRISTINE_SHA256 = {
         "python/sglang/srt/speculative/dflash_utils.py": (
             "c432efd27a08689cb32008506bc68956cf7689450cb947337f0770dae432e6a5"
         ),
+        "python/sglang/srt/speculative/dflash_worker_v2.py": (
+            "c3f3eca69abafa2436ed9e757287e2a2496109346f093aa5a688f0f0c8a57bb8"
+        ),
         "python/sglang/srt/speculative/spec_info.py": (
             "1435f9d2ba846f813ca7f50ca2dbb90564b60006ecddfd3a852dc8ac6fb25506"
         ),
@@ -309,6 +386,9 @@ PRISTINE_SHA256 = {
         ),
         "python/sglang/srt/speculative/dflash_utils.py": (
             "72270b7d4e01012e4b0d04b283db0f57120be37ea0c94c820056ad9a5a9a0d5a"
+        ),
+        "python/sglang/srt/speculative/dflash_worker_v2.py": (
+            "87a7f5808ea12bec0fb4abb8ffc0d2082963a79b5de9ab435063e0dfa8ce8431"
         ),
         "python/sglang/srt/speculative/spec_info.py": (
             "11d25b728ea18aeff82bc269c65a6608b5c9638b0ab754f284b2df76bead7910"
@@ -343,6 +423,53 @@ class Edit:
         i = source.index(self.anchor)
         j = i if self.where == "before" else i + len(self.anchor) - self.skip
         return source[:j] + self.text + source[j:]
+
+
+def _once(source: str, text: str, path: str) -> int:
+    """Where ``text`` occurs in ``source``, which it must exactly once."""
+    count = source.count(text)
+    if count != 1:
+        raise SystemExit(
+            f"generate.py: anchor for {path} found {count} times (need exactly 1); "
+            f"SGLang changed there. Anchor:\n{text}"
+        )
+    return source.index(text)
+
+
+class Replace:
+    """Replace ``old``, which must occur exactly ``count`` times in ``path``, by ``new``."""
+
+    def __init__(self, name: str, path: str, old: str, new: str, count: int = 1):
+        self.name, self.path, self.old, self.new, self.count = name, path, old, new, count
+
+    def apply(self, source: str) -> str:
+        if source.count(self.old) != self.count:
+            raise SystemExit(
+                f"generate.py: {self.path} holds {source.count(self.old)} times (need "
+                f"{self.count}); SGLang changed there:\n{self.old}"
+            )
+        return source.replace(self.old, self.new)
+
+
+class Move:
+    """Move SGLang's statements from the line ``start`` up to the line ``stop`` (each found
+    exactly once; blank lines before ``stop`` stay) into a new method, ``head`` + the moved lines
+    + ``tail``, inserted before ``before`` (found exactly once); ``call`` takes their place. The
+    lines are moved as they are, not rewritten: the method's indentation is the body's."""
+
+    def __init__(self, name, path, start, stop, call, head, tail, before):
+        self.name, self.path, self.start, self.stop = name, path, start, stop
+        self.call, self.head, self.tail, self.before = call, head, tail, before
+
+    def apply(self, source: str) -> str:
+        i = _once(source, self.start, self.path)
+        j = _once(source, self.stop, self.path)
+        if j <= i:
+            raise SystemExit(f"generate.py: {self.path}: {self.stop!r} before {self.start!r}")
+        moved = source[i:j].rstrip("\n") + "\n"
+        source = source[:i] + self.call + source[i + len(moved) :]
+        at = _once(source, self.before, self.path)
+        return source[:at] + self.head + moved + self.tail + source[at:]
 
 
 SPEC_INFO = "python/sglang/srt/speculative/spec_info.py"
@@ -636,6 +763,174 @@ EDITS = [
 ]
 
 
+# --- DFLASH's draft block and drafter-KV append as public methods of DFlashWorkerV2 ------------
+# DDTREE's decode step drafts as DFLASH's decode does and appends the drafter KV as it does; the
+# code is DFLASH's, moved out of its ``forward_batch_generation`` into methods that DFLASH's decode
+# and DDTREE's both call (SGLang's lines moved as they are: `Move`; the tests compare their ASTs).
+DFLASH_WORKER = f"{SPEC}/dflash_worker_v2.py"
+_DRAFT_BLOCK_HEAD = '''    def prepare_draft_block(
+        self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A decode batch's draft block in this worker's buffers, each
+        ``[bs, block_size]``: its tokens (the bonus token, then mask tokens), their
+        positions and the KV slots they write."""
+        bs = len(batch.seq_lens)
+        device = self.device
+        block_size = int(self.block_size)
+'''
+_DRAFT_FORWARD_HEAD = '''    def forward_draft_block(
+        self,
+        batch: ScheduleBatch,
+        draft_input: DFlashDraftInputV2,
+        block_ids: torch.Tensor,
+        positions_2d: torch.Tensor,
+        verify_out_cache_loc_2d: torch.Tensor,
+    ):
+        """The drafter's forward over the draft block of `prepare_draft_block`
+        (``TARGET_VERIFY`` mode, no hidden capture): the draft runner's output, whose
+        ``logits_output.hidden_states`` are the block's hidden states.{returns}"""
+        bs = len(batch.seq_lens)
+{device}        block_size = int(self.block_size)
+        prefix_lens = batch.seq_lens
+        target_model = self.target_worker.model_runner.model
+{embed}'''
+_DRAFT_BLOCK_CALL = (
+    "        block_ids, positions_2d, verify_out_cache_loc_2d = self.prepare_draft_block(\n"
+    "            batch, draft_input\n        )\n        prefix_lens = batch.seq_lens\n"
+)
+_DRAFT_FORWARD_CALL = """        {outputs} = self.forward_draft_block(
+            batch, draft_input, block_ids, positions_2d, verify_out_cache_loc_2d
+        )
+        positions = positions_2d.reshape(-1)
+        verify_out_cache_loc = verify_out_cache_loc_2d.reshape(-1)
+"""
+DFLASH_EDITS = [
+    Edit(
+        "dflash-imports",
+        DFLASH_WORKER,
+        "import logging\nimport math\n",
+        "import contextlib\nimport copy\n",
+        where="before",
+    ),  # fmt: skip
+    Move(
+        "dflash-draft-block",
+        DFLASH_WORKER,
+        start="        self._ensure_draft_block_buffers(bs)\n",
+        stop="        noise_embedding = embed_module(block_ids)\n",
+        call=_DRAFT_BLOCK_CALL,
+        head=_DRAFT_BLOCK_HEAD,
+        tail="        return block_ids, positions_2d, verify_out_cache_loc_2d\n\n",
+        before="    def forward_batch_generation(\n",
+    ),
+    Move(
+        "dflash-draft-forward",
+        DFLASH_WORKER,
+        start="        noise_embedding = embed_module(block_ids)\n",
+        stop="        draft_logits_output = draft_out.logits_output\n",
+        call=_DRAFT_FORWARD_CALL.format(outputs="draft_out"),
+        head=_DRAFT_FORWARD_HEAD.format(
+            returns="",
+            device="",
+            embed="        embed_module = target_model.get_input_embeddings()\n",
+        ),  # fmt: skip
+        tail="        return draft_out\n\n",
+        before="    def forward_batch_generation(\n",
+    ),
+    # The decode's embedding module is the drafter forward's alone now (moved there).
+    Replace(
+        "dflash-draft-embed",
+        DFLASH_WORKER,
+        "        embed_module = target_model.get_input_embeddings()\n"
+        "        lm_head = getattr(target_model",
+        "        lm_head = getattr(target_model",
+    ),
+    # The drafter-KV append by a public name (no other caller in either release's package).
+    Replace(
+        "dflash-kv-append",
+        DFLASH_WORKER,
+        "_append_target_hidden_to_draft_kv_by_loc(",
+        "append_target_hidden_to_draft_kv_by_loc(",
+        count=3,
+    ),
+    # A fused-KV helper with a workspace of a caller's own, for appends replayed from a graph.
+    Edit(
+        "dflash-kv-workspace",
+        DFLASH_WORKER,
+        "    def _append_target_hidden_sequential(\n",
+        '''    def new_fused_kv_helper(self, rows: int) -> Optional[object]:
+        """The fused drafter-KV helper on the same stacked weights, with a workspace
+        of its own for ``rows`` context rows allocated now; None without the fused
+        path. For appends replayed from a CUDA graph: prefill grows the shared
+        helper's workspace by replacing its tensors, which a graph would go on using."""
+        helper = self._fused_kv_helper
+        if helper is None or rows <= 0:
+            return None
+        own = copy.copy(helper)  # shares the weights
+        own._workspace_capacity = 0  # so the next call allocates tensors of its own
+        own._ensure_workspace(rows, helper.flat_kv_weight_t.dtype)
+        return own
+
+    @contextlib.contextmanager
+    def use_fused_kv_helper(self, helper: Optional[object]):
+        """Drafter-KV appends inside run on ``helper`` (`new_fused_kv_helper`; None:
+        the shared one) on the fused path; a fused failure still turns the path off."""
+        shared = self._fused_kv_helper
+        if helper is None or shared is None:
+            yield
+            return
+        self._fused_kv_helper = helper
+        try:
+            yield
+        finally:
+            if self._fused_kv_helper is helper:  # None if the fused path failed
+                self._fused_kv_helper = shared
+
+''',
+        where="before",
+    ),
+]
+EDITS += DFLASH_EDITS
+# On 0.5.23 the decode embeds the block through the drafter's embedding (and keeps it: Domino's
+# rollout reads it) and plans the iteration's KV window after the draft block: the drafter
+# forward returns that plan too (the verify and the drafter-KV append write the same window).
+DFLASH_BASE_EDITS = {
+    "0.5.23": {
+        "dflash-draft-block": (
+            Move(
+                "dflash-draft-block",
+                DFLASH_WORKER,
+                start="        self._ensure_draft_block_buffers(bs)\n",
+                stop="        if self._full_embed_gpu is not None:\n",
+                call=_DRAFT_BLOCK_CALL,
+                head=_DRAFT_BLOCK_HEAD,
+                tail="        return block_ids, positions_2d, verify_out_cache_loc_2d\n\n",
+                before="    def forward_batch_generation(\n",
+            ),
+        ),
+        "dflash-draft-forward": (
+            Move(
+                "dflash-draft-forward",
+                DFLASH_WORKER,
+                start="        if self._full_embed_gpu is not None:\n",
+                stop="        draft_logits_output = draft_out.logits_output\n",
+                call=_DRAFT_FORWARD_CALL.format(outputs="draft_out, kv_loc_plan"),
+                head=_DRAFT_FORWARD_HEAD.format(
+                    returns=" With it the\n        iteration's KV write plan (the verify and "
+                    "the drafter-KV append write the\n        same window).",
+                    device="        device = self.device\n",
+                    embed="        embed_module = unwrap_lora_layer(\n"
+                    "            _resolve_dflash_embedding_module(self.draft_model, target_model)\n"
+                    "        )\n",
+                ),
+                tail="        return draft_out, kv_loc_plan\n\n",
+                before="    def forward_batch_generation(\n",
+            ),
+        ),
+        "dflash-draft-embed": (),
+    },
+}
+
+
 # --- what differs on another base: every difference between the bases is in these tables --------
 def _edit(name: str) -> Edit:
     """The edit of ``EDITS`` named ``name`` (the first base's)."""
@@ -733,6 +1028,9 @@ BASE_EDITS = {
     },
 }
 
+for _base, _instead in DFLASH_BASE_EDITS.items():
+    BASE_EDITS.setdefault(_base, {}).update(_instead)
+
 # Lines of a generated file that read otherwise on a base: {base: ((file, old, new), ...)}, the
 # file a ``MODULE_MAP`` key, a template or a ``KERNEL_FILES`` source; ``old`` occurs exactly once
 # in it. Kept to where SGLang's own names for the same thing moved.
@@ -794,6 +1092,16 @@ BASE_REWRITES = {
     ),
 }
 
+# DFLASH's drafter forward returns the iteration's KV write plan too on 0.5.23 (its draft
+# block's window; DDTREE's verify writes a window of its own).
+BASE_REWRITES["0.5.23"] += (
+    (
+        "sglang_ddtree.srt.ddtree_step",
+        "        draft_out = dflash.forward_draft_block(\n",
+        "        draft_out, _ = dflash.forward_draft_block(\n",
+    ),
+)
+
 # Words of the part texts that read otherwise on a base: {base: ((old, new), ...)}; each ``old``
 # occurs in the series' texts.
 BASE_TEXT = {
@@ -842,6 +1150,8 @@ def check_bases() -> None:
     problems += [
         f"  stand-in {m} is not in NOT_UPSTREAM" for m in STAND_INS if m not in NOT_UPSTREAM
     ]
+    problems += [f"  DFLASH call of unknown module {m}" for m, _, _, _ in IN_TREE_DFLASH_CALLS
+                 if m not in MODULE_MAP]  # fmt: skip
     if problems:
         raise SystemExit("generate.py: the base tables are out of date:\n" + "\n".join(problems))
 
@@ -864,6 +1174,9 @@ class Part(NamedTuple):
     templates: tuple[str, ...] = ()  # TEMPLATE_FILES templates
     edits: tuple[str, ...] = ()  # Edit names
     serves: bool = False  # DDTREE is registered from this part on: in-tree tests and smoke run
+    # A change to SGLang's own code that DDTREE's parts build on, its own small pull request
+    # ahead of them: numbered 00, outside DDTREE's count.
+    prelude: bool = False
 
 
 # Bottom-up: a part may import only what it or an earlier part adds (module-level and lazy
@@ -872,6 +1185,22 @@ class Part(NamedTuple):
 # level, the step the penalties and logprobs, and the core modules reach their kernels through
 # lazy imports, so DDTREE registers in the part that adds the worker, after all it imports.
 SERIES = [
+    Part(
+        "dflash-draft-block",
+        "DFLASH's draft block, drafter forward and drafter-KV append as public methods",
+        "public methods of DFlashWorkerV2 that DFLASH's decode calls: the draft block and the "
+        "drafter's forward over it (moved out of forward_batch_generation), the drafter-KV "
+        "append by a public name, and a fused-KV helper with a workspace of a caller's own",
+        edits=(
+            "dflash-imports",
+            "dflash-draft-block",
+            "dflash-draft-forward",
+            "dflash-draft-embed",
+            "dflash-kv-append",
+            "dflash-kv-workspace",
+        ),
+        prelude=True,
+    ),
     Part(
         "draft-tree",
         "the draft tree and its verify layout",
@@ -1563,6 +1892,7 @@ def new_files(base: str = SGLANG_VERSION, formatted: bool = True) -> dict[str, s
                         f"(need exactly 1):\n{old}"
                     )
                 text = text.replace(old, new)
+        text = dflash_calls(mod, text)
         files[target] = rewrite(text, str(path.relative_to(REPO)))
         targets[mod] = target
     for template, target in TEMPLATE_FILES:
@@ -1726,6 +2056,9 @@ def check_series() -> None:
     serving = [p.serves for p in SERIES]
     if not any(serving) or serving != sorted(serving):
         problems.append("  DDTREE must serve from one part on, in every later part")
+    preludes = [p.prelude for p in SERIES]
+    if preludes != sorted(preludes, reverse=True) or any(p.prelude and p.serves for p in SERIES):
+        problems.append("  preludes (part 00) come first and do not serve")
     if problems:
         raise SystemExit("generate.py: SERIES is out of date:\n" + "\n".join(problems))
 
@@ -1832,7 +2165,7 @@ def missing_imports(files: dict[str, bytes]) -> list[str]:
 def check_series_imports(states: list[dict[str, bytes]]) -> None:
     """Fail loudly, listing them, where a part's tree imports or loads what a later part adds."""
     problems = [
-        f"  part {i} ({part.name}): {line}"
+        f"  part {part_number(i)} ({part.name}): {line}"
         for i, (part, state) in enumerate(zip(SERIES, states), 1)
         for line in missing_imports(state)
     ]
@@ -1849,8 +2182,14 @@ def build_series(src: Source) -> list[tuple[Part, bytes, list[tuple[int, int, st
     return [(part, *d) for part, d in zip(SERIES, diffs(pristine, states))]
 
 
+def part_number(index: int) -> int:
+    """The number of the ``index``-th part of ``SERIES`` (from 1): the preludes are 00."""
+    preludes = sum(p.prelude for p in SERIES)
+    return 0 if SERIES[index - 1].prelude else index - preludes
+
+
 def part_file_name(index: int, part: Part) -> str:
-    return f"{index:02d}-{part.name}"
+    return f"{part_number(index):02d}-{part.name}"
 
 
 # SGLang's pull-request template (``.github/pull_request_template.md`` on its main branch): its
@@ -1927,21 +2266,32 @@ def part_text(
     sections of ``templates/series/<name>.md`` with the part's files and their line counts at the
     end of Modifications, and the merge order; the words of ``BASE_TEXT[base]`` replaced
     (`series_files` checks each is used)."""
-    total, version = len(SERIES), base
+    total, version = sum(not p.prelude for p in SERIES), base
+    number, preludes = part_number(index), sum(p.prelude for p in SERIES)
     first_serving = next(i for i, p in enumerate(SERIES, 1) if p.serves)
-    if index == 1:
+    serving = part_number(first_serving)
+    earlier = ["part 00"] if preludes and not part.prelude else []
+    earlier += [] if number <= 1 else ["part 1" if number == 2 else f"parts 1-{number - 1}"]
+    if not earlier:
         applies_on = f"pristine SGLang {version}"
     else:
-        before = "part 1" if index == 2 else f"parts 1-{index - 1}"
-        applies_on = f"SGLang {version} with {before} of the series applied"
-    place = (
-        f"Part {index} of {total} of DDTREE, tree verification over the DFLASH drafter. It "
-        f"applies with `git apply` on {applies_on}, and adds {part.summary}."
-    )
-    if index < first_serving:
+        applies_on = f"SGLang {version} with {' and '.join(earlier)} of the series applied"
+    if part.prelude:
+        place = (
+            f"Part 00 of DDTREE's series, tree verification over the DFLASH drafter: a change "
+            f"to SGLang's own DFLASH worker that parts 1-{total} build on, as its own pull "
+            f"request ahead of them. It applies with `git apply` on {applies_on}, and adds "
+            f"{part.summary}."
+        )
+    else:
+        place = (
+            f"Part {number} of {total} of DDTREE, tree verification over the DFLASH drafter. "
+            f"It applies with `git apply` on {applies_on}, and adds {part.summary}."
+        )
+    if index < first_serving and not part.prelude:
         place += (
-            f" The series is cut in import order: parts 1-{first_serving - 1} add code that "
-            f"no server runs until part {first_serving} registers DDTREE; until then only "
+            f" The series is cut in import order: parts 1-{serving - 1} add code that "
+            f"no server runs until part {serving} registers DDTREE; until then only "
             "this part's own tests exercise it, and nothing existing changes behaviour."
         )
     elif index == first_serving and base == BASES[0]:
@@ -1962,23 +2312,22 @@ def part_text(
     files = ["Files (`git diff --numstat`):", "", "| file | added | deleted |", "|---|---:|---:|"]
     files += [f"| `{path}` | {a} | {d} |" for a, d, path in numstat]
     files.append(f"| total | {added} | {deleted} |")
-    after_parts = "part 1" if index == 2 else f"parts 1-{index - 1}"
     order = [
-        ("The first part. " if index == 1 else f"Merge after {after_parts}. ")
+        ("The first part. " if index == 1 else f"Merge after {' and '.join(earlier)}. ")
         + "SGLang's three fixes go first as their own pull requests (the series does not "
         "depend on them); then the parts merge in order, each one a tree that imports cleanly "
         "and passes its own tests."
     ]
     if index < total:
         after = SERIES[index]
-        order += ["", f"Next: part {index + 1}, {after.title}: {after.summary}."]
+        order += ["", f"Next: part {part_number(index + 1)}, {after.title}: {after.summary}."]
     else:
         order += ["", "The last part: after it the tree equals the single patch's."]
     holds = (
         False,
         any(t.startswith("test_") for t in part.templates),
         "ddtree.md" in part.templates,
-        True,
+        not part.prelude,
         False,
     )
     checklist = []
@@ -1989,7 +2338,11 @@ def part_text(
     sections[PR_SECTIONS[0]] = place + "\n\n" + sections[PR_SECTIONS[0]]
     sections[PR_SECTIONS[1]] += "\n\n" + "\n".join(files)
     sections[PR_SECTIONS[-1]] = "\n".join(order)
-    text = f"# [Spec] DDTREE {index}/{total}: {part.title}\n"
+    text = (
+        f"# [Spec] DFLASH: {part.title}\n"
+        if part.prelude
+        else f"# [Spec] DDTREE {number}/{total}: {part.title}\n"
+    )
     for heading in PR_SECTIONS:
         text += f"\n{heading}\n\n{sections[heading]}\n"
     for old, new in BASE_TEXT.get(base, ()):
@@ -2005,14 +2358,14 @@ def series_files(src: Source) -> dict[str, bytes]:
     for i, (part, patch, numstat) in enumerate(build_series(src), 1):
         lines = sum(a + d for a, d, _ in numstat)
         if lines > MAX_PART_LINES:
-            big.append(f"  part {i} ({part.name}): {lines} lines")
+            big.append(f"  part {part_number(i)} ({part.name}): {lines} lines")
         name = part_file_name(i, part)
         out[f"{name}.patch"] = patch
         text = part_text(i, part, numstat, src.base)
         out[f"{name}.md"] = text.encode()
         texts.append(part_text(i, part, numstat))
         if (n := len(text.splitlines())) > MAX_PART_TEXT_LINES:
-            big.append(f"  part {i} ({part.name}): its text has {n} lines")
+            big.append(f"  part {part_number(i)} ({part.name}): its text has {n} lines")
     unused = [old for old, _ in BASE_TEXT.get(src.base, ()) if not any(old in t for t in texts)]
     if unused:
         raise SystemExit(f"generate.py: BASE_TEXT[{src.base!r}] words no part text holds: {unused}")

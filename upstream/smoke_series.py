@@ -305,7 +305,7 @@ def main() -> int:
         "--from",
         dest="first",
         type=int,
-        default=1,
+        default=0,
         help="check from this part on (earlier: applied)",
     )
     ap.add_argument("--apply-only", action="store_true")
@@ -374,7 +374,8 @@ def main() -> int:
     server_env = env if args.hub_models else {**env, "HF_HUB_OFFLINE": "1"}
     stood_in_models: dict[str, str] = {}
     results, ok, touched, serving = [], True, [], False
-    for i, patch in enumerate(series, 1):
+    for patch in series:
+        i = int(patch.name[:2])  # the part's number: 00, the refactor of SGLang's own code, first
         if args.parts is not None and i > args.parts:
             break
         applied = subprocess.run(

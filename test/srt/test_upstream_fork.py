@@ -50,8 +50,11 @@ def test_make_fork_commits_pristine_sglang_then_each_part(gen, forked):
     subjects = _git(dest, "log", "--reverse", "--format=%s").splitlines()
     assert len(subjects) == 1 + len(gen.SERIES)
     assert subjects[0].startswith(f"SGLang {gen.BASES[0]}: the pristine sglang package")
+    total = sum(not p.prelude for p in gen.SERIES)
     for i, (subject, part) in enumerate(zip(subjects[1:], gen.SERIES), 1):
-        assert subject == f"[Spec] DDTREE {i}/{len(gen.SERIES)}: {part.title}"
+        number = gen.part_number(i)
+        want = "DFLASH" if part.prelude else f"DDTREE {number}/{total}"
+        assert subject == f"[Spec] {want}: {part.title}"
     assert _git(dest, "status", "--porcelain") == ""
 
 

@@ -502,6 +502,9 @@ def test_series_parts_import_and_run_without_sglang(gen, applied_series, tmp_pat
         for package in ("sglang", "sglang/srt", "sglang/srt/speculative"):
             gen._write(root, f"python/{package}/__init__.py", b"")
         modules = _importable_without_sglang(gen, tree)
+        if name.startswith("00-"):  # the refactor of SGLang's own code: no DDTREE module yet
+            assert modules == [], (name, modules)
+            continue
         assert len(modules) >= 2, (name, modules)
         run_step = f"{gen.IN_TREE_PREFIX}.commit" in modules
         parts.append((str(root / "python"), modules, run_step))
@@ -580,7 +583,7 @@ def pr_text_problems(text: str) -> list[str]:
 
 
 def test_pr_texts_name_no_run_issue_or_internal_tool():
-    assert len(pr_texts()) == 1 + 3 + 9 * len(BASES)
+    assert len(pr_texts()) == 1 + 3 + 10 * len(BASES)
     bad = {
         str(p.relative_to(REPO)): found
         for p in pr_texts()
@@ -697,7 +700,8 @@ def test_series_smoke_applies_every_part_to_a_copy_of_sglang(gen, src, tmp_path)
     assert summary["ok"] and len(parts) == len(_committed_parts(gen.series_dir(src.base)))
     assert all(p["applied"] for p in parts)
     with_tests = [p["part"] for p in parts if p["tests_added"]]
-    assert len(with_tests) == len(parts), with_tests  # every part adds its tests
+    # Every DDTREE part adds its tests; part 00's move is checked here (test_upstream_dflash_methods).
+    assert with_tests == [p["part"] for p in parts if not p["part"].startswith("00-")], with_tests
     # The kernel parts add their benchmarks: the draft tree's, the radix top-p's, the accept
     # side's and the verify attention's (part 4's Gluon kernel is timed by part 5's).
     benchmarks = {p["part"]: p["benchmarks_added"] for p in parts if p["benchmarks_added"]}
@@ -716,9 +720,10 @@ def test_series_smoke_from_a_later_part_applies_the_earlier_ones_unchecked(sourc
     parts before N run no check and report so; ``--parts`` still stops the run."""
     site = _pristine_site(source, tmp_path)
     n = len(_committed_parts())
+    last = int(_committed_parts()[-1].name[:2])  # parts are numbered from 00
     r = subprocess.run(
         [sys.executable, str(REPO / "upstream" / "smoke_series.py"), "--site", str(site),
-         "--from", str(n + 1), "--parts", str(n - 1)],
+         "--from", str(last + 1), "--parts", str(last - 1)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -835,7 +840,9 @@ def test_series_smoke_runs_only_the_named_checks(source, tmp_path, monkeypatch, 
     monkeypatch.setattr(sys, "argv", ["smoke_series.py", "--site", str(site), "--parts", "1",
                                       "--only", "no_such_test.py"])  # fmt: skip
     assert smoke.main() == 0
-    part = json.loads(capsys.readouterr().out.splitlines()[0])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert [p["part"] for p in lines] == ["00-dflash-draft-block.patch", "01-draft-tree.patch"]
+    part = lines[1]
     assert part["applied"] and part["checked"] and part["checks"] == [], part
     assert part["tests_added"] and part["benchmarks_added"]  # there was something to skip
 

@@ -3,9 +3,9 @@ contiguous slots ``prefix ..`` and its drafter KV appended from the target's hid
 
 The target KV moves by ``core.kv_move_triton`` where the pool has SGLang's slot-row layout; any
 other pool (MLA's, HND, a pool's own move) only SGLang's mover knows, so it runs there. The drafter
-KV is DFLASH's append, on a workspace of the segment's own (`own_draft_kv_workspace`): DFLASH's
-prefill grows its helper's workspace by replacing its tensors, which a captured KV graph bound to
-them would go on writing after they are freed.
+KV is DFLASH's append, on a workspace of the segment's own (`own_draft_kv_workspace`; in-tree
+DFLASH's methods): DFLASH's prefill grows its helper's workspace by replacing its tensors, which a
+captured KV graph bound to them would go on writing after they are freed.
 """
 
 from __future__ import annotations

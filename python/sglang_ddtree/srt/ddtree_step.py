@@ -348,8 +348,8 @@ class DDTreeStep:
 
     # The phases.
     def draft(self, batch, key, rows: int | None = None) -> TreeStep:
-        """Phases 1-2: the drafter's block forward (SGLang's graph) on ``batch`` (its lengths,
-        pool rows and ``spec_info``, the draft input), then `draft_tree`."""
+        """Phases 1-2: the drafter's block forward (SGLang's graph) on ``batch``, then `draft_tree`.
+        As DFLASH's decode runs it (in-tree its methods, which a plugin cannot add to 0.5.17)."""
         from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
