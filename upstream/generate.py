@@ -942,23 +942,6 @@ def _edit(name: str) -> Edit:
 # the same part.
 BASE_EDITS = {
     "0.5.23": {
-        # The in-tree handlers declare their field writes (declare_resolution); DDTREE's
-        # assigns them, so they are recorded and declared as a registered algorithm's are.
-        "register-args": (
-            Edit(
-                "register-args",
-                SPEC_INFO,
-                _edit("register-args").anchor,
-                """        elif self.is_ddtree():
-            from sglang.srt.arg_groups.overrides import record_foreign_defaults
-            from sglang.srt.speculative.ddtree_spec import handle_ddtree
-
-            record_foreign_defaults(
-                server_args, "handle_speculative_decoding.ddtree", handle_ddtree
-            )
-""",
-            ),
-        ),
         # The speculative fields are declared in arg_groups/fields/spec.py (its Spec namespace
         # class: no NS marker); a new built-in field is appended to the positional order.
         "server-flags": (
@@ -1082,6 +1065,122 @@ BASE_REWRITES = {
             "        from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata\n",
             "        from sglang.kernels.ops.attention.flash_mla_interface import (\n"
             "            flash_mla_with_kvcache,\n            get_mla_metadata,\n        )\n",
+        ),
+        # The record keeps the raw input: resolution declares its decisions (read through a
+        # live view); the schedule, no field, rides on the record as bookkeeping (pickled).
+        (
+            "sglang_ddtree.srt.ddtree_spec",
+            """    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    user_nodes = server_args.speculative_num_draft_tokens  # None unless passed explicitly
+    server_args.speculative_num_draft_tokens = None
+    try:
+        _handle_dflash(server_args)
+    except Exception:
+        server_args.speculative_num_draft_tokens = user_nodes
+        raise
+    block = int(server_args.speculative_num_draft_tokens)
+    flag = getattr(server_args, dargs.BUDGET_FLAG, None)
+    moe = budget.is_moe_target(server_args.get_model_config().hf_config)
+    schedule = budget.resolve_schedule(user_nodes, block, flag, moe)
+    nodes = schedule.max_num_nodes
+    server_args.speculative_dflash_block_size = block
+    server_args.speculative_num_draft_tokens = nodes
+""",
+            """    from sglang.srt.arg_groups.overrides import (
+        declare_resolution,
+        model_config_of,
+        resolving_view,
+    )
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    cfg, source = resolving_view(server_args), "handle_speculative_decoding.ddtree"
+    user_nodes = cfg.speculative_num_draft_tokens  # None unless passed explicitly
+    declare_resolution(server_args, source, speculative_num_draft_tokens=None)
+    _handle_dflash(server_args)  # declares B
+    block = int(cfg.speculative_num_draft_tokens)
+    flag = getattr(cfg, dargs.BUDGET_FLAG, None)
+    moe = budget.is_moe_target(model_config_of(server_args).hf_config)
+    schedule = budget.resolve_schedule(user_nodes, block, flag, moe)
+    nodes = schedule.max_num_nodes
+    declare_resolution(
+        server_args,
+        source,
+        speculative_dflash_block_size=block,
+        speculative_num_draft_tokens=nodes,
+    )
+""",
+        ),
+        # The worker reads the resolved arguments (the record's fields are the raw input).
+        (
+            "sglang_ddtree.srt.ddtree_worker_v2",
+            "import copy\nimport logging\n",
+            "import logging\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_worker_v2",
+            "from sglang.srt.runtime_context import get_exec\n",
+            "from sglang.srt.arg_groups.overrides import resolved_view\n"
+            "from sglang.srt.runtime_context import get_exec, get_spec\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_worker_v2",
+            "        block = server_args.speculative_dflash_block_size\n",
+            "        record, server_args = server_args, resolved_view(server_args)\n"
+            "        block = server_args.speculative_dflash_block_size\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_worker_v2",
+            "            self.model_runner.server_args,\n",
+            "            resolved_view(self.model_runner.server_args),\n",
+        ),
+        # ServerArgs is sealed (no override) and DFLASH reads its block from the spec bag: the
+        # bag says B while DFLASH builds, as the 0.5.17 form hands it a copy of the arguments.
+        (
+            "sglang_ddtree.srt.ddtree_worker_v2",
+            "        parent_args = copy.deepcopy(server_args)\n"
+            '        parent_args.override("ddtree.drafter_block", '
+            "speculative_num_draft_tokens=shape.block_size)\n"
+            "        super().__init__(parent_args, gpu_id, target_worker=target_worker, **kw)\n",
+            "        # DFLASH reads its block from the spec bag: B while it builds, W after.\n"
+            "        with get_spec().override(speculative_num_draft_tokens=shape.block_size):\n"
+            "            super().__init__(record, gpu_id, target_worker=target_worker, **kw)\n",
+        ),
+        # KV is written through a KVWriteLoc (its physical mark: unified pools refuse a bare
+        # loc); the split verify reads untranslated ids only, so it leaves unified pools to
+        # the backend's own kernel.
+        (
+            "sglang_ddtree.srt.ddtree_attention.triton_backend",
+            '            and getattr(backend, "_translate_kv_loc", None) is None  # unified pools\n',
+            "            and not backend.kv_index_translator.reads_are_translated  # unified pools\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_attention.triton_backend",
+            "            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)\n",
+            "            pool.set_kv_buffer(layer, KVWriteLoc.for_batch(forward_batch), k, v)\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_attention.triton_backend",
+            "        from sglang.srt.speculative.ddtree.tree_attention import is_latent_view, tree_attention\n",
+            "        from sglang.srt.mem_cache.memory_pool import KVWriteLoc\n"
+            "        from sglang.srt.speculative.ddtree.tree_attention import is_latent_view, tree_attention\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_attention.flashmla_backend",
+            "            and backend.dcp_world_size == 1\n",
+            "            and backend.dcp_world_size == 1\n"
+            "            and not backend.kv_index_translator.reads_are_translated\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_attention.flashmla_backend",
+            "            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)\n",
+            "            pool.set_kv_buffer(layer, KVWriteLoc.for_batch(forward_batch), k, v)\n",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_attention.flashmla_backend",
+            "        from sglang.srt.speculative.ddtree.tree_attention import gluon_prefix_runs, tree_attention\n",
+            "        from sglang.srt.mem_cache.memory_pool import KVWriteLoc\n"
+            "        from sglang.srt.speculative.ddtree.tree_attention import gluon_prefix_runs, tree_attention\n",
         ),
         # prepare_server_args no longer resolves the arguments (where the flag check runs).
         (

@@ -976,7 +976,7 @@ def _fake_worker(device, schedule="1:9,3:5", vocab=64, hidden=16, block=4, dtype
             tree_fns=tree_fns, accept_fn=lambda shape: make_accept_fn(shape.accept_width)
         ),
         glue_stream=torch.cuda.Stream() if device == "cuda" else None,
-        ps=SimpleNamespace(tp_rank=0),
+        tp_rank=0,
     )
 
 

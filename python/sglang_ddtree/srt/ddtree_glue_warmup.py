@@ -327,7 +327,7 @@ class GlueReserve:
             others = glue_output_bytes(per_width, schedule, max_bs, skip=measured)
             self.nbytes = self.captured + others
         self._held = torch.empty(self.nbytes, dtype=torch.uint8, device=worker.device)
-        if worker.ps.tp_rank == 0:
+        if worker.tp_rank == 0:
             logger.info(
                 "DDTREE glue graphs: %.2f GiB held for them before the KV pool is sized "
                 "(captured at the largest keys: %s; eager working set %.2f GiB at bs=%d, W=%d; "
@@ -375,7 +375,7 @@ def capture_glue_at_startup(worker) -> dict:
         "reserved_gib": round(reserve.nbytes / 2**30, 3) if reserve is not None else None,
     }
     worker.graph_stats.startup = info
-    if worker.ps.tp_rank == 0:
+    if worker.tp_rank == 0:
         logger.info("DDTREE glue graphs captured at startup: %s", info)
         warning = glue_memory_warning(grown, reserve.nbytes, max_bs) if reserve else None
         if warning:

@@ -121,6 +121,6 @@ class KVCommit:
             assert len(buffers) == pool.data_ptrs.numel() == pool.data_strides.numel()
             max_row = max(b[0].numel() * b.element_size() for b in buffers)
             rows = (pool.data_ptrs, pool.data_strides, int(max_row))
-        elif self.dflash.ps.tp_rank == 0:
+        elif self.dflash.tp_rank == 0:
             logger.info("DDTREE: SGLang's KV mover moves accepted rows (pool %s).", cls.__name__)
         return rows

@@ -36,7 +36,7 @@ from sglang_ddtree.srt.ddtree_args import (
 )
 from sglang_ddtree.srt.ddtree_attention.attention_registry import (
     missing_verify_hook,
-    verify_backend,
+    verify_backend_of,
 )
 from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
@@ -53,8 +53,7 @@ def schedule_from_args(server_args) -> BudgetSchedule:
     """The schedule resolved by ``DDTreeSpecAlgo.handle_server_args`` in the launcher process.
 
     It travels as the private ``_ddtree_budget_schedule`` of the pickled args; if that was lost,
-    the env var (inherited by the scheduler process) or else the fixed W is used.
-    """
+    the env var (inherited by the scheduler process) or else the fixed W is used."""
     text = getattr(server_args, "_ddtree_budget_schedule", None)
     nodes = int(server_args.speculative_num_draft_tokens)
     if text:
@@ -133,7 +132,8 @@ def keep_draft_embeds_dtype(draft_model, dtype: torch.dtype) -> None:
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DFLASH's worker with the decode step replaced by DDTREE's (``ddtree_step``)."""
 
-    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+    # kw: nccl_port, and SGLang 0.5.17's parallel state ps (later schedulers pass none).
+    def __init__(self, server_args, gpu_id, target_worker, **kw):
         block = server_args.speculative_dflash_block_size
         if block is None:
             raise RuntimeError("DDTREE: speculative_dflash_block_size was not resolved.")
@@ -148,7 +148,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         install_target_graph_runner(target_worker.model_runner, schedule)
         parent_args = copy.deepcopy(server_args)
         parent_args.override("ddtree.drafter_block", speculative_num_draft_tokens=shape.block_size)
-        super().__init__(parent_args, gpu_id, ps, nccl_port, target_worker)
+        super().__init__(parent_args, gpu_id, target_worker=target_worker, **kw)
         self.budget_schedule = schedule
         self.ddtree_shapes = shapes
         self.ddtree_shape = shape  # the largest W: idle results, startup log
@@ -156,7 +156,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         from sglang.srt.distributed import get_tp_group
 
         tp_group = get_tp_group()
-        self.tp_size = int(tp_group.world_size)
+        self.tp_size, self.tp_rank = int(tp_group.world_size), int(tp_group.rank_in_group)
         # The verify coins come from a generator of their own, seeded alike on every rank and
         # drawn in the same order: under tensor parallelism every rank takes the same sampled
         # decisions (the step's rank check makes any disagreement loud).
@@ -201,7 +201,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # graphs in init_cuda_graphs.
         self.glue_reserve = GlueReserve(self, max_graph_bs) if glue_on else None
         requests.set_active(True, vocab)
-        if self.ps.tp_rank == 0:
+        if self.tp_rank == 0:
             candidates = {w: self.ddtree_step.candidates(w) for w in shapes}
             logger.info(
                 "DDTREE worker ready: budget schedule %s (bs:W nodes/request), B=%d, "
@@ -222,7 +222,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         tree mask."""
         super().init_attention_backends()
         error = missing_verify_hook(
-            self.model_runner.attn_backend, verify_backend(self.model_runner.server_args)
+            self.model_runner.attn_backend, verify_backend_of(self.model_runner)
         )
         if error is not None:
             raise RuntimeError(error)
