@@ -1452,6 +1452,14 @@ SERIES = [
         serves=True,
     ),
 ]
+# What a later part adds to a module an earlier part added: {part name: ((MODULE_MAP key,
+# qualname), ...)}, a qualname a top-level function or class (``f``, ``C``) or a method
+# (``C.m``). The trees before that part hold the module without them (`cut_items`), so that a
+# capability's code lands in the part that adds the capability, not in the part that adds its
+# module.
+LATER_ITEMS: dict[str, tuple[tuple[str, str], ...]] = {}
+
+
 SERIES_DIR = UPSTREAM_DIR / "series"  # the first base's; series_dir(base) for any
 
 
@@ -2155,6 +2163,12 @@ def check_series() -> None:
     serving = [p.serves for p in SERIES]
     if not any(serving) or serving != sorted(serving):
         problems.append("  DDTREE must serve from one part on, in every later part")
+    first = {m: i for i, part in enumerate(SERIES) for m in part.modules}
+    index = {part.name: i for i, part in enumerate(SERIES)}
+    for name, items in LATER_ITEMS.items():
+        for mod, qualname in items:
+            if name not in index or first.get(mod, len(SERIES)) >= index[name]:
+                problems.append(f"  LATER_ITEMS: {name} adds {mod}'s {qualname} not after it")
     preludes = [p.prelude for p in SERIES]
     if preludes != sorted(preludes, reverse=True) or any(p.prelude and p.serves for p in SERIES):
         problems.append("  preludes (part 00) come first and do not serve")
@@ -2173,6 +2187,61 @@ def part_targets(part: Part) -> list[str]:
     )
 
 
+def _item_node(tree: ast.Module, qualname: str):
+    """The node of ``qualname`` (``f``, ``C``, ``C.m``) among ``tree``'s top-level definitions
+    and their classes' methods, or None."""
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    *outer, name = qualname.split(".")
+    body = tree.body
+    if outer:
+        klass = [n for n in body if isinstance(n, ast.ClassDef) and n.name == outer[0]]
+        body = klass[0].body if len(outer) == 1 and len(klass) == 1 else []
+    found = [n for n in body if isinstance(n, defs) and n.name == name]
+    return found[0] if len(found) == 1 else None
+
+
+def cut_items(text: str, qualnames, origin: str = "<text>") -> str:
+    """``text`` (Python source) without the definitions ``qualnames`` (`_item_node`): each one's
+    lines with its decorators and the comment lines right above it. The blank lines left over
+    are the formatter's to settle. Refuses a qualname that is not exactly one definition."""
+    tree = ast.parse(text, filename=origin)
+    lines = text.splitlines(keepends=True)
+    drop = set()
+    for qualname in qualnames:
+        node = _item_node(tree, qualname)
+        if node is None:
+            raise SystemExit(f"generate.py: LATER_ITEMS: {origin} defines no one {qualname}")
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        drop.update(range(start, node.end_lineno))
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def _still_read(state: dict[str, str], cut: dict[str, set[str]]) -> list[str]:
+    """Where a tree still reads a name ``cut`` ({path: qualnames cut there}) took away: the
+    function or class by its name in its own module or imported from it, a method by any
+    attribute of its name."""
+    names = {path: {q.split(".")[-1] for q in qs if "." not in q} for path, qs in cut.items()}
+    modules = {in_tree_name(path): path for path in cut}
+    methods = {q.split(".")[-1] for qs in cut.values() for q in qs if "." in q}
+    out = []
+    for path, text in state.items():
+        if not path.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(text, filename=path)):
+            if isinstance(node, ast.Name) and node.id in names.get(path, ()):
+                out.append(f"{path}:{node.lineno} reads {node.id}")
+            elif isinstance(node, ast.Attribute) and node.attr in methods:
+                out.append(f"{path}:{node.lineno} reads .{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module in modules:
+                taken = names.get(modules[node.module], set())
+                out += [
+                    f"{path}:{node.lineno} imports {a.name}" for a in node.names if a.name in taken
+                ]
+    return out
+
+
 def series_states(src: Source) -> tuple[dict[str, bytes], list[dict[str, bytes]]]:
     """``(pristine, states)``: the files the patch edits, pristine, and after each part every
     file the series has touched so far, ``{path: bytes}`` (edited files stay pristine until their
@@ -2181,7 +2250,7 @@ def series_states(src: Source) -> tuple[dict[str, bytes], list[dict[str, bytes]]
     check_series()
     pristine, patched = final_tree(src)
     states, edit_names, added = [], set(), {}
-    for part in SERIES:
+    for i, part in enumerate(SERIES):
         edit_names |= set(part.edits)
         added.update((path, patched[path]) for path in part_targets(part))
         state = {
@@ -2189,6 +2258,20 @@ def series_states(src: Source) -> tuple[dict[str, bytes], list[dict[str, bytes]]
             for path, (_, text) in edited_files(src, edit_names=edit_names).items()
         }
         state.update(added)
+        cut: dict[str, set[str]] = {}
+        for later in SERIES[i + 1 :]:
+            for mod, qualname in LATER_ITEMS.get(later.name, ()):
+                if MODULE_MAP[mod] in state:  # its module is in the tree already
+                    cut.setdefault(MODULE_MAP[mod], set()).add(qualname)
+        if cut:
+            texts = {path: cut_items(state[path].decode(), qs, path) for path, qs in cut.items()}
+            state.update((p, t.encode()) for p, t in format_python(texts, src.base).items())
+            reads = _still_read({p: d.decode() for p, d in state.items()}, cut)
+            if reads:
+                raise SystemExit(
+                    f"generate.py: LATER_ITEMS: part {part.name}'s tree still reads what a later "
+                    "part adds:\n  " + "\n  ".join(reads)
+                )
         states.append(state)
     if states[-1] != patched:
         raise SystemExit("generate.py: the series does not end at the single patch's tree")

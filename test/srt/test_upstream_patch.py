@@ -541,6 +541,42 @@ def test_generator_refuses_an_incomplete_series(gen, monkeypatch):
         gen.check_series()
 
 
+def test_a_later_part_can_add_a_function_to_an_earlier_parts_module(gen, src, monkeypatch):
+    """``LATER_ITEMS`` cuts a definition out of the trees before the part that adds it: the
+    layout module's ``verify_mask_numel`` (read first by the glue part's step) moved to that
+    part leaves the draft-tree part without it and the glue part adding it to the layout
+    module, the series still ending at the single patch's tree (`series_states`); a cut that an
+    earlier tree still reads, a part before the module's own and an unknown name are refused."""
+    layout = gen.MODULE_MAP["sglang_ddtree.core.layout"]
+    item = ("sglang_ddtree.core.layout", "verify_mask_numel")
+    monkeypatch.setattr(gen, "LATER_ITEMS", {"glue": (item,)})
+    parts = {part.name: diff.decode() for part, diff, _ in gen.build_series(src)}
+
+    def added_defs(diff: str, path: str) -> list[str]:
+        body = diff.split(f"+++ b/{path}\n", 1)[1].split("\ndiff --git ", 1)[0] if (
+            f"+++ b/{path}\n" in diff) else ""  # fmt: skip
+        return re.findall(r"^\+def (\w+)\(", body, flags=re.M)
+
+    assert "verify_mask_numel" not in added_defs(parts["draft-tree"], layout)
+    assert "scatter_verify_mask" in added_defs(parts["draft-tree"], layout)
+    assert added_defs(parts["glue"], layout) == ["verify_mask_numel"]
+    monkeypatch.setattr(gen, "LATER_ITEMS", {"worker": (item,)})
+    with pytest.raises(
+        SystemExit, match=r"(?s)part glue's tree still reads .*imports verify_mask_numel"
+    ):
+        gen.series_states(src)
+    method = ("sglang_ddtree.srt.ddtree_step", "DDTreeStep._check_ranks_agree")
+    monkeypatch.setattr(gen, "LATER_ITEMS", {"worker": (method,)})
+    with pytest.raises(SystemExit, match=r"(?s)part glue's tree still reads .*_check_ranks_agree"):
+        gen.series_states(src)
+    monkeypatch.setattr(gen, "LATER_ITEMS", {"draft-tree": (item,)})
+    with pytest.raises(SystemExit, match=r"verify_mask_numel not after it"):
+        gen.check_series()
+    monkeypatch.setattr(gen, "LATER_ITEMS", {"glue": (("sglang_ddtree.core.layout", "nope"),)})
+    with pytest.raises(SystemExit, match=r"defines no one nope"):
+        gen.series_states(src)
+
+
 def test_pr_overview_lists_every_part_with_its_size(gen, tmp_path):
     """upstream/PR.md's table of the series: a row per part, ``| `NN-name` | adds | lines on
     the first base | ... |``, a lines column per base in ``BASES`` order."""
