@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 # already has torch (a GPU host, the docker image) keeps its own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: help install install-plugin install-serve run test test-gpu test-gpu-core lint format bench bench-step bench-serving demo train-pair upstream-patch fork
+.PHONY: help install install-plugin install-serve run test test-gpu test-gpu-lanes test-gpu-core lint format bench bench-step bench-serving demo train-pair upstream-patch fork
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
@@ -51,6 +51,11 @@ test:  ## the tests (GPU tests skip themselves without CUDA)
 
 test-gpu:  ## every gpu test (a CUDA machine with SGLang)
 	$(PYTHON) -m pytest test/srt -m gpu -v
+
+# The same suite as lanes side by side on one GPU, in sets that each fit a 10-minute command
+# (test/gpu_suite.lanes): make test-gpu-lanes SET=1 OUT=/tmp/gpu, then SET=2.
+test-gpu-lanes:  ## the gpu tests as parallel lanes on one GPU, one set (SET=1|2, OUT=DIR)
+	OUT=$(OUT) test/gpu_suite.sh $(SET)
 
 # The gpu tests without the long server checks (the law against the non-speculative server,
 # faults and load, the request fuzzer, the moving-memory sentinels): the kernels, CUDA graphs,
