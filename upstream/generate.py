@@ -210,6 +210,23 @@ IN_TREE_REWRITES = (
         "multiple tokenizer workers; ",
     ),
     (
+        "sglang_ddtree.srt.ddtree_worker_v2",
+        "from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner\n",
+        "",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_worker_v2",
+        "        # Before super(): the target's verify graphs are captured after this constructor.\n"
+        "        install_target_graph_runner(target_worker.model_runner)\n",
+        "",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_cuda_graph_runner",
+        "Installed on the *target* model runner through its ``_decode_cuda_graph_runner_cls`` override\n"
+        "point, from the worker's constructor (which runs before any capture); it reads",
+        "The *target* model runner's ``_decode_cuda_graph_runner_cls`` picks it for DDTREE; it reads",
+    ),
+    (
         "sglang_ddtree.core.topp_radix",
         "install sglang-ddtree from a checkout (pip install -e .)",
         "reinstall SGLang with its JIT sources",
@@ -292,6 +309,8 @@ def dflash_calls(mod: str, text: str) -> str:
 # The tail of a mapped module that stays out of SGLang: {module: the line it starts at}.
 IN_TREE_CUTS = {
     "sglang_ddtree.srt.ddtree_spec": "# --- the plugin's registration: in-tree, DDTREE is a member",
+    # In-tree, ModelRunner picks the target's graph runner by the algorithm ("graph-runner").
+    "sglang_ddtree.srt.ddtree_cuda_graph_runner": "def install_target_graph_runner(",
 }
 
 # New files that are not modules: (template, path in SGLang's tree).
@@ -361,6 +380,9 @@ PRISTINE_SHA256 = {
         "python/sglang/srt/speculative/spec_info.py": (
             "1435f9d2ba846f813ca7f50ca2dbb90564b60006ecddfd3a852dc8ac6fb25506"
         ),
+        "python/sglang/srt/model_executor/model_runner.py": (
+            "221032bf7ae57d2ebdb96801150a48d23244840a9b7938dc586e911671c11102"
+        ),
     },
     "0.5.23": {
         "python/sglang/srt/layers/attention/triton_backend.py": (
@@ -392,6 +414,9 @@ PRISTINE_SHA256 = {
         ),
         "python/sglang/srt/speculative/spec_info.py": (
             "11d25b728ea18aeff82bc269c65a6608b5c9638b0ab754f284b2df76bead7910"
+        ),
+        "python/sglang/srt/model_executor/model_runner.py": (
+            "2ef478a3c5093c476e606c46d182184722350dd87e3e84284ef421eb4cf624f0"
         ),
     },
 }
@@ -552,6 +577,22 @@ EDITS = [
             from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
             return DDTreeWorkerV2
+
+""",
+        where="before",
+    ),
+    Edit(
+        "graph-runner",
+        "python/sglang/srt/model_executor/model_runner.py",
+        "        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (\n"
+        "            DecodeCudaGraphRunner,\n",
+        """        if self.spec_algorithm.is_ddtree() and not self.is_draft_worker:
+            # Verify graphs with the tree mask, one width per budget bucket.
+            from sglang.srt.speculative.ddtree_cuda_graph_runner import (
+                DDTreeDecodeCudaGraphRunner,
+            )
+
+            return DDTreeDecodeCudaGraphRunner
 
 """,
         where="before",
@@ -1111,7 +1152,19 @@ BASE_REWRITES = {
     )
 """,
         ),
-        # The worker reads the resolved arguments (the record's fields are the raw input).
+        # The worker and the graph runner read the resolved arguments (the record's fields are
+        # the raw input).
+        (
+            "sglang_ddtree.srt.ddtree_cuda_graph_runner",
+            "from sglang.srt.model_executor.runner.decode_cuda_graph_runner import",
+            "from sglang.srt.arg_groups.overrides import resolved_view\n"
+            "from sglang.srt.model_executor.runner.decode_cuda_graph_runner import",
+        ),
+        (
+            "sglang_ddtree.srt.ddtree_cuda_graph_runner",
+            "schedule_from_args(model_runner.server_args)",
+            "schedule_from_args(resolved_view(model_runner.server_args))",
+        ),
         (
             "sglang_ddtree.srt.ddtree_worker_v2",
             "import copy\nimport logging\n",
@@ -1443,6 +1496,7 @@ SERIES = [
             "register-args",
             "register-widths",
             "register-worker",
+            "graph-runner",
             "request-refusals",
             "logprobs-admitted",
             "row-headroom",

@@ -131,9 +131,16 @@ def fake_model_runner(w_max: int, attn_backend=None):
     return mr
 
 
+def with_schedule(mr, schedule: BudgetSchedule, num_nodes: int | None = None):
+    """The server arguments as the launcher resolved them (W and the schedule's text)."""
+    mr.server_args._ddtree_budget_schedule = str(schedule)
+    mr.server_args.speculative_num_draft_tokens = num_nodes or schedule.max_num_nodes
+    return mr
+
+
 def build(mod, schedule: BudgetSchedule, attn_backend=None):
-    mr = fake_model_runner(schedule.max_num_nodes, attn_backend)
-    mod.install_target_graph_runner(mr, schedule)
+    mr = with_schedule(fake_model_runner(schedule.max_num_nodes, attn_backend), schedule)
+    mod.install_target_graph_runner(mr)
     runner_cls = mr._decode_cuda_graph_runner_cls()  # what capture_decode_graph calls
     return mr, runner_cls(mr)
 
@@ -192,7 +199,7 @@ def test_fixed_budget_is_todays_runner(cuda_graph_mod):
 
 
 def test_schedule_must_match_sglang_width(cuda_graph_mod):
-    mr = fake_model_runner(33)  # SGLang sized for W=33, schedule says 65
-    cuda_graph_mod.install_target_graph_runner(mr, BudgetSchedule.parse("1:65,8:33"))
+    mr = with_schedule(fake_model_runner(33), BudgetSchedule.parse("1:65,8:33"))
+    cuda_graph_mod.install_target_graph_runner(mr)  # SGLang sized for W=33, schedule says 65
     with pytest.raises(RuntimeError, match="must agree"):
         mr._decode_cuda_graph_runner_cls()(mr)

@@ -25,6 +25,7 @@ KV reservation, the verify buffers and ``out_cache_loc`` are sized from it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from sglang_ddtree.srt.ddtree_envs import envs
 SCHEDULE_ENV = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.name
 SCHEDULE_FLAG = "--speculative-ddtree-budget-schedule"
 EXAMPLE = "1:65,8:33,32:17"
+
+logger = logging.getLogger(__name__)
 
 
 def _set_like(source: str, schedule: str) -> str:
@@ -227,6 +230,26 @@ def read_schedule_env() -> BudgetSchedule | None:
     """The schedule set by ``SGLANG_DDTREE_BUDGET_SCHEDULE``, or None when unset or blank."""
     raw = envs.SGLANG_DDTREE_BUDGET_SCHEDULE.get()
     return BudgetSchedule.parse(raw.strip()) if raw and raw.strip() else None
+
+
+def schedule_from_args(server_args) -> BudgetSchedule:
+    """The schedule resolved by ``DDTreeSpecAlgo.handle_server_args`` in the launcher process.
+
+    It travels as the private ``_ddtree_budget_schedule`` of the pickled args; if that was lost,
+    the env var (inherited by the scheduler process) or else the fixed W is used."""
+    text = getattr(server_args, "_ddtree_budget_schedule", None)
+    nodes = int(server_args.speculative_num_draft_tokens)
+    if text:
+        schedule = BudgetSchedule.parse(text)
+    else:
+        schedule = read_schedule_env() or BudgetSchedule.fixed(nodes)
+        logger.warning("DDTREE: no resolved budget schedule on the server args; using %s", schedule)
+    if schedule.max_num_nodes != nodes:
+        raise RuntimeError(
+            f"DDTREE: budget schedule {schedule} has largest W {schedule.max_num_nodes} but "
+            f"speculative_num_draft_tokens is {nodes}; they must agree."
+        )
+    return schedule
 
 
 def resolve_schedule(

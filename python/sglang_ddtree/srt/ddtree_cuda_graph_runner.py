@@ -39,20 +39,20 @@ fixed-W engine at the largest W would be), although no captured shape needs more
 ``max(bs * W(bs))`` rows.
 
 Installed on the *target* model runner through its ``_decode_cuda_graph_runner_cls`` override
-point, from the worker's constructor (which runs before any capture).
+point, from the worker's constructor (which runs before any capture); it reads the schedule from
+the server arguments, as the worker does (``schedule_from_args``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.shape_key import ShapeKey
 
 from sglang_ddtree.srt.ddtree_attention.attention_registry import verify_backend_of
-from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, capture_union
+from sglang_ddtree.srt.ddtree_budget import capture_union, schedule_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -60,31 +60,18 @@ logger = logging.getLogger(__name__)
 class DDTreeDecodeCudaGraphRunner(DecodeCudaGraphRunner):
     """Decode/verify graph runner: tree-mask capture dummy, verify width W(bs) per bucket."""
 
-    def __init__(self, model_runner, *, schedule: BudgetSchedule | None = None, **kwargs):
-        # Set before super().__init__, which captures at its end.
-        self.budget_schedule = schedule
+    def __init__(self, model_runner, **kwargs):
+        # Set before super().__init__, which captures at its end. The target's runner only.
+        self.budget_schedule = schedule_from_args(model_runner.server_args)
         self.width_mismatches = 0
         self._warned_mismatch: set[tuple[int, int]] = set()
         self.capture_plan: list[tuple[int, list[int]]] = []
         super().__init__(model_runner, **kwargs)
 
     # --- width per batch size ----------------------------------------------------------------
-    def _schedule(self) -> BudgetSchedule:
-        if self.budget_schedule is None or self.model_runner.is_draft_worker:
-            # Not ours to adapt (drafter, or installed without a schedule): the fixed width.
-            self.budget_schedule = BudgetSchedule.fixed(self._max_width())
-        return self.budget_schedule
-
-    def _max_width(self) -> int:
-        return int(
-            self.model_runner.decode_num_tokens_per_req(
-                num_draft_tokens=self.speculative_num_draft_tokens
-            )
-        )
-
     def width_for(self, bs: int) -> int:
         """W of the graphs that serve a batch of ``bs`` requests."""
-        return self._schedule().num_nodes_for(max(1, int(bs)))
+        return self.budget_schedule.num_nodes_for(max(1, int(bs)))
 
     @contextlib.contextmanager
     def _width(self, width: int):
@@ -102,7 +89,7 @@ class DDTreeDecodeCudaGraphRunner(DecodeCudaGraphRunner):
 
     # --- capture -----------------------------------------------------------------------------
     def capture(self) -> None:
-        schedule = self._schedule()
+        schedule = self.budget_schedule
         if schedule.max_num_nodes != self.captured_req_width:
             raise RuntimeError(
                 f"DDTREE: budget schedule {schedule} has largest W {schedule.max_num_nodes}, but "
@@ -160,7 +147,7 @@ class DDTreeDecodeCudaGraphRunner(DecodeCudaGraphRunner):
                     "W=%d: runs WITHOUT CUDA graphs.",
                     forward_batch.batch_size,
                     got,
-                    self._schedule(),
+                    self.budget_schedule,
                     width,
                 )
         return super().can_run_graph(forward_batch)
@@ -172,7 +159,7 @@ class DDTreeDecodeCudaGraphRunner(DecodeCudaGraphRunner):
         return 1 <= int(bs) <= self.max_bs
 
 
-def install_target_graph_runner(model_runner, schedule: BudgetSchedule | None = None) -> None:
-    """Make ``model_runner`` build `DDTreeDecodeCudaGraphRunner` (with ``schedule``)."""
-    factory = functools.partial(DDTreeDecodeCudaGraphRunner, schedule=schedule)
-    model_runner._decode_cuda_graph_runner_cls = lambda: factory
+def install_target_graph_runner(model_runner) -> None:
+    """Make ``model_runner`` build `DDTreeDecodeCudaGraphRunner` (in-tree, its
+    ``_decode_cuda_graph_runner_cls`` picks it for DDTREE)."""
+    model_runner._decode_cuda_graph_runner_cls = lambda: DDTreeDecodeCudaGraphRunner

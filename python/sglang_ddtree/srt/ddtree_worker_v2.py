@@ -38,7 +38,7 @@ from sglang_ddtree.srt.ddtree_attention.attention_registry import (
     missing_verify_hook,
     verify_backend_of,
 )
-from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, read_schedule_env
+from sglang_ddtree.srt.ddtree_budget import BudgetSchedule, schedule_from_args
 from sglang_ddtree.srt.ddtree_cuda_graph_runner import install_target_graph_runner
 from sglang_ddtree.srt.ddtree_glue_warmup import GlueReserve, capture_glue_at_startup, draft_kv_rows
 from sglang_ddtree.srt.ddtree_kv_commit import KVCommit
@@ -47,26 +47,6 @@ from sglang_ddtree.srt.ddtree_penalties import PenaltyRows
 from sglang_ddtree.srt.ddtree_step import DDTreeStep
 
 logger = logging.getLogger(__name__)
-
-
-def schedule_from_args(server_args) -> BudgetSchedule:
-    """The schedule resolved by ``DDTreeSpecAlgo.handle_server_args`` in the launcher process.
-
-    It travels as the private ``_ddtree_budget_schedule`` of the pickled args; if that was lost,
-    the env var (inherited by the scheduler process) or else the fixed W is used."""
-    text = getattr(server_args, "_ddtree_budget_schedule", None)
-    nodes = int(server_args.speculative_num_draft_tokens)
-    if text:
-        schedule = BudgetSchedule.parse(text)
-    else:
-        schedule = read_schedule_env() or BudgetSchedule.fixed(nodes)
-        logger.warning("DDTREE: no resolved budget schedule on the server args; using %s", schedule)
-    if schedule.max_num_nodes != nodes:
-        raise RuntimeError(
-            f"DDTREE: budget schedule {schedule} has largest W {schedule.max_num_nodes} but "
-            f"speculative_num_draft_tokens is {nodes}; they must agree."
-        )
-    return schedule
 
 
 class GraphStats:
@@ -145,7 +125,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
         shape = shapes[schedule.max_num_nodes]
         # Before super(): the target's verify graphs are captured after this constructor.
-        install_target_graph_runner(target_worker.model_runner, schedule)
+        install_target_graph_runner(target_worker.model_runner)
         parent_args = copy.deepcopy(server_args)
         parent_args.override("ddtree.drafter_block", speculative_num_draft_tokens=shape.block_size)
         super().__init__(parent_args, gpu_id, target_worker=target_worker, **kw)
