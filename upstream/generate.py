@@ -282,6 +282,35 @@ IN_TREE_DFLASH_CALLS = (
         "the own workspace where the rows fit it (every captured key), else DFLASH's",
     ),
     (
+        "sglang_ddtree.srt.ddtree_worker_v2",
+        (
+            '            if getattr(batch, "return_logprob", False):  # DFLASH refuses them at its door\n',
+            "            if batch.forward_mode.is_idle():\n",
+        ),
+        "            result = super().forward_batch_generation(batch, on_publish, grammar_barrier)\n",
+        "DFLASH's prefill serves the logprobs a DDTREE batch asks for (the worker part's edit)",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_worker_v2",
+        "from sglang_ddtree.srt.ddtree_logprobs import prefill_with_logprobs\n",
+        "",
+        "no prefill around DFLASH's refusal",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_logprobs",
+        "import copy\n\n",
+        "",
+        "what the prefill around DFLASH's refusal imports",
+    ),
+    (
+        "sglang_ddtree.srt.ddtree_logprobs",
+        " SGLang's DFLASH worker, whose prefill DDTREE runs, refuses every batch\n"
+        "  that asks for logprobs at its door although its prefill needs nothing else: `prefill_with_logprobs`\n"
+        "  runs it on a copy of the batch without the flag while the target worker gets the batch itself.\n",
+        " DDTREE's prefill is DFLASH's.\n",
+        "DFLASH's prefill serves them",
+    ),
+    (
         "sglang_ddtree.srt.ddtree_kv_commit",
         "self.dflash._append_target_hidden_to_draft_kv_by_loc(",
         "self.dflash.append_target_hidden_to_draft_kv_by_loc(",
@@ -311,6 +340,8 @@ IN_TREE_CUTS = {
     "sglang_ddtree.srt.ddtree_spec": "# --- the plugin's registration: in-tree, DDTREE is a member",
     # In-tree, ModelRunner picks the target's graph runner by the algorithm ("graph-runner").
     "sglang_ddtree.srt.ddtree_cuda_graph_runner": "def install_target_graph_runner(",
+    # In-tree, DFLASH's prefill serves a DDTREE batch's logprobs ("logprobs-prefill").
+    "sglang_ddtree.srt.ddtree_logprobs": "def prefill_with_logprobs(",
 }
 
 # New files that are not modules: (template, path in SGLang's tree).
@@ -621,6 +652,18 @@ EDITS = [
             ':\n        return "DFLASH speculative decoding does not support return_logprob yet."\n',
         ),
         " and not ddtree_requests.ddtree_active()",
+    ),
+    # DDTREE's prefill is DFLASH's, whose target computes the logprobs a batch asks for.
+    Replace(
+        "logprobs-prefill",
+        "python/sglang/srt/speculative/dflash_worker_v2.py",
+        '        if getattr(batch, "return_logprob", False):\n            raise ValueError(\n'
+        '                "DFLASH speculative decoding does not support return_logprob yet."',
+        "        if (\n"
+        '            getattr(batch, "return_logprob", False)\n'
+        '            and self.server_args.speculative_algorithm != "DDTREE"\n'
+        "        ):\n            raise ValueError(\n"
+        '                "DFLASH speculative decoding does not support return_logprob yet."',
     ),
     # 3. req_to_token row headroom.
     Edit(
@@ -1037,6 +1080,7 @@ BASE_EDITS = {
         ),
         # DFLASH serves logprobs: there is no refusal of them to step around.
         "logprobs-admitted": (),
+        "logprobs-prefill": (),
         # forward_extend first tries its dense FP8 chunked path; DDTREE's verify goes before it.
         "triton-verify": (
             Edit(
@@ -1260,7 +1304,8 @@ BASE_TEXT = {
     "0.5.23": (
         (
             " and lets logprobs through under DDTREE\n"
-            "  (served from the verify logits, part 7; DFLASH's refusal stays for DFLASH)",
+            "  (served from the verify logits, part 7; DFLASH's refusal stays for DFLASH), as\n"
+            "  `DFlashWorkerV2.forward_batch_generation` does for DDTREE's prefill (its target computes them)",
             "; logprobs, which DFLASH\n  serves too, are served from the verify logits (part 7)",
         ),
         (
@@ -1499,6 +1544,7 @@ SERIES = [
             "graph-runner",
             "request-refusals",
             "logprobs-admitted",
+            "logprobs-prefill",
             "row-headroom",
             "server-flags",
             "flag-check",
