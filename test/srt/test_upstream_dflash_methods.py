@@ -55,9 +55,11 @@ def _source(gen, base: str):
 
 @pytest.fixture(scope="module", params=BASES)
 def worker(gen, request):
-    """``(pristine text, edited text)`` of ``dflash_worker_v2.py`` on the base."""
+    """``(pristine text, edited text)`` of ``dflash_worker_v2.py`` on the base, as part 00
+    leaves it (a later part's edit, the worker part's logprobs one, is not a move)."""
     src = _source(gen, request.param)
-    pristine, edited = gen.edited_files(src)[DFLASH]
+    part00 = {e.name for e in gen.DFLASH_EDITS}
+    pristine, edited = gen.edited_files(src, edit_names=part00)[DFLASH]
     return pristine.decode(), edited
 
 
