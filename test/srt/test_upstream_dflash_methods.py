@@ -5,7 +5,8 @@ it parses and compiles; each new method's moved statements equal, AST for AST, t
 pristine ``forward_batch_generation`` they replaced (moved, not rewritten); the decode calls the
 methods there and is otherwise the pristine one; every local the decode reads after them is
 bound again. On the generated DDTREE modules: none reads a DFLASH private, and each method they
-call on DFLASH's worker exists on the edited class and takes the arguments they pass.
+call on DFLASH's worker exists on the edited class and takes the arguments they pass; DDTREE's
+prefill is DFLASH's, logprobs included (the worker part's edit of DFLASH's refusal on 0.5.17).
 
 Pristine sources as the generator finds them, never downloaded (``.upstream-cache/`` after
 ``make upstream-patch``); without them a base's tests skip.
@@ -250,3 +251,30 @@ def _sha(gen, worker) -> str:
     import hashlib
 
     return hashlib.sha256(worker[0].encode()).hexdigest()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_ddtree_prefill_is_dflashs_logprobs_included(gen, base):
+    """In-tree, DDTREE's prefill is DFLASH's as it is, logprobs included: on 0.5.17 the worker
+    part's edit lets DDTREE's batches past the refusal in DFLASH's worker, which DFLASH keeps
+    (its guard evaluated for both algorithms); 0.5.23's DFLASH has none to pass. No DDTREE
+    module wraps the target worker's forward."""
+    from types import SimpleNamespace
+
+    _, edited = gen.edited_files(_source(gen, base))[DFLASH]
+    decode = _methods(edited)["forward_batch_generation"]
+    guards = [n for n in ast.walk(decode) if isinstance(n, ast.If)
+              and "does not support return_logprob" in ast.unparse(n.body)]  # fmt: skip
+    assert len(guards) == (1 if base == "0.5.17" else 0)
+    batch = SimpleNamespace(return_logprob=True)
+    for guard in guards:
+        refuses = {
+            algo: eval(compile(ast.Expression(guard.test), DFLASH, "eval"), {}, {
+                "batch": batch,
+                "self": SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=algo)),
+            })  # fmt: skip
+            for algo in ("DFLASH", "DDTREE")
+        }
+        assert refuses == {"DFLASH": True, "DDTREE": False}
+    texts = [ast.unparse(tree) for tree in _ddtree_modules(gen, base).values()]
+    assert not any("prefill_with_logprobs" in t or "'forward_batch_generation'" in t for t in texts)
