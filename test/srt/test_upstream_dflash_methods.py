@@ -269,10 +269,16 @@ def test_ddtree_prefill_is_dflashs_logprobs_included(gen, base):
     batch = SimpleNamespace(return_logprob=True)
     for guard in guards:
         refuses = {
-            algo: eval(compile(ast.Expression(guard.test), DFLASH, "eval"), {}, {
-                "batch": batch,
-                "self": SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=algo)),
-            })  # fmt: skip
+            algo: eval(
+                compile(ast.Expression(guard.test), DFLASH, "eval"),
+                {},
+                {
+                    "batch": batch,
+                    "self": SimpleNamespace(
+                        server_args=SimpleNamespace(speculative_algorithm=algo)
+                    ),
+                },
+            )  # fmt: skip
             for algo in ("DFLASH", "DDTREE")
         }
         assert refuses == {"DFLASH": True, "DDTREE": False}
