@@ -12,6 +12,15 @@ distribution itself, far beyond the margin.
 from __future__ import annotations
 
 NEAR_TIE_NATS = 0.01  # float16 arithmetic-order differences move a logit by ~1e-3
+# bfloat16 keeps 8 bits of a logit: steps of 0.0625 at magnitudes 8-16. The non-speculative
+# server's own token logprobs differ by up to 0.075 between its extend and decode paths there
+# (the trained pair, `logprobs_check`'s floor), so a margin that small is a tie in bfloat16.
+NEAR_TIE_NATS_BY_DTYPE = {"bfloat16": 0.075}
+
+
+def near_tie_nats(dtype: str | None) -> float:
+    """The near-tie margin of runs in ``dtype`` (float16's where unnamed)."""
+    return NEAR_TIE_NATS_BY_DTYPE.get(str(dtype), NEAR_TIE_NATS)
 
 
 def top2_of(meta_info: dict) -> tuple[list[int], float]:
@@ -32,23 +41,25 @@ def first_difference(prompt: list[int], alone: list[int], together: list[int]) -
     return {"position": i, "tokens": [alone[i], together[i]], "prefix": prompt + alone[:i]}
 
 
-def classify_difference(diff: dict, top2_ids: list[int], margin: float) -> dict:
+def classify_difference(
+    diff: dict, top2_ids: list[int], margin: float, nats: float = NEAR_TIE_NATS
+) -> dict:
     """``diff`` (from ``first_difference``) judged against the non-speculative server's top
     two tokens after its prefix: a near-tie iff its two tokens are exactly those, at most
-    ``NEAR_TIE_NATS`` apart."""
+    ``nats`` apart."""
     tie = diff["tokens"] is not None and sorted(top2_ids) == sorted(diff["tokens"])
     return dict(diff, top2=list(top2_ids), margin=round(margin, 6),
-                near_tie=bool(tie and margin <= NEAR_TIE_NATS))  # fmt: skip
+                near_tie=bool(tie and margin <= nats))  # fmt: skip
 
 
-def judge(diff: dict, probe) -> dict:
-    """``diff`` without its prefix, classified with ``probe(prefix) -> (top2 ids, margin)``;
-    no probe, or a probe that raises, leaves it a fault."""
+def judge(diff: dict, probe, nats: float = NEAR_TIE_NATS) -> dict:
+    """``diff`` without its prefix, classified with ``probe(prefix) -> (top2 ids, margin)``
+    (a near-tie within ``nats``); no probe, or a probe that raises, leaves it a fault."""
     diff = dict(diff)
     prefix = diff.pop("prefix")
     if probe is None:
         return dict(diff, near_tie=False)
     try:
-        return classify_difference(diff, *probe(prefix))
+        return classify_difference(diff, *probe(prefix), nats=nats)
     except Exception as e:  # noqa: BLE001 - an unjudged difference is a fault
         return dict(diff, near_tie=False, probe_error=f"{type(e).__name__}: {e}"[:300])
