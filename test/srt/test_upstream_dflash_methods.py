@@ -8,8 +8,8 @@ bound again. On the generated DDTREE modules: none reads a DFLASH private, and e
 call on DFLASH's worker exists on the edited class and takes the arguments they pass; DDTREE's
 prefill is DFLASH's, logprobs included (the worker part's edit of DFLASH's refusal on 0.5.17).
 
-Pristine sources as the generator finds them, never downloaded (``.upstream-cache/`` after
-``make upstream-patch``); without them a base's tests skip.
+Pristine sources as the generator finds them (``.upstream-cache/``, downloaded there where
+missing and there is network); without them a base's tests skip.
 """
 
 from __future__ import annotations
@@ -51,7 +51,15 @@ def _source(gen, base: str):
         if src.version() == base:
             src.base = base
             return src
-    pytest.skip(f"pristine SGLang {base} sources unavailable (not downloaded by this test)")
+    try:  # downloaded into .upstream-cache/ where there is network, as test_upstream_patch does
+        wheel = gen.download_wheel(base)
+    except (RuntimeError, OSError) as e:
+        pytest.skip(
+            f"pristine SGLang {base} sources unavailable (no cache, no download): {e}"[:500]
+        )
+    src = gen.Source(wheel, f"wheel {wheel.name}", base)
+    src.base = base
+    return src
 
 
 @pytest.fixture(scope="module", params=BASES)

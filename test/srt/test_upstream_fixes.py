@@ -55,7 +55,8 @@ def _patch(name: str, version: str) -> Path:
 
 
 def _pristine(gen, version: str):
-    """Pristine SGLang ``version``'s sources, never downloaded; a skip without them."""
+    """Pristine SGLang ``version``'s sources (downloaded where none is cached); a skip without
+    them."""
     candidates = []
     try:
         candidates.append(gen.find_source(version=version, download=False))
@@ -67,7 +68,15 @@ def _pristine(gen, version: str):
     for src in candidates:
         if src.version() == version:
             return src
-    pytest.skip(f"pristine SGLang {version} sources unavailable (not downloaded by this test)")
+    try:  # downloaded into .upstream-cache/ where there is network, as test_upstream_patch does
+        wheel = gen.download_wheel(version)
+    except (RuntimeError, OSError) as e:
+        pytest.skip(
+            f"pristine SGLang {version} sources unavailable (no cache, no download): {e}"[:500]
+        )
+    src = gen.Source(wheel, f"wheel {wheel.name}", version)
+    src.base = version
+    return src
 
 
 @pytest.fixture(scope="module")
