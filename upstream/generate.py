@@ -355,6 +355,10 @@ TEMPLATE_FILES = [
     ),
     ("test_ddtree_tree_attention.py", "test/registered/spec/ddtree/test_ddtree_tree_attention.py"),
     ("test_ddtree_budget.py", "test/registered/spec/ddtree/test_ddtree_budget.py"),
+    (
+        "test_dflash_worker_methods.py",
+        "test/registered/unit/speculative/test_dflash_worker_methods.py",
+    ),
     ("test_ddtree_glue_graph.py", "test/registered/spec/ddtree/test_ddtree_glue_graph.py"),
     ("test_ddtree_request_laws.py", "test/registered/spec/ddtree/test_ddtree_request_laws.py"),
     ("test_ddtree.py", "test/registered/spec/ddtree/test_ddtree.py"),
@@ -1396,6 +1400,7 @@ SERIES = [
             "dflash-kv-append",
             "dflash-kv-workspace",
         ),
+        templates=("test_dflash_worker_methods.py",),
         prelude=True,
     ),
     Part(

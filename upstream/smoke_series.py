@@ -6,7 +6,7 @@ Its ``sglang`` package is copied to a scratch tree laid out as SGLang's reposito
 (``python/sglang``), and the committed parts (``upstream/series/*.patch``) are applied there in
 order with ``git apply``. After each part:
 
-- the in-tree tests the part adds (``test/registered/spec/ddtree/test_ddtree_*.py``) run with
+- the in-tree tests the part adds (``test/registered/.../test_*.py``) run with
   SGLang's own test harness, the patched tree first on the path; the two that launch servers
   (``SERVER_TESTS``) name SGLang's DFLASH test models (``DEFAULT_TARGET_MODEL_DFLASH`` and its
   drafter, from the model hub), which this smoke stands in for with the trained pair shipped in
@@ -58,7 +58,7 @@ from fork import generator  # noqa: E402  (upstream/generate.py as a module)
 
 REPO = Path(__file__).resolve().parents[1]
 SERIES = REPO / "upstream" / "series"  # the first base's; series_dir(base) for any
-TESTS = "test/registered/spec/ddtree"
+TESTS = "test/registered/"  # the in-tree tests a part adds: DDTREE's, and part 00's unit test
 BENCHMARKS = "benchmark/kernels/ddtree"
 SERVER_TESTS = {"test_ddtree.py", "test_ddtree_refusals.py"}  # name SGLang's hub models
 PAIR = REPO / "python" / "sglang_ddtree" / "pair" / "assets"
@@ -389,7 +389,7 @@ def main() -> int:
         new = added_files(patch)
         touched += touched_files(patch)
         serving = serving or any(p.endswith("ddtree_worker_v2.py") for p in new)
-        tests = [p for p in new if p.startswith(TESTS) and p.endswith(".py")]
+        tests = [p for p in new if p.startswith(TESTS) and Path(p).name.startswith("test_")]
         benchmarks = [p for p in new if p.startswith(BENCHMARKS) and p.endswith(".py")]
         if applied.returncode == 0 and checked and args.cpu:
             step["imports"] = import_check(import_targets(touched), env, root, args.stand_in)
