@@ -43,6 +43,29 @@ def gen():
 
 
 @pytest.fixture(scope="session")
+def pristine(gen):
+    """``pristine(version)``: that SGLang release's sources as the generator finds them (never
+    ``$SGLANG_DDTREE_SGLANG_SRC`` of another version), its wheel downloaded into
+    ``.upstream-cache/`` where none is cached; a skip where there is none and no network."""
+
+    def find(version: str):
+        try:
+            src = gen.find_source(version=version, download=False)
+            if src.version() != version:
+                raise RuntimeError(f"{src.label} is SGLang {src.version()}")
+        except (RuntimeError, SystemExit):
+            try:
+                wheel = gen._cached_wheel(version) or gen.download_wheel(version)
+            except (RuntimeError, OSError) as e:
+                pytest.skip(f"pristine SGLang {version} sources unavailable: {e}"[:500])
+            src = gen.Source(wheel, f"wheel {wheel.name}", version)
+        src.base = version
+        return src
+
+    return find
+
+
+@pytest.fixture(scope="session")
 def source(gen):
     """Pristine SGLang 0.5.17's sources as ``upstream/generate.py`` finds them (an installed
     copy, the ``.upstream-cache/`` wheel, else ``pip download``), or a skip without them or

@@ -38,35 +38,11 @@ NEW_METHODS = {
 }
 
 
-def _source(gen, base: str):
-    candidates = []
-    try:
-        candidates.append(gen.find_source(version=base, download=False))
-    except (RuntimeError, SystemExit):
-        pass
-    wheel = gen._cached_wheel(base)
-    if wheel is not None:
-        candidates.append(gen.Source(wheel, f"wheel {wheel.name}", base))
-    for src in candidates:
-        if src.version() == base:
-            src.base = base
-            return src
-    try:  # downloaded into .upstream-cache/ where there is network, as test_upstream_patch does
-        wheel = gen.download_wheel(base)
-    except (RuntimeError, OSError) as e:
-        pytest.skip(
-            f"pristine SGLang {base} sources unavailable (no cache, no download): {e}"[:500]
-        )
-    src = gen.Source(wheel, f"wheel {wheel.name}", base)
-    src.base = base
-    return src
-
-
 @pytest.fixture(scope="module", params=BASES)
-def worker(gen, request):
+def worker(gen, pristine, request):
     """``(pristine text, edited text)`` of ``dflash_worker_v2.py`` on the base, as part 00
     leaves it (a later part's edit, the worker part's logprobs one, is not a move)."""
-    src = _source(gen, request.param)
+    src = pristine(request.param)
     part00 = {e.name for e in gen.DFLASH_EDITS}
     pristine, edited = gen.edited_files(src, edit_names=part00)[DFLASH]
     return pristine.decode(), edited
@@ -262,14 +238,14 @@ def _sha(gen, worker) -> str:
 
 
 @pytest.mark.parametrize("base", BASES)
-def test_ddtree_prefill_is_dflashs_logprobs_included(gen, base):
+def test_ddtree_prefill_is_dflashs_logprobs_included(gen, pristine, base):
     """In-tree, DDTREE's prefill is DFLASH's as it is, logprobs included: on 0.5.17 the worker
     part's edit lets DDTREE's batches past the refusal in DFLASH's worker, which DFLASH keeps
     (its guard evaluated for both algorithms); 0.5.23's DFLASH has none to pass. No DDTREE
     module wraps the target worker's forward."""
     from types import SimpleNamespace
 
-    _, edited = gen.edited_files(_source(gen, base))[DFLASH]
+    _, edited = gen.edited_files(pristine(base))[DFLASH]
     decode = _methods(edited)["forward_batch_generation"]
     guards = [n for n in ast.walk(decode) if isinstance(n, ast.If)
               and "does not support return_logprob" in ast.unparse(n.body)]  # fmt: skip

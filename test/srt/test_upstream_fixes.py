@@ -54,34 +54,9 @@ def _patch(name: str, version: str) -> Path:
     raise AssertionError(f"no patch of {name} for {version}")
 
 
-def _pristine(gen, version: str):
-    """Pristine SGLang ``version``'s sources (downloaded where none is cached); a skip without
-    them."""
-    candidates = []
-    try:
-        candidates.append(gen.find_source(version=version, download=False))
-    except (RuntimeError, SystemExit):
-        pass
-    wheel = gen._cached_wheel(version)
-    if wheel is not None:  # $SGLANG_DDTREE_SGLANG_SRC may hold another version
-        candidates.append(gen.Source(wheel, f"wheel {wheel.name}"))
-    for src in candidates:
-        if src.version() == version:
-            return src
-    try:  # downloaded into .upstream-cache/ where there is network, as test_upstream_patch does
-        wheel = gen.download_wheel(version)
-    except (RuntimeError, OSError) as e:
-        pytest.skip(
-            f"pristine SGLang {version} sources unavailable (no cache, no download): {e}"[:500]
-        )
-    src = gen.Source(wheel, f"wheel {wheel.name}", version)
-    src.base = version
-    return src
-
-
 @pytest.fixture(scope="module")
-def sglang_0517(gen):
-    return _pristine(gen, "0.5.17")
+def sglang_0517(pristine):
+    return pristine("0.5.17")
 
 
 class _Tree:
@@ -126,8 +101,8 @@ def test_every_fix_has_its_patches_and_its_text(gen):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_patches_apply_to_pristine_sglang(gen, version):
-    src = _pristine(gen, version)
+def test_patches_apply_to_pristine_sglang(gen, pristine, version):
+    src = pristine(version)
     patches = _patches()[version]
     assert patches
     for patch in patches:
